@@ -1,0 +1,299 @@
+"""Compiler: check a Graph against the worker declarations and a placement, then
+lower it to an ExecutionPlan that both runtimes execute.
+
+Every check runs before any worker starts. All problems found are reported at once,
+each naming the node and the file:line where the user created it.
+"""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import networkx as nx
+
+from hybridflow.dispatch import MethodSpec, get_dispatch_mode, worker_methods
+from hybridflow.graph import FnSpec, Graph, Node, fn_spec
+from hybridflow.placement import Placement
+
+__all__ = ["GraphError", "PlanNode", "ExecutionPlan", "compile_graph"]
+
+
+class GraphError(ValueError):
+    """A graph that cannot run; `problems` holds one message per defect."""
+
+    def __init__(self, graph: str, problems: list[str]):
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"graph '{graph}' has {len(problems)} problem(s):\n{lines}")
+
+
+@dataclass
+class PlanNode:
+    name: str
+    kind: str                      # source | generate | inference | train | function
+    op: str                        # source | call | fn
+    deps: tuple[str, ...]
+    location: str
+    role: str | None = None
+    method: str | None = None
+    pool: str | None = None
+    dispatch: str | None = None
+    reads: tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()
+    writes: tuple[str, ...] = ()   # after renames
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    fn: Callable | None = None
+    group_by: str | None = None
+    rows: bool = False             # fn may run on any row split
+    forwards: bool = False
+    rename: dict[str, str] = field(default_factory=dict)
+    input_keys: dict[str, str] = field(default_factory=dict)   # key -> writer node
+    output_keys: dict[str, str] = field(default_factory=dict)  # key -> writer node
+
+    def where(self) -> str:
+        return f"node '{self.name}' ({self.location})"
+
+
+@dataclass
+class ExecutionPlan:
+    graph_name: str
+    nodes: list[PlanNode]          # topological order
+    placement: Placement
+    bindings: dict[str, type]
+    stages: list[list[str]]        # nodes in one stage may run at the same time
+    warnings: list[str] = field(default_factory=list)
+
+    def node(self, name: str) -> PlanNode:
+        return next(n for n in self.nodes if n.name == name)
+
+    @property
+    def roles(self) -> list[str]:
+        return sorted({n.role for n in self.nodes if n.role})
+
+    def consumers(self, name: str) -> list[str]:
+        return [n.name for n in self.nodes if name in n.deps]
+
+    def summary(self) -> str:
+        lines = [f"graph '{self.graph_name}': {len(self.nodes)} nodes, roles "
+                 f"{', '.join(self.roles) or '-'}"]
+        for n in self.nodes:
+            where = f"{n.role}@{n.pool} [{n.dispatch}]" if n.role else "driver"
+            lines.append(f"  {n.name:<22} {n.kind:<9} {where:<28} "
+                         f"reads {','.join(n.reads) or '-'} -> writes {','.join(n.writes) or '-'}")
+        for pool, roles in self.placement.colocated().items():
+            spec = self.placement.pools.get(pool)
+            size = spec.world_size if spec else 0
+            lines.append(f"  pool {pool}: {size} device(s), colocated roles: "
+                         f"{', '.join(sorted(roles)) or '-'}")
+        lines.append("  concurrency: " + " | ".join("{" + ", ".join(s) + "}" for s in self.stages))
+        lines += [f"  warning: {w}" for w in self.warnings]
+        return "\n".join(lines)
+
+
+def _suggest(name: str, options) -> str:
+    close = difflib.get_close_matches(name, list(options), n=3, cutoff=0.5)
+    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else \
+        f"; known: {sorted(options)}"
+
+
+class _Checker:
+    def __init__(self, graph: Graph, bindings: dict[str, type], placement: Placement):
+        self.graph, self.bindings, self.placement = graph, bindings, placement
+        self.problems: list[str] = list(graph.problems)
+        self.warnings: list[str] = []
+
+    def fail(self, node: Node | PlanNode, message: str) -> None:
+        self.problems.append(f"{node.where()}: {message}")
+
+    # ---- step 1: resolve each node's declaration
+    def resolve(self, node: Node) -> PlanNode | None:
+        if node.op == "source":
+            keys = {k: node.name for k in node.provides}
+            return PlanNode(node.name, "source", "source", node.inputs, node.location,
+                            writes=node.provides, output_keys=keys)
+        if node.op == "fn":
+            return self._resolve_fn(node)
+        return self._resolve_call(node)
+
+    def _resolve_fn(self, node: Node) -> PlanNode | None:
+        spec: FnSpec | None = fn_spec(node.fn) if callable(node.fn) else None
+        if spec is None:
+            self.fail(node, f"function {node.target!r} has no @node_fn(reads=..., writes=...) "
+                            "declaration")
+            return None
+        self._check_kwargs(node, spec.params, spec.accepts_any_kwargs)
+        return PlanNode(node.name, "function", "fn", node.inputs, node.location,
+                        reads=spec.reads, optional=spec.optional,
+                        writes=self._renamed(node, spec.writes), kwargs=node.kwargs,
+                        fn=node.fn, group_by=node.group_by or spec.group_by, rows=spec.rows,
+                        rename=node.rename)
+
+    def _resolve_call(self, node: Node) -> PlanNode | None:
+        cls = self.bindings.get(node.role)
+        if cls is None:
+            self.fail(node, f"unknown role '{node.role}'{_suggest(node.role, self.bindings)}")
+            return None
+        methods = worker_methods(cls)
+        spec: MethodSpec | None = methods.get(node.method)
+        if spec is None:
+            self.fail(node, f"role '{node.role}' ({cls.__name__}) has no method "
+                            f"'{node.method}'{_suggest(node.method, methods)}")
+            return None
+        self._check_kwargs(node, spec.params, spec.accepts_any_kwargs)
+        try:
+            get_dispatch_mode(spec.dispatch)
+        except ValueError as err:
+            self.fail(node, str(err))
+        pool = self._pool_of(node)
+        return PlanNode(node.name, spec.kind, "call", node.inputs, node.location,
+                        role=node.role, method=node.method, pool=pool, dispatch=spec.dispatch,
+                        reads=spec.reads, optional=spec.optional,
+                        writes=self._renamed(node, spec.writes), kwargs=node.kwargs,
+                        forwards=spec.forwards, rename=node.rename)
+
+    def _renamed(self, node: Node, writes) -> tuple[str, ...]:
+        for old in node.rename:
+            if old not in writes:
+                self.fail(node, f"rename of {old!r}, which the node does not write "
+                                f"(it writes {list(writes)})")
+        return tuple(node.rename.get(k, k) for k in writes)
+
+    def _check_kwargs(self, node: Node, params, any_ok: bool) -> None:
+        if any_ok:
+            return
+        for key in node.kwargs:
+            if key not in params:
+                self.fail(node, f"{node.target} does not accept argument '{key}'"
+                                f"{_suggest(key, params)}")
+
+    def _pool_of(self, node: Node) -> str | None:
+        pool = self.placement.roles.get(node.role)
+        if pool is None:
+            self.fail(node, f"role '{node.role}' has no pool: add it to placement.roles "
+                            f"(pools: {sorted(self.placement.pools)})")
+            return None
+        spec = self.placement.pools.get(pool)
+        if spec is None:
+            self.fail(node, f"role '{node.role}' is placed on pool '{pool}', which is not "
+                            f"defined{_suggest(pool, self.placement.pools)}")
+        elif spec.world_size < 1:
+            self.fail(node, f"pool '{pool}' of role '{node.role}' has no devices")
+        return pool
+
+    # ---- step 2: structure
+    def order(self, nodes: dict[str, PlanNode]) -> list[str] | None:
+        dag = nx.DiGraph()
+        dag.add_nodes_from(nodes)
+        for node in nodes.values():
+            for dep in node.deps:
+                if dep not in nodes:
+                    if dep not in self.graph.nodes:
+                        self.fail(node, f"input '{dep}' is not a node of the graph"
+                                        f"{_suggest(dep, nodes)}")
+                    continue
+                dag.add_edge(dep, node.name)
+        try:
+            cycle = nx.find_cycle(dag)
+        except nx.NetworkXNoCycle:
+            self.dag = dag
+            return list(nx.lexicographical_topological_sort(
+                dag, key=lambda n: list(nodes).index(n)))
+        path = " -> ".join([e[0] for e in cycle] + [cycle[0][0]])
+        first = nodes[cycle[0][0]]
+        self.fail(first, f"the graph has a cycle: {path}")
+        return None
+
+    # ---- step 3: keys along edges
+    def flow_keys(self, order: list[str], nodes: dict[str, PlanNode]) -> None:
+        for name in order:
+            node = nodes[name]
+            if node.op == "source":
+                continue
+            node.input_keys = self._merge_inputs(node, nodes)
+            for key in node.reads:
+                if key not in node.input_keys:
+                    self._missing_key(node, key, nodes)
+            if node.group_by and node.group_by not in node.input_keys:
+                self.fail(node, f"group_by key '{node.group_by}' is not in its input")
+            out = dict(node.input_keys) if node.forwards else {}
+            for key in node.writes:
+                if key in node.input_keys and key not in self._overwrites(node):
+                    self.fail(node, f"writes key '{key}', which already reaches it from node "
+                                    f"'{node.input_keys[key]}'; declare overwrites=('{key}',) "
+                                    f"or rename the output")
+                out[key] = name
+            node.output_keys = out
+
+    def _overwrites(self, node: PlanNode) -> tuple[str, ...]:
+        if node.op == "call":
+            spec = worker_methods(self.bindings[node.role])[node.method]
+            names = spec.overwrites
+        else:
+            names = fn_spec(node.fn).overwrites
+        return tuple(node.rename.get(k, k) for k in names)
+
+    def _merge_inputs(self, node: PlanNode, nodes) -> dict[str, str]:
+        merged: dict[str, str] = {}
+        for dep in node.deps:
+            for key, writer in nodes[dep].output_keys.items():
+                if key in merged and merged[key] != writer and \
+                        not self._shadows(writer, merged[key]) and \
+                        not self._shadows(merged[key], writer):
+                    self.fail(node, f"key '{key}' reaches it from two writers, "
+                                    f"'{merged[key]}' and '{writer}'; rename one output "
+                                    f"(rename={{'{key}': '...'}})")
+                elif key not in merged or self._shadows(writer, merged[key]):
+                    merged[key] = writer
+        return merged
+
+    def _shadows(self, later: str, earlier: str) -> bool:
+        """A writer downstream of another wins over it (a declared overwrite)."""
+        return nx.has_path(self.dag, earlier, later)
+
+    def _missing_key(self, node: PlanNode, key: str, nodes) -> None:
+        writers = [n.name for n in nodes.values() if key in n.writes]
+        hint = (f"; it is written by {writers}: pass that node as an input" if writers
+                else _suggest(key, node.input_keys).replace("known", "available"))
+        inputs = ", ".join(f"'{d}'" for d in node.deps) or "none"
+        self.fail(node, f"reads key '{key}', which none of its inputs ({inputs}) "
+                        f"provides{hint}")
+
+    # ---- step 4: warnings
+    def warn_unused(self, order: list[str], nodes: dict[str, PlanNode]) -> None:
+        if not any(n.kind == "train" for n in nodes.values()):
+            self.warnings.append("the graph has no training node: nothing will learn")
+        consumed = {d for n in nodes.values() for d in n.deps}
+        for name in order:
+            node = nodes[name]
+            if name not in consumed and node.kind not in ("train",):
+                self.warnings.append(f"{node.where()}: its output is consumed by no node")
+
+
+def _stages(order: list[str], nodes: dict[str, PlanNode]) -> list[list[str]]:
+    """Group nodes by dependency depth; within a depth, nodes on one pool serialise,
+    so the stage lists nodes that can truly overlap (disjoint pools or the driver)."""
+    depth: dict[str, int] = {}
+    for name in order:
+        depth[name] = 1 + max((depth[d] for d in nodes[name].deps), default=-1)
+    stages: dict[int, list[str]] = {}
+    for name in order:
+        stages.setdefault(depth[name], []).append(name)
+    return [stages[d] for d in sorted(stages)]
+
+
+def compile_graph(graph: Graph, bindings: dict[str, type], placement: Placement) -> ExecutionPlan:
+    """Check `graph` and lower it; raises GraphError listing every problem found."""
+    check = _Checker(graph, bindings, placement)
+    resolved = {n.name: check.resolve(n) for n in graph.nodes.values()}
+    nodes = {k: v for k, v in resolved.items() if v is not None}
+    if len(nodes) != len(resolved):  # unresolved nodes: keys cannot be checked reliably
+        raise GraphError(graph.name, check.problems)
+    order = check.order(nodes)
+    if order is not None:
+        check.flow_keys(order, nodes)
+        check.warn_unused(order, nodes)
+    if check.problems:
+        raise GraphError(graph.name, check.problems)
+    return ExecutionPlan(graph.name, [nodes[n] for n in order], placement, dict(bindings),
+                         _stages(order, nodes), check.warnings)
