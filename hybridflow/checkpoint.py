@@ -1,0 +1,123 @@
+"""Checkpoints: atomic, complete, and safe to load.
+
+checkpoints/step_000040/
+  manifest.json        written last: files, sizes, step; a directory without it is
+                       an interrupted write and is never loaded
+  trainer_state.json   step, data-loader position, Python and numpy RNG state
+  rng_torch.safetensors  the driver's torch RNG state
+  <role>/              whatever the role's workers save (safetensors weights,
+                       optimizer and scheduler via weights_only torch.save)
+
+A checkpoint is written under a temporary name and renamed into place, so a crash
+mid-write leaves the previous checkpoint untouched. Loading never unpickles
+arbitrary objects: JSON, safetensors, and `torch.load(weights_only=True)` only.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import time
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+__all__ = ["CheckpointError", "save_checkpoint", "latest_checkpoint", "load_trainer_state",
+           "capture_rng", "restore_rng"]
+
+_PREFIX = "step_"
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def capture_rng() -> dict:
+    np_state = np.random.get_state()
+    return {"python": _to_json(random.getstate()),
+            "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]]}
+
+
+def restore_rng(state: dict, torch_state: torch.Tensor | None) -> None:
+    random.setstate(_from_json(state["python"]))
+    kind, keys, *rest = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), *rest))
+    if torch_state is not None:
+        torch.set_rng_state(torch_state)
+
+
+def _to_json(value):
+    return [_to_json(v) for v in value] if isinstance(value, tuple) else value
+
+
+def _from_json(value):
+    return tuple(_from_json(v) for v in value) if isinstance(value, list) else value
+
+
+def _manifest(path: str, step: int) -> dict:
+    files = {}
+    for root, _, names in os.walk(path):
+        for name in names:
+            full = os.path.join(root, name)
+            files[os.path.relpath(full, path)] = os.path.getsize(full)
+    return {"step": step, "time": time.time(), "files": files}
+
+
+def save_checkpoint(ckpt_root: str, step: int, save_roles, trainer_state: dict,
+                    keep: int = 2) -> str:
+    """Write a checkpoint atomically. `save_roles(dir)` asks every trained role's
+    workers to save into dir/<role>/. Returns the final path."""
+    os.makedirs(ckpt_root, exist_ok=True)
+    final = os.path.join(ckpt_root, f"{_PREFIX}{step:06d}")
+    tmp = os.path.join(ckpt_root, f".tmp-{_PREFIX}{step:06d}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    save_roles(tmp)
+    with open(os.path.join(tmp, "trainer_state.json"), "w") as fh:
+        json.dump({"step": step, **trainer_state, "rng": capture_rng()}, fh)
+    save_file({"state": torch.get_rng_state()}, os.path.join(tmp, "rng_torch.safetensors"))
+    with open(os.path.join(tmp, "manifest.json"), "w") as fh:
+        json.dump(_manifest(tmp, step), fh, indent=1)
+    if os.path.exists(final):  # re-saving a step (e.g. the final save): replace it
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    _retain(ckpt_root, keep)
+    return final
+
+
+def _complete(ckpt_root: str) -> list[str]:
+    if not os.path.isdir(ckpt_root):
+        return []
+    names = sorted(n for n in os.listdir(ckpt_root) if n.startswith(_PREFIX)
+                   and os.path.isfile(os.path.join(ckpt_root, n, "manifest.json")))
+    return [os.path.join(ckpt_root, n) for n in names]
+
+
+def _retain(ckpt_root: str, keep: int) -> None:
+    if keep <= 0:
+        return
+    for old in _complete(ckpt_root)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def latest_checkpoint(ckpt_root: str) -> str | None:
+    done = _complete(ckpt_root)
+    return done[-1] if done else None
+
+
+def load_trainer_state(path: str) -> tuple[dict, torch.Tensor]:
+    manifest = os.path.join(path, "manifest.json")
+    if not os.path.isfile(manifest):
+        raise CheckpointError(f"{path} is not a complete checkpoint (no manifest.json)")
+    with open(manifest) as fh:
+        files = json.load(fh)["files"]
+    for rel, size in files.items():
+        full = os.path.join(path, rel)
+        if not os.path.isfile(full) or os.path.getsize(full) != size:
+            raise CheckpointError(f"checkpoint {path} is damaged: {rel} is missing or "
+                                  f"has the wrong size")
+    with open(os.path.join(path, "trainer_state.json")) as fh:
+        state = json.load(fh)
+    return state, load_file(os.path.join(path, "rng_torch.safetensors"))["state"]

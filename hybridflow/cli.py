@@ -1,0 +1,43 @@
+"""`hybridflow run | check | render | plan | data`: one module per command in
+hybridflow/commands/, each with add_parser(subparsers) and run(args) -> exit code."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+__all__ = ["main"]
+
+_COMMANDS = ("run", "check", "render", "plan", "data")
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict]:
+    handlers = {}
+    parser = argparse.ArgumentParser(
+        prog="hybridflow", description="Declarative dataflow graphs for RL post-training.")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for name in _COMMANDS:
+        try:
+            module = importlib.import_module(f"hybridflow.commands.{name}")
+        except ImportError as err:  # a command whose optional parts are missing
+            subparsers.add_parser(name, help=f"(unavailable: {err})")
+            handlers[name] = lambda args, e=err: _unavailable(e)
+            continue
+        module.add_parser(subparsers)
+        handlers[name] = module.run
+    return parser, handlers
+
+
+def _unavailable(err: Exception) -> int:
+    print(f"hybridflow: this command is unavailable: {err}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, handlers = build_parser()
+    args = parser.parse_args(argv)
+    return int(handlers[args.command](args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

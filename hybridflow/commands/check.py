@@ -1,0 +1,30 @@
+"""`hybridflow check graph.py [key=value ...]`: compile only; no Ray, no model weights."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from hybridflow.commands.common import GraphFileError, prepare
+from hybridflow.compiler import GraphError
+from hybridflow.config import ConfigError
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("check", help="validate a graph file; starts no workers")
+    parser.add_argument("graph", help="a graph file exporting build(cfg)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value")
+    parser.add_argument("-c", "--config", help="YAML config file, merged before overrides")
+    return parser
+
+
+def run(args) -> int:
+    try:
+        loaded = prepare(args.graph, args.overrides, args.config)
+    except (GraphError, ConfigError, GraphFileError) as err:
+        print(f"hybridflow check: {err}", file=sys.stderr)
+        return 1
+    print(loaded.plan.summary())
+    print("ok")
+    return 0

@@ -1,0 +1,139 @@
+"""Turning a graph file plus configuration into a compiled plan (shared by commands).
+
+User code is only ever loaded from paths the user names: the graph file given on
+the command line, and worker classes named in `workers.<role>`.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass
+from types import ModuleType
+
+from omegaconf import DictConfig, OmegaConf
+
+from hybridflow.compiler import ExecutionPlan, compile_graph
+from hybridflow.config import ConfigError, build_config
+from hybridflow.graph import Graph
+from hybridflow.placement import Placement
+
+__all__ = ["GraphFileError", "LoadedGraph", "load_graph_module", "load_plan", "prepare",
+           "role_bindings", "placement_from_config"]
+
+
+class GraphFileError(ValueError):
+    """The graph file is missing, does not import, or does not export build(cfg)."""
+
+
+def load_graph_module(path: str) -> ModuleType:
+    if not os.path.isfile(path):
+        raise GraphFileError(f"graph file {path!r} does not exist")
+    path = os.path.abspath(path)
+    stem = os.path.splitext(os.path.basename(path))[0]
+    digest = hashlib.sha1(path.encode()).hexdigest()[:8]
+    name = f"hybridflow_user_graph_{stem}_{digest}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:
+        del sys.modules[name]
+        raise GraphFileError(f"graph file {path!r} failed to import: "
+                             f"{type(err).__name__}: {err}") from err
+    if not callable(getattr(module, "build", None)):
+        raise GraphFileError(f"graph file {path!r} must export build(cfg) -> Graph")
+    _pickle_by_value(module)
+    return module
+
+
+def _pickle_by_value(module: ModuleType) -> None:
+    """Ray workers cannot import a graph file by its generated module name, so its
+    functions (fn nodes) are shipped by value."""
+    try:
+        import cloudpickle
+        cloudpickle.register_pickle_by_value(module)
+    except (ImportError, ValueError):
+        pass
+
+
+def _import_object(spec: str):
+    """'package.module:Name' or 'path/to/file.py:Name'."""
+    target, _, attr = spec.partition(":")
+    if not attr:
+        raise ConfigError(f"worker class {spec!r} must be 'module:Class' or 'file.py:Class'")
+    if target.endswith(".py"):
+        module = _load_file(target)
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as err:
+            raise ConfigError(f"cannot import worker module {target!r}: {err}") from None
+    if not hasattr(module, attr):
+        raise ConfigError(f"{target!r} has no attribute {attr!r}")
+    return getattr(module, attr)
+
+
+def _load_file(path: str) -> ModuleType:
+    if not os.path.isfile(path):
+        raise ConfigError(f"worker file {path!r} does not exist")
+    name = "hybridflow_user_" + hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:10]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    _pickle_by_value(module)
+    return module
+
+
+def role_bindings(cfg: DictConfig) -> dict[str, type]:
+    from hybridflow.workers import DEFAULT_ROLES
+    bindings = dict(DEFAULT_ROLES)
+    for role, spec in (cfg.workers or {}).items():
+        bindings[str(role)] = _import_object(str(spec))
+    return bindings
+
+
+def placement_from_config(cfg: DictConfig, graph: Graph) -> Placement:
+    section = OmegaConf.to_container(cfg.placement, resolve=True)
+    if not section.get("pools"):
+        raise ConfigError("placement.pools is empty: define at least one pool")
+    first = next(iter(section["pools"]))
+    roles = dict(section.get("roles") or {})
+    for node in graph.nodes.values():
+        if node.op == "call" and node.role not in roles:
+            roles[node.role] = first
+    section["roles"] = roles
+    return Placement.from_config(section)
+
+
+@dataclass
+class LoadedGraph:
+    module: ModuleType
+    cfg: DictConfig
+    graph: Graph
+    plan: ExecutionPlan
+
+
+def prepare(graph_path: str, overrides: list[str] | None = None,
+            yaml_file: str | None = None) -> LoadedGraph:
+    """Load the graph file, merge its config, build and compile the graph."""
+    module = load_graph_module(graph_path)
+    defaults = module.defaults() if callable(getattr(module, "defaults", None)) else None
+    cfg = build_config(defaults, yaml_file, overrides)
+    graph = module.build(cfg)
+    if not isinstance(graph, Graph):
+        raise GraphFileError(f"build(cfg) in {graph_path!r} returned "
+                             f"{type(graph).__name__}, not a hybridflow Graph")
+    plan = compile_graph(graph, role_bindings(cfg), placement_from_config(cfg, graph))
+    return LoadedGraph(module, cfg, graph, plan)
+
+
+def load_plan(graph_path: str, overrides: list[str] | None = None,
+              yaml_file: str | None = None) -> ExecutionPlan:
+    return prepare(graph_path, overrides, yaml_file).plan

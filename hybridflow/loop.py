@@ -1,0 +1,208 @@
+"""The step loop: data -> plan -> metrics, with validation, checkpoints and resume.
+
+One function reads top to bottom (`Trainer.fit`): draw a batch for every source
+node, run the compiled plan on the runtime, log metrics, validate every
+`trainer.val_every` steps, checkpoint every `trainer.save_every` steps and at the
+end. Nothing here knows which algorithm the graph implements.
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections import defaultdict
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+
+from hybridflow.checkpoint import latest_checkpoint, load_trainer_state, restore_rng, save_checkpoint
+from hybridflow.commands.common import LoadedGraph, placement_from_config, role_bindings
+from hybridflow.compiler import ExecutionPlan, compile_graph
+from hybridflow.data import PromptDataset, PromptLoader, toy_rows
+from hybridflow.graph import Graph
+from hybridflow.tracking import MetricSinks, RunDir
+
+__all__ = ["Trainer", "NumericsError", "default_validation_graph", "seed_everything"]
+
+
+class NumericsError(RuntimeError):
+    """NaN or inf in a loss, a gradient norm or a reward."""
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def default_validation_graph(cfg: DictConfig) -> Graph:
+    """Greedy answers (accuracy) and N samples (mean@N, best@N) per held-out prompt."""
+    g = Graph("validation")
+    prompts = g.source("prompts")
+    greedy = g.call("actor.generate", prompts, n=1, do_sample=False, name="greedy")
+    g.call("reward.score", greedy, name="greedy_score")
+    if cfg.trainer.val_samples > 1:
+        sampled = g.call("actor.generate", prompts, n=cfg.trainer.val_samples,
+                         do_sample=True, name="sampled")
+        g.call("reward.score", sampled, name="sampled_score")
+    return g
+
+
+def make_runtime(plan: ExecutionPlan, cfg: DictConfig):
+    if cfg.runtime.name == "ray":
+        from hybridflow.runtime.ray import RayRuntime
+        return RayRuntime(plan, cfg, seed=cfg.trainer.seed)
+    from hybridflow.runtime.local import LocalRuntime
+    return LocalRuntime(plan, cfg, seed=cfg.trainer.seed)
+
+
+def _is_watched(key: str) -> bool:
+    return any(word in key for word in ("loss", "grad_norm", "score", "reward"))
+
+
+def check_finite(step: int, node_metrics: dict[str, dict]) -> None:
+    for node, metrics in node_metrics.items():
+        for key, value in metrics.items():
+            if _is_watched(key) and isinstance(value, float) and not math.isfinite(value):
+                raise NumericsError(f"step {step}: node '{node}' produced {key}={value}; "
+                                    f"the run stops and the last good checkpoint is kept")
+
+
+class Trainer:
+    def __init__(self, loaded: LoadedGraph, run: RunDir, resume_from: str | None = None):
+        self.cfg, self.plan, self.run = loaded.cfg, loaded.plan, run
+        self.module = loaded.module
+        cfg = self.cfg
+        seed_everything(cfg.trainer.seed)
+        self.train_loader, self.val_loader = self._make_loaders()
+        self.val_plan = self._compile_validation() if cfg.trainer.val_every > 0 else None
+        self.step = 0
+        self.sinks = MetricSinks(run, cfg.trainer.tensorboard, cfg.trainer.wandb, run.path)
+        self.runtime = make_runtime(self.plan, cfg)
+        if resume_from:
+            self._resume(resume_from)
+
+    # ------------------------------------------------------------------ setup
+    def _make_loaders(self) -> tuple[PromptLoader, PromptLoader | None]:
+        from hybridflow.workers.tokenizer import load_tokenizer
+        cfg = self.cfg
+        tok = load_tokenizer(cfg.model.tokenizer if cfg.model.tokenizer != "auto"
+                             else cfg.model.path)
+        limit, drop = cfg.data.max_prompt_length, cfg.data.filter_overlong
+        if cfg.data.train_files:
+            train = PromptDataset.from_file(cfg.data.train_files, tok, limit, drop)
+            val = (PromptDataset.from_file(cfg.data.val_files, tok, limit, drop)
+                   if cfg.data.val_files else None)
+        else:
+            toy = cfg.data.toy
+            train_rows, val_rows = toy_rows(cfg.trainer.seed, toy.max_operand, toy.test_fraction)
+            train = PromptDataset(train_rows, tok, limit, drop, name="toy train")
+            val = PromptDataset(val_rows, tok, limit, drop, name="toy test")
+        pad = tok.pad_token_id
+        train_loader = PromptLoader(train, cfg.data.batch_size, pad, cfg.data.shuffle,
+                                    cfg.trainer.seed)
+        val_loader = PromptLoader(val, min(len(val), 256), pad, False) if val else None
+        return train_loader, val_loader
+
+    def _compile_validation(self) -> ExecutionPlan | None:
+        if self.val_loader is None:
+            return None
+        build = getattr(self.module, "validation", None) or default_validation_graph
+        graph = build(self.cfg)
+        return compile_graph(graph, role_bindings(self.cfg), placement_from_config(self.cfg, graph))
+
+    def sources(self) -> list[str]:
+        return [n.name for n in self.plan.nodes if n.op == "source"]
+
+    # ------------------------------------------------------------------- loop
+    def fit(self, on_step=None) -> dict:
+        cfg, last = self.cfg.trainer, {}
+        self.run.set_status("running", step=self.step)
+        if self.val_plan is not None and self.step == 0:
+            last.update(self.validate())
+            self.sinks.log(0, last)
+        while self.step < cfg.steps:
+            self.step += 1
+            metrics = self.train_step()
+            if self.val_plan is not None and self.step % cfg.val_every == 0:
+                metrics.update(self.validate())
+            self.sinks.log(self.step, metrics)
+            last = metrics
+            if cfg.save_every and self.step % cfg.save_every == 0:
+                self.save()
+            if on_step:
+                on_step(self.step, metrics)
+        self.save()
+        self.run.set_status("finished", step=self.step)
+        return last
+
+    def train_step(self) -> dict:
+        start = time.perf_counter()
+        feeds = {name: self.train_loader.next_batch() for name in self.sources()}
+        result = self.runtime.run_step(feeds)
+        if self.cfg.trainer.check_finite:
+            check_finite(self.step, result.node_metrics)
+        elapsed = time.perf_counter() - start
+        metrics = dict(result.metrics)
+        metrics["perf/time_per_step"] = elapsed
+        metrics["engine/driver_bytes"] = result.driver_bytes
+        tokens = metrics.get("response_length/mean", 0.0) * metrics.get("engine/rows", 0)
+        if tokens:
+            metrics["perf/throughput"] = tokens / elapsed
+        self.sinks.log_timeline(self.step, result.timeline)
+        return metrics
+
+    def validate(self) -> dict:
+        per_source: dict[str, list] = defaultdict(lambda: [[], defaultdict(list)])
+        for batch in self.val_loader.all_batches():
+            result = self.runtime.run_step({"prompts": batch}, plan=self.val_plan)
+            greedy = self.runtime.fetch(result, "greedy_score", ("scores", "data_source"))
+            for score, source in zip(greedy["scores"].tolist(), greedy["data_source"]):
+                per_source[source][0].append(score)
+            if "sampled_score" in result.outputs:
+                sampled = self.runtime.fetch(result, "sampled_score",
+                                             ("scores", "data_source", "uid"))
+                for score, source, uid in zip(sampled["scores"].tolist(),
+                                              sampled["data_source"], sampled["uid"]):
+                    per_source[source][1][uid].append(score)
+        return _validation_metrics(per_source, self.cfg.trainer.val_samples)
+
+    # ------------------------------------------------------------ checkpoints
+    def trained_roles(self) -> list[str]:
+        return sorted({n.role for n in self.plan.nodes if n.kind == "train"})
+
+    def save(self) -> str:
+        def save_roles(root: str) -> None:
+            for role in self.trained_roles():
+                self.runtime.call_role(role, "save_checkpoint", f"{root}/{role}")
+        state = {"loader": self.train_loader.state_dict()}
+        return save_checkpoint(self.run.checkpoints, self.step, save_roles, state,
+                               keep=self.cfg.trainer.max_checkpoints)
+
+    def _resume(self, run_path: str) -> None:
+        path = latest_checkpoint(self.run.checkpoints)
+        if path is None:
+            return  # nothing saved yet: start from the beginning
+        state, torch_rng = load_trainer_state(path)
+        for role in self.trained_roles():
+            self.runtime.call_role(role, "load_checkpoint", f"{path}/{role}")
+        self.train_loader.load_state_dict(state["loader"])
+        restore_rng(state["rng"], torch_rng)
+        self.step = int(state["step"])
+        self.run.truncate_metrics(self.step)
+
+    def close(self) -> None:
+        self.sinks.close()
+        self.runtime.shutdown()
+
+
+def _validation_metrics(per_source: dict, n: int) -> dict:
+    out = {}
+    for source, (greedy, sampled) in per_source.items():
+        out[f"val/{source}/greedy"] = float(np.mean(greedy)) if greedy else 0.0
+        if sampled:
+            groups = list(sampled.values())
+            out[f"val/{source}/mean@{n}"] = float(np.mean([np.mean(g) for g in groups]))
+            out[f"val/{source}/best@{n}"] = float(np.mean([max(g) for g in groups]))
+    return out

@@ -1,0 +1,89 @@
+"""What both runtimes share: assembling a node's input from its producers' outputs,
+finishing its output, running function nodes, and the record of one step."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from hybridflow.batch import Batch
+from hybridflow.compiler import ExecutionPlan, PlanNode
+
+__all__ = ["NodeFailure", "StepResult", "assemble_input", "finish_output", "run_fn_node",
+           "input_columns", "metrics_of"]
+
+
+class NodeFailure(RuntimeError):
+    """A node failed while running; names the node, its role and the rank."""
+
+    def __init__(self, node: PlanNode, rank: int | None, detail: str):
+        self.node, self.rank, self.detail = node.name, rank, detail
+        who = f"role '{node.role}' rank {rank}" if node.role else "the driver"
+        super().__init__(f"{node.where()} failed on {who}:\n{detail}")
+
+
+@dataclass
+class StepResult:
+    outputs: dict[str, Any]                 # node -> Batch (local) or handle (ray)
+    metrics: dict[str, float] = field(default_factory=dict)
+    node_metrics: dict[str, dict] = field(default_factory=dict)  # node -> its metrics
+    timeline: list[dict] = field(default_factory=list)
+    driver_bytes: int = 0
+
+
+def input_columns(node: PlanNode) -> list[str]:
+    """Keys a node's method receives: all of them when it forwards its input."""
+    if node.forwards or node.op == "fn" and not node.reads:
+        return list(node.input_keys)
+    wanted = [*node.reads, *(k for k in node.optional if k in node.input_keys)]
+    if node.group_by:
+        wanted.append(node.group_by)
+    return list(dict.fromkeys(wanted))
+
+
+def assemble_input(node: PlanNode, outputs: dict[str, Batch]) -> Batch:
+    """The node's input batch: each wanted key taken from the producer whose output
+    carries the column written by the key's winning writer."""
+    tensors, non_tensors, meta = {}, {}, {}
+    for key in input_columns(node):
+        writer = node.input_keys[key]
+        for dep in node.deps:
+            out = outputs[dep]
+            if key in out and out.meta.get("_writers", {}).get(key, dep) == writer:
+                target = tensors if key in out.tensors else non_tensors
+                target[key] = out[key]
+                break
+    return Batch(tensors, non_tensors, meta)
+
+
+def finish_output(node: PlanNode, out: Batch, inputs: Batch | None = None) -> Batch:
+    """Apply renames, keep declared columns, and record who wrote each column, so that
+    consumers can tell a forwarded column from an overwritten one."""
+    if out is None:
+        out = Batch()
+    for old, new in node.rename.items():
+        if old in out:
+            out[new] = out[old]
+            out.drop(old)
+    keep = set(node.output_keys) if node.forwards else set(node.writes)
+    missing = [k for k in node.writes if k not in out]
+    if missing and len(out):
+        raise ValueError(f"{node.where()} returned no column(s) {missing}; "
+                         f"its declaration says it writes {list(node.writes)}")
+    out = out.select(*[k for k in out.keys() if k in keep], strict=False)
+    out.meta = {"metrics": out.meta.get("metrics", {}),
+                "_writers": {k: node.output_keys.get(k, node.name) for k in out.keys()}}
+    return out
+
+
+def run_fn_node(node: PlanNode, batch: Batch) -> Batch:
+    return node.fn(batch, **node.kwargs)
+
+
+def metrics_of(out: Any) -> dict:
+    meta = getattr(out, "meta", None) or {}
+    return dict(meta.get("metrics", {}))
+
+
+def now() -> float:
+    return time.perf_counter()

@@ -1,0 +1,121 @@
+"""Local runtime: executes an ExecutionPlan in this process.
+
+State (all owned by `LocalRuntime`, changed only by its own methods):
+- `ranks[pool]`: one dict per simulated rank, role -> worker instance; the roles of a
+  pool share that dict (colocation: the same objects, so weights move in memory).
+- during `run_step`, `outputs`: node name -> the Batch it produced this step. Nodes
+  run one at a time in the plan's topological order; there is nothing to overlap in
+  one process, so there is no ready/running queue.
+
+Ranks of a pool are simulated in turn. Trained roles need a real process group to
+stay in sync across ranks, so the local runtime refuses a trained role on more than
+one rank; use the Ray runtime for data parallelism.
+"""
+from __future__ import annotations
+
+import traceback
+from typing import Callable
+
+from hybridflow.batch import Batch
+from hybridflow.compiler import ExecutionPlan, PlanNode
+from hybridflow.dispatch import SKIP, Layout, get_dispatch_mode
+from hybridflow.runtime.common import (NodeFailure, StepResult, assemble_input, finish_output,
+                                       metrics_of, now, run_fn_node)
+
+__all__ = ["LocalRuntime"]
+
+
+def _make_context(rank: int, world_size: int, seed: int, colocated: dict):
+    from hybridflow.workers.base import WorkerContext
+    return WorkerContext(rank=rank, world_size=world_size, local_rank=rank, device="cpu",
+                         seed=seed, colocated=colocated)
+
+
+class LocalRuntime:
+    name = "local"
+
+    def __init__(self, plan: ExecutionPlan, cfg, seed: int = 0,
+                 make_context: Callable = _make_context):
+        self.plan, self.cfg = plan, cfg
+        self.ranks: dict[str, list[dict]] = {}
+        trained = {n.role for n in plan.nodes if n.kind == "train"}
+        for pool, roles in plan.placement.colocated().items():
+            roles = [r for r in roles if r in plan.roles]
+            if not roles:
+                continue
+            size = plan.placement.pools[pool].world_size
+            if size > 1 and trained & set(roles):
+                raise ValueError(
+                    f"the local runtime cannot train role(s) {sorted(trained & set(roles))} "
+                    f"on {size} ranks of pool '{pool}': set the pool to 1 device or use "
+                    f"--runtime ray")
+            self.ranks[pool] = [self._start_rank(pool, roles, r, size, seed)
+                                for r in range(size)]
+
+    def _start_rank(self, pool, roles, rank, size, seed) -> dict:
+        colocated: dict = {}
+        for role in roles:  # construction order = placement order, so ref can see actor
+            ctx = _make_context(rank, size, seed, colocated)
+            colocated[role] = self.plan.bindings[role](self.cfg, ctx)
+        return colocated
+
+    def workers(self, role: str) -> list:
+        pool = self.plan.placement.roles[role]
+        return [rank[role] for rank in self.ranks[pool]]
+
+    # ------------------------------------------------------------------- step
+    def run_step(self, feeds: dict[str, Batch], plan: ExecutionPlan | None = None) -> StepResult:
+        """Run every node once. `feeds` gives each source node's batch."""
+        plan = plan or self.plan
+        result = StepResult(outputs={})
+        for node in plan.nodes:
+            start = now()
+            out = self._run_node(node, feeds, result.outputs)
+            end = now()
+            result.outputs[node.name] = out
+            result.node_metrics[node.name] = metrics_of(out)
+            result.metrics.update(result.node_metrics[node.name])
+            result.metrics[f"timing_s/{node.name}"] = end - start
+            result.timeline.append({"node": node.name, "role": node.role, "pool": node.pool,
+                                    "start": start, "end": end})
+        return result
+
+    def _run_node(self, node: PlanNode, feeds, outputs) -> Batch:
+        if node.op == "source":
+            if node.name not in feeds:
+                raise ValueError(f"{node.where()}: no batch was fed to this source")
+            return finish_output(node, feeds[node.name])
+        batch = assemble_input(node, outputs)
+        if node.op == "fn":
+            try:
+                return finish_output(node, run_fn_node(node, batch))
+            except Exception as err:  # noqa: BLE001 - re-raised with the node named
+                raise NodeFailure(node, None, traceback.format_exc()) from err
+        return finish_output(node, self._call(node, batch))
+
+    def _call(self, node: PlanNode, batch: Batch):
+        workers = self.workers(node.role)
+        layout = Layout(len(workers), self.plan.placement.tp_size(node.role))
+        mode = get_dispatch_mode(node.dispatch)
+        shards = mode.dispatch(batch, layout)
+        results = []
+        for rank, (worker, shard) in enumerate(zip(workers, shards)):
+            if shard is SKIP:
+                results.append(None)
+                continue
+            try:
+                results.append(getattr(worker, node.method)(shard, **node.kwargs))
+            except Exception as err:  # noqa: BLE001 - re-raised with node, role and rank
+                raise NodeFailure(node, rank, traceback.format_exc()) from err
+        return mode.collect(results, layout)
+
+    def fetch(self, result: StepResult, node: str, keys) -> Batch:
+        """Columns of a node's output, on the driver."""
+        return result.outputs[node].select(*keys)
+
+    def call_role(self, role: str, method: str, *args, **kwargs) -> list:
+        """Call a method on every rank of a role (checkpointing, weight bytes)."""
+        return [getattr(w, method)(*args, **kwargs) for w in self.workers(role)]
+
+    def shutdown(self) -> None:
+        self.ranks.clear()

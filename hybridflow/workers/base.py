@@ -1,0 +1,118 @@
+"""What every role worker shares: its context (rank, device, seed, neighbours) and
+checkpoint/weight accounting.
+
+A worker class is constructed as `WorkerClass(cfg, ctx)`: `cfg` is the whole run
+config (DictConfig, nested dict or dataclass with sections `model`, `actor`,
+`rollout`, `ref`, `critic`, `reward`), of which each worker reads only its own
+sections, once, into typed dataclasses. Methods are `m(self, batch, **kwargs) ->
+Batch`, returning exactly the declared `writes` keys row-aligned with the input
+(plus every input column for `forwards=True`), metrics as floats in
+`out.meta["metrics"]`. Every method accepts a 0-row batch.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hybridflow.batch import Batch
+from hybridflow.workers.models import model_bytes, resolve_device
+
+__all__ = ["WorkerContext", "Worker", "metrics_batch"]
+
+
+@dataclass
+class WorkerContext:
+    """Where a worker runs. The runtime fills it; tests use the defaults (one CPU rank).
+
+    colocated: role -> the other worker instances living in this process (the
+    runtime fills it after constructing them all), e.g. so a rollout engine can
+    share the actor's weights.
+    """
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: str | None = None          # None: decided by the model config ("auto")
+    seed: int = 0
+    colocated: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, **overrides) -> "WorkerContext":
+        env = {"rank": int(os.environ.get("RANK", 0)),
+               "world_size": int(os.environ.get("WORLD_SIZE", 1)),
+               "local_rank": int(os.environ.get("LOCAL_RANK", 0))}
+        return cls(**{**env, **overrides})
+
+    def backend(self) -> str:
+        device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        return "nccl" if device.startswith("cuda") else "gloo"
+
+    def init_distributed(self) -> None:
+        """Join the default process group (from RANK, WORLD_SIZE, MASTER_ADDR,
+        MASTER_PORT) when world_size > 1 and it is not initialised yet."""
+        if self.world_size <= 1 or (dist.is_available() and dist.is_initialized()):
+            return
+        missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+        if missing:
+            raise RuntimeError(f"world_size={self.world_size} needs the env vars {missing} "
+                               "set by the runtime before the workers are constructed")
+        if self.backend() == "nccl":
+            torch.cuda.set_device(self.local_rank)
+        dist.init_process_group(self.backend(), rank=self.rank, world_size=self.world_size)
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1 and dist.is_available() and dist.is_initialized()
+
+
+def metrics_batch(batch: Batch, metrics: dict[str, float]) -> Batch:
+    batch.meta = {**batch.meta, "metrics": {k: float(v) for k, v in metrics.items()}}
+    return batch
+
+
+class Worker:
+    """Base of the role workers: context, device, and checkpoint plumbing.
+
+    Subclasses set `self.module` (the model) and, when they train, `self.trainer`
+    (a `hybridflow.workers.training.Trainer`).
+    """
+    module: torch.nn.Module | None = None
+    trainer = None
+
+    def __init__(self, cfg, ctx: WorkerContext | None = None):
+        self.ctx = ctx or WorkerContext()
+        self.ctx.init_distributed()
+        self.cfg = cfg
+
+    def _device(self, spec: str) -> torch.device:
+        return resolve_device(spec, self.ctx.device, self.ctx.local_rank)
+
+    # ---------------------------------------------------------------- weights
+    def weight_bytes(self) -> int:
+        """Bytes of model weights this worker holds in this process."""
+        return model_bytes(self.module) if self.module is not None else 0
+
+    def state_dict_for_checkpoint(self) -> dict[str, Any]:
+        if self.trainer is not None:
+            return self.trainer.state_dict()
+        from hybridflow.workers.training import full_state_dict
+        return {"model": full_state_dict(self.module)} if self.module is not None else {}
+
+    def save_checkpoint(self, directory: str) -> None:
+        """Weights as safetensors (+ HF config, loadable by `from_pretrained`);
+        optimizer and scheduler state per rank via torch.save."""
+        if self.trainer is not None:
+            self.trainer.save(directory, self.ctx.rank, getattr(self, "tokenizer", None))
+        elif self.module is not None and self.ctx.rank == 0:
+            from hybridflow.workers.training import save_weights
+            save_weights(self.module, directory)
+
+    def load_checkpoint(self, directory: str) -> None:
+        if self.trainer is not None:
+            self.trainer.load(directory, self.ctx.rank)
+        elif self.module is not None:
+            from hybridflow.workers.training import load_weights
+            load_weights(self.module, directory)

@@ -1,0 +1,105 @@
+"""Building Hugging Face models: causal LM (policy, reference), value model, reward model.
+
+A model comes from a local directory (`from_pretrained`) or from a config dict
+(`hf_config`, the tiny default for tests and the toy task). Building from a config
+is seeded, so every data-parallel rank, and the reference beside the actor, starts
+from exactly the same weights without any broadcast.
+"""
+from __future__ import annotations
+
+import torch
+
+from hybridflow.workers.config import ModelConfig
+from hybridflow.workers.tokenizer import require_local_dir
+
+__all__ = ["resolve_device", "resolve_dtype", "build_causal_lm", "build_value_model",
+           "build_reward_model", "model_bytes"]
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_device(spec: str, ctx_device: str | None, local_rank: int = 0) -> torch.device:
+    """The model's device: config wins unless "auto"; then the context's, then CUDA if any."""
+    if spec not in ("auto", "", None):
+        if spec == "cuda":
+            return torch.device("cuda", local_rank)
+        return torch.device(spec)
+    if ctx_device:
+        return torch.device(ctx_device)
+    return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unknown model dtype {name!r}; use one of {sorted(_DTYPES)}") from None
+
+
+def _hf_config(model_cfg: ModelConfig, tokenizer, path: str | None, **overrides):
+    from transformers import AutoConfig
+    if path is not None:
+        config = AutoConfig.from_pretrained(require_local_dir(path, "model"))
+    else:
+        values = dict(model_cfg.hf_config)
+        model_type = values.pop("model_type", "llama")
+        values.setdefault("vocab_size", len(tokenizer))
+        config = AutoConfig.for_model(model_type, **values)
+    for key in ("pad_token_id", "eos_token_id", "bos_token_id"):
+        if getattr(config, key, None) is None and getattr(tokenizer, key, None) is not None:
+            setattr(config, key, getattr(tokenizer, key))
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    return config
+
+
+def _build(auto_cls, model_cfg: ModelConfig, tokenizer, device, seed: int,
+           path: str | None = None, **overrides):
+    path = model_cfg.path if path is None else path
+    config = _hf_config(model_cfg, tokenizer, path, **overrides)
+    dtype = resolve_dtype(model_cfg.dtype)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)  # heads missing from a checkpoint init the same everywhere
+        if path is not None:
+            model = auto_cls.from_pretrained(path, config=config, dtype=dtype)
+        else:
+            model = auto_cls.from_config(config).to(dtype)
+    if model_cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    return model.to(device)
+
+
+def build_causal_lm(model_cfg: ModelConfig, tokenizer, device, seed: int = 0,
+                    path: str | None = None):
+    """A causal LM (policy or reference) on `device` in the configured dtype."""
+    from transformers import AutoModelForCausalLM
+    return _build(AutoModelForCausalLM, model_cfg, tokenizer, device, seed, path)
+
+
+def build_value_model(model_cfg: ModelConfig, tokenizer, device, seed: int = 0,
+                      path: str | None = None):
+    """The critic: the causal-LM backbone with a token-level Linear(hidden, 1) head."""
+    from transformers import AutoModelForTokenClassification
+    return _build(AutoModelForTokenClassification, model_cfg, tokenizer, device, seed, path,
+                  num_labels=1, classifier_dropout=0.0)
+
+
+def build_reward_model(model_cfg: ModelConfig, tokenizer, device, path: str, seed: int = 0):
+    """A reward model: sequence classification with one label, read at the last token."""
+    from transformers import AutoModelForSequenceClassification
+    return _build(AutoModelForSequenceClassification, model_cfg, tokenizer, device, seed,
+                  path, num_labels=1)
+
+
+def model_bytes(module: torch.nn.Module) -> int:
+    """Bytes of the parameters and buffers this process holds (shared storage once)."""
+    seen, total = set(), 0
+    for t in list(module.parameters()) + list(module.buffers()):
+        local = t.to_local() if hasattr(t, "to_local") else t
+        key = (local.untyped_storage().data_ptr(), local.dtype)
+        if key in seen:
+            continue
+        seen.add(key)
+        total += local.numel() * local.element_size()
+    return total

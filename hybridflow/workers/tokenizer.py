@@ -1,0 +1,65 @@
+"""Tokenizers: the toy task's character tokenizer, built in code, or a local HF dir.
+
+The character tokenizer is a real `PreTrainedTokenizerFast` (a `tokenizers`
+WordLevel model over single characters), so `save_pretrained` and
+`AutoTokenizer.from_pretrained` work on it like on any other. Prompts are padded
+on the left (generation appends on the right).
+
+Nothing is downloaded at run time: a spec that is neither "char" nor an existing
+local directory is an error.
+"""
+from __future__ import annotations
+
+import os
+import string
+
+__all__ = ["build_char_tokenizer", "load_tokenizer", "require_local_dir", "CHAR_VOCAB"]
+
+SPECIAL_TOKENS = {"pad": "<pad>", "eos": "<eos>", "bos": "<bos>", "unk": "<unk>"}
+CHAR_VOCAB = (string.digits + "+-*/=()., :?!\n" + string.ascii_lowercase
+              + string.ascii_uppercase)
+
+
+def require_local_dir(spec: str, what: str) -> str:
+    """`spec` if it is an existing local directory; otherwise a clear error."""
+    path = os.path.expanduser(spec)
+    if os.path.isdir(path):
+        return path
+    if os.path.exists(path):
+        raise ValueError(f"{what} {spec!r} is a file; give the directory that holds it")
+    raise FileNotFoundError(
+        f"{what} {spec!r} is not a local directory. hybridflow does not download "
+        f"models or tokenizers at run time: download it beforehand (e.g. "
+        f"`huggingface-cli download {spec} --local-dir /path/to/dir`) and pass that "
+        f"directory instead.")
+
+
+def build_char_tokenizer():
+    """A character-level `PreTrainedTokenizerFast` for the toy arithmetic task."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS.values())}
+    for ch in CHAR_VOCAB:
+        vocab.setdefault(ch, len(vocab))
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=SPECIAL_TOKENS["unk"]))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("(?m)."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token=SPECIAL_TOKENS["pad"],
+        eos_token=SPECIAL_TOKENS["eos"], bos_token=SPECIAL_TOKENS["bos"],
+        unk_token=SPECIAL_TOKENS["unk"], padding_side="left",
+        clean_up_tokenization_spaces=False, model_max_length=4096)
+    return tok
+
+
+def load_tokenizer(spec: str = "char"):
+    """"char" for the built-in tokenizer, or a local directory (`AutoTokenizer`)."""
+    if spec == "char":
+        return build_char_tokenizer()
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(require_local_dir(spec, "tokenizer"))
+    tok.padding_side = "left"
+    if tok.pad_token_id is None:  # common for decoder-only LMs: pad with EOS
+        tok.pad_token = tok.eos_token
+    return tok
