@@ -1,0 +1,95 @@
+"""Function nodes shared by the graphs: the math of `algorithms/` adapted to batches.
+
+Each is a plain function over a Batch, declared with `@node_fn` (the keys it reads
+and writes, and whether it may run on shards). The math itself lives in
+`algorithms/`; these adapters only pick columns and name the outputs.
+"""
+from __future__ import annotations
+
+from algorithms import advantages as adv
+from algorithms.kl import AdaptiveKL, FixedKL, apply_kl_in_reward
+from hybridflow import Batch, node_fn
+
+__all__ = ["grpo_advantages", "rloo_advantages", "reinforce_pp_advantages",
+           "reinforce_pp_baseline_advantages", "remax_advantages", "gae_advantages",
+           "KLInReward", "scores_to_rewards"]
+
+
+def _out(**tensors) -> Batch:
+    return Batch(tensors)
+
+
+@node_fn(reads=("scores", "uid", "response_mask"), writes=("advantages",), group_by="uid")
+def grpo_advantages(batch: Batch, norm_by_std: bool = True, eps: float = 1e-6) -> Batch:
+    """GRPO (Dr.GRPO with norm_by_std=False): scores normalised within each prompt's group."""
+    a, _ = adv.grpo(batch["scores"], batch["uid"], batch["response_mask"], eps, norm_by_std)
+    return _out(advantages=a)
+
+
+@node_fn(reads=("scores", "uid", "response_mask"), writes=("advantages",), group_by="uid")
+def rloo_advantages(batch: Batch) -> Batch:
+    """RLOO: each sample's baseline is the mean score of the other samples of its prompt."""
+    a, _ = adv.rloo(batch["scores"], batch["uid"], batch["response_mask"])
+    return _out(advantages=a)
+
+
+@node_fn(reads=("token_level_rewards", "response_mask"), writes=("advantages", "returns"))
+def reinforce_pp_advantages(batch: Batch, gamma: float = 1.0) -> Batch:
+    """REINFORCE++: discounted returns whitened over the whole batch."""
+    a, r = adv.reinforce_pp(batch["token_level_rewards"], batch["response_mask"], gamma)
+    return _out(advantages=a, returns=r)
+
+
+@node_fn(reads=("scores", "uid", "response_mask"), writes=("advantages",))
+def reinforce_pp_baseline_advantages(batch: Batch) -> Batch:
+    """REINFORCE++ with a group-mean baseline, whitened over the whole batch."""
+    a, _ = adv.reinforce_pp_baseline(batch["scores"], batch["uid"], batch["response_mask"])
+    return _out(advantages=a)
+
+
+@node_fn(reads=("token_level_rewards", "baseline_scores", "response_mask"),
+         writes=("advantages", "returns"), rows=True)
+def remax_advantages(batch: Batch) -> Batch:
+    """ReMax: reward-to-go minus the score of the greedy response to the same prompt."""
+    a, r = adv.remax(batch["token_level_rewards"], batch["baseline_scores"].float(),
+                     batch["response_mask"])
+    return _out(advantages=a, returns=r)
+
+
+@node_fn(reads=("token_level_rewards", "values", "response_mask"),
+         writes=("advantages", "returns"))
+def gae_advantages(batch: Batch, gamma: float = 1.0, lam: float = 1.0) -> Batch:
+    """PPO's GAE over token rewards and critic values; advantages whitened batch-wide."""
+    a, r = adv.gae(batch["token_level_rewards"], batch["values"], batch["response_mask"],
+                   gamma, lam)
+    return _out(advantages=a, returns=r)
+
+
+@node_fn(reads=("token_level_scores",), writes=("token_level_rewards",), rows=True)
+def scores_to_rewards(batch: Batch) -> Batch:
+    """Token rewards are the scores themselves (no KL penalty in the reward)."""
+    return _out(token_level_rewards=batch["token_level_scores"])
+
+
+class KLInReward:
+    """Token rewards = scores - beta * KL(actor || reference), with a fixed or adaptive
+    beta. It keeps the controller's state across steps, so it runs on the driver."""
+
+    def __init__(self, kind: str = "k1", beta: float = 0.001, target: float | None = None,
+                 horizon: float = 10000.0):
+        self.kind = kind
+        self.controller = AdaptiveKL(beta, target, horizon) if target else FixedKL(beta)
+        self.__name__ = "kl_in_reward"
+        node_fn(reads=("token_level_scores", "old_log_probs", "ref_log_prob",
+                       "response_mask"), writes=("token_level_rewards",))(self)
+
+    def __call__(self, batch: Batch) -> Batch:
+        beta = self.controller.beta
+        rewards, kl = apply_kl_in_reward(batch["token_level_scores"], batch["old_log_probs"],
+                                         batch["ref_log_prob"], batch["response_mask"],
+                                         self.controller, self.kind)
+        out = _out(token_level_rewards=rewards)
+        out.meta["metrics"] = {"actor/reward_kl_penalty": kl,
+                               "actor/reward_kl_penalty_coeff": float(beta)}
+        return out
+
