@@ -90,6 +90,6 @@ def load_scorer(path: str | Path, function_name: str = "compute_score") -> Score
                              f"{', '.join(defined) or 'none'}")
     fn = getattr(module, function_name)
     if not callable(fn):
-        raise TypeError(f"{where} is a {type(fn).__name__}, not a function")
+        raise TypeError(f"{where} is not callable (it is a {type(fn).__name__})")
     _check_contract(fn, where)
     return fn

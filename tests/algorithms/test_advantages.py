@@ -187,3 +187,12 @@ def test_registry_lookup_and_error():
     assert adv.ADVANTAGES["grpo"] is adv.grpo and adv.get_advantage("gae") is adv.gae
     with pytest.raises(ValueError, match=r"unknown advantage estimator 'ppo2'.*gae.*grpo.*remax"):
         adv.get_advantage("ppo2")
+
+
+def test_bool_and_float_masks_agree():
+    gen = torch.Generator().manual_seed(5)
+    rewards, values = torch.randn(3, 4, generator=gen, dtype=F64), torch.randn(3, 4, generator=gen, dtype=F64)
+    mask = torch.tensor([[1, 1, 0, 1], [1, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.bool)
+    for (a, r), (a2, r2) in [(adv.gae(rewards, values, mask, 0.9, 0.95), adv.gae(rewards, values, mask.to(F64), 0.9, 0.95)),
+                             (adv.reinforce_pp(rewards, mask, 0.9), adv.reinforce_pp(rewards, mask.to(F64), 0.9))]:
+        assert torch.equal(a, a2) and torch.equal(r, r2)
