@@ -104,12 +104,21 @@ def _node_label(node: PlanNode) -> str:
     return "<" + "<BR/>".join(rows) + ">"
 
 
-def _edge_label(read: list[str], passed: list[str]) -> str:
+def _edge_label(read: list[str], passed: list[str], width: int = 30) -> str:
+    """Read keys, comma-separated and wrapped to `width` characters, then "+N passed on"."""
     shown = read[:MAX_SHOWN_KEYS]
-    hidden = len(read) - len(shown)
-    lines = list(shown)
-    if hidden:
-        lines.append(f"+{hidden} more read")
+    words = [k + "," for k in shown[:-1]] + shown[-1:]
+    if len(read) > len(shown):
+        words[-1] += ","
+        words.append(f"+{len(read) - len(shown)} more")
+    lines, line = [], ""
+    for word in words:
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}".strip()
+    lines += [line] if line else []
     if passed:
         lines.append(f"+{len(passed)} passed on")
     return "\\l".join(lines) + "\\l" if lines else ""
@@ -139,24 +148,25 @@ def _pool_label(plan: ExecutionPlan, pool: str) -> str:
 
 
 def _legend(dot: graphviz.Digraph, plan: ExecutionPlan, colors: dict[str, str]) -> None:
-    """Two HTML-free columns of sample nodes: the kinds used, then the roles."""
-    kinds = [k for k in NODE_KINDS if any(n.kind == k for n in plan.nodes)]
+    """A boxed key in one row below the graph: the kinds used, then the role colours."""
+    items = [(f"legend_kind_{k}", k, *KIND_SHAPES[k], DRIVER_FILL)
+             for k in NODE_KINDS if any(n.kind == k for n in plan.nodes)]
+    items += [(f"legend_role_{r}", f"role {r}", "box", "", c) for r, c in colors.items()]
+    items.append(("legend_role_driver", "driver", "box", "", DRIVER_FILL))
     with dot.subgraph(name="cluster_legend") as leg:
         leg.attr(label="legend", style="dashed", color="#999999", fontsize="11",
-                 fontcolor="#555555", rank="sink")
-        leg.attr("node", fontsize="9", height="0.3", width="0.9", fixedsize="false")
-        names = []
-        for kind in kinds:
-            shape, style = KIND_SHAPES[kind]
-            leg.node(f"legend_kind_{kind}", kind, shape=shape,
-                     style=",".join(s for s in (style, "filled") if s), fillcolor=DRIVER_FILL)
-            names.append(f"legend_kind_{kind}")
-        for role, color in colors.items():
-            leg.node(f"legend_role_{role}", f"role {role}", shape="box", style="filled",
-                     fillcolor=color)
-            names.append(f"legend_role_{role}")
-        for a, b in zip(names, names[1:]):  # keep them in one tidy column
-            leg.edge(a, b, style="invis")
+                 fontcolor="#555555")
+        leg.attr("node", fontsize="9", height="0.3", width="0.8", margin="0.05,0.03")
+        with leg.subgraph() as row:
+            row.attr(rank="same")
+            for name, label, shape, style, fill in items:
+                row.node(name, label, shape=shape, fillcolor=fill,
+                         style=",".join(s for s in (style, "filled") if s))
+            for left, right in zip(items, items[1:]):
+                row.edge(left[0], right[0], style="invis")
+    sinks = [n.name for n in plan.nodes if not plan.consumers(n.name)]
+    for sink in sinks:  # below the last rank of the graph
+        dot.edge(sink, items[len(items) // 2][0], style="invis", weight="0")
 
 
 # ----------------------------------------------------------------- graph diagram
