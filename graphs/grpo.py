@@ -3,10 +3,11 @@ scores as the baseline. No critic. `algorithm.norm_by_std=false` gives Dr.GRPO."
 from hybridflow import Graph
 
 from graphs import ops
+from graphs.common import embedded_defaults
 
 
 def defaults() -> dict:
-    return {"rollout": {"n": 8}, "algorithm": {"norm_by_std": True}}
+    return embedded_defaults(**{"rollout": {"n": 8}, "algorithm": {"norm_by_std": True}})
 
 
 def build(cfg) -> Graph:

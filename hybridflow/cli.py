@@ -8,7 +8,7 @@ import sys
 
 __all__ = ["main"]
 
-_COMMANDS = ("run", "check", "render", "plan", "data")
+_COMMANDS = ("run", "check", "render", "plan", "data", "export")
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict]:

@@ -16,8 +16,8 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
-from hybridflow.workers.config import (ActorConfig, CriticConfig, ModelConfig, RewardConfig,
-                                       RolloutConfig)
+from hybridflow.workers.config import (ActorConfig, CriticConfig, ModelConfig, RefConfig,
+                                       RewardConfig, RolloutConfig)
 
 __all__ = ["ConfigError", "RunConfig", "build_config", "parse_overrides"]
 
@@ -89,7 +89,7 @@ class RunConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
-    ref: dict[str, Any] = field(default_factory=dict)
+    ref: RefConfig = field(default_factory=RefConfig)
     workers: dict[str, str] = field(default_factory=dict)  # role -> "module:Class"
     algorithm: dict[str, Any] = field(default_factory=dict)
 

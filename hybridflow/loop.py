@@ -85,10 +85,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ setup
     def _make_loaders(self) -> tuple[PromptLoader, PromptLoader | None]:
-        from hybridflow.workers.tokenizer import load_tokenizer
+        from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
         cfg = self.cfg
-        tok = load_tokenizer(cfg.model.tokenizer if cfg.model.tokenizer != "auto"
-                             else cfg.model.path)
+        tok = load_tokenizer(tokenizer_spec(cfg.model))
         limit, drop = cfg.data.max_prompt_length, cfg.data.filter_overlong
         if cfg.data.train_files:
             train = PromptDataset.from_file(cfg.data.train_files, tok, limit, drop)

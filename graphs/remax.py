@@ -1,0 +1,28 @@
+"""ReMax: the baseline of each sampled response is the score of the greedy response
+to the same prompt, produced by a second, greedy generate node."""
+from hybridflow import Graph
+
+from graphs import ops
+from graphs.common import embedded_defaults
+
+
+def defaults() -> dict:
+    return embedded_defaults(**{"rollout": {"n": 4}})
+
+
+def build(cfg) -> Graph:
+    g = Graph("remax")
+    prompts = g.source("prompts")
+    rollout = g.call("actor.generate", prompts, n=cfg.rollout.n)
+    greedy = g.call("actor.generate", prompts, n=cfg.rollout.n, do_sample=False,
+                    name="greedy")
+    old = g.call("actor.logprob", rollout)
+    ref = g.call("ref.logprob", rollout)
+    score = g.call("reward.score", rollout)
+    baseline = g.call("reward.score", greedy, name="baseline",
+                      rename={"scores": "baseline_scores",
+                              "token_level_scores": "baseline_token_scores"})
+    rewards = g.fn(ops.scores_to_rewards, score)
+    adv = g.fn(ops.remax_advantages, rollout, rewards, baseline)
+    g.call("actor.update", rollout, old, ref, adv)
+    return g

@@ -1,0 +1,46 @@
+"""`hybridflow export RUN_DIR OUT [--role actor]`: copy a role's weights from the
+run's last checkpoint into a Hugging Face model directory (loadable with
+`from_pretrained`, and as `model.path` of another run). Optimizer state stays behind."""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+
+from hybridflow.checkpoint import latest_checkpoint
+
+__all__ = ["add_parser", "run", "export_role"]
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("export", help="export a role's weights from a run")
+    parser.add_argument("run_dir")
+    parser.add_argument("out")
+    parser.add_argument("--role", default="actor")
+    return parser
+
+
+def export_role(run_dir: str, out: str, role: str = "actor") -> str:
+    ckpt = latest_checkpoint(os.path.join(run_dir, "checkpoints"))
+    if ckpt is None:
+        raise FileNotFoundError(f"{run_dir} has no complete checkpoint")
+    source = os.path.join(ckpt, role)
+    if not os.path.isdir(source):
+        raise FileNotFoundError(f"checkpoint {ckpt} has no role '{role}' "
+                                f"(it has {sorted(os.listdir(ckpt))})")
+    os.makedirs(out, exist_ok=True)
+    for name in os.listdir(source):
+        if not name.startswith("optim_"):
+            shutil.copy2(os.path.join(source, name), os.path.join(out, name))
+    return ckpt
+
+
+def run(args) -> int:
+    try:
+        ckpt = export_role(args.run_dir, args.out, args.role)
+    except FileNotFoundError as err:
+        print(f"hybridflow export: {err}", file=sys.stderr)
+        return 1
+    print(f"exported role '{args.role}' from {ckpt} to {args.out}")
+    return 0
