@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 import string
 
-__all__ = ["build_char_tokenizer", "load_tokenizer", "require_local_dir", "CHAR_VOCAB"]
+__all__ = ["build_char_tokenizer", "load_tokenizer", "require_local_dir", "tokenizer_spec",
+           "CHAR_VOCAB"]
 
 SPECIAL_TOKENS = {"pad": "<pad>", "eos": "<eos>", "bos": "<bos>", "unk": "<unk>"}
 CHAR_VOCAB = (string.digits + "+-*/=()., :?!\n" + string.ascii_lowercase
@@ -63,3 +64,12 @@ def load_tokenizer(spec: str = "char"):
     if tok.pad_token_id is None:  # common for decoder-only LMs: pad with EOS
         tok.pad_token = tok.eos_token
     return tok
+
+
+def tokenizer_spec(model_cfg) -> str:
+    """What to load for a model section: its `tokenizer`, where "auto" means the
+    model's own directory (or "char" for a model built from a config)."""
+    spec = getattr(model_cfg, "tokenizer", "char") or "auto"
+    if spec == "auto":
+        return model_cfg.path or "char"
+    return spec

@@ -1,0 +1,191 @@
+"""ActorWorker: the policy. Generates rollouts, scores their log-probs, trains on them.
+
+Reads the `model`, `actor` and `rollout` config sections. The rollout engine shares
+the training module (HF backend), so weights are fresh after every update with no
+copy; the vLLM backend receives them through `load_weights` before each generate.
+Data parallel over the ranks of its pool: DDP (default) or FSDP2 (GPU), see
+`training.Trainer` for how updates stay identical to a single-rank update.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from hybridflow.batch import Batch
+from hybridflow.dispatch import DP, method
+from hybridflow.workers.base import Worker, metrics_batch
+from hybridflow.workers.config import ActorConfig, ModelConfig, RolloutConfig, read_section
+from hybridflow.workers.models import build_causal_lm
+from hybridflow.workers.rollout_hf import HFRollout, sampling_options
+from hybridflow.workers.sequences import forward_response, response_logprobs
+from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
+from hybridflow.workers.training import Trainer
+
+__all__ = ["ActorWorker", "GENERATE_WRITES"]
+
+GENERATE_WRITES = ("prompts", "responses", "response_mask", "input_ids", "attention_mask",
+                   "position_ids", "response_length")
+LOGPROB_READS = ("input_ids", "attention_mask", "position_ids", "responses")
+UPDATE_READS = LOGPROB_READS + ("response_mask", "old_log_probs", "advantages")
+
+
+def apply_lora(module, lora):
+    """Wrap `module` with LoRA adapters (peft) when `lora.rank > 0`."""
+    if lora.rank <= 0:
+        return module
+    try:
+        from peft import LoraConfig as PeftLoraConfig, get_peft_model
+    except ImportError as err:
+        raise ImportError("actor.lora.rank > 0 needs peft: pip install hybridflow[lora]") from err
+    return get_peft_model(module, PeftLoraConfig(
+        r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules), task_type="CAUSAL_LM"))
+
+
+class ActorWorker(Worker):
+    def __init__(self, cfg, ctx=None):
+        super().__init__(cfg, ctx)
+        self.model_cfg = read_section(cfg, "model", ModelConfig)
+        self.actor_cfg = read_section(cfg, "actor", ActorConfig)
+        self.rollout_cfg = read_section(cfg, "rollout", RolloutConfig)
+        self.device = self._device(self.model_cfg.device)
+        self.tokenizer = load_tokenizer(tokenizer_spec(self.model_cfg))
+        module = build_causal_lm(self.model_cfg, self.tokenizer, self.device, self.ctx.seed)
+        self.module = apply_lora(module, self.actor_cfg.lora)
+        self.trainer = Trainer(self.module, self.actor_cfg, self.ctx, self.device)
+        self.rollout = self._make_rollout()
+
+    def _make_rollout(self):
+        if self.rollout_cfg.backend == "hf":
+            return HFRollout(self.module, self.tokenizer, self.rollout_cfg, self.device,
+                             synced_gpus=self.trainer.fsdp and self.ctx.distributed)
+        if self.rollout_cfg.backend == "vllm":
+            from hybridflow.workers.rollout_vllm import VLLMRollout
+            return VLLMRollout(self.model_cfg, self.rollout_cfg, self.tokenizer, self.ctx)
+        raise ValueError(f"unknown rollout backend {self.rollout_cfg.backend!r}; "
+                         "use 'hf' or 'vllm'")
+
+    # --------------------------------------------------------------- generate
+    @method(dispatch=DP, reads=("input_ids", "attention_mask"), writes=GENERATE_WRITES,
+            kind="generate", overwrites=("input_ids", "attention_mask", "position_ids"),
+            forwards=True)
+    def generate(self, batch: Batch, n: int | None = None, temperature: float | None = None,
+                 top_p: float | None = None, top_k: int | None = None,
+                 max_new_tokens: int | None = None, do_sample: bool | None = None) -> Batch:
+        """n responses per prompt (rows repeated interleaved: aabb), each carrying its
+        prompt's other columns (uid, data_source, ground_truth, ...)."""
+        opts = sampling_options(self.rollout_cfg, n=n, temperature=temperature, top_p=top_p,
+                                top_k=top_k, max_new_tokens=max_new_tokens, do_sample=do_sample)
+        sync_s = self.rollout.sync_weights(self.module)
+        start = time.perf_counter()
+        prompts = batch.repeat(opts.n, interleave=True)
+        rollout = self.rollout.generate(prompts.select("input_ids", "attention_mask"), opts)
+        gen_s = time.perf_counter() - start
+        out = prompts.drop("position_ids").update(rollout)
+        lengths = rollout["response_length"].float()
+        return metrics_batch(out, {
+            "rollout/weight_sync_s": sync_s,
+            "rollout/gen_s": gen_s,
+            "rollout/tokens_per_s": float(lengths.sum()) / max(gen_s, 1e-9),
+            "rollout/response_length/mean": float(lengths.mean()) if len(lengths) else 0.0,
+        })
+
+    # ---------------------------------------------------------------- logprob
+    @method(dispatch=DP, reads=LOGPROB_READS, writes=("old_log_probs",), kind="inference",
+            optional=("response_mask",))
+    def logprob(self, batch: Batch, micro_batch_size: int | None = None,
+                with_entropy: bool = False, temperature: float | None = None) -> Batch:
+        """Log-prob of each response token under the current weights, [B, R] float32."""
+        mbs = micro_batch_size or self.rollout_cfg.log_prob_micro_batch_size
+        temp = self.rollout_cfg.temperature if temperature is None else temperature
+        logp, ent = response_logprobs(self.module, batch, mbs, self.device, temp, with_entropy)
+        metrics = {}
+        if ent is not None and "response_mask" in batch and len(batch):
+            from algorithms.masked import masked_mean
+            metrics["actor/entropy"] = float(masked_mean(ent, batch["response_mask"].cpu()))
+        return metrics_batch(Batch({"old_log_probs": logp}), metrics)
+
+    # ----------------------------------------------------------------- update
+    @method(dispatch=DP, reads=UPDATE_READS, writes=(), kind="train", optional=("ref_log_prob",))
+    def update(self, batch: Batch, temperature: float | None = None) -> Batch:
+        """PPO epochs over mini-batches (one optimizer step each) of micro-batches."""
+        cfg = self.actor_cfg
+        if cfg.use_kl_loss and len(batch) and "ref_log_prob" not in batch:
+            raise KeyError("actor.use_kl_loss is on but the update's input has no "
+                           "'ref_log_prob': add ref.logprob to the graph's update inputs")
+        from algorithms.losses import get_policy_loss
+        policy_loss = get_policy_loss(cfg.policy_loss)
+        temp = self.rollout_cfg.temperature if temperature is None else temperature
+        keys = UPDATE_READS + (("ref_log_prob",) if cfg.use_kl_loss else ())
+        data = batch.select(*keys) if len(batch) else batch
+
+        def loss_fn(model, micro: Batch, tokens, seqs):
+            return self._ppo_loss(model, micro, tokens, seqs, policy_loss, temp)
+
+        metrics = self.trainer.train(data, loss_fn, epochs=cfg.ppo_epochs,
+                                     mini_batch_size=cfg.mini_batch_size,
+                                     micro_batch_size=cfg.micro_batch_size,
+                                     shuffle=cfg.shuffle, seed=self.ctx.seed)
+        return metrics_batch(Batch(), {f"actor/{k}": v for k, v in metrics.items()})
+
+    def _ppo_loss(self, model, micro: Batch, tokens, seqs, policy_loss, temperature: float):
+        from algorithms.losses import aggregate
+        from algorithms.masked import masked_mean
+        cfg = self.actor_cfg
+        mask = micro["response_mask"]
+        need_entropy = cfg.entropy_coeff != 0
+        logp, ent = forward_response(model, micro, temperature, with_entropy=True,
+                                     entropy_grad=need_entropy)
+        kwargs = dict(mode=cfg.loss_agg_mode, global_tokens=tokens, global_seqs=seqs,
+                      norm_constant=float(mask.shape[1]))
+        extra = {"clip_c": cfg.clip_c} if cfg.policy_loss == "ppo" else {}
+        pg_loss, pg_metrics = policy_loss(logp, micro["old_log_probs"], micro["advantages"],
+                                          mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                                          **extra, **kwargs)
+        loss = pg_loss
+        share = mask.sum() / tokens.clamp(min=1)  # this micro-batch's share of the tokens
+        parts = {"pg_loss": pg_loss, **{k: v * share for k, v in pg_metrics.items()}}
+        if need_entropy:
+            entropy = aggregate(ent, mask, **kwargs)
+            loss = loss - cfg.entropy_coeff * entropy
+            parts["entropy"] = entropy
+        if cfg.use_kl_loss:
+            from algorithms.kl import kl_penalty
+            kl = aggregate(kl_penalty(logp, micro["ref_log_prob"], cfg.kl_loss_type), mask,
+                           **kwargs)
+            loss = loss + cfg.kl_loss_coef * kl
+            parts["kl_loss"] = kl
+        else:
+            parts["entropy"] = masked_mean(ent, mask) * share
+        return loss, parts
+
+    # -------------------------------------------------------------------- sft
+    @method(dispatch=DP, reads=("input_ids", "attention_mask", "position_ids", "loss_mask"),
+            writes=(), kind="train")
+    def sft(self, batch: Batch, epochs: int = 1, mini_batch_size: int | None = None,
+            micro_batch_size: int | None = None) -> Batch:
+        """Cross-entropy on the tokens where `loss_mask` is 1 (token t is predicted
+        from tokens < t; position 0 is never a target). Used to make the toy base model."""
+        cfg = self.actor_cfg
+        data = batch.select("input_ids", "attention_mask", "position_ids") \
+            if len(batch) else batch
+        if len(batch):
+            data["target_mask"] = batch["loss_mask"][:, 1:].long()
+
+        def loss_fn(model, micro: Batch, tokens, seqs):
+            from algorithms.losses import aggregate
+            out = model(input_ids=micro["input_ids"], attention_mask=micro["attention_mask"],
+                        position_ids=micro["position_ids"], use_cache=False)
+            logits = out.logits[:, :-1].float()
+            nll = torch.nn.functional.cross_entropy(
+                logits.transpose(1, 2), micro["input_ids"][:, 1:], reduction="none")
+            loss = aggregate(nll, micro["target_mask"], "token-mean", global_tokens=tokens)
+            return loss, {"sft_loss": loss}
+
+        metrics = self.trainer.train(data, loss_fn, epochs=epochs,
+                                     mini_batch_size=mini_batch_size or cfg.mini_batch_size,
+                                     micro_batch_size=micro_batch_size or cfg.micro_batch_size,
+                                     mask_key="target_mask", shuffle=cfg.shuffle,
+                                     seed=self.ctx.seed)
+        return metrics_batch(Batch(), {f"actor/{k}": v for k, v in metrics.items()})

@@ -1,0 +1,244 @@
+"""The training step shared by the actor and the critic, and weight files.
+
+`Trainer.train(batch, loss_fn, ...)` runs epochs over mini-batches (one optimizer
+step each) split into micro-batches (one forward/backward each, gradients
+accumulated). Data parallelism: each rank holds its shard of every mini-batch;
+`loss_fn` gets the *global* token and sequence counts of the mini-batch (all-reduced)
+so the ranks' losses sum to the loss of the whole mini-batch; DDP averages
+gradients, so each rank backpropagates `world_size * loss`. The result: 2 ranks make
+the same update as 1 rank on the same global batch. Ranks agree on the number of
+mini- and micro-batches, and a rank that runs out of rows runs a zero-loss dummy
+step, so the collective calls always match.
+
+`loss_fn(model, micro, global_tokens, global_seqs) -> (loss, contributions)`, where
+`contributions` are 0-dim tensors that sum, over micro-batches and ranks, to the
+mini-batch's metric value (e.g. a token-mean loss share, or a masked mean times the
+micro-batch's share of the tokens). The trainer averages them over mini-batches.
+"""
+from __future__ import annotations
+
+import math
+import os
+from contextlib import nullcontext
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from hybridflow.batch import Batch
+
+__all__ = ["Trainer", "full_state_dict", "save_weights", "load_weights", "lr_lambda"]
+
+WEIGHTS_FILE = "model.safetensors"
+
+
+def lr_lambda(warmup_steps: int, schedule: str, total_steps: int, min_lr_ratio: float = 0.0):
+    """Multiplier of the base lr at optimizer step `s`: linear warm-up over
+    `warmup_steps` (starting at 1/warmup, never 0), then constant or cosine."""
+    if schedule not in ("constant", "cosine"):
+        raise ValueError(f"unknown lr_schedule {schedule!r}; use 'constant' or 'cosine'")
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    return factor
+
+
+class Trainer:
+    """Optimizer, schedule and data-parallel wrapping around one module."""
+
+    def __init__(self, module: torch.nn.Module, opt, ctx, device: torch.device):
+        self.module, self.opt, self.ctx, self.device = module, opt, ctx, device
+        self.world = ctx.world_size if ctx.distributed else 1
+        self.model = self._wrap(module, opt.strategy)
+        params = [p for p in module.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=opt.lr, betas=tuple(opt.betas),
+                                           weight_decay=opt.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(opt.warmup_steps, opt.lr_schedule, opt.total_steps,
+                                      opt.min_lr_ratio))
+
+    def _wrap(self, module, strategy: str):
+        if strategy == "fsdp2":
+            if self.device.type != "cuda":
+                raise ValueError("strategy='fsdp2' needs CUDA devices; use strategy='ddp' on CPU")
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            layers = getattr(getattr(module, "model", module), "layers", [])
+            for layer in layers:
+                fully_shard(layer, mp_policy=mp)
+            fully_shard(module, mp_policy=mp)
+            return module
+        if strategy != "ddp":
+            raise ValueError(f"unknown training strategy {strategy!r}; use 'ddp' or 'fsdp2'")
+        if self.world == 1:
+            return module
+        from torch.nn.parallel import DistributedDataParallel
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(module, device_ids=ids)
+
+    @property
+    def fsdp(self) -> bool:
+        return self.opt.strategy == "fsdp2"
+
+    # ------------------------------------------------------------ collectives
+    def all_reduce(self, tensor: torch.Tensor, op=None) -> torch.Tensor:
+        if self.world > 1:
+            dist.all_reduce(tensor, op=op or dist.ReduceOp.SUM)
+        return tensor
+
+    def agreed_max(self, n: int) -> int:
+        t = torch.tensor([n], dtype=torch.int64, device=self.device)
+        return int(self.all_reduce(t, dist.ReduceOp.MAX if self.world > 1 else None).item())
+
+    def _sync_context(self, last: bool):
+        if self.world == 1:
+            return nullcontext()
+        if self.fsdp:
+            self.model.set_requires_gradient_sync(last)
+            return nullcontext()
+        return nullcontext() if last else self.model.no_sync()
+
+    def dummy_loss(self) -> torch.Tensor:
+        """A zero loss touching every parameter, for a rank with no rows left."""
+        ids = torch.zeros(1, 2, dtype=torch.long, device=self.device)
+        out = self.model(input_ids=ids, attention_mask=torch.ones_like(ids))
+        return out.logits.sum() * 0.0
+
+    # ------------------------------------------------------------------- step
+    def train(self, batch: Batch, loss_fn: Callable, *, epochs: int, mini_batch_size: int,
+              micro_batch_size: int, mask_key: str = "response_mask", shuffle: bool = False,
+              seed: int = 0) -> dict[str, float]:
+        local_mini = max(1, math.ceil(mini_batch_size / self.world))
+        n_minis = self.agreed_max(math.ceil(len(batch) / local_mini))
+        totals: dict[str, float] = {}
+        steps = 0
+        self.module.train()
+        for epoch in range(epochs):
+            order = (torch.randperm(len(batch), generator=torch.Generator().manual_seed(
+                seed + epoch)) if shuffle else torch.arange(len(batch))).numpy()
+            for j in range(n_minis):
+                mini = batch.take(order[j * local_mini:(j + 1) * local_mini]).to(self.device)
+                metrics = self._step(mini, loss_fn, micro_batch_size, mask_key)
+                for k, v in metrics.items():
+                    totals[k] = totals.get(k, 0.0) + v
+                steps += 1
+        return {k: v / max(1, steps) for k, v in totals.items()}
+
+    def _step(self, mini: Batch, loss_fn, micro_batch_size: int, mask_key: str) -> dict:
+        from algorithms.losses import local_normalizers
+        if len(mini):
+            tokens, seqs = local_normalizers(mini[mask_key])
+        else:
+            tokens = seqs = torch.zeros((), device=self.device)
+        counts = self.all_reduce(torch.stack([tokens, seqs]).to(torch.float64))
+        micros = [mini.take(slice(i, i + micro_batch_size))
+                  for i in range(0, len(mini), micro_batch_size)]
+        n_micro = self.agreed_max(len(micros))
+        self.optimizer.zero_grad(set_to_none=True)
+        contrib: dict[str, torch.Tensor] = {}
+        for k in range(n_micro):
+            with self._sync_context(last=k == n_micro - 1):
+                if k < len(micros):
+                    loss, parts = loss_fn(self.model, micros[k], counts[0], counts[1])
+                    for name, value in parts.items():
+                        contrib[name] = contrib.get(name, 0.0) + value.detach().double()
+                else:
+                    loss = self.dummy_loss()
+                (loss * self.world).backward()
+        lr = self.optimizer.param_groups[0]["lr"]
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            [p for p in self.module.parameters() if p.requires_grad], self.opt.grad_clip)
+        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor")
+                          else grad_norm)
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        names = sorted(contrib) if self.world == 1 else self._agreed_names(contrib)
+        vec = torch.stack([torch.as_tensor(contrib.get(n, 0.0), dtype=torch.float64,
+                                           device=self.device) for n in names]) \
+            if names else torch.zeros(0, dtype=torch.float64, device=self.device)
+        vec = self.all_reduce(vec)
+        return {**dict(zip(names, vec.tolist())), "grad_norm": grad_norm, "lr": lr}
+
+    def _agreed_names(self, contrib: dict) -> list[str]:
+        gathered: list = [None] * self.world
+        dist.all_gather_object(gathered, sorted(contrib))
+        return sorted({n for names in gathered for n in names})
+
+    # ------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict:
+        return {"model": full_state_dict(self.module), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict()}
+
+    def save(self, directory: str, rank: int, tokenizer=None) -> None:
+        os.makedirs(directory, exist_ok=True)
+        weights = full_state_dict(self.module)
+        if rank == 0:
+            save_weights(self.module, directory, weights)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(directory)
+        torch.save({"optimizer": self.optimizer.state_dict(),
+                    "scheduler": self.scheduler.state_dict()},
+                   os.path.join(directory, f"optim_rank{rank}.pt"))
+
+    def load(self, directory: str, rank: int) -> None:
+        load_weights(self.module, directory)
+        path = os.path.join(directory, f"optim_rank{rank}.pt")
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"checkpoint {directory!r} has no optimizer state for rank "
+                                    f"{rank} ({os.path.basename(path)}); was it saved with the "
+                                    "same number of ranks?")
+        state = torch.load(path, weights_only=True, map_location="cpu")
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+
+def full_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every weight, unsharded, on CPU (collective under FSDP2: call on all ranks)."""
+    if any(hasattr(p, "full_tensor") for p in module.parameters()):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True,
+                                                                     cpu_offload=True))
+    return {k: v.detach().cpu() for k, v in module.state_dict().items()}
+
+
+def save_weights(module: torch.nn.Module, directory: str, weights: dict | None = None) -> None:
+    """`model.safetensors` (tied tensors once) and the HF config beside it."""
+    from safetensors.torch import save_file
+    os.makedirs(directory, exist_ok=True)
+    weights = full_state_dict(module) if weights is None else weights
+    seen, unique = set(), {}
+    for name, t in weights.items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+        if key not in seen:
+            seen.add(key)
+            unique[name] = t.contiguous()
+    save_file(unique, os.path.join(directory, WEIGHTS_FILE), metadata={"format": "pt"})
+    config = getattr(module, "config", None)
+    if config is not None and hasattr(config, "save_pretrained"):
+        config.save_pretrained(directory)
+
+
+def load_weights(module: torch.nn.Module, directory: str) -> None:
+    from safetensors.torch import load_file
+    path = os.path.join(directory, WEIGHTS_FILE)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no {WEIGHTS_FILE} in checkpoint directory {directory!r}")
+    weights = load_file(path)
+    if any(hasattr(p, "full_tensor") for p in module.parameters()):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        set_model_state_dict(module, weights, options=StateDictOptions(full_state_dict=True))
+        return
+    missing, unexpected = module.load_state_dict(weights, strict=False)
+    loaded = {id(t) for n, t in module.state_dict(keep_vars=True).items() if n in weights}
+    state = module.state_dict(keep_vars=True)
+    truly_missing = [n for n in missing if id(state[n]) not in loaded]
+    if unexpected or truly_missing:
+        raise ValueError(f"checkpoint {directory!r} does not match the model: missing "
+                         f"{truly_missing[:5]}, unexpected {list(unexpected)[:5]}")
