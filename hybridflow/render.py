@@ -234,7 +234,7 @@ def render_graph(plan: ExecutionPlan, path, show_plan: bool = False) -> Path:
 
 
 # ----------------------------------------------------------------- timeline
-ROW_HEIGHT, LANE_HEIGHT, LEFT, RIGHT, TOP, WIDTH = 16, 26, 120, 20, 48, 960
+LANE_HEIGHT, RIGHT, TOP, WIDTH, CHAR_WIDTH = 26, 20, 48, 1000, 6.6  # px; CHAR_WIDTH at 11px
 
 
 def _lanes(bars: list[dict]) -> list[int]:
@@ -253,6 +253,28 @@ def _lanes(bars: list[dict]) -> list[int]:
     return lanes
 
 
+def _bar_svg(bar: dict, x: float, w: float, y: float, room: float, fill: str, uid: int) -> str:
+    """A bar with its node name inside when it fits, else just right of it when the lane
+    is free there (`room` px), else clipped to the bar (the tooltip has it in full)."""
+    name = html.escape(str(bar["node"]))
+    secs = bar["end"] - bar["start"]
+    width = len(str(bar["node"])) * CHAR_WIDTH + 6
+    clip = ""
+    if width <= w:
+        tx = x + 3
+    elif width <= room - w:
+        tx = x + w + 3
+    else:
+        tx = x + 3
+        clip = f' clip-path="url(#bar{uid})"'
+    return (f'<g class="bar"><title>{name} · {html.escape(str(bar.get("role") or "driver"))} · '
+            f'{secs:.3f}s</title><clipPath id="bar{uid}"><rect x="{x:.1f}" y="{y}" '
+            f'width="{w:.1f}" height="{LANE_HEIGHT - 4}"/></clipPath><rect x="{x:.1f}" '
+            f'y="{y}" width="{w:.1f}" height="{LANE_HEIGHT - 4}" rx="3" fill="{fill}" '
+            f'stroke="#444444"/><text x="{tx:.1f}" y="{y + 15}" font-size="11"{clip}>{name}'
+            f'</text></g>')
+
+
 def timeline_svg(records: list[dict], step: int | None = None) -> str:
     """SVG text of one step's Gantt chart: a row per pool (None: driver), a bar per node."""
     if not records:
@@ -263,38 +285,35 @@ def timeline_svg(records: list[dict], step: int | None = None) -> str:
     rows = [r for r in records if r.get("step", 0) == step]
     if not rows:
         raise RenderError(f"no records for step {step}; recorded steps: {steps}")
+    pools = sorted({r.get("pool") for r in rows}, key=lambda p: (p is None, str(p)))
+    names = {p: "driver" if p is None else f"pool {p}" for p in pools}
+    left = 16 + max(len(n) for n in names.values()) * 7.5
     t0 = min(r["start"] for r in rows)
     span = max(max(r["end"] for r in rows) - t0, 1e-6)
-    scale = (WIDTH - LEFT - RIGHT) / span
+    scale = (WIDTH - left - RIGHT) / span
     colors = role_colors(r["role"] for r in rows if r.get("role"))
-    pools = sorted({r.get("pool") for r in rows}, key=lambda p: (p is None, str(p)))
     out, y = [], TOP
     for pool in pools:
         bars = sorted((r for r in rows if r.get("pool") == pool), key=lambda r: r["start"])
         lanes = _lanes(bars)
         height = (max(lanes) + 1) * LANE_HEIGHT + 8
-        name = "driver" if pool is None else f"pool {pool}"
-        out.append(f'<g class="row" data-pool="{html.escape(name)}">'
-                   f'<rect x="0" y="{y}" width="{WIDTH}" height="{height}" fill="#f6f6f6" '
-                   f'stroke="#dddddd"/><text x="8" y="{y + 18}" font-weight="bold">'
-                   f'{html.escape(name)}</text>')
-        for bar, lane in zip(bars, lanes):
-            x = LEFT + (bar["start"] - t0) * scale
+        out.append(f'<g class="row" data-pool="{html.escape(names[pool])}">'
+                   f'<rect x="0" y="{y}" width="{WIDTH}" height="{height}" fill="#eeeeee" '
+                   f'fill-opacity="0.5" stroke="#dddddd"/><text x="8" y="{y + 18}" font-weight="bold">'
+                   f'{html.escape(names[pool])}</text>')
+        for i, (bar, lane) in enumerate(zip(bars, lanes)):
+            x = left + (bar["start"] - t0) * scale
             w = max((bar["end"] - bar["start"]) * scale, 2)
-            by = y + 4 + lane * LANE_HEIGHT
-            secs = bar["end"] - bar["start"]
-            fill = colors.get(bar.get("role"), "#ffffff")
-            label = html.escape(str(bar["node"]))
-            out.append(f'<g class="bar"><title>{label} · {bar.get("role") or "driver"} · '
-                       f'{secs:.3f}s</title><rect x="{x:.1f}" y="{by}" width="{w:.1f}" '
-                       f'height="{LANE_HEIGHT - 4}" rx="3" fill="{fill}" stroke="#444444"/>'
-                       f'<text x="{x + 3:.1f}" y="{by + 15}" font-size="11">{label}</text></g>')
+            later = [b["start"] for b, l in zip(bars[i + 1:], lanes[i + 1:]) if l == lane]
+            room = (min(later, default=t0 + span) - bar["start"]) * scale + RIGHT
+            out.append(_bar_svg(bar, x, w, y + 4 + lane * LANE_HEIGHT, room,
+                                colors.get(bar.get("role"), "#ffffff"), len(out)))
         out.append("</g>")
         y += height + 4
     ticks = []
     for i in range(6):
         t = span * i / 5
-        x = LEFT + t * scale
+        x = left + t * scale
         ticks.append(f'<line x1="{x:.1f}" y1="{TOP - 6}" x2="{x:.1f}" y2="{y}" '
                      f'stroke="#cccccc" stroke-dasharray="3,3"/><text x="{x:.1f}" '
                      f'y="{TOP - 10}" font-size="10" text-anchor="middle">{t:.2f}s</text>')
