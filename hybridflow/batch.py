@@ -118,12 +118,20 @@ class Batch:
 
     def take(self, index) -> "Batch":
         """Rows by int, slice, list, numpy or torch index."""
-        if isinstance(index, int):
+        if isinstance(index, (int, np.integer)) and not isinstance(index, bool):
+            index = int(index)
+            if not -len(self) <= index < len(self):
+                raise IndexError(f"row {index} is out of range for a batch of {len(self)}")
             index = slice(index, index + 1) if index != -1 else slice(index, None)
         if torch.is_tensor(index):
             index = index.cpu().numpy()
+        if isinstance(index, slice) and (index.step or 1) < 0:
+            index = np.arange(len(self))[index]  # torch cannot slice backwards
+        if isinstance(index, (list, tuple)):  # [] would become a float tensor
+            index = np.asarray(index) if len(index) else np.zeros(0, dtype=np.int64)
         np_index = index
-        t_index = torch.as_tensor(index) if isinstance(index, (list, np.ndarray)) else index
+        t_index = torch.as_tensor(np.ascontiguousarray(index)) \
+            if isinstance(index, np.ndarray) else index
         return Batch({k: v[t_index] for k, v in self.tensors.items()},
                      {k: v[np_index] for k, v in self.non_tensors.items()}, self.meta)
 

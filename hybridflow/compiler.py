@@ -65,7 +65,10 @@ class ExecutionPlan:
     warnings: list[str] = field(default_factory=list)
 
     def node(self, name: str) -> PlanNode:
-        return next(n for n in self.nodes if n.name == name)
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(f"plan of graph '{self.graph_name}' has no node {name!r}")
 
     @property
     def roles(self) -> list[str]:
@@ -179,23 +182,30 @@ class _Checker:
                             f"defined{_suggest(pool, self.placement.pools)}")
         elif spec.world_size < 1:
             self.fail(node, f"pool '{pool}' of role '{node.role}' has no devices")
+        elif spec.world_size % self.placement.tp_size(node.role):
+            self.fail(node, f"role '{node.role}' has tensor-parallel size "
+                            f"{self.placement.tp_size(node.role)}, which does not divide the "
+                            f"{spec.world_size} device(s) of pool '{pool}'")
         return pool
 
     # ---- step 2: structure
     def order(self, nodes: dict[str, PlanNode]) -> list[str] | None:
         dag = nx.DiGraph()
         dag.add_nodes_from(nodes)
+        unknown = False
         for node in nodes.values():
             for dep in node.deps:
                 if dep not in nodes:
-                    if dep not in self.graph.nodes:
-                        self.fail(node, f"input '{dep}' is not a node of the graph"
-                                        f"{_suggest(dep, nodes)}")
+                    self.fail(node, f"input '{dep}' is not a node of the graph"
+                                    f"{_suggest(dep, nodes)}")
+                    unknown = True
                     continue
                 dag.add_edge(dep, node.name)
         try:
             cycle = nx.find_cycle(dag)
         except nx.NetworkXNoCycle:
+            if unknown:  # keys cannot flow along an edge that does not exist
+                return None
             self.dag = dag
             return list(nx.lexicographical_topological_sort(
                 dag, key=lambda n: list(nodes).index(n)))
@@ -272,14 +282,27 @@ class _Checker:
 
 def _stages(order: list[str], nodes: dict[str, PlanNode]) -> list[list[str]]:
     """Group nodes by dependency depth; within a depth, nodes on one pool serialise,
-    so the stage lists nodes that can truly overlap (disjoint pools or the driver)."""
+    so a depth splits into stages whose nodes can truly overlap (disjoint pools or
+    the driver)."""
     depth: dict[str, int] = {}
     for name in order:
         depth[name] = 1 + max((depth[d] for d in nodes[name].deps), default=-1)
-    stages: dict[int, list[str]] = {}
+    levels: dict[int, list[str]] = {}
     for name in order:
-        stages.setdefault(depth[name], []).append(name)
-    return [stages[d] for d in sorted(stages)]
+        levels.setdefault(depth[name], []).append(name)
+    stages = []
+    for d in sorted(levels):
+        level: list[list[str]] = []  # the i-th stage of a level takes a pool's i-th node
+        taken: dict[str, int] = {}      # pool -> its nodes in this level so far
+        for name in levels[d]:
+            pool, i = nodes[name].pool, 0   # driver nodes (no pool) never wait
+            if pool is not None:
+                i = taken[pool] = taken.get(pool, -1) + 1
+            if i == len(level):
+                level.append([])
+            level[i].append(name)
+        stages += level
+    return stages
 
 
 def compile_graph(graph: Graph, bindings: dict[str, type], placement: Placement) -> ExecutionPlan:

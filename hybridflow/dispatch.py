@@ -15,6 +15,7 @@ users register their own with `register_dispatch_mode`.
 from __future__ import annotations
 
 import inspect
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -38,6 +39,11 @@ class Layout:
     """How the ranks of a worker group are arranged: dp groups of tp replicas."""
     world_size: int
     tp_size: int = 1
+
+    def __post_init__(self):
+        if self.tp_size < 1 or self.world_size < 1 or self.world_size % self.tp_size:
+            raise ValueError(f"world size {self.world_size} is not a positive multiple of "
+                             f"the tensor-parallel size {self.tp_size}")
 
     @property
     def dp_size(self) -> int:
@@ -75,11 +81,16 @@ def method(*, dispatch: str = DP, reads=(), writes=(), kind: str = "inference",
 
     def wrap(fn: Callable) -> Callable:
         params, var_kw = _kwarg_names(fn, skip=2)  # self, batch
-        spec = MethodSpec(fn.__name__, dispatch, tuple(reads), tuple(writes), kind,
-                          tuple(optional), tuple(overwrites), forwards, params, var_kw)
+        spec = MethodSpec(fn.__name__, dispatch, keys_of(reads), keys_of(writes), kind,
+                          keys_of(optional), keys_of(overwrites), forwards, params, var_kw)
         setattr(fn, _SPEC_ATTR, spec)
         return fn
     return wrap
+
+
+def keys_of(keys) -> tuple[str, ...]:
+    """A declaration's keys as a tuple; one string is one key, not its letters."""
+    return (keys,) if isinstance(keys, str) else tuple(keys)
 
 
 def _kwarg_names(fn: Callable, skip: int) -> tuple[tuple[str, ...], bool]:
@@ -117,8 +128,8 @@ def merge_metrics(dicts: list[dict]) -> dict:
     out = {}
     for key in sorted(keys):
         vals = [d[key] for d in dicts if key in d]
-        out[key] = sum(vals) / len(vals) if all(isinstance(v, (int, float)) for v in vals) \
-            else vals[0]
+        numeric = all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in vals)
+        out[key] = float(sum(vals) / len(vals)) if numeric else vals[0]
     return out
 
 

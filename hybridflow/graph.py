@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from hybridflow.dispatch import _kwarg_names
+from hybridflow.dispatch import _kwarg_names, keys_of
 
 __all__ = ["Graph", "Node", "FnSpec", "node_fn", "fn_spec", "DEFAULT_SOURCE_KEYS"]
 
@@ -55,8 +55,8 @@ def node_fn(*, reads=(), writes=(), optional=(), overwrites=(), group_by=None, r
     """Declare a function node: `fn(batch, **kwargs) -> Batch` of the written keys."""
     def wrap(fn: Callable) -> Callable:
         params, var_kw = _kwarg_names(fn, skip=1)
-        setattr(fn, _FN_ATTR, FnSpec(tuple(reads), tuple(writes), tuple(optional),
-                                     tuple(overwrites), group_by, rows, params, var_kw))
+        setattr(fn, _FN_ATTR, FnSpec(keys_of(reads), keys_of(writes), keys_of(optional),
+                                     keys_of(overwrites), group_by, rows, params, var_kw))
         return fn
     return wrap
 
