@@ -1,0 +1,25 @@
+"""Placement planner: which roles share devices, how many each pool gets, and each role's (dp, tp).
+
+    result = plan_placement(plan, Cluster(2, 8, "h100-80g"),
+                            {"actor": ModelSpec.from_name("7b"), ...},
+                            Workload(prompts=1024, samples_per_prompt=1, prompt_len=1024, response_len=1024))
+    print(result.explain())
+    config["placement"] = result.best.to_placement_config()
+
+Modules: devices (device table, Cluster), models (ModelSpec), problem (graph
+view, Workload), cost (memory and time of one role), pool (colocated roles),
+schedule (step simulation), search (enumeration and pruning), result,
+explain (table, paragraph, JSON) and render (graphviz).
+"""
+from .cost import Layout
+from .devices import DEVICES, Cluster, Device, get_device
+from .models import KNOWN_SIZES, ModelSpec
+from .problem import NodeInfo, PlanningError, Workload
+from .result import Candidate, PlannerResult, PoolPlan
+from .search import NoFeasiblePlacement, plan_placement
+
+__all__ = [
+    "Candidate", "Cluster", "DEVICES", "Device", "KNOWN_SIZES", "Layout", "ModelSpec", "NodeInfo",
+    "NoFeasiblePlacement", "PlannerResult", "PlanningError", "PoolPlan", "Workload", "get_device",
+    "plan_placement",
+]

@@ -1,0 +1,114 @@
+"""Words and JSON for a planner result: a ranked table, one paragraph, node times."""
+from __future__ import annotations
+
+from .devices import GIB
+from .result import Candidate, PlannerResult
+
+IDLE_NOTE_FRACTION = 0.4  # mention a pool in a reason when it idles at least this much
+
+
+def reason_lost(candidate: Candidate, best: Candidate) -> str:
+    """Why `candidate` is slower than `best`, in one sentence with the numbers."""
+    delta = candidate.step_seconds - best.step_seconds
+    pct = 100 * delta / best.step_seconds if best.step_seconds else 0.0
+    head = f"{delta:.1f} s (+{pct:.1f}%) slower than the best"
+    mine, theirs = candidate.node_seconds, best.node_seconds
+    diffs = [(mine[n] - theirs[n], n) for n in candidate.critical_path if n in theirs]
+    worst_diff, worst = max(diffs, default=(0.0, None))
+    parts = [head]
+    if worst is not None and worst_diff > 0.05 * max(delta, 1e-9):
+        pool = candidate.timings[worst].pool
+        devices = candidate.pool_of_name(pool).devices if pool else 0
+        parts.append(f"{worst} takes {mine[worst]:.1f} s on {devices} device(s) vs {theirs[worst]:.1f} s")
+    else:
+        parts.append("its pools wait on each other along " + " -> ".join(candidate.critical_path))
+    idle = idle_pools(candidate)
+    if idle:
+        parts.append("idle: " + ", ".join(idle))
+    return "; ".join(parts)
+
+
+def idle_pools(candidate: Candidate) -> list[str]:
+    out = []
+    for pool in candidate.pools:
+        idle = 1 - pool.busy_seconds / candidate.step_seconds if candidate.step_seconds else 0.0
+        if len(candidate.pools) > 1 and idle >= IDLE_NOTE_FRACTION:
+            out.append(f"pool {pool.name} ({pool.devices} dev) {100 * idle:.0f}% of the step")
+    return out
+
+
+def table(result: PlannerResult) -> str:
+    rows = [("#", "pools [devices: role dp x tp]", "step s", "vs best", "peak GiB/dev")]
+    best = result.best.step_seconds
+    for rank, cand in enumerate(result.ranked, 1):
+        peak = max(cand.pools, key=lambda p: p.memory.total)
+        rows.append((str(rank), cand.label(), f"{cand.step_seconds:.1f}",
+                     "best" if rank == 1 else f"+{100 * (cand.step_seconds / best - 1):.1f}%",
+                     f"{peak.memory.total / GIB:.1f}/{peak.memory.capacity / GIB:.0f}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def node_table(candidate: Candidate) -> str:
+    lines = ["node                  pool                      start s    end s   seconds"]
+    for name, t in candidate.timings.items():
+        lines.append(f"{name:<21} {t.pool or 'driver':<24} {t.start:8.1f} {t.end:8.1f} {t.seconds:9.2f}")
+    return "\n".join(lines)
+
+
+def paragraph(result: PlannerResult) -> str:
+    best, cluster = result.best, result.cluster
+    device = cluster.spec.label
+    if best.colocated:
+        pool = best.pools[0]
+        where = f"colocate {', '.join(pool.roles)} in one pool on all {pool.devices} {device} devices"
+    else:
+        where = "split the roles into " + "; ".join(
+            f"{'+'.join(p.roles)} on {p.devices}" for p in best.pools) + f" {device} devices"
+    layouts = ", ".join(f"{r} dp={l.dp} tp={l.tp}" for p in best.pools for r, l in p.layouts.items())
+    text = [f"Best plan: {where} ({layouts}); predicted step {best.step_seconds:.1f} s, "
+            f"critical path {' -> '.join(best.critical_path)}."]
+    gen = [f"{r} decodes {b} sequences at once per replica" for p in best.pools for r, b in p.decode_batch.items()]
+    if gen:
+        text.append(" ".join(gen).capitalize() + ".")
+    if result.colocated is not None and not best.colocated:
+        text.append(f"Colocating everything would take {result.colocated.step_seconds:.1f} s: "
+                    f"{result.colocated.reason}.")
+    elif result.colocated is None:
+        text.append("Colocating everything does not fit in memory.")
+    if result.candidates:
+        nxt = result.candidates[0]
+        text.append(f"Runner-up {nxt.label()}: {nxt.reason}.")
+    if result.driver_roles_text():
+        text.append(result.driver_roles_text())
+    text.append(f"{len(result.rejected)} role group(s) rejected for memory; search simulated "
+                f"{result.plans_simulated} plans in {result.search_seconds:.2f} s.")
+    return " ".join(text)
+
+
+def explain(result: PlannerResult) -> str:
+    head = (f"Placement for {len(result.nodes)} nodes on {result.cluster.describe()}; "
+            f"workload {result.workload.describe()}; models "
+            + ", ".join(f"{r}={m.name}" for r, m in result.models.items()))
+    parts = [head, "", table(result), "", paragraph(result), "", "Best plan, per node:", node_table(result.best)]
+    if result.rejected:
+        parts += ["", "Rejected (does not fit in memory):"]
+        parts += [f"  - {s.reason(result.cluster.spec.label)}" for s in result.rejected[:8]]
+    return "\n".join(parts)
+
+
+def result_json(result: PlannerResult) -> dict:
+    label = result.cluster.spec.label
+    return {
+        "cluster": {"nodes": result.cluster.nodes, "gpus_per_node": result.cluster.gpus_per_node,
+                    "device": result.cluster.device},
+        "workload": vars(result.workload).copy(),
+        "models": {r: {"name": m.name, "params": m.params} for r, m in result.models.items()},
+        "best": result.best.to_json(),
+        "candidates": [c.to_json() for c in result.candidates],
+        "colocated": result.colocated.to_json() if result.colocated else None,
+        "rejected": [{"roles": list(s.roles), "devices": s.devices, "need_gib": round(s.need / GIB, 2),
+                      "usable_gib": round(s.usable / GIB, 2), "reason": s.reason(label)} for s in result.rejected],
+        "search_seconds": round(result.search_seconds, 4),
+        "plans_simulated": result.plans_simulated,
+    }

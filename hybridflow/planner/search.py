@@ -1,0 +1,215 @@
+"""Search placements: groupings x device allocations x per-role (dp, tp).
+
+State of one search: a CostModel (memoised role costs), a cache of each
+pool's Pareto layouts keyed by (roles, devices), and for every grouping the
+best plan found so far. It enumerates
+1. set partitions of the placed roles into colocated groups,
+2. allocations of whole devices to the groups: pools inside one node take a
+   divisor of the node's devices, larger pools take whole nodes, and together
+   they use the whole cluster,
+3. for each pool, its Pareto-optimal layouts (see pool.py),
+and simulates the step for each combination (schedule.py), keeping the
+fastest plan per grouping. Branch and bound: an allocation whose lower bound
+(the busiest pool's minimum busy time, or the dependency chain of minimum node
+times) cannot beat the grouping's best, or the k-th best grouping, is skipped.
+Pruning drops only what cannot be among the top k, so results are exact for
+the enumerated space (tests compare against brute force).
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Iterator
+
+from .cost import NODE_CALL_OVERHEAD_S, CostModel
+from .devices import Cluster
+from .models import ModelSpec
+from .pool import PoolEval, Shortfall, pool_options
+from .problem import Problem, PlanningError, Workload, build_problem
+from .result import Candidate, PlannerResult, PoolPlan
+from .schedule import StepSchedule
+
+
+class NoFeasiblePlacement(PlanningError):
+    """No grouping and allocation fits in device memory."""
+
+    def __init__(self, message: str, rejected: list[Shortfall]):
+        super().__init__(message)
+        self.rejected = rejected
+
+
+def set_partitions(items: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], ...]]:
+    """Every way to split `items` into non-empty groups; the one-group split comes first."""
+    if not items:
+        yield ()
+        return
+    first, rest = items[0], items[1:]
+    for partition in set_partitions(rest):
+        for i in range(len(partition)):  # join first into an existing group
+            yield tuple(((first,) + g) if j == i else g for j, g in enumerate(partition))
+        yield ((first,),) + partition  # or give it its own group
+
+
+def allowed_pool_sizes(cluster: Cluster) -> list[int]:
+    """Divisors of a node's devices (pools inside a node), then whole nodes."""
+    gpn = cluster.gpus_per_node
+    inside = [d for d in range(1, gpn) if gpn % d == 0]
+    return inside + [gpn * k for k in range(1, cluster.nodes + 1)]
+
+
+def fits_on_nodes(sizes: tuple[int, ...], cluster: Cluster) -> bool:
+    """Whether pools of these sizes pack onto the cluster's nodes (first-fit decreasing)."""
+    gpn = cluster.gpus_per_node
+    whole = sum(s // gpn for s in sizes if s >= gpn)
+    bins = [gpn] * (cluster.nodes - whole)
+    for size in sorted((s for s in sizes if s < gpn), reverse=True):
+        slot = next((i for i, free in enumerate(bins) if free >= size), None)
+        if slot is None:
+            return False
+        bins[slot] -= size
+    return True
+
+
+def allocations(groups: int, cluster: Cluster) -> Iterator[tuple[int, ...]]:
+    """Device counts for `groups` pools that use the whole cluster."""
+    sizes = allowed_pool_sizes(cluster)
+
+    def extend(prefix: tuple[int, ...], left: int) -> Iterator[tuple[int, ...]]:
+        if len(prefix) == groups - 1:
+            if left in sizes:
+                yield prefix + (left,)
+            return
+        for size in sizes:
+            if size > left - (groups - len(prefix) - 1):
+                break
+            yield from extend(prefix + (size,), left - size)
+
+    for sizes_ in extend((), cluster.devices):
+        if fits_on_nodes(sizes_, cluster):
+            yield sizes_
+
+
+class Search:
+    def __init__(self, problem: Problem, top_k: int):
+        self.problem = problem
+        self.cost = CostModel(problem)
+        self.top_k = max(1, top_k)
+        self.pools: dict[tuple, list[PoolEval] | Shortfall] = {}
+        self.best: dict[tuple, tuple[float, tuple[PoolEval, ...]]] = {}
+        self.simulated = 0
+
+    def options(self, roles: tuple[str, ...], devices: int) -> list[PoolEval] | Shortfall:
+        key = (roles, devices)
+        if key not in self.pools:
+            self.pools[key] = pool_options(self.cost, roles, devices)
+        return self.pools[key]
+
+    def kth_best(self) -> float:
+        times = sorted(t for t, _ in self.best.values())
+        return times[self.top_k - 1] if len(times) >= self.top_k else float("inf")
+
+    def run(self) -> None:
+        for partition in set_partitions(self.problem.placed_roles):
+            schedule = self.schedule_for(partition)
+            for sizes in allocations(len(partition), self.problem.cluster):
+                self.try_allocation(partition, sizes, schedule)
+
+    def schedule_for(self, partition) -> StepSchedule:
+        pool_of_role = {role: i for i, group in enumerate(partition) for role in group}
+        return StepSchedule(self.problem.nodes, pool_of_role, len(partition))
+
+    def try_allocation(self, partition, sizes, schedule: StepSchedule) -> None:
+        options = [self.options(group, n) for group, n in zip(partition, sizes)]
+        if any(isinstance(o, Shortfall) for o in options):
+            return
+        bound = min(self.best.get(partition, (float("inf"),))[0], self.kth_best())
+        if self.lower_bound(options, schedule) >= bound:
+            return
+        for combo in itertools.product(*options):
+            seconds = node_seconds(self.problem, combo)
+            step = schedule.makespan(seconds)
+            self.simulated += 1
+            if step < self.best.get(partition, (float("inf"),))[0]:
+                self.best[partition] = (step, combo)
+
+    def lower_bound(self, options: list[list[PoolEval]], schedule: StepSchedule) -> float:
+        busiest = max(min(ev.busy_seconds for ev in opts) for opts in options)
+        fastest = {}
+        for opts in options:
+            for name in opts[0].node_seconds:
+                fastest[name] = min(ev.node_seconds[name] for ev in opts)
+        chain = schedule.longest_path([fastest.get(n.name, driver_seconds(n)) for n in self.problem.nodes])
+        return max(busiest, chain)
+
+
+def driver_seconds(node) -> float:
+    """Sources are free; functions and rule roles cost one driver round trip."""
+    return 0.0 if node.kind == "source" else NODE_CALL_OVERHEAD_S
+
+
+def node_seconds(problem: Problem, pools: tuple[PoolEval, ...]) -> list[float]:
+    merged: dict[str, float] = {}
+    for ev in pools:
+        merged.update(ev.node_seconds)
+    return [merged.get(n.name, driver_seconds(n)) for n in problem.nodes]
+
+
+def make_candidate(problem: Problem, pools: tuple[PoolEval, ...]) -> Candidate:
+    """Full timings, critical path and pool descriptions for one plan."""
+    gpn = problem.cluster.gpus_per_node
+    plans = []
+    for ev in pools:
+        nodes, per_node = (ev.devices // gpn, gpn) if ev.devices >= gpn else (1, ev.devices)
+        plans.append(PoolPlan("_".join(ev.roles), ev.roles, ev.devices, nodes, per_node,
+                              dict(ev.layouts), ev.memory, ev.busy_seconds, dict(ev.decode_batch)))
+    schedule = StepSchedule(problem.nodes, {r: i for i, ev in enumerate(pools) for r in ev.roles}, len(pools))
+    seconds = node_seconds(problem, pools)
+    timings, path = schedule.timings(seconds, [p.name for p in plans])
+    step = max((t.end for t in timings.values()), default=0.0)
+    return Candidate(tuple(plans), step, timings, path, problem.driver_roles)
+
+
+def plan_placement(graph, cluster: Cluster, models: dict[str, ModelSpec], workload: Workload,
+                   top_k: int = 5) -> PlannerResult:
+    """Choose colocation, pool sizes and per-role (dp, tp) for `graph` on `cluster`.
+
+    Raises PlanningError for bad inputs and NoFeasiblePlacement when nothing fits.
+    """
+    from .explain import reason_lost  # explain imports result, which this module feeds
+
+    began = time.perf_counter()
+    problem = build_problem(graph, cluster, models, workload)
+    search = Search(problem, top_k)
+    search.run()
+    rejected = collect_rejections(search)
+    if not search.best:
+        raise NoFeasiblePlacement(no_fit_message(problem, rejected), rejected)
+    ranked = sorted(search.best.values(), key=lambda item: item[0])[: search.top_k]
+    candidates = [make_candidate(problem, combo) for _, combo in ranked]
+    for runner_up in candidates[1:]:
+        runner_up.reason = reason_lost(runner_up, candidates[0])
+    everything = (problem.placed_roles,)
+    colocated = None
+    if everything in search.best:
+        colocated = make_candidate(problem, search.best[everything][1])
+        if colocated.grouping != candidates[0].grouping:
+            colocated.reason = reason_lost(colocated, candidates[0])
+    return PlannerResult(candidates[0], candidates[1:], colocated, rejected, time.perf_counter() - began,
+                         search.simulated, problem.nodes, cluster, workload, dict(models))
+
+
+def collect_rejections(search: Search) -> list[Shortfall]:
+    """For each group of roles, the largest pool that still does not fit."""
+    worst: dict[tuple, Shortfall] = {}
+    for (roles, devices), options in search.pools.items():
+        if isinstance(options, Shortfall) and devices > getattr(worst.get(roles), "devices", 0):
+            worst[roles] = options
+    return sorted(worst.values(), key=lambda s: (-len(s.roles), s.roles))
+
+
+def no_fit_message(problem: Problem, rejected: list[Shortfall]) -> str:
+    label = problem.cluster.spec.label
+    lines = [f"no placement fits on {problem.cluster.describe()}:"]
+    lines += [f"  - {s.reason(label)}" for s in rejected[:6]]
+    lines.append("use more or larger devices, smaller models, or a shorter sequence/micro-batch")
+    return "\n".join(lines)
