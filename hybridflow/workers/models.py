@@ -79,10 +79,18 @@ def build_causal_lm(model_cfg: ModelConfig, tokenizer, device, seed: int = 0,
 
 def build_value_model(model_cfg: ModelConfig, tokenizer, device, seed: int = 0,
                       path: str | None = None):
-    """The critic: the causal-LM backbone with a token-level Linear(hidden, 1) head."""
+    """The critic: the causal-LM backbone with a token-level Linear(hidden, 1) head.
+    From a causal-LM checkpoint the head is new and lm_head unused: expected, so
+    transformers' load report is silenced here."""
     from transformers import AutoModelForTokenClassification
-    return _build(AutoModelForTokenClassification, model_cfg, tokenizer, device, seed, path,
-                  num_labels=1, classifier_dropout=0.0)
+    from transformers.utils import logging as hf_logging
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return _build(AutoModelForTokenClassification, model_cfg, tokenizer, device, seed,
+                      path, num_labels=1, classifier_dropout=0.0)
+    finally:
+        hf_logging.set_verbosity(level)
 
 
 def build_reward_model(model_cfg: ModelConfig, tokenizer, device, path: str, seed: int = 0):

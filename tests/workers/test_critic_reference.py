@@ -1,0 +1,39 @@
+"""CriticWorker fits a constant return; ReferenceWorker is the frozen initial policy."""
+import pytest
+import torch
+
+from conftest import empty_like, make_cfg
+from hybridflow.workers import ActorWorker, CriticWorker, ReferenceWorker
+from test_actor import rollout_for_update
+
+
+def test_critic_fits_a_constant_return():
+    cfg = make_cfg(critic={"lr": 3e-3, "mini_batch_size": 8, "micro_batch_size": 4,
+                           "cliprange_value": 0.5})
+    critic = CriticWorker(cfg)
+    data = rollout_for_update(ActorWorker(cfg)).drop("values")
+    mask = data["response_mask"].float()
+    data["returns"] = 0.7 * mask
+    for _ in range(60):
+        step = data.union(critic.values(data))
+        metrics = critic.update(step).meta["metrics"]
+    values = critic.values(data)["values"]
+    error = ((values - 0.7).abs() * mask).sum() / mask.sum()
+    assert error < 0.05, error
+    assert {"critic/vf_loss", "critic/vf_clipfrac", "critic/values/mean"} <= set(metrics)
+    assert metrics["critic/values/mean"] == pytest.approx(0.7, abs=0.1)
+    assert values.shape == data["responses"].shape
+    assert (values[mask == 0] == 0).all()
+    assert critic.values(empty_like(data))["values"].shape == (0, 6)
+
+
+def test_reference_is_the_frozen_initial_policy():
+    cfg = make_cfg(actor={"lr": 0.05})
+    actor, ref = ActorWorker(cfg), ReferenceWorker(cfg)
+    data = rollout_for_update(actor)
+    assert torch.equal(ref.logprob(data)["ref_log_prob"], data["old_log_probs"])
+    actor.update(data)
+    assert torch.equal(ref.logprob(data)["ref_log_prob"], data["old_log_probs"])
+    assert not torch.allclose(actor.logprob(data)["old_log_probs"], data["old_log_probs"])
+    assert not any(p.requires_grad for p in ref.module.parameters())
+    assert ref.weight_bytes() > 0
