@@ -85,7 +85,8 @@ class RunConfig:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    actor: ActorConfig = field(default_factory=ActorConfig)
+    # rows per optimizer step: the default batch (data.batch_size x rollout.n) is 16 rows
+    actor: ActorConfig = field(default_factory=lambda: ActorConfig(mini_batch_size=16))
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
@@ -108,7 +109,8 @@ def _known_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
 def _explain(err: Exception, cfg: DictConfig, source: str) -> ConfigError:
     key = getattr(err, "full_key", None) or str(err)
     if isinstance(err, ValidationError):
-        return ConfigError(f"{source}: bad value for '{key}': {err.msg if hasattr(err, 'msg') else err}")
+        detail = str(getattr(err, "msg", err)).splitlines()[0]  # omegaconf appends its internals
+        return ConfigError(f"{source}: bad value for '{key}': {detail}")
     close = difflib.get_close_matches(str(key), _known_keys(cfg), n=3, cutoff=0.6)
     hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     return ConfigError(f"{source}: unknown config key '{key}'{hint}")
@@ -142,6 +144,9 @@ def build_config(graph_defaults: dict | None = None, yaml_file: str | None = Non
             raise ConfigError(f"config file {yaml_file!r} does not exist") from None
         except Exception as err:  # noqa: BLE001 - yaml errors come in many types
             raise ConfigError(f"config file {yaml_file!r} is not valid YAML: {err}") from None
+        if not isinstance(loaded, DictConfig):
+            raise ConfigError(f"config file {yaml_file!r} must hold a mapping of sections "
+                              f"(trainer:, data:, ...), not a {type(loaded).__name__}")
         cfg = _merge(cfg, loaded, yaml_file)
     if overrides:
         cfg = _merge(cfg, OmegaConf.from_dotlist(parse_overrides(overrides)), "override")

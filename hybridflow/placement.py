@@ -8,6 +8,7 @@ The automatic planner that chooses a placement lives in `hybridflow/planner/`.
 """
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -33,10 +34,12 @@ class Placement:
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> "Placement":
-        pools = {name: PoolSpec(name, int(p.get("nodes", 1)), int(p.get("devices_per_node", 1)))
+        """From the `placement` config section; a misspelt field is a ValueError."""
+        pools = {name: PoolSpec(name, **_fields(p, ("nodes", "devices_per_node"),
+                                                f"placement.pools.{name}"))
                  for name, p in dict(cfg.get("pools") or {}).items()}
         roles = {str(r): str(p) for r, p in dict(cfg.get("roles") or {}).items()}
-        parallel = {str(r): {k: int(v) for k, v in dict(p).items()}
+        parallel = {str(r): _fields(p, ("dp", "tp"), f"placement.parallel.{r}")
                     for r, p in dict(cfg.get("parallel") or {}).items()}
         return cls(pools, roles, parallel)
 
@@ -59,3 +62,15 @@ class Placement:
         return {"pools": {n: {"nodes": p.nodes, "devices_per_node": p.devices_per_node}
                           for n, p in self.pools.items()},
                 "roles": dict(self.roles), "parallel": {r: dict(p) for r, p in self.parallel.items()}}
+
+
+def _fields(section, known: tuple[str, ...], where: str) -> dict[str, int]:
+    """Integer fields of a pool or parallel entry, rejecting unknown names."""
+    out = {}
+    for key, value in dict(section or {}).items():
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else f"; known: {list(known)}"
+            raise ValueError(f"{where} has no field '{key}'{hint}")
+        out[str(key)] = int(value)
+    return out

@@ -47,6 +47,7 @@ def load_graph_module(path: str) -> ModuleType:
         raise GraphFileError(f"graph file {path!r} failed to import: "
                              f"{type(err).__name__}: {err}") from err
     if not callable(getattr(module, "build", None)):
+        del sys.modules[name]
         raise GraphFileError(f"graph file {path!r} must export build(cfg) -> Graph")
     _pickle_by_value(module)
     return module
@@ -86,9 +87,33 @@ def _load_file(path: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:
+        del sys.modules[name]
+        raise ConfigError(f"worker file {path!r} failed to import: "
+                          f"{type(err).__name__}: {err}") from err
     _pickle_by_value(module)
     return module
+
+
+def _call_graph_file(path: str, what: str, fn, *args):
+    """Call the graph file's defaults() or build(cfg); its own errors name the file:line."""
+    try:
+        return fn(*args)
+    except (ConfigError, GraphFileError):
+        raise
+    except Exception as err:
+        target, line = os.path.abspath(path), None
+        tb = err.__traceback__
+        while tb is not None:  # the innermost frame in the user's file
+            if os.path.abspath(tb.tb_frame.f_code.co_filename) == target:
+                line = tb.tb_lineno
+            tb = tb.tb_next
+        where = f" at {os.path.basename(path)}:{line}" if line else ""
+        detail = str(err).splitlines()[0] if str(err) else ""
+        raise GraphFileError(f"{what} in {path!r} raised {type(err).__name__}{where}: "
+                             f"{detail}") from err
 
 
 def role_bindings(cfg: DictConfig) -> dict[str, type]:
@@ -109,7 +134,10 @@ def placement_from_config(cfg: DictConfig, graph: Graph) -> Placement:
         if node.op == "call" and node.role not in roles:
             roles[node.role] = first
     section["roles"] = roles
-    return Placement.from_config(section)
+    try:
+        return Placement.from_config(section)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(str(err)) from None
 
 
 @dataclass
@@ -124,9 +152,10 @@ def prepare(graph_path: str, overrides: list[str] | None = None,
             yaml_file: str | None = None) -> LoadedGraph:
     """Load the graph file, merge its config, build and compile the graph."""
     module = load_graph_module(graph_path)
-    defaults = module.defaults() if callable(getattr(module, "defaults", None)) else None
+    defaults = _call_graph_file(graph_path, "defaults()", module.defaults) \
+        if callable(getattr(module, "defaults", None)) else None
     cfg = build_config(defaults, yaml_file, overrides)
-    graph = module.build(cfg)
+    graph = _call_graph_file(graph_path, "build(cfg)", module.build, cfg)
     if not isinstance(graph, Graph):
         raise GraphFileError(f"build(cfg) in {graph_path!r} returned "
                              f"{type(graph).__name__}, not a hybridflow Graph")
