@@ -53,6 +53,7 @@ class ActorWorker(Worker):
         self.tokenizer = load_tokenizer(tokenizer_spec(self.model_cfg))
         module = build_causal_lm(self.model_cfg, self.tokenizer, self.device, self.ctx.seed)
         self.module = apply_lora(module, self.actor_cfg.lora)
+        self.ctx.init_distributed()  # DDP/FSDP gradients need the process group
         self.trainer = Trainer(self.module, self.actor_cfg, self.ctx, self.device)
         self.rollout = self._make_rollout()
 

@@ -84,8 +84,8 @@ class Worker:
 
     def __init__(self, cfg, ctx: WorkerContext | None = None):
         self.ctx = ctx or WorkerContext()
-        self.ctx.init_distributed()
-        self.cfg = cfg
+        self.cfg = cfg  # trained roles call ctx.init_distributed(); inference roles need
+        # no process group, so a runtime may simulate their ranks in one process
 
     def _device(self, spec: str) -> torch.device:
         return resolve_device(spec, self.ctx.device, self.ctx.local_rank)

@@ -41,6 +41,7 @@ class CriticWorker(Worker):
         self.tokenizer = load_tokenizer(tokenizer_spec(self.model_cfg))
         self.module = build_value_model(self.model_cfg, self.tokenizer, self.device,
                                         self.ctx.seed, path=self.critic_cfg.path)
+        self.ctx.init_distributed()  # DDP/FSDP gradients need the process group
         self.trainer = Trainer(self.module, self.critic_cfg, self.ctx, self.device)
 
     @method(dispatch=DP, reads=VALUE_READS, writes=("values",), kind="inference",

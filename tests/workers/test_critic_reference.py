@@ -37,3 +37,13 @@ def test_reference_is_the_frozen_initial_policy():
     assert not torch.allclose(actor.logprob(data)["old_log_probs"], data["old_log_probs"])
     assert not any(p.requires_grad for p in ref.module.parameters())
     assert ref.weight_bytes() > 0
+
+
+def test_inference_roles_need_no_process_group_on_a_simulated_rank():
+    from hybridflow.workers import RewardWorker, WorkerContext
+    ctx = WorkerContext(rank=1, world_size=2, device="cpu")
+    cfg = make_cfg()
+    data = rollout_for_update(ActorWorker(cfg))
+    assert ReferenceWorker(cfg, ctx).logprob(data)["ref_log_prob"].shape == (8, 6)
+    assert RewardWorker(cfg, ctx).score(data)["scores"].shape == (8,)
+    assert not torch.distributed.is_initialized()
