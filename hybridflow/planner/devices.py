@@ -31,6 +31,8 @@ DEVICES: dict[str, Device] = {
     for d in (
         # A100 SXM: NVLink3 600 GB/s both ways, one 200 Gb/s HDR NIC per GPU.
         Device("a100-80g", "A100-80G", 312 * TERA, 2039 * GB, 80 * GIB, 300 * GB, 25 * GB),
+        # A100 40GB SXM: same compute, less and slower HBM.
+        Device("a100-40g", "A100-40G", 312 * TERA, 1555 * GB, 40 * GIB, 300 * GB, 25 * GB),
         # H100 SXM: NVLink4 900 GB/s both ways, one 400 Gb/s NDR NIC per GPU.
         Device("h100-80g", "H100-80G", 989 * TERA, 3350 * GB, 80 * GIB, 450 * GB, 50 * GB),
         # H200: H100 compute with 141 GB HBM3e at 4.8 TB/s.

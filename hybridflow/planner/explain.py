@@ -87,7 +87,7 @@ def paragraph(result: PlannerResult) -> str:
 
 
 def explain(result: PlannerResult) -> str:
-    head = (f"Placement for {len(result.nodes)} nodes on {result.cluster.describe()}; "
+    head = (f"Placement of a {len(result.nodes)}-node graph on {result.cluster.describe()}; "
             f"workload {result.workload.describe()}; models "
             + ", ".join(f"{r}={m.name}" for r, m in result.models.items()))
     parts = [head, "", table(result), "", paragraph(result), "", "Best plan, per node:", node_table(result.best)]

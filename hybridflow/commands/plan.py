@@ -1,0 +1,142 @@
+"""`hybridflow plan`: search placements for a graph on a cluster and explain the choice.
+
+    hybridflow plan graphs/ppo.py --nodes 2 --gpus-per-node 8 --device h100 --model 7b
+    hybridflow plan graphs/ppo.py --model actor=13b,critic=7b,reward=7b --json
+    hybridflow plan graphs/ppo.py --model 70b --nodes 16 --render plan.svg --save placement.yaml
+
+A bare size (`--model 7b`) applies to every role of the graph except the rule
+roles (`--rule-roles`, default `reward`), which run on the driver unless given
+a size by name. A size is a name (7b, 13b, ...) or a Hugging Face config.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+__all__ = ["add_parser", "run", "parse_models"]
+
+
+class _IntermixedParser(argparse.ArgumentParser):
+    """Lets key=value overrides follow options (`plan g.py --model 7b rollout.n=4`)."""
+
+    _intermixing = False
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self._intermixing:
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "plan", help="choose colocation, pool sizes and parallelism for a graph, and explain why",
+        description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("graph", help="graph file exporting build(cfg)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for the graph")
+    parser.add_argument("-c", "--config", help="YAML config file, merged before overrides")
+    cluster = parser.add_argument_group("cluster")
+    cluster.add_argument("--nodes", type=int, default=1)
+    cluster.add_argument("--gpus-per-node", type=int, default=8)
+    cluster.add_argument("--device", default="a100-80g", help="a100-80g, h100-80g, h200-141g or cpu")
+    models = parser.add_argument_group("models")
+    models.add_argument("--model", action="append", default=None,
+                        help="size for all roles (7b) or per role (actor=7b,critic=13b); repeatable")
+    models.add_argument("--rule-roles", default="reward",
+                        help="comma-separated roles a bare --model size skips (rule functions)")
+    work = parser.add_argument_group("workload (one step)")
+    work.add_argument("--prompts", type=int, default=1024)
+    work.add_argument("--samples", type=int, default=1, help="responses per prompt")
+    work.add_argument("--prompt-len", type=int, default=1024)
+    work.add_argument("--response-len", type=int, default=1024)
+    work.add_argument("--epochs", type=int, default=1, help="PPO epochs over the batch")
+    work.add_argument("--mini-batches", type=int, default=4, help="optimizer steps per epoch")
+    work.add_argument("--micro-batch-tokens", type=int, default=8192, help="tokens per device per pass")
+    out = parser.add_argument_group("output")
+    out.add_argument("--top-k", type=int, default=5, help="plans to rank")
+    out.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    out.add_argument("--render", metavar="PATH", help="draw the best plan (.svg/.png/.pdf/.dot)")
+    out.add_argument("--save", metavar="PATH", help="write the best plan as a config's placement section (YAML)")
+    parser.set_defaults(run=run)
+    parser.__class__ = _IntermixedParser  # subparsers.add_parser builds a plain parser
+    return parser
+
+
+def load_model_spec(value: str):
+    from hybridflow.planner import ModelSpec
+
+    path = os.path.join(value, "config.json") if os.path.isdir(value) else value
+    if path.endswith(".json"):
+        if not os.path.isfile(path):
+            raise ValueError(f"model config {path!r} does not exist")
+        with open(path) as handle:
+            return ModelSpec.from_hf_config(json.load(handle), name=os.path.basename(os.path.dirname(path)) or None)
+    return ModelSpec.from_name(value)
+
+
+def parse_models(values: list[str] | None, roles: list[str], rule_roles: set[str]) -> dict:
+    """`--model` values -> {role: ModelSpec}. Later values override earlier ones."""
+    models: dict = {}
+    for value in values or ["7b"]:
+        for item in filter(None, (part.strip() for part in value.split(","))):
+            role, sep, size = item.partition("=")
+            if not sep:  # a bare size: every role that is not a rule role
+                spec = load_model_spec(item)
+                models.update({r: spec for r in roles if r not in rule_roles})
+            elif role not in roles:
+                raise ValueError(f"--model names role {role!r}, which the graph does not have; roles: {roles}")
+            else:
+                models[role] = load_model_spec(size)
+    return models
+
+
+def device_roles(plan) -> list[str]:
+    """Roles of the graph in order of first appearance."""
+    return list(dict.fromkeys(n.role for n in plan.nodes if n.role))
+
+
+def run(args) -> int:
+    from hybridflow.commands.common import load_plan
+    from hybridflow.planner import Cluster, NoFeasiblePlacement, PlanningError, Workload, plan_placement
+
+    try:
+        extra = {"yaml_file": args.config} if args.config else {}
+        plan = load_plan(args.graph, list(args.overrides or []), **extra)
+        roles = device_roles(plan)
+        rule_roles = {r.strip() for r in args.rule_roles.split(",") if r.strip()}
+        models = parse_models(args.model, roles, rule_roles)
+        cluster = Cluster(args.nodes, args.gpus_per_node, args.device)
+        workload = Workload(args.prompts, args.samples, args.prompt_len, args.response_len,
+                            args.epochs, args.mini_batches, args.micro_batch_tokens)
+        result = plan_placement(plan, cluster, models, workload, top_k=args.top_k)
+    except NoFeasiblePlacement as err:
+        print(f"hybridflow plan: {err}", file=sys.stderr)
+        return 1
+    except (PlanningError, ValueError) as err:
+        print(f"hybridflow plan: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(result.to_json(), indent=2) if args.json else result.explain())
+    return _write_outputs(result, args)
+
+
+def _write_outputs(result, args) -> int:
+    if args.save:
+        import yaml
+
+        with open(args.save, "w") as handle:
+            yaml.safe_dump({"placement": result.best.to_placement_config()}, handle, sort_keys=False)
+        print(f"placement written to {args.save}", file=sys.stderr)
+    if args.render:
+        from hybridflow.planner.render import RenderError
+
+        try:
+            print(f"plan drawn to {result.render(args.render)}", file=sys.stderr)
+        except RenderError as err:
+            print(f"hybridflow plan: {err}", file=sys.stderr)
+            return 2
+    return 0
