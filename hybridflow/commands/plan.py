@@ -43,7 +43,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     cluster = parser.add_argument_group("cluster")
     cluster.add_argument("--nodes", type=int, default=1)
     cluster.add_argument("--gpus-per-node", type=int, default=8)
-    cluster.add_argument("--device", default="a100-80g", help="a100-80g, h100-80g, h200-141g or cpu")
+    cluster.add_argument("--device", default="a100-80g", help="a100-80g, a100-40g, h100-80g, h200-141g or cpu")
     models = parser.add_argument_group("models")
     models.add_argument("--model", action="append", default=None,
                         help="size for all roles (7b) or per role (actor=7b,critic=13b); repeatable")

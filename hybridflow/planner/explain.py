@@ -10,22 +10,46 @@ IDLE_NOTE_FRACTION = 0.4  # mention a pool in a reason when it idles at least th
 def reason_lost(candidate: Candidate, best: Candidate) -> str:
     """Why `candidate` is slower than `best`, in one sentence with the numbers."""
     delta = candidate.step_seconds - best.step_seconds
-    pct = 100 * delta / best.step_seconds if best.step_seconds else 0.0
-    head = f"{delta:.1f} s (+{pct:.1f}%) slower than the best"
+    if delta <= 1e-9 * max(best.step_seconds, 1.0):
+        return "ties with the best (same predicted step time); ranked after it by search order"
+    pct = 100 * delta / best.step_seconds
+    parts = [f"{delta:.1f} s (+{pct:.1f}%) slower than the best"]
     mine, theirs = candidate.node_seconds, best.node_seconds
-    diffs = [(mine[n] - theirs[n], n) for n in candidate.critical_path if n in theirs]
-    worst_diff, worst = max(diffs, default=(0.0, None))
-    parts = [head]
-    if worst is not None and worst_diff > 0.05 * max(delta, 1e-9):
-        pool = candidate.timings[worst].pool
-        devices = candidate.pool_of_name(pool).devices if pool else 0
+    worst_diff, worst = max(((mine[n] - theirs[n], n) for n in candidate.critical_path if n in theirs),
+                            default=(0.0, None))
+    if worst is not None and worst_diff > 0.05 * delta:
+        devices = candidate.pool_of_name(candidate.timings[worst].pool).devices if candidate.timings[worst].pool else 0
         parts.append(f"{worst} takes {mine[worst]:.1f} s on {devices} device(s) vs {theirs[worst]:.1f} s")
-    else:
-        parts.append("its pools wait on each other along " + " -> ".join(candidate.critical_path))
+    else:  # no node is slower: the loss is in running them one after another
+        busiest = max(candidate.pools, key=lambda p: p.busy_seconds)
+        parts.append(f"its nodes are no slower but run in sequence: pool {busiest.name} is busy "
+                     f"{busiest.busy_seconds:.1f} s, while the best's busiest pool is busy "
+                     f"{max(p.busy_seconds for p in best.pools):.1f} s with its pools working concurrently")
+        scaling = weakest_scaling(candidate, best)
+        if scaling:
+            parts.append(scaling)
     idle = idle_pools(candidate)
     if idle:
         parts.append("idle: " + ", ".join(idle))
     return "; ".join(parts)
+
+
+def weakest_scaling(candidate: Candidate, best: Candidate) -> str:
+    """The node that gains least from the candidate's extra devices, if any has more."""
+    worst = None
+    for name, seconds in candidate.node_seconds.items():
+        mine, theirs = candidate.timings[name].pool, best.timings[name].pool
+        if not mine or not theirs or seconds <= 0:
+            continue
+        more = candidate.pool_of_name(mine).devices / best.pool_of_name(theirs).devices
+        speedup = best.node_seconds[name] / seconds
+        if more > 1 and (worst is None or speedup / more < worst[0]):
+            worst = (speedup / more, name, speedup, candidate.pool_of_name(mine).devices,
+                     best.pool_of_name(theirs).devices)
+    if worst is None:
+        return ""
+    _, name, speedup, many, few = worst
+    return f"{name} is only {speedup:.2f}x faster on {many} devices than on {few}"
 
 
 def idle_pools(candidate: Candidate) -> list[str]:
