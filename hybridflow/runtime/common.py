@@ -10,7 +10,7 @@ from hybridflow.batch import Batch
 from hybridflow.compiler import ExecutionPlan, PlanNode
 
 __all__ = ["NodeFailure", "StepResult", "assemble_input", "finish_output", "run_fn_node",
-           "input_columns", "metrics_of"]
+           "input_columns", "metrics_of", "as_node_batch"]
 
 
 class NodeFailure(RuntimeError):
@@ -56,11 +56,18 @@ def assemble_input(node: PlanNode, outputs: dict[str, Batch]) -> Batch:
     return Batch(tensors, non_tensors, meta)
 
 
+def as_node_batch(value: Any) -> Batch:
+    """A node's output from what its dispatch mode collected. Modes that collect a
+    list (broadcast: every rank ran the same input) keep the first rank's Batch."""
+    if isinstance(value, (list, tuple)):
+        value = next((v for v in value if isinstance(v, Batch)), None)
+    return Batch() if value is None else value
+
+
 def finish_output(node: PlanNode, out: Batch, inputs: Batch | None = None) -> Batch:
     """Apply renames, keep declared columns, and record who wrote each column, so that
     consumers can tell a forwarded column from an overwritten one."""
-    if out is None:
-        out = Batch()
+    out = as_node_batch(out)
     for old, new in node.rename.items():
         if old in out:
             out[new] = out[old]

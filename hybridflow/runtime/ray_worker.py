@@ -1,0 +1,232 @@
+"""The fused worker: one Ray actor per device, holding every role colocated on its pool.
+
+The driver sends small task descriptions (`ShardTask`) and passes the ObjectRefs of
+the input shards as top-level arguments, so Ray moves the shards worker to worker
+and the actor receives ready Batches. A task returns two objects (`num_returns=2`):
+the output shard, which stays in the object store, and a small meta dict (rows,
+bytes, metrics, start/end on `time.time()`, pid) that the driver fetches.
+
+An exception inside a task is re-raised as `WorkerError` carrying the formatted
+traceback, so the driver can name node, role and rank and show where it failed.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import socket
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from hybridflow.batch import Batch
+from hybridflow.compiler import PlanNode
+from hybridflow.dispatch import SKIP, DispatchMode, Layout
+from hybridflow.runtime.common import (as_node_batch, assemble_input, finish_output,
+                                       metrics_of, run_fn_node)
+
+__all__ = ["FusedWorker", "ShardTask", "DepInput", "Piece", "WorkerError", "payload_bytes",
+           "group_hashes", "default_context", "failure_detail"]
+
+
+class WorkerError(RuntimeError):
+    """An exception raised inside a worker task; `detail` is the worker's traceback."""
+
+    def __init__(self, detail: str):
+        super().__init__(detail)
+        self.detail = detail
+
+
+def failure_detail(err: BaseException) -> str:
+    """The worker's traceback for a task error; Ray's own message otherwise."""
+    cause = getattr(err, "cause", None)
+    if isinstance(cause, WorkerError):
+        return cause.detail
+    if isinstance(err, WorkerError):
+        return err.detail
+    return f"{type(err).__name__}: {err}"
+
+
+@dataclass(frozen=True)
+class Piece:
+    arg: int                          # index into the task's positional arguments
+    rows: slice | None = None         # None: the whole shard
+
+
+@dataclass(frozen=True)
+class DepInput:
+    """This rank's rows of one input node: pieces concatenated, then `index` taken."""
+    pieces: tuple[Piece, ...]
+    index: np.ndarray | None = None
+
+
+@dataclass
+class ShardTask:
+    node: PlanNode
+    inputs: dict[str, DepInput] = field(default_factory=dict)
+    prepared: bool = False            # args[0] is the method input as is (generic modes)
+    finish: bool = True               # False: a generic mode's collector finishes it
+    group_keys: tuple[str, ...] = ()  # report per-row group hashes of these columns
+    mode: DispatchMode | None = None  # generic modes: shipped, as user modes are
+                                      # registered in the driver process only
+
+
+class Skipped:
+    """Stands for dispatch.SKIP once it has crossed a process boundary."""
+
+
+def payload_bytes(batch: Batch | None) -> int:
+    """Tensor bytes plus the pickled size of the non-tensor columns."""
+    if batch is None:
+        return 0
+    obj = sum(len(pickle.dumps(v, protocol=5)) for v in batch.non_tensors.values())
+    return batch.nbytes + obj
+
+
+def group_hashes(column) -> np.ndarray:
+    """A stable 64-bit hash per row of a group-id column (equal ids, equal hashes in
+    every process; Python's hash() of str is salted per process)."""
+    values = column.tolist() if hasattr(column, "tolist") else list(column)
+    cache: dict[Any, int] = {}
+    out = np.empty(len(values), dtype=np.uint64)
+    for i, value in enumerate(values):
+        if value not in cache:
+            digest = hashlib.blake2b(str(value).encode(), digest_size=8).digest()
+            cache[value] = int.from_bytes(digest, "little")
+        out[i] = cache[value]
+    return out
+
+
+def default_context(rank: int, world_size: int, local_rank: int, device: str, seed: int,
+                    colocated: dict):
+    from hybridflow.workers.base import WorkerContext
+    return WorkerContext(rank=rank, world_size=world_size, local_rank=local_rank,
+                         device=device, seed=seed, colocated=colocated)
+
+
+class FusedWorker:
+    """Every role of one pool on one device. Wrapped by `ray.remote` in ray_pools."""
+
+    def __init__(self, pool: str, rank: int, world_size: int, local_rank: int,
+                 torch_threads: int = 1):
+        import torch
+        torch.set_num_threads(max(1, int(torch_threads)))
+        self.pool, self.rank, self.world_size, self.local_rank = pool, rank, world_size, local_rank
+        self.roles: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ setup
+    def address(self) -> dict:
+        """Where this worker runs, and a free port on its node (for rank 0)."""
+        import ray
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        ctx = ray.get_runtime_context()
+        return {"ip": ray.util.get_node_ip_address(), "port": port, "pid": os.getpid(),
+                "node_id": ctx.get_node_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
+
+    def start(self, env: dict[str, str], cfg, roles: list[str], bindings: dict[str, type],
+              seed: int, make_context: Callable) -> int:
+        """Set the torch.distributed env and construct the roles in placement order."""
+        os.environ.update(env)
+        import torch
+        device = f"cuda:{self.local_rank}" if torch.cuda.is_available() else "cpu"
+        try:
+            for role in roles:
+                ctx = make_context(self.rank, self.world_size, self.local_rank, device, seed,
+                                   self.roles)
+                self.roles[role] = bindings[role](cfg, ctx)
+        except Exception:  # noqa: BLE001 - shipped to the driver with the traceback
+            raise WorkerError(f"constructing role '{role}': {traceback.format_exc()}") from None
+        return os.getpid()
+
+    def info(self) -> dict:
+        keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+                "CUDA_VISIBLE_DEVICES")
+        return {**self.address(), "rank": self.rank, "roles": sorted(self.roles),
+                "env": {k: os.environ.get(k) for k in keys}}
+
+    # ------------------------------------------------------------------ tasks
+    def run(self, task: ShardTask, *args):
+        """Assemble this rank's input, run the node's method (or fn), finish it."""
+        start = time.time()
+        try:
+            if task.prepared and isinstance(args[0], Skipped):
+                return None, self._meta(task, None, start, skipped=True)
+            batch = args[0] if task.prepared else self._assemble(task, args)
+            node = task.node
+            if node.op == "fn":
+                out = run_fn_node(node, batch)
+            else:
+                out = getattr(self._role(node.role), node.method)(batch, **node.kwargs)
+            if task.finish:
+                out = finish_output(node, out)
+        except Exception:  # noqa: BLE001 - shipped to the driver with the traceback
+            raise WorkerError(traceback.format_exc()) from None
+        return out, self._meta(task, out, start)
+
+    def scatter(self, task: ShardTask, layout: Layout, *args):
+        """A generic dispatch mode: gather the whole input here, split it with the
+        mode's own dispatch function; one object per rank, then a meta."""
+        start = time.time()
+        try:
+            value = self._assemble(task, args)
+            parts = task.mode.dispatch(value, layout)
+            if len(parts) != layout.world_size:
+                raise ValueError(f"dispatch mode {task.node.dispatch!r} returned "
+                                 f"{len(parts)} values for {layout.world_size} ranks")
+        except Exception:  # noqa: BLE001
+            raise WorkerError(traceback.format_exc()) from None
+        parts = [Skipped() if p is SKIP else p for p in parts]
+        return (*parts, self._meta(ShardTask(task.node), None, start))
+
+    def collect(self, task: ShardTask, layout: Layout, *outputs):
+        start = time.time()
+        try:
+            value = task.mode.collect(list(outputs), layout)
+            out = finish_output(task.node, as_node_batch(value))
+        except Exception:  # noqa: BLE001
+            raise WorkerError(traceback.format_exc()) from None
+        return out, self._meta(task, out, start)
+
+    def select(self, keys: tuple[str, ...], shard: Batch) -> Batch:
+        return shard.select(*keys)
+
+    def call(self, role: str, method: str, args: tuple, kwargs: dict):
+        try:
+            return getattr(self._role(role), method)(*args, **kwargs)
+        except Exception:  # noqa: BLE001
+            raise WorkerError(traceback.format_exc()) from None
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    # ---------------------------------------------------------------- helpers
+    def _role(self, role: str):
+        if role not in self.roles:
+            raise KeyError(f"role '{role}' does not run on pool '{self.pool}' "
+                           f"(it holds {sorted(self.roles)})")
+        return self.roles[role]
+
+    @staticmethod
+    def _assemble(task: ShardTask, args) -> Batch:
+        inputs = {dep: Batch() for dep in task.node.deps}  # deps that supply no column
+        for dep, spec in task.inputs.items():
+            parts = [args[p.arg] if p.rows is None else args[p.arg].take(p.rows)
+                     for p in spec.pieces]
+            batch = parts[0] if len(parts) == 1 else Batch.concat(parts)
+            inputs[dep] = batch if spec.index is None else batch.take(spec.index)
+        return assemble_input(task.node, inputs)
+
+    def _meta(self, task: ShardTask, out, start: float, skipped: bool = False) -> dict:
+        groups = {}
+        for key in task.group_keys:
+            if out is not None and key in out:
+                groups[key] = group_hashes(out[key])
+        return {"rows": len(out) if isinstance(out, Batch) else 0,
+                "nbytes": payload_bytes(out) if isinstance(out, Batch) else 0,
+                "metrics": metrics_of(out), "groups": groups, "skipped": skipped,
+                "start": start, "end": time.time(), "pid": os.getpid(), "rank": self.rank}
