@@ -5,10 +5,15 @@ It also makes the embedded default's base model. Remake it with:
     hybridflow run graphs/sft.py trainer.run_name=toy_base
     hybridflow export runs/toy_base graphs/assets/toy_base
 
-The SFT run is deliberately short (a few hundred examples), so the base model has
-learned the answer format but is often wrong on held-out problems: RL has something
-left to do.
+The base model is made the way pretrained models come: it has seen every problem
+(`data.toy.train_on_test=true`, as pretraining would), but most of its training
+answers run on into the next problem instead of ending (`algorithm.stop_fraction`
+of them end with EOS). So it knows the sums but rarely stops after one: its greedy
+exact-match accuracy is low, and RL — which only ever trains on the train pairs —
+has to teach it to stop, a habit that carries over to the held-out pairs.
 """
+import random
+
 import torch
 
 from hybridflow import Batch, Graph, node_fn
@@ -20,20 +25,27 @@ class SFTExamples:
     """Prompt rows -> right-padded `prompt + answer + eos` token rows with a loss mask
     over the answer and EOS. Holds the tokenizer, so it runs on the driver."""
 
-    def __init__(self, tokenizer_spec: str):
+    def __init__(self, tokenizer_spec: str, stop_fraction: float = 1.0, seed: int = 0):
         from hybridflow.workers.tokenizer import load_tokenizer
         self.tok = load_tokenizer(tokenizer_spec)
+        self.stop_fraction, self.rng = stop_fraction, random.Random(seed)
         self.__name__ = "sft_examples"
         node_fn(reads=("raw_prompt", "ground_truth"),
                 writes=("input_ids", "attention_mask", "position_ids", "loss_mask"),
                 overwrites=("input_ids", "attention_mask", "position_ids"))(self)
 
+    def _answer(self, answer: str) -> list[int]:
+        """The answer, then EOS, or (the habit) a run-on into another problem."""
+        if self.rng.random() < self.stop_fraction:
+            return self.tok(answer, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
+        a, b = self.rng.randrange(10), self.rng.randrange(10)
+        return self.tok(f"{answer} {a}+{b}={a + b}", add_special_tokens=False)["input_ids"]
+
     def __call__(self, batch: Batch) -> Batch:
         rows = []
         for prompt, answer in zip(batch["raw_prompt"], batch["ground_truth"]):
             p = self.tok(prompt, add_special_tokens=False)["input_ids"]
-            a = self.tok(str(answer), add_special_tokens=False)["input_ids"]
-            rows.append((p, a + [self.tok.eos_token_id]))
+            rows.append((p, self._answer(str(answer))))
         width = max(len(p) + len(a) for p, a in rows)
         ids = torch.full((len(rows), width), self.tok.pad_token_id, dtype=torch.long)
         attn, loss = torch.zeros_like(ids), torch.zeros_like(ids)
@@ -47,9 +59,10 @@ class SFTExamples:
 
 
 def defaults() -> dict:
-    out = embedded_defaults(trainer={"steps": 30, "val_every": 10},
+    out = embedded_defaults(trainer={"steps": 300, "val_every": 50},
+                            data={"toy": {"train_on_test": True}},
                             actor={"lr": 3e-3, "mini_batch_size": 16, "micro_batch_size": 16},
-                            rollout={"n": 1})
+                            rollout={"n": 1}, algorithm={"stop_fraction": 0.3})
     out.pop("model", None)  # SFT starts from random weights (the model section's config)
     return out
 
@@ -58,6 +71,7 @@ def build(cfg) -> Graph:
     from hybridflow.workers.tokenizer import tokenizer_spec
     g = Graph("sft")
     prompts = g.source("prompts")
-    examples = g.fn(SFTExamples(tokenizer_spec(cfg.model)), prompts)
+    make = SFTExamples(tokenizer_spec(cfg.model), cfg.algorithm.stop_fraction, cfg.trainer.seed)
+    examples = g.fn(make, prompts)
     g.call("actor.sft", examples)
     return g

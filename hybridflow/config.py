@@ -46,6 +46,7 @@ class TrainerConfig:
 class ToyTaskConfig:
     max_operand: int = 9
     test_fraction: float = 0.25
+    train_on_test: bool = False  # also train on the held-out pairs (base-model SFT only)
 
 
 @dataclass

@@ -58,12 +58,15 @@ def write_rows(rows: list[dict], path: str) -> None:
             fh.write(json.dumps(row) + "\n")
 
 
-def toy_rows(seed: int, max_operand: int, test_fraction: float) -> tuple[list[dict], list[dict]]:
-    """Every train pair once and every held-out pair once, deterministic in `seed`."""
+def toy_rows(seed: int, max_operand: int, test_fraction: float,
+             train_on_test: bool = False) -> tuple[list[dict], list[dict]]:
+    """Every train pair once and every held-out pair once, deterministic in `seed`.
+    `train_on_test` adds the held-out rows to train (for making a base model only)."""
     from algorithms.rewards import toy
     train_pairs, test_pairs = toy.split_pairs(seed, max_operand, test_fraction)
-    return toy.train_test_split(len(train_pairs), len(test_pairs), seed, max_operand,
-                                test_fraction)
+    train, test = toy.train_test_split(len(train_pairs), len(test_pairs), seed, max_operand,
+                                       test_fraction)
+    return (train + test if train_on_test else train), test
 
 
 def _prompt_text(prompt, tokenizer, where: str) -> str:

@@ -49,12 +49,13 @@ def default_validation_graph(cfg: DictConfig) -> Graph:
     return g
 
 
-def make_runtime(plan: ExecutionPlan, cfg: DictConfig):
+def make_runtime(plan: ExecutionPlan, cfg: DictConfig, extra_plans=()):
+    """The configured runtime, with workers for every role of `plan` and `extra_plans`."""
     if cfg.runtime.name == "ray":
         from hybridflow.runtime.ray import RayRuntime
-        return RayRuntime(plan, cfg, seed=cfg.trainer.seed)
+        return RayRuntime(plan, cfg, seed=cfg.trainer.seed, extra_plans=extra_plans)
     from hybridflow.runtime.local import LocalRuntime
-    return LocalRuntime(plan, cfg, seed=cfg.trainer.seed)
+    return LocalRuntime(plan, cfg, seed=cfg.trainer.seed, extra_plans=extra_plans)
 
 
 def _is_watched(key: str) -> bool:
@@ -79,7 +80,8 @@ class Trainer:
         self.val_plan = self._compile_validation() if cfg.trainer.val_every > 0 else None
         self.step = 0
         self.sinks = MetricSinks(run, cfg.trainer.tensorboard, cfg.trainer.wandb, run.path)
-        self.runtime = make_runtime(self.plan, cfg)
+        self.runtime = make_runtime(self.plan, cfg,
+                                    [self.val_plan] if self.val_plan is not None else [])
         if resume_from:
             self._resume(resume_from)
 
@@ -95,7 +97,8 @@ class Trainer:
                    if cfg.data.val_files else None)
         else:
             toy = cfg.data.toy
-            train_rows, val_rows = toy_rows(cfg.trainer.seed, toy.max_operand, toy.test_fraction)
+            train_rows, val_rows = toy_rows(cfg.trainer.seed, toy.max_operand, toy.test_fraction,
+                                             toy.train_on_test)
             train = PromptDataset(train_rows, tok, limit, drop, name="toy train")
             val = PromptDataset(val_rows, tok, limit, drop, name="toy test")
         pad = tok.pad_token_id
@@ -156,16 +159,18 @@ class Trainer:
         per_source: dict[str, list] = defaultdict(lambda: [[], defaultdict(list)])
         for batch in self.val_loader.all_batches():
             result = self.runtime.run_step({"prompts": batch}, plan=self.val_plan)
-            greedy = self.runtime.fetch(result, "greedy_score", ("scores", "data_source"))
-            for score, source in zip(greedy["scores"].tolist(), greedy["data_source"]):
+            scores = self._fetch_scores(result, "greedy", "greedy_score")
+            for score, source, _ in scores:
                 per_source[source][0].append(score)
             if "sampled_score" in result.outputs:
-                sampled = self.runtime.fetch(result, "sampled_score",
-                                             ("scores", "data_source", "uid"))
-                for score, source, uid in zip(sampled["scores"].tolist(),
-                                              sampled["data_source"], sampled["uid"]):
+                for score, source, uid in self._fetch_scores(result, "sampled", "sampled_score"):
                     per_source[source][1][uid].append(score)
         return _validation_metrics(per_source, self.cfg.trainer.val_samples)
+
+    def _fetch_scores(self, result, rollout: str, score: str):
+        rows = self.runtime.fetch(result, rollout, ("data_source", "uid"))
+        scores = self.runtime.fetch(result, score, ("scores",))["scores"].tolist()
+        return zip(scores, rows["data_source"], rows["uid"])
 
     # ------------------------------------------------------------ checkpoints
     def trained_roles(self) -> list[str]:

@@ -35,12 +35,16 @@ class LocalRuntime:
     name = "local"
 
     def __init__(self, plan: ExecutionPlan, cfg, seed: int = 0,
-                 make_context: Callable = _make_context):
-        self.plan, self.cfg = plan, cfg
+                 make_context: Callable = _make_context, extra_plans=()):
+        """`extra_plans` (e.g. validation) run on the same workers; their roles start too."""
+        self.plan, self.cfg, self.make_context = plan, cfg, make_context
         self.ranks: dict[str, list[dict]] = {}
         trained = {n.role for n in plan.nodes if n.kind == "train"}
-        for pool, roles in plan.placement.colocated().items():
-            roles = [r for r in roles if r in plan.roles]
+        self.role_pool = {}
+        for p in (plan, *extra_plans):
+            self.role_pool.update({r: p.placement.roles[r] for r in p.roles})
+        for pool in plan.placement.pools:
+            roles = [r for r, p in self.role_pool.items() if p == pool]
             if not roles:
                 continue
             size = plan.placement.pools[pool].world_size
@@ -55,12 +59,12 @@ class LocalRuntime:
     def _start_rank(self, pool, roles, rank, size, seed) -> dict:
         colocated: dict = {}
         for role in roles:  # construction order = placement order, so ref can see actor
-            ctx = _make_context(rank, size, seed, colocated)
+            ctx = self.make_context(rank, size, seed, colocated)
             colocated[role] = self.plan.bindings[role](self.cfg, ctx)
         return colocated
 
     def workers(self, role: str) -> list:
-        pool = self.plan.placement.roles[role]
+        pool = self.role_pool[role]
         return [rank[role] for rank in self.ranks[pool]]
 
     # ------------------------------------------------------------------- step
