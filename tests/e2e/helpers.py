@@ -1,0 +1,32 @@
+"""Running a graph file end to end from tests, as `hybridflow run` does."""
+from __future__ import annotations
+
+import os
+
+from hybridflow.commands.common import prepare
+from hybridflow.loop import Trainer
+from hybridflow.tracking import RunDir, new_run_dir
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def graph_file(name: str) -> str:
+    return os.path.join(REPO, "graphs", f"{name}.py")
+
+
+def train(name: str, tmp_path, *overrides: str, resume: str | None = None) -> tuple[Trainer, list[dict]]:
+    """Run graphs/<name>.py with overrides; returns the trainer and its metric lines."""
+    loaded = prepare(graph_file(name), [f"trainer.runs_dir={tmp_path}", "trainer.progress=false",
+                                        *overrides])
+    run = RunDir(resume) if resume else new_run_dir(str(tmp_path), loaded.graph.name)
+    run.save_config(loaded.cfg)
+    trainer = Trainer(loaded, run, resume_from=resume)
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    return trainer, run.read_metrics()
+
+
+def series(metrics: list[dict], key: str) -> list[float]:
+    return [m[key] for m in metrics if key in m]

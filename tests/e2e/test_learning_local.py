@@ -1,0 +1,22 @@
+"""End to end on the local runtime: the embedded default learns the toy task."""
+import json
+import os
+
+from tests.e2e.helpers import series, train
+
+VAL = "val/toy_arith/greedy"
+
+
+def test_grpo_embedded_default_raises_held_out_accuracy(tmp_path):
+    trainer, metrics = train("grpo", tmp_path, "trainer.steps=30", "trainer.val_every=15")
+    accuracy = series(metrics, VAL)
+    assert accuracy[0] < 0.5, "the shipped base model should leave RL something to do"
+    assert accuracy[-1] >= accuracy[0] + 0.4, accuracy
+    assert max(series(metrics, "reward/score/mean")[-5:]) > series(metrics, "reward/score/mean")[0]
+    run = trainer.run
+    assert json.load(open(run.file("status.json")))["state"] == "finished"
+    assert os.path.isfile(run.file("config.yaml"))
+    assert any(name.startswith("step_") for name in os.listdir(run.checkpoints))
+    for key in ("actor/pg_loss", "timing_s/actor.generate", "perf/time_per_step",
+                "engine/driver_bytes"):
+        assert key in metrics[-1], key
