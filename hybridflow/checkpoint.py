@@ -78,8 +78,9 @@ def save_checkpoint(ckpt_root: str, step: int, save_roles, trainer_state: dict,
     with open(os.path.join(tmp, "trainer_state.json"), "w") as fh:
         json.dump({"step": step, **trainer_state, "rng": capture_rng()}, fh)
     save_file({"state": torch.get_rng_state()}, os.path.join(tmp, "rng_torch.safetensors"))
+    manifest = _manifest(tmp, step)  # before creating manifest.json, so it is not listed
     with open(os.path.join(tmp, "manifest.json"), "w") as fh:
-        json.dump(_manifest(tmp, step), fh, indent=1)
+        json.dump(manifest, fh, indent=1)
     if os.path.exists(final):  # re-saving a step (e.g. the final save): replace it
         shutil.rmtree(final)
     os.rename(tmp, final)

@@ -1,0 +1,53 @@
+"""Checkpoints are atomic, complete, retained, and loaded without unpickling."""
+import json
+import os
+
+import pytest
+import torch
+
+from hybridflow.checkpoint import (CheckpointError, latest_checkpoint, load_trainer_state,
+                                   save_checkpoint)
+
+
+def _save_roles(root):
+    os.makedirs(f"{root}/actor")
+    torch.save({"w": torch.ones(3)}, f"{root}/actor/optim_rank0.pt")
+
+
+def test_interrupted_write_leaves_previous_checkpoint_loadable(tmp_path):
+    root = str(tmp_path / "ckpt")
+    first = save_checkpoint(root, 1, _save_roles, {"loader": {"epoch": 0, "cursor": 4}})
+
+    def crash(path):
+        _save_roles(path)
+        raise KeyboardInterrupt("killed mid-write")
+
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(root, 2, crash, {"loader": {}})
+    assert latest_checkpoint(root) == first
+    state, rng = load_trainer_state(first)
+    assert state["step"] == 1 and state["loader"]["cursor"] == 4
+    assert rng.dtype == torch.uint8
+
+
+def test_retention_keeps_the_newest(tmp_path):
+    root = str(tmp_path)
+    for step in range(1, 5):
+        save_checkpoint(root, step, _save_roles, {}, keep=2)
+    kept = sorted(n for n in os.listdir(root) if n.startswith("step_"))
+    assert kept == ["step_000003", "step_000004"]
+
+
+def test_damaged_checkpoint_is_refused(tmp_path):
+    path = save_checkpoint(str(tmp_path), 1, _save_roles, {})
+    with open(os.path.join(path, "actor", "optim_rank0.pt"), "ab") as fh:
+        fh.write(b"junk")
+    with pytest.raises(CheckpointError, match="optim_rank0.pt"):
+        load_trainer_state(path)
+
+
+def test_manifest_lists_every_file_but_itself(tmp_path):
+    path = save_checkpoint(str(tmp_path), 7, _save_roles, {})
+    files = json.load(open(os.path.join(path, "manifest.json")))["files"]
+    assert "manifest.json" not in files
+    assert {"trainer_state.json", "rng_torch.safetensors", "actor/optim_rank0.pt"} <= set(files)
