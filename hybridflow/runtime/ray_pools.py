@@ -32,6 +32,7 @@ class RuntimeSettings:
     num_gpus: int | None = None
     call_timeout_s: float = 600.0
     torch_threads: int = 1
+    start_timeout_s: float | None = None  # starting actors and building roles (models)
 
     @classmethod
     def from_config(cls, cfg) -> "RuntimeSettings":
@@ -40,8 +41,15 @@ class RuntimeSettings:
             return cls()
         values = {name: _get(section, name, getattr(cls, name))
                   for name in ("address", "num_cpus", "num_gpus", "call_timeout_s",
-                               "torch_threads")}
+                               "torch_threads", "start_timeout_s")}
         return cls(**values)
+
+    @property
+    def start_timeout(self) -> float:
+        """Starting workers loads models: never less than 5 minutes unless set."""
+        if self.start_timeout_s is not None:
+            return float(self.start_timeout_s)
+        return max(float(self.call_timeout_s), 300.0)
 
 
 def _get(obj, name: str, default):
@@ -97,7 +105,7 @@ class WorkerGroup:
 def launch_group(spec: PoolSpec, roles: list[str], settings: RuntimeSettings) -> WorkerGroup:
     """Reserve the pool's devices (one placement group per node) and start its actors;
     returns at once, the actors start in the background."""
-    timeout = settings.call_timeout_s
+    timeout = settings.start_timeout
     use_gpu = ray.cluster_resources().get("GPU", 0) > 0
     bundle = {"GPU": 1, "CPU": 1} if use_gpu else {"CPU": 1}
     group = WorkerGroup(spec, list(roles))
@@ -127,7 +135,7 @@ def start_groups(groups: list[WorkerGroup], cfg, bindings: dict[str, type], seed
                  settings: RuntimeSettings, make_context: Callable) -> None:
     """Give every rank its torch.distributed env, then construct the roles of all
     pools at once (each pool's ranks must join their process group together)."""
-    timeout = settings.call_timeout_s
+    timeout = settings.start_timeout
     for group in groups:
         group.info = _get_all([a.address.remote() for a in group.actors], timeout,
                               f"pool '{group.spec.name}'", "starting")
@@ -163,7 +171,7 @@ def _get_all(refs: list, timeout: float, what: str, doing: str) -> list[Any]:
                                   timeout=max(0.0, deadline - time.time()))
         if not ready:
             raise RuntimeError(f"{what}: {doing} took more than {timeout:.0f}s "
-                               f"(runtime.call_timeout_s)")
+                               f"(runtime.start_timeout_s)")
         try:
             ray.get(ready[0])
         except ray.exceptions.RayError as err:

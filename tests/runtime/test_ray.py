@@ -5,9 +5,7 @@ that cross the driver. One Ray session for the module (4 logical GPUs on the CPU
 from __future__ import annotations
 
 import pytest
-import ray
 import torch
-from ray import cloudpickle
 
 import runtime_fakes as fakes
 from hybridflow.batch import Batch
@@ -17,16 +15,6 @@ from hybridflow.runtime.ray import RayRuntime
 
 pytestmark = pytest.mark.ray
 CFG = {"runtime": {"call_timeout_s": 60}}
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    cloudpickle.register_pickle_by_value(fakes)
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=8, num_gpus=4, include_dashboard=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
