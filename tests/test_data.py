@@ -1,0 +1,93 @@
+"""Prompt datasets: verl's schema, validation naming file and row, loader position."""
+import json
+
+import pytest
+
+from hybridflow.data import DataError, PromptDataset, PromptLoader, read_rows, toy_rows, write_rows
+from hybridflow.workers.tokenizer import load_tokenizer
+
+TOK = load_tokenizer("char")
+
+
+def _row(prompt="1+2=", **extra):
+    return {"data_source": "toy_arith", "prompt": prompt,
+            "reward_model": {"ground_truth": "3"}, **extra}
+
+
+def _write_jsonl(path, lines):
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("row, words", [
+    ({"data_source": "x", "reward_model": {"ground_truth": "1"}}, ["row 0", "'prompt'"]),
+    ({"prompt": "1+1=", "reward_model": {"ground_truth": "2"}}, ["row 0", "'data_source'"]),
+    ({"prompt": "1+1=", "data_source": "x"}, ["row 0", "reward_model.ground_truth"]),
+    (_row(prompt="   "), ["row 0", "empty prompt"]),
+    (_row(prompt=7), ["row 0", "'prompt' must be a string"]),
+])
+def test_malformed_rows_name_the_row(row, words):
+    with pytest.raises(DataError) as err:
+        PromptDataset([row], TOK, 16, name="train.jsonl")
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_invalid_json_line_names_file_and_line(tmp_path):
+    path = _write_jsonl(tmp_path / "d.jsonl", [json.dumps(_row()), "{not json"])
+    with pytest.raises(DataError, match=r"d.jsonl:2: row is not valid JSON"):
+        read_rows(path)
+
+
+def test_invalid_parquet_and_missing_file(tmp_path):
+    bad = tmp_path / "d.parquet"
+    bad.write_bytes(b"not parquet")
+    with pytest.raises(DataError, match="not a valid parquet"):
+        read_rows(str(bad))
+    with pytest.raises(DataError, match="does not exist"):
+        read_rows(str(tmp_path / "missing.jsonl"))
+
+
+def test_overlong_prompts_filtered_or_refused():
+    rows = [_row(), _row(prompt="1+2+3+4+5=")]
+    kept = PromptDataset(rows, TOK, 5)
+    assert len(kept) == 1 and kept.dropped == 1
+    with pytest.raises(DataError, match="row 1: prompt has 10 tokens"):
+        PromptDataset(rows, TOK, 5, filter_overlong=False)
+
+
+def test_chat_messages_without_template_are_joined():
+    ds = PromptDataset([_row(prompt=[{"role": "user", "content": "4+4="}])], TOK, 16)
+    assert ds.rows[0].text == "4+4="
+
+
+def test_parquet_round_trip(tmp_path):
+    train, _ = toy_rows(1, 9, 0.25)
+    write_rows(train, str(tmp_path / "t.parquet"))
+    ds = PromptDataset.from_file(str(tmp_path / "t.parquet"), TOK, 16)
+    assert len(ds) == len(train) == 75
+
+
+def test_loader_left_pads_and_resumes_at_the_same_batch():
+    ds = PromptDataset([_row(prompt=f"{i}+{j}=") for i in range(12) for j in range(3)], TOK, 16)
+    loader = PromptLoader(ds, 8, TOK.pad_token_id, seed=3)
+    first = loader.next_batch()
+    assert first["attention_mask"][:, -1].all()  # left padding: last column always real
+    assert len(set(first["uid"])) == 8
+    state = loader.state_dict()
+    expected = loader.next_batch()
+    other = PromptLoader(ds, 8, TOK.pad_token_id, seed=3)
+    other.load_state_dict(state)
+    again = other.next_batch()
+    assert list(again["raw_prompt"]) == list(expected["raw_prompt"])
+    assert list(again["uid"]) == list(expected["uid"])
+
+
+def test_batch_larger_than_dataset_is_refused():
+    with pytest.raises(DataError, match="data.batch_size=4 is larger than the 1 usable rows"):
+        PromptLoader(PromptDataset([_row()], TOK, 16), 4, 0)
+
+
+def test_held_out_pairs_never_in_train():
+    train, test = toy_rows(1, 9, 0.25)
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in test}
