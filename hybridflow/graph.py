@@ -141,6 +141,20 @@ class Graph:
                     location, fn=func, group_by=group_by, rename=dict(rename or {}))
         return self._add(node)
 
+    def gather(self, node: NodeHandle | str, *, until: int, max_rounds: int,
+               name: str | None = None) -> NodeHandle:
+        """Rows of `node`, collected over repeated draws until there are `until` of them.
+
+        When `node` yields fewer rows (e.g. a filter dropped some), the runtime draws a
+        fresh batch for every source upstream of it and re-runs the nodes in between,
+        at most `max_rounds` extra times, then keeps the first `until` rows. This is
+        DAPO's dynamic sampling, expressed in the graph instead of a forked trainer.
+        """
+        location = _caller_location()
+        node_obj = Node(name or "gather", "gather", self._input_names([node], location),
+                        {"until": until, "max_rounds": max_rounds}, location)
+        return self._add(node_obj)
+
     # ----------------------------------------------------------------- helpers
     def _input_names(self, inputs, location: str) -> tuple[str, ...]:
         names = []

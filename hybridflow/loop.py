@@ -142,7 +142,7 @@ class Trainer:
     def train_step(self) -> dict:
         start = time.perf_counter()
         feeds = {name: self.train_loader.next_batch() for name in self.sources()}
-        result = self.runtime.run_step(feeds)
+        result = self.runtime.run_step(feeds, draw=lambda source: self.train_loader.next_batch())
         if self.cfg.trainer.check_finite:
             check_finite(self.step, result.node_metrics)
         elapsed = time.perf_counter() - start

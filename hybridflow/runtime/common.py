@@ -83,6 +83,40 @@ def finish_output(node: PlanNode, out: Batch, inputs: Batch | None = None) -> Ba
     return out
 
 
+def upstream_nodes(plan: ExecutionPlan, name: str) -> list[PlanNode]:
+    """`name` and every node it depends on, in plan (topological) order."""
+    wanted, stack = set(), [name]
+    while stack:
+        current = stack.pop()
+        if current not in wanted:
+            wanted.add(current)
+            stack.extend(plan.node(current).deps)
+    return [n for n in plan.nodes if n.name in wanted]
+
+
+def sum_round_metrics(rounds: list[dict]) -> dict:
+    """Metrics of a node re-run by a gather: `*_total` metrics add up over rounds,
+    others keep the mean."""
+    out = {}
+    for key in {k for r in rounds for k in r}:
+        values = [r[key] for r in rounds if key in r]
+        out[key] = sum(values) if key.endswith("_total") else sum(values) / len(values)
+    return out
+
+
+def finish_gather(node: PlanNode, pieces: list[Batch], rounds: int) -> Batch:
+    """Concatenate the rounds' rows and keep the first `until`."""
+    until = node.kwargs["until"]
+    merged = Batch.concat(pieces)
+    rows = len(merged)
+    out = merged.take(slice(0, until)) if rows > until else merged
+    out.meta = {"metrics": {f"{node.name}/extra_rounds": float(rounds),
+                            f"{node.name}/rows": float(min(rows, until)),
+                            f"{node.name}/short_rows": float(max(until - rows, 0))},
+                "_writers": merged.meta.get("_writers", {})}
+    return out
+
+
 def run_fn_node(node: PlanNode, batch: Batch) -> Batch:
     return node.fn(batch, **node.kwargs)
 

@@ -19,8 +19,9 @@ from typing import Callable
 from hybridflow.batch import Batch
 from hybridflow.compiler import ExecutionPlan, PlanNode
 from hybridflow.dispatch import SKIP, Layout, get_dispatch_mode
-from hybridflow.runtime.common import (NodeFailure, StepResult, assemble_input, finish_output,
-                                       metrics_of, now, run_fn_node)
+from hybridflow.runtime.common import (NodeFailure, StepResult, assemble_input, finish_gather,
+                                       finish_output, metrics_of, now, run_fn_node,
+                                       sum_round_metrics, upstream_nodes)
 
 __all__ = ["LocalRuntime"]
 
@@ -68,13 +69,18 @@ class LocalRuntime:
         return [rank[role] for rank in self.ranks[pool]]
 
     # ------------------------------------------------------------------- step
-    def run_step(self, feeds: dict[str, Batch], plan: ExecutionPlan | None = None) -> StepResult:
-        """Run every node once. `feeds` gives each source node's batch."""
+    def run_step(self, feeds: dict[str, Batch], plan: ExecutionPlan | None = None,
+                 draw: Callable[[str], Batch] | None = None) -> StepResult:
+        """Run every node once. `feeds` gives each source node's batch; `draw(source)`
+        gives more, for gather nodes that need another round."""
         plan = plan or self.plan
         result = StepResult(outputs={})
         for node in plan.nodes:
             start = now()
-            out = self._run_node(node, feeds, result.outputs)
+            if node.op == "gather":
+                out = self._gather(node, plan, result, draw)
+            else:
+                out = self._run_node(node, feeds, result.outputs)
             end = now()
             result.outputs[node.name] = out
             result.node_metrics[node.name] = metrics_of(out)
@@ -83,6 +89,27 @@ class LocalRuntime:
             result.timeline.append({"node": node.name, "role": node.role, "pool": node.pool,
                                     "start": start, "end": end})
         return result
+
+    def _gather(self, node: PlanNode, plan: ExecutionPlan, result: StepResult, draw) -> Batch:
+        """Re-run the nodes upstream of the gathered one on fresh source batches until
+        it has produced `until` rows or `max_rounds` extra rounds were drawn."""
+        dep = node.deps[0]
+        upstream = upstream_nodes(plan, dep)
+        pieces, rounds = [result.outputs[dep]], 0
+        history = {n.name: [result.node_metrics[n.name]] for n in upstream}
+        while sum(len(p) for p in pieces) < node.kwargs["until"] and draw is not None \
+                and rounds < node.kwargs["max_rounds"]:
+            feeds = {n.name: draw(n.name) for n in upstream if n.op == "source"}
+            outputs: dict[str, Batch] = {}
+            for up in upstream:
+                outputs[up.name] = self._run_node(up, feeds, outputs)
+                history[up.name].append(metrics_of(outputs[up.name]))
+            pieces.append(outputs[dep])
+            rounds += 1
+        for name, rounds_metrics in history.items():  # what the re-runs measured too
+            result.node_metrics[name] = sum_round_metrics(rounds_metrics)
+            result.metrics.update(result.node_metrics[name])
+        return finish_gather(node, pieces, rounds)
 
     def _run_node(self, node: PlanNode, feeds, outputs) -> Batch:
         if node.op == "source":
