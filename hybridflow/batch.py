@@ -148,6 +148,10 @@ class Batch:
         for key in set(self.non_tensors) & set(other.non_tensors):
             if not np.array_equal(self.non_tensors[key], other.non_tensors[key]):
                 raise ValueError(f"cannot union batches: key {key!r} differs")
+        for key in set(self.tensors) & set(other.non_tensors) | \
+                set(self.non_tensors) & set(other.tensors):
+            raise ValueError(f"cannot union batches: key {key!r} is a tensor in one "
+                             f"and a non-tensor array in the other")
         return Batch({**self.tensors, **other.tensors},
                      {**self.non_tensors, **other.non_tensors}, {**self.meta, **other.meta})
 
@@ -158,9 +162,10 @@ class Batch:
 
     @staticmethod
     def concat(batches: Sequence["Batch"]) -> "Batch":
-        batches = [b for b in batches if b is not None]
+        meta = next((b.meta for b in batches if b is not None), {})
+        batches = [b for b in batches if b is not None and b.keys()]  # keyless: no rows
         if not batches:
-            return Batch()
+            return Batch(meta=meta)
         first = batches[0]
         for b in batches[1:]:
             if set(b.keys()) != set(first.keys()):
@@ -169,7 +174,7 @@ class Batch:
         tensors = {k: torch.cat([b.tensors[k] for b in batches]) for k in first.tensors}
         non_tensors = {k: np.concatenate([b.non_tensors[k] for b in batches])
                        for k in first.non_tensors}
-        return Batch(tensors, non_tensors, first.meta)
+        return Batch(tensors, non_tensors, meta)
 
     def split(self, n: int, group_by: str | None = None) -> list["Batch"]:
         """n chunks in row order; uneven sizes differ by at most one row (or one group)."""

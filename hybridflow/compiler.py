@@ -105,6 +105,7 @@ class _Checker:
         self.graph, self.bindings, self.placement = graph, bindings, placement
         self.problems: list[str] = list(graph.problems)
         self.warnings: list[str] = []
+        self.replaced: dict[tuple[str, str], str] = {}  # (writer, key) -> writer it overwrote
 
     def fail(self, node: Node | PlanNode, message: str) -> None:
         self.problems.append(f"{node.where()}: {message}")
@@ -232,6 +233,8 @@ class _Checker:
                     self.fail(node, f"writes key '{key}', which already reaches it from node "
                                     f"'{node.input_keys[key]}'; declare overwrites=('{key}',) "
                                     f"or rename the output")
+                if key in node.input_keys:
+                    self.replaced[(name, key)] = node.input_keys[key]
                 out[key] = name
             node.output_keys = out
 
@@ -248,18 +251,24 @@ class _Checker:
         for dep in node.deps:
             for key, writer in nodes[dep].output_keys.items():
                 if key in merged and merged[key] != writer and \
-                        not self._shadows(writer, merged[key]) and \
-                        not self._shadows(merged[key], writer):
+                        not self._shadows(writer, merged[key], key) and \
+                        not self._shadows(merged[key], writer, key):
                     self.fail(node, f"key '{key}' reaches it from two writers, "
                                     f"'{merged[key]}' and '{writer}'; rename one output "
                                     f"(rename={{'{key}': '...'}})")
-                elif key not in merged or self._shadows(writer, merged[key]):
+                elif key not in merged or self._shadows(writer, merged[key], key):
                     merged[key] = writer
         return merged
 
-    def _shadows(self, later: str, earlier: str) -> bool:
-        """A writer downstream of another wins over it (a declared overwrite)."""
-        return nx.has_path(self.dag, earlier, later)
+    def _shadows(self, later: str, earlier: str, key: str) -> bool:
+        """`later` wins over `earlier` only if it overwrote the value `earlier` wrote
+        (directly or through a chain of overwrites); a writer that merely sits
+        downstream without seeing the key is a second writer, not an overwrite."""
+        while (later, key) in self.replaced:
+            later = self.replaced[(later, key)]
+            if later == earlier:
+                return True
+        return False
 
     def _missing_key(self, node: PlanNode, key: str, nodes) -> None:
         writers = [n.name for n in nodes.values() if key in n.writes]

@@ -74,9 +74,12 @@ def test_concat_rejects_different_keys():
         Batch.concat([make_batch(2), make_batch(2).drop("text")])
 
 
-def test_concat_skips_none_and_of_nothing_is_empty():
+def test_concat_skips_none_and_keyless_batches():
     assert len(Batch.concat([])) == 0
     assert_same(Batch.concat([None, make_batch(2)]), make_batch(2))
+    # a rank that got no rows may answer with an empty Batch
+    out = Batch.concat([Batch(meta={"m": 1}), make_batch(2), Batch()])
+    assert_same(out, make_batch(2)) and out.meta == {"m": 1}
 
 
 def _grouped(sizes: list[int], interleaved: bool) -> Batch:
@@ -139,6 +142,11 @@ def test_union_error_names_the_differing_tensor_key():
 def test_union_error_names_the_differing_non_tensor_key():
     with pytest.raises(ValueError, match="key 'uid' differs"):
         Batch(non_tensors={"uid": ["a", "b"]}).union(Batch(non_tensors={"uid": ["a", "c"]}))
+
+
+def test_union_rejects_a_key_that_is_a_tensor_on_one_side_only():
+    with pytest.raises(ValueError, match="key 'uid' is a tensor in one"):
+        Batch({"uid": torch.arange(2)}).union(Batch(non_tensors={"uid": ["a", "b"]}))
 
 
 def test_union_rejects_row_mismatch():

@@ -146,6 +146,21 @@ def test_key_from_two_writers_reaching_one_node():
              "'adv_a' and 'adv_b'", "rename")
 
 
+def test_a_downstream_writer_that_never_saw_the_key_is_a_second_writer():
+    @node_fn(reads=("scores",), writes=("old_log_probs",))
+    def fake_old(batch): ...
+
+    g = Graph("g")
+    rollout = g.call("actor.generate", g.source())
+    old = g.call("actor.logprob", rollout)
+    score = g.call("reward.score", rollout, old)  # old's key stops here: no forwarding
+    fake = g.fn(fake_old, score)                   # downstream of old, but never saw it
+    adv = g.fn(plain_advantages, rollout, score)
+    _, loc = g.call("actor.update", rollout, old, fake, adv), here()
+    rejected(g, "node 'actor.update'", loc, "key 'old_log_probs' reaches it from two writers",
+             "'actor.logprob' and 'fake_old'")
+
+
 def test_writing_a_key_already_in_the_input_needs_overwrites():
     @node_fn(reads=("responses",), writes=("responses", "lengths"))
     def clip(batch): ...
@@ -448,6 +463,17 @@ def test_a_later_writer_shadows_an_earlier_one_whatever_the_input_order():
     plan = compile_(g)
     assert plan.node("a").input_keys["input_ids"] == "actor.generate"
     assert plan.node("b").input_keys["input_ids"] == "actor.generate"
+
+
+def test_a_chain_of_overwrites_shadows_the_first_writer():
+    @node_fn(reads=("responses",), writes=("responses",), overwrites=("responses",))
+    def again(batch): ...
+
+    g = Graph("g")
+    rollout = g.call("actor.generate", g.source())
+    twice = g.fn(again, g.fn(truncate, rollout))
+    g.call("actor.logprob", rollout, twice)
+    assert compile_(g).node("actor.logprob").input_keys["responses"] == "again"
 
 
 def test_declared_overwrite_is_accepted_and_wins_downstream():

@@ -82,6 +82,14 @@ def test_dp_splits_and_concats_back_for_every_size(world):
         assert list(out["s"]) == [f"r{i}" for i in range(n)]
 
 
+def test_dp_collect_accepts_an_empty_answer_from_a_rank_without_rows():
+    mode, layout = get_dispatch_mode(DP), Layout(3)
+    shards = mode.dispatch(rows(2), layout)
+    assert [len(s) for s in shards] == [1, 1, 0]
+    outs = fake_worker_outputs(shards[:2]) + [Batch()]
+    assert mode.collect(outs, layout)["y"].tolist() == [0, 10]
+
+
 def test_dp_collect_merges_metrics_by_mean():
     mode, layout = get_dispatch_mode(DP), Layout(4)
     shards = mode.dispatch(rows(8), layout)
