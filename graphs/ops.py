@@ -93,3 +93,33 @@ class KLInReward:
                                "actor/reward_kl_penalty_coeff": float(beta)}
         return out
 
+
+
+@node_fn(reads=("scores", "uid"), forwards=True)
+def drop_uniform_groups(batch: Batch) -> Batch:
+    """DAPO's dynamic-sampling filter: drop every group whose scores are all equal
+    (all right or all wrong), since its advantages would all be zero."""
+    scores, uids = batch["scores"].tolist(), list(batch["uid"])
+    by_group: dict = {}
+    for score, uid in zip(scores, uids):
+        by_group.setdefault(uid, set()).add(score)
+    keep = [i for i, uid in enumerate(uids) if len(by_group[uid]) > 1]
+    out = batch.take(keep)
+    dropped = sum(1 for values in by_group.values() if len(values) == 1)
+    out.meta = {"metrics": {"dapo/dropped_groups_total": float(dropped),
+                            "dapo/kept_groups_total": float(len(by_group) - dropped)}}
+    return out
+
+
+@node_fn(reads=("scores", "response_length"), writes=("scores",), overwrites=("scores",),
+         rows=True)
+def overlong_penalty(batch: Batch, max_length: int, buffer: int, factor: float = 1.0) -> Batch:
+    """DAPO's soft overlong punishment: responses longer than `max_length - buffer`
+    lose up to `factor`, linearly over the buffer."""
+    length = batch["response_length"].float()
+    expected = max_length - buffer
+    penalty = ((expected - length) / max(buffer, 1) * factor).clamp(max=0.0)
+    out = _out(scores=batch["scores"].float() + penalty)
+    out.meta = {"metrics": {"dapo/overlong_frac": float((length > expected).float().mean())
+                            if len(length) else 0.0}}
+    return out

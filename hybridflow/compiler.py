@@ -118,6 +118,8 @@ class _Checker:
                             writes=node.provides, output_keys=keys)
         if node.op == "fn":
             return self._resolve_fn(node)
+        if node.op == "gather":
+            return self._resolve_gather(node)
         return self._resolve_call(node)
 
     def _resolve_fn(self, node: Node) -> PlanNode | None:
@@ -131,7 +133,18 @@ class _Checker:
                         reads=spec.reads, optional=spec.optional,
                         writes=self._renamed(node, spec.writes), kwargs=node.kwargs,
                         fn=node.fn, group_by=node.group_by or spec.group_by, rows=spec.rows,
-                        rename=node.rename)
+                        rename=node.rename, forwards=spec.forwards)
+
+    def _resolve_gather(self, node: Node) -> PlanNode | None:
+        until, rounds = node.kwargs.get("until"), node.kwargs.get("max_rounds")
+        if not isinstance(until, int) or until < 1:
+            self.fail(node, f"gather needs until >= 1 rows, got {until!r}")
+        if not isinstance(rounds, int) or rounds < 0:
+            self.fail(node, f"gather needs max_rounds >= 0, got {rounds!r}")
+        if len(node.inputs) != 1:
+            self.fail(node, f"gather takes exactly one input node, got {len(node.inputs)}")
+        return PlanNode(node.name, "function", "gather", node.inputs, node.location,
+                        kwargs=dict(node.kwargs), forwards=True)
 
     def _resolve_call(self, node: Node) -> PlanNode | None:
         cls = self.bindings.get(node.role)

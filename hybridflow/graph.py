@@ -40,6 +40,8 @@ class FnSpec:
     group_by: the function may run on shards of the batch as long as every row of a
     group is in one shard (e.g. group advantages by "uid"); None means it may run
     on any row split when `rows=True`, or only on the whole batch otherwise.
+    forwards: the output also carries every input column, row-aligned with the
+    output (a filter returns a subset of its input rows this way).
     """
     reads: tuple[str, ...] = ()
     writes: tuple[str, ...] = ()
@@ -49,14 +51,17 @@ class FnSpec:
     rows: bool = False
     params: tuple[str, ...] = ()
     accepts_any_kwargs: bool = False
+    forwards: bool = False
 
 
-def node_fn(*, reads=(), writes=(), optional=(), overwrites=(), group_by=None, rows=False):
+def node_fn(*, reads=(), writes=(), optional=(), overwrites=(), group_by=None, rows=False,
+            forwards=False):
     """Declare a function node: `fn(batch, **kwargs) -> Batch` of the written keys."""
     def wrap(fn: Callable) -> Callable:
         params, var_kw = _kwarg_names(fn, skip=1)
         setattr(fn, _FN_ATTR, FnSpec(keys_of(reads), keys_of(writes), keys_of(optional),
-                                     keys_of(overwrites), group_by, rows, params, var_kw))
+                                     keys_of(overwrites), group_by, rows, params, var_kw,
+                                     forwards))
         return fn
     return wrap
 

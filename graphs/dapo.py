@@ -1,0 +1,31 @@
+"""DAPO: GRPO plus dynamic sampling (drop groups whose samples all score the same and
+draw more prompts until the batch is full, at most `algorithm.max_rounds` extra
+times), clip-higher, token-mean loss and a soft overlong penalty."""
+from hybridflow import Graph
+
+from graphs import ops
+from graphs.common import embedded_defaults
+
+
+def defaults() -> dict:
+    return embedded_defaults(
+        rollout={"n": 8},
+        actor={"clip_low": 0.2, "clip_high": 0.28, "loss_agg_mode": "token-mean"},
+        algorithm={"max_rounds": 3, "overlong_buffer": 1, "overlong_factor": 1.0})
+
+
+def build(cfg) -> Graph:
+    a = cfg.algorithm
+    g = Graph("dapo")
+    prompts = g.source("prompts")
+    rollout = g.call("actor.generate", prompts, n=cfg.rollout.n)
+    raw = g.call("reward.score", rollout)
+    score = g.fn(ops.overlong_penalty, rollout, raw, max_length=cfg.rollout.max_new_tokens,
+                 buffer=a.overlong_buffer, factor=a.overlong_factor)
+    kept = g.fn(ops.drop_uniform_groups, rollout, score)
+    batch = g.gather(kept, until=cfg.data.batch_size * cfg.rollout.n, max_rounds=a.max_rounds)
+    old = g.call("actor.logprob", batch)
+    ref = g.call("ref.logprob", batch)
+    adv = g.fn(ops.grpo_advantages, batch)
+    g.call("actor.update", batch, old, ref, adv)
+    return g
