@@ -17,7 +17,7 @@ all counted in `StepResult.driver_bytes`.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import ray
@@ -25,11 +25,12 @@ import ray
 from hybridflow.batch import Batch
 from hybridflow.compiler import ExecutionPlan, PlanNode
 from hybridflow.dispatch import DP_TP
-from hybridflow.runtime.common import NodeFailure, StepResult, input_columns
+from hybridflow.runtime.common import NodeFailure, StepResult, input_columns, upstream_nodes
 from hybridflow.runtime.ray_pools import (RuntimeSettings, WorkerGroup, connect, launch_group,
                                           start_groups, stop_group)
 from hybridflow.runtime.ray_step import NodeOutput, StepScheduler
-from hybridflow.runtime.ray_worker import default_context, failure_detail, payload_bytes
+from hybridflow.runtime.ray_worker import (ShippedNode, default_context, failure_detail,
+                                           payload_bytes)
 
 __all__ = ["RayRuntime", "NodeOutput"]
 
@@ -38,6 +39,8 @@ __all__ = ["RayRuntime", "NodeOutput"]
 class PlanAnalysis:
     suppliers: dict[str, list[str]]        # node -> deps it reads at least one column from
     group_keys: dict[str, tuple[str, ...]]  # node -> group-id columns to report per row
+    shipped: dict[str, ShippedNode] = field(default_factory=dict)  # pickled once
+    upstream: dict[str, ExecutionPlan] = field(default_factory=dict)  # re-run by gathers
 
 
 def analyse(plan: ExecutionPlan) -> PlanAnalysis:
@@ -86,6 +89,21 @@ class RayRuntime:
             self._analysis[id(plan)] = (plan, analyse(plan))
         return self._analysis[id(plan)][1]
 
+    def shipped(self, plan: ExecutionPlan, node: PlanNode) -> ShippedNode:
+        cache = self.analysis(plan).shipped
+        if node.name not in cache:
+            cache[node.name] = ShippedNode(node)
+        return cache[node.name]
+
+    def upstream_plan(self, plan: ExecutionPlan, name: str) -> ExecutionPlan:
+        """The part of `plan` a gather node re-runs: `name` and what it depends on."""
+        cache = self.analysis(plan).upstream
+        if name not in cache:
+            nodes = upstream_nodes(plan, name)
+            cache[name] = ExecutionPlan(plan.graph_name, nodes, plan.placement, plan.bindings,
+                                        [[n.name] for n in nodes])
+        return cache[name]
+
     def actors(self, pool: str) -> list:
         return self.groups[pool].actors
 
@@ -106,15 +124,17 @@ class RayRuntime:
         return [(pool, r) for r in range(self.pool_size(pool))] if pool else []
 
     # ------------------------------------------------------------------- API
-    def run_step(self, feeds: dict[str, Batch], plan: ExecutionPlan | None = None) -> StepResult:
-        """Run every node once; outputs stay on the workers as NodeOutput handles."""
+    def run_step(self, feeds: dict[str, Batch], plan: ExecutionPlan | None = None,
+                 draw: Callable[[str], Batch] | None = None) -> StepResult:
+        """Run every node once; outputs stay on the workers as NodeOutput handles.
+        `draw(source)` gives more batches, for gather nodes that need another round."""
         plan = plan or self.plan
         if self.broken:
             raise RuntimeError(f"the Ray runtime cannot run another step: {self.broken}; "
                                f"shut it down and start a new one")
         self._check_roles(plan)
         start = time.perf_counter()
-        scheduler = StepScheduler(self, plan, feeds)
+        scheduler = StepScheduler(self, plan, feeds, draw)
         result = scheduler.run()
         result.metrics["runtime/driver_busy_s"] = scheduler.busy_s
         result.metrics["runtime/step_s"] = time.perf_counter() - start
@@ -134,6 +154,10 @@ class RayRuntime:
         """Only `keys` of a node's output, on the driver (counted in driver_bytes)."""
         out: NodeOutput = result.outputs[node]
         keys = tuple(keys)
+        missing = [k for k in keys if k not in (out.keys or [])]
+        if missing:
+            raise KeyError(f"node '{node}' output has no key(s) {missing}; it has "
+                           f"{sorted(out.keys or [])}")
         refs = []
         for ref, home in zip(out.refs, out.homes):
             if out.on_driver or home is None:

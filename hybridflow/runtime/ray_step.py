@@ -34,8 +34,8 @@ from hybridflow.batch import Batch, split_indices
 from hybridflow.compiler import ExecutionPlan, PlanNode
 from hybridflow.dispatch import (BROADCAST, DP, DP_TP, RANK_ZERO, Layout, get_dispatch_mode,
                                  merge_metrics)
-from hybridflow.runtime.common import (NodeFailure, StepResult, assemble_input, finish_output,
-                                       input_columns, run_fn_node)
+from hybridflow.runtime.common import (NodeFailure, StepResult, assemble_input, finish_gather,
+                                       finish_output, run_fn_node, sum_round_metrics)
 from hybridflow.runtime.ray_worker import (DepInput, Piece, ShardTask, failure_detail,
                                            group_hashes, payload_bytes)
 
@@ -51,6 +51,7 @@ class NodeOutput:
     lineage: str                   # outputs of one lineage share their row partition
     on_driver: bool = False        # put by the driver (a feed or a driver fn)
     rows: list[int] | None = None  # per slot, once done
+    keys: list[str] | None = None  # columns, once done
     groups: list[dict] | None = None
     nbytes: int = 0
     metrics: dict = field(default_factory=dict)
@@ -92,8 +93,8 @@ class _Args:
 
 
 class StepScheduler:
-    def __init__(self, runtime, plan: ExecutionPlan, feeds: dict[str, Batch]):
-        self.rt, self.plan, self.feeds = runtime, plan, feeds
+    def __init__(self, runtime, plan: ExecutionPlan, feeds: dict[str, Batch], draw=None):
+        self.rt, self.plan, self.feeds, self.draw = runtime, plan, feeds, draw
         self.timeout = runtime.settings.call_timeout_s
         self.order = {n.name: i for i, n in enumerate(plan.nodes)}
         self.waiting: list[str] = [n.name for n in plan.nodes]
@@ -199,6 +200,7 @@ class StepScheduler:
         slots = sorted((r for r in self.records[node.name] if r.slot is not None),
                        key=lambda r: r.slot)
         out.rows = [r.meta["rows"] for r in slots]
+        out.keys = list(slots[0].meta["keys"]) if slots else []
         out.groups = [r.meta["groups"] for r in slots]
         out.nbytes = sum(r.meta["nbytes"] for r in slots)
         self.result.driver_bytes += sum(h.nbytes for g in out.groups for h in g.values())
@@ -227,6 +229,8 @@ class StepScheduler:
             return self._submit_source(node)
         if any(d not in self.outputs for d in node.deps):
             return False
+        if node.op == "gather":
+            return self._submit_gather(node)
         if node.op == "fn":
             if (node.group_by or node.rows) and self._pool_of_first(node) is not None:
                 return self._submit_sharded_fn(node)
@@ -258,6 +262,7 @@ class StepScheduler:
         self.result.driver_bytes += sum(h.nbytes for g in groups for h in g.values())
         self.outputs[node.name] = NodeOutput(
             node.name, refs, homes, node.name, on_driver=True, rows=[len(s) for s in shards],
+            keys=batch.keys(),
             groups=groups, nbytes=sum(payload_bytes(s) for s in shards),
             metrics=batch.meta.get("metrics", {}))
 
@@ -282,6 +287,50 @@ class StepScheduler:
         self._record_node(node, self.outputs[node.name].metrics, [(start, end)])
         self.result.timeline.append({"node": node.name, "role": None, "pool": None,
                                      "rank": None, "start": start, "end": end})
+        return True
+
+    def _submit_gather(self, node: PlanNode) -> bool:
+        """Re-run the nodes upstream of the gathered one on fresh source batches (one
+        sub-step a round) until it has `until` rows or `max_rounds` extra rounds ran;
+        then the first `until` rows, concatenated on the worker holding the first."""
+        dep = node.deps[0]
+        if not self.outputs[dep].done:
+            return False
+        until, max_rounds = node.kwargs["until"], node.kwargs["max_rounds"]
+        upstream = self.rt.upstream_plan(self.plan, dep)
+        pieces, rounds = [self.outputs[dep]], 0
+        history = {n.name: [self.result.node_metrics.get(n.name, {})] for n in upstream.nodes}
+        while sum(p.num_rows for p in pieces) < until and self.draw is not None \
+                and rounds < max_rounds:
+            feeds = {n.name: self.draw(n.name) for n in upstream.nodes if n.op == "source"}
+            sub = StepScheduler(self.rt, upstream, feeds).run()
+            pieces.append(sub.outputs[dep])
+            self.result.driver_bytes += sub.driver_bytes
+            self.result.timeline += sub.timeline
+            for name, metrics in sub.node_metrics.items():
+                history[name].append(metrics)
+            rounds += 1
+        for name, metrics in history.items():
+            self.result.node_metrics[name] = sum_round_metrics(metrics)
+        refs = [ref for p in pieces for ref in p.refs]
+        home = pieces[0].homes[0]
+        if home is None:  # the gathered node ran on the driver
+            shards = ray.get(refs, timeout=self.timeout)
+            self.result.driver_bytes += sum(payload_bytes(b) for b in shards)
+            out = finish_gather(node, shards, rounds)
+            self._put(node, out)
+            self._record_node(node, out.meta["metrics"], [])
+            return True
+        pool, rank = home
+        args = _Args()
+        for ref in refs:
+            args.add(ref)
+        shard, meta = self.rt.actors(pool)[rank].gather.options(num_returns=2).remote(
+            ShardTask(self.rt.shipped(self.plan, node),
+                      group_keys=self.group_keys.get(node.name, ())), rounds, *args.refs)
+        self._record(node, pool, rank, meta, 0, args.refs)
+        self.meta_of[shard] = meta
+        self.outputs[node.name] = NodeOutput(node.name, [shard], [home], node.name)
         return True
 
     # ---- data-parallel calls and sharded functions: one slot per rank (group)
@@ -407,12 +456,13 @@ class StepScheduler:
         raw = []
         for rank, part in enumerate(parts):
             shard, meta = actors[rank].run.options(num_returns=2).remote(
-                ShardTask(node, prepared=True, finish=False), part)
+                ShardTask(self.rt.shipped(self.plan, node), prepared=True, finish=False), part)
             self._record(node, pool, rank, meta, None, [part])
             self.meta_of[shard] = meta
             raw.append(shard)
         shard, meta = actors[0].collect.options(num_returns=2).remote(
-            ShardTask(node, group_keys=self.group_keys.get(node.name, ()), mode=mode), layout,
+            ShardTask(self.rt.shipped(self.plan, node), group_keys=self.group_keys.get(node.name, ()),
+                      mode=mode), layout,
             *raw)
         self._record(node, pool, 0, meta, 0, raw)
         self.meta_of[shard] = meta
@@ -429,7 +479,8 @@ class StepScheduler:
             if dep not in inputs:
                 for record in self.records.get(dep, []):
                     args.add(record.ref)
-        return ShardTask(node, specs, group_keys=self.group_keys.get(node.name, ()))
+        return ShardTask(self.rt.shipped(self.plan, node), specs,
+                         group_keys=self.group_keys.get(node.name, ()))
 
     def _run(self, node: PlanNode, pool: str, rank: int, inputs: dict, slot):
         args = _Args()

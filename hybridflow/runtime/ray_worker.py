@@ -25,10 +25,10 @@ import numpy as np
 from hybridflow.batch import Batch
 from hybridflow.compiler import PlanNode
 from hybridflow.dispatch import SKIP, DispatchMode, Layout
-from hybridflow.runtime.common import (as_node_batch, assemble_input, finish_output,
-                                       metrics_of, run_fn_node)
+from hybridflow.runtime.common import (as_node_batch, assemble_input, finish_gather,
+                                       finish_output, metrics_of, run_fn_node)
 
-__all__ = ["FusedWorker", "ShardTask", "DepInput", "Piece", "WorkerError", "payload_bytes",
+__all__ = ["FusedWorker", "ShardTask", "ShippedNode", "DepInput", "Piece", "WorkerError", "payload_bytes",
            "group_hashes", "default_context", "failure_detail"]
 
 
@@ -63,9 +63,34 @@ class DepInput:
     index: np.ndarray | None = None
 
 
+class ShippedNode:
+    """A PlanNode pickled once on the driver (its fn by value) and unpickled once per
+    worker process: tasks carry the bytes, not a fresh pickle of the function."""
+
+    def __init__(self, node: PlanNode):
+        from ray import cloudpickle
+        self.name = node.name
+        self.blob = cloudpickle.dumps(node)
+        self.digest = hashlib.blake2b(self.blob, digest_size=16).digest()
+
+    def __reduce__(self):
+        return (_load_node, (self.digest, self.blob))
+
+
+_NODES: dict[bytes, PlanNode] = {}
+
+
+def _load_node(digest: bytes, blob: bytes) -> PlanNode:
+    if digest not in _NODES:
+        if len(_NODES) > 1024:
+            _NODES.clear()
+        _NODES[digest] = pickle.loads(blob)
+    return _NODES[digest]
+
+
 @dataclass
 class ShardTask:
-    node: PlanNode
+    node: PlanNode                    # a ShippedNode on the driver
     inputs: dict[str, DepInput] = field(default_factory=dict)
     prepared: bool = False            # args[0] is the method input as is (generic modes)
     finish: bool = True               # False: a generic mode's collector finishes it
@@ -192,6 +217,15 @@ class FusedWorker:
             raise WorkerError(traceback.format_exc()) from None
         return out, self._meta(task, out, start)
 
+    def gather(self, task: ShardTask, rounds: int, *shards):
+        """A gather node: the rounds' shards concatenated, the first `until` rows kept."""
+        start = time.time()
+        try:
+            out = finish_gather(task.node, list(shards), rounds)
+        except Exception:  # noqa: BLE001
+            raise WorkerError(traceback.format_exc()) from None
+        return out, self._meta(task, out, start)
+
     def select(self, keys: tuple[str, ...], shard: Batch) -> Batch:
         return shard.select(*keys)
 
@@ -218,7 +252,7 @@ class FusedWorker:
             parts = [args[p.arg] if p.rows is None else args[p.arg].take(p.rows)
                      for p in spec.pieces]
             batch = parts[0] if len(parts) == 1 else Batch.concat(parts)
-            inputs[dep] = batch if spec.index is None else batch.take(spec.index)
+            inputs[dep] = batch if spec.index is None else batch.take(np.array(spec.index))
         return assemble_input(task.node, inputs)
 
     def _meta(self, task: ShardTask, out, start: float, skipped: bool = False) -> dict:
@@ -227,6 +261,7 @@ class FusedWorker:
             if out is not None and key in out:
                 groups[key] = group_hashes(out[key])
         return {"rows": len(out) if isinstance(out, Batch) else 0,
+                "keys": out.keys() if isinstance(out, Batch) else [],
                 "nbytes": payload_bytes(out) if isinstance(out, Batch) else 0,
                 "metrics": metrics_of(out), "groups": groups, "skipped": skipped,
                 "start": start, "end": time.time(), "pid": os.getpid(), "rank": self.rank}

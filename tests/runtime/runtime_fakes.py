@@ -35,10 +35,10 @@ except ValueError:  # already registered in this process
     pass
 
 
-def prompts(rows: int, width: int = 4, groups: int | None = None) -> Batch:
+def prompts(rows: int, width: int = 4, groups: int | None = None, first: int = 0) -> Batch:
     """`rows` prompts; `uid` names one group per prompt (or `groups` interleaved ids)."""
-    ids = torch.arange(rows * width, dtype=torch.int64).reshape(rows, width)
-    uid = [f"u{i % groups if groups else i}" for i in range(rows)]
+    ids = torch.arange(rows * width, dtype=torch.int64).reshape(rows, width) + first
+    uid = [f"u{first + (i % groups if groups else i)}" for i in range(rows)]
     return Batch({"input_ids": ids}, {"uid": uid})
 
 
@@ -138,6 +138,12 @@ class Actor(Base):
         sample = torch.arange(len(out)).remainder(n).unsqueeze(-1).float()
         out["responses"] = base + sample + torch.arange(length, dtype=torch.float32) / length
         return out
+
+    @method(dispatch=DP, reads=("responses", "uid"), writes=(), forwards=True)
+    def keep_even_uids(self, batch):
+        """A filter (DAPO-style): keeps the rows whose uid number is even."""
+        keep = [i for i, u in enumerate(batch["uid"]) if int(u[1:]) % 2 == 0]
+        return batch.take(np.asarray(keep, dtype=np.int64))
 
     @method(dispatch=DP, reads=("responses",), writes=("old_logp",))
     def logprob(self, batch, sleep: float = 0.0):
@@ -263,3 +269,32 @@ def echo_placement(devices: int = 4, tp: int = 2) -> Placement:
 
 def echo_plan(graph: Graph, devices: int = 4, tp: int = 2):
     return compile_graph(graph, ECHO_BINDINGS, echo_placement(devices, tp))
+
+
+def gather_plan(until: int, max_rounds: int):
+    """prompts -> generate -> keep_even_uids -> gather, for both runtimes (no training)."""
+    from hybridflow.compiler import PlanNode
+    g = Graph("dynamic_sampling")
+    p = g.source("prompts", keys=("input_ids", "uid"))
+    rollout = g.call("actor.generate", p)
+    g.call("actor.keep_even_uids", rollout, name="kept")
+    plan = compile_graph(g, PPO_BINDINGS, ppo_placement())
+    kept = plan.node("kept")
+    if not any(n.op == "gather" for n in plan.nodes):
+        plan.nodes.append(PlanNode("gather", "function", "gather", ("kept",), "test",
+                                   kwargs={"until": until, "max_rounds": max_rounds},
+                                   input_keys=dict(kept.output_keys),
+                                   output_keys=dict(kept.output_keys)))
+    return plan
+
+
+class Drawer:
+    """A fresh prompt batch per draw, numbered on from the last."""
+
+    def __init__(self, rows: int, first: int):
+        self.rows, self.next = rows, first
+
+    def __call__(self, source: str) -> Batch:
+        batch = prompts(self.rows, first=self.next)
+        self.next += self.rows
+        return batch

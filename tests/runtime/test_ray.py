@@ -107,6 +107,19 @@ def test_ppo_graph_passes_under_one_percent_of_the_bytes_through_the_driver(ppo)
     assert result.driver_bytes < 0.01 * total, (result.driver_bytes, total)
 
 
+def test_gather_re_draws_sources_like_the_local_runtime(ppo):
+    plan = fakes.gather_plan(until=10, max_rounds=3)
+    for rows, max_rounds in ((4, 3), (4, 0), (12, 3)):
+        plan.node("gather").kwargs["max_rounds"] = max_rounds
+        feeds = {"prompts": fakes.prompts(rows)}
+        result = ppo.run_step(feeds, plan=plan, draw=fakes.Drawer(rows, first=rows))
+        expected = LocalRuntime(plan, {}).run_step(feeds, draw=fakes.Drawer(rows, first=rows))
+        want = expected.outputs["gather"]
+        assert_same(ppo.fetch(result, "gather", want.keys()), want, f"rows={rows}")
+        for node in ("gather", "kept", "actor.generate"):
+            assert result.node_metrics[node] == pytest.approx(expected.node_metrics[node])
+
+
 def test_independent_nodes_on_disjoint_pools_overlap(ppo):
     g = fakes.Graph("overlap")
     p = g.source("prompts", keys=("input_ids", "uid"))
