@@ -149,9 +149,11 @@ class Trainer:
         metrics = dict(result.metrics)
         metrics["perf/time_per_step"] = elapsed
         metrics["engine/driver_bytes"] = result.driver_bytes
-        tokens = metrics.get("response_length/mean", 0.0) * metrics.get("engine/rows", 0)
+        responses = sum(result.rows.get(n.name, 0) for n in self.plan.nodes
+                        if n.kind == "generate")
+        tokens = metrics.get("response_length/mean", 0.0) * responses
         if tokens:
-            metrics["perf/throughput"] = tokens / elapsed
+            metrics["perf/throughput"] = tokens / elapsed  # response tokens per second
         self.sinks.log_timeline(self.step, result.timeline)
         return metrics
 

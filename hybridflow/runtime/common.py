@@ -27,6 +27,7 @@ class StepResult:
     outputs: dict[str, Any]                 # node -> Batch (local) or handle (ray)
     metrics: dict[str, float] = field(default_factory=dict)
     node_metrics: dict[str, dict] = field(default_factory=dict)  # node -> its metrics
+    rows: dict[str, int] = field(default_factory=dict)           # node -> output rows
     timeline: list[dict] = field(default_factory=list)
     driver_bytes: int = 0
 

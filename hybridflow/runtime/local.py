@@ -83,6 +83,7 @@ class LocalRuntime:
                 out = self._run_node(node, feeds, result.outputs)
             end = now()
             result.outputs[node.name] = out
+            result.rows[node.name] = len(out)
             result.node_metrics[node.name] = metrics_of(out)
             result.metrics.update(result.node_metrics[node.name])
             result.metrics[f"timing_s/{node.name}"] = end - start

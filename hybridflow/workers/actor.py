@@ -89,7 +89,7 @@ class ActorWorker(Worker):
             "rollout/weight_sync_s": sync_s,
             "rollout/gen_s": gen_s,
             "rollout/tokens_per_s": float(lengths.sum()) / max(gen_s, 1e-9),
-            "rollout/response_length/mean": float(lengths.mean()) if len(lengths) else 0.0,
+            "response_length/mean": float(lengths.mean()) if len(lengths) else 0.0,
         })
 
     # ---------------------------------------------------------------- logprob

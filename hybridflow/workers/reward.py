@@ -84,7 +84,7 @@ class RewardWorker(Worker):
                                                  batch["ground_truth"], extra)]
         results = self.rule.score(samples)
         scores = torch.tensor([r.score for r in results], dtype=torch.float32)
-        metrics = {"reward/score/mean": float(scores.mean()),
+        metrics = {"critic/score/mean": float(scores.mean()),
                    "reward/timeouts": float(sum(r.timed_out for r in results))}
         sums: dict[str, list] = {}
         for r in results:
@@ -110,4 +110,4 @@ class RewardWorker(Worker):
                                  attention_mask=enc["attention_mask"]).logits
             scores.append(logits[:, 0].float().cpu())
         scores = torch.cat(scores)
-        return scores, {"reward/score/mean": float(scores.mean())}
+        return scores, {"critic/score/mean": float(scores.mean())}

@@ -12,7 +12,7 @@ def test_grpo_embedded_default_raises_held_out_accuracy(tmp_path):
     accuracy = series(metrics, VAL)
     assert accuracy[0] < 0.5, "the shipped base model should leave RL something to do"
     assert accuracy[-1] >= accuracy[0] + 0.4, accuracy
-    assert max(series(metrics, "reward/score/mean")[-5:]) > series(metrics, "reward/score/mean")[0]
+    assert max(series(metrics, "critic/score/mean")[-5:]) > series(metrics, "critic/score/mean")[0]
     run = trainer.run
     assert json.load(open(run.file("status.json")))["state"] == "finished"
     assert os.path.isfile(run.file("config.yaml"))

@@ -41,7 +41,7 @@ def test_rule_scores_land_on_the_last_valid_token():
     expected[0, 1] = 1.0  # "3" + eos: last valid token is the eos at index 1
     expected[2, WIDTH - 1] = 1.0  # truncated, no eos: the last token
     assert torch.equal(out["token_level_scores"], expected)
-    assert out.meta["metrics"]["reward/score/mean"] == pytest.approx(2 / 3)
+    assert out.meta["metrics"]["critic/score/mean"] == pytest.approx(2 / 3)
     assert worker.score(empty_like(batch))["token_level_scores"].shape == (0, WIDTH)
 
 
