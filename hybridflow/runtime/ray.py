@@ -64,7 +64,8 @@ class RayRuntime:
     name = "ray"
 
     def __init__(self, plan: ExecutionPlan, cfg, seed: int = 0,
-                 make_context: Callable = default_context):
+                 make_context: Callable = default_context, extra_plans=()):
+        """`extra_plans` (e.g. validation) run on the same workers; their roles start too."""
         self.plan, self.cfg, self.seed = plan, cfg, seed
         self.settings = RuntimeSettings.from_config(cfg)
         self.broken: str | None = None
@@ -72,12 +73,14 @@ class RayRuntime:
         self.started_ray = connect(self.settings, plan.placement)
         self.groups: dict[str, WorkerGroup] = {}
         try:
+            wanted = {r for p in (plan, *extra_plans) for r in p.roles}
+            bindings = {r: c for p in (*extra_plans, plan) for r, c in p.bindings.items()}
             for pool, roles in plan.placement.colocated().items():
-                roles = [r for r in roles if r in plan.roles]
+                roles = [r for r in roles if r in wanted]
                 if roles:
                     self.groups[pool] = launch_group(plan.placement.pools[pool], roles,
                                                      self.settings)
-            start_groups(list(self.groups.values()), cfg, plan.bindings, seed, self.settings,
+            start_groups(list(self.groups.values()), cfg, bindings, seed, self.settings,
                          make_context)
         except BaseException:
             self.shutdown()
