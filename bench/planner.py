@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from hybridflow.planner import Cluster, ModelSpec, NoFeasiblePlacement, Workload, plan_placement  # noqa: E402
+from hybridflow.planner import Cluster, ModelSpec, NoFeasiblePlacement, Workload, plan_placement
 
 SIZES = ("7b", "13b", "34b", "70b")
 DEVICE_COUNTS = (8, 16, 32, 64, 128)

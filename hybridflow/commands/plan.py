@@ -15,7 +15,7 @@ import json
 import os
 import sys
 
-__all__ = ["add_parser", "run", "parse_models"]
+__all__ = ["add_parser", "parse_models", "run"]
 
 
 class _IntermixedParser(argparse.ArgumentParser):

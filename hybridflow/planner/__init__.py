@@ -19,7 +19,19 @@ from .result import Candidate, PlannerResult, PoolPlan
 from .search import NoFeasiblePlacement, plan_placement
 
 __all__ = [
-    "Candidate", "Cluster", "DEVICES", "Device", "KNOWN_SIZES", "Layout", "ModelSpec", "NodeInfo",
-    "NoFeasiblePlacement", "PlannerResult", "PlanningError", "PoolPlan", "Workload", "get_device",
+    "DEVICES",
+    "KNOWN_SIZES",
+    "Candidate",
+    "Cluster",
+    "Device",
+    "Layout",
+    "ModelSpec",
+    "NoFeasiblePlacement",
+    "NodeInfo",
+    "PlannerResult",
+    "PlanningError",
+    "PoolPlan",
+    "Workload",
+    "get_device",
     "plan_placement",
 ]

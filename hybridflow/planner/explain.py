@@ -90,8 +90,8 @@ def paragraph(result: PlannerResult) -> str:
         where = "split the roles into " + "; ".join(
             f"{'+'.join(p.roles)} on {p.devices}" for p in best.pools) + f" {device} devices"
     layouts = ", ".join(f"{r} dp={l.dp} tp={l.tp}" for p in best.pools for r, l in p.layouts.items())
-    text = [f"Best plan: {where} ({layouts}); predicted step {best.step_seconds:.1f} s, "
-            f"critical path {' -> '.join(best.critical_path)}."]
+    text = [(f"Best plan: {where} ({layouts}); predicted step {best.step_seconds:.1f} s, "
+             f"critical path {' -> '.join(best.critical_path)}.")]
     gen = [f"{r} decodes {b} sequences at once per replica" for p in best.pools for r, b in p.decode_batch.items()]
     if gen:
         text.append(" ".join(gen).capitalize() + ".")

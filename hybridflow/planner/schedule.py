@@ -47,12 +47,24 @@ class StepSchedule:
             end[i] = start + seconds[i]
         return max(end, default=0.0)
 
-    def longest_path(self, seconds: list[float]) -> float:
-        """Dependency chain bound, ignoring pool contention (a lower bound on the makespan)."""
+    def lower_bound(self, seconds: list[float], busy: list[float]) -> float:
+        """A bound on the makespan from lower bounds on node times and on each pool's busy time.
+
+        The step lasts at least its longest dependency chain, and each pool
+        finishes no earlier than its first node can start plus its busy time.
+        """
         end = [0.0] * len(self.nodes)
+        first_start = [float("inf")] * self.pools
         for i, deps in enumerate(self.deps):
-            end[i] = max((end[d] for d in deps), default=0.0) + seconds[i]
-        return max(end, default=0.0)
+            start = max((end[d] for d in deps), default=0.0)
+            end[i] = start + seconds[i]
+            pool = self.pool[i]
+            if pool != DRIVER and start < first_start[pool]:
+                first_start[pool] = start
+        bound = max(end, default=0.0)
+        for pool, least_busy in enumerate(busy):
+            bound = max(bound, first_start[pool] + least_busy)
+        return bound
 
     def timings(self, seconds: list[float], pool_names: list[str]) -> tuple[dict[str, NodeTiming], list[str]]:
         """Start and end of every node, and the critical path from first to last node."""

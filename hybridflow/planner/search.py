@@ -5,13 +5,16 @@ pool's Pareto layouts keyed by (roles, devices), and for every grouping the
 best plan found so far. It enumerates
 1. set partitions of the placed roles into colocated groups,
 2. allocations of whole devices to the groups: pools inside one node take a
-   divisor of the node's devices, larger pools take whole nodes, and together
-   they use the whole cluster,
+   divisor of the node's devices, larger pools take whole nodes (in at most
+   MAX_ALLOCATION_STEPS steps of the cluster), and together they use the
+   whole cluster,
 3. for each pool, its Pareto-optimal layouts (see pool.py),
 and simulates the step for each combination (schedule.py), keeping the
-fastest plan per grouping. Branch and bound: an allocation whose lower bound
-(the busiest pool's minimum busy time, or the dependency chain of minimum node
-times) cannot beat the grouping's best, or the k-th best grouping, is skipped.
+fastest plan per grouping. Branch and bound: sizes are chosen group by group,
+and a partial allocation whose lower bound (bounds.py: the dependency chain of
+the fastest node times, or a pool's earliest start plus its least busy time,
+over every completion) cannot beat the grouping's best, or the k-th best
+grouping, is not extended.
 Pruning drops only what cannot be among the top k, so results are exact for
 the enumerated space (tests compare against brute force).
 """
@@ -19,13 +22,14 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
+from .bounds import GroupBounds, partial_bound
 from .cost import NODE_CALL_OVERHEAD_S, CostModel
 from .devices import Cluster
 from .models import ModelSpec
 from .pool import PoolEval, Shortfall, pool_options
-from .problem import Problem, PlanningError, Workload, build_problem
+from .problem import PlanningError, Problem, Workload, build_problem
 from .result import Candidate, PlannerResult, PoolPlan
 from .schedule import StepSchedule
 
@@ -50,11 +54,24 @@ def set_partitions(items: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], ..
         yield ((first,),) + partition  # or give it its own group
 
 
+# Whole-node pools come in at most this many steps of the cluster: finer
+# splits of a large cluster change the step time little and multiply the
+# allocations to search (5 groups over 128 single-device nodes: 10^7).
+MAX_ALLOCATION_STEPS = 16
+
+
 def allowed_pool_sizes(cluster: Cluster) -> list[int]:
-    """Divisors of a node's devices (pools inside a node), then whole nodes."""
-    gpn = cluster.gpus_per_node
+    """Device counts a pool may take, ascending.
+
+    Divisors of a node's devices (pools inside one node), then whole nodes: on
+    clusters of more than MAX_ALLOCATION_STEPS nodes, multiples of
+    ceil(nodes / MAX_ALLOCATION_STEPS) nodes, and what such pools leave over.
+    """
+    gpn, nodes = cluster.gpus_per_node, cluster.nodes
     inside = [d for d in range(1, gpn) if gpn % d == 0]
-    return inside + [gpn * k for k in range(1, cluster.nodes + 1)]
+    step = -(-nodes // MAX_ALLOCATION_STEPS)
+    whole = {k for k in range(step, nodes + 1, step)} | {nodes - k for k in range(step, nodes, step)}
+    return inside + [gpn * k for k in sorted(whole)]
 
 
 def fits_on_nodes(sizes: tuple[int, ...], cluster: Cluster) -> bool:
@@ -96,6 +113,7 @@ class Search:
         self.top_k = max(1, top_k)
         self.pools: dict[tuple, list[PoolEval] | Shortfall] = {}
         self.best: dict[tuple, tuple[float, tuple[PoolEval, ...]]] = {}
+        self.bounds: dict[tuple, GroupBounds] = {}
         self.simulated = 0
 
     def options(self, roles: tuple[str, ...], devices: int) -> list[PoolEval] | Shortfall:
@@ -108,38 +126,57 @@ class Search:
         times = sorted(t for t, _ in self.best.values())
         return times[self.top_k - 1] if len(times) >= self.top_k else float("inf")
 
+    def bound(self, partition) -> float:
+        """Plans at or above this cannot improve the grouping's best nor enter the top k."""
+        return min(self.best.get(partition, (float("inf"),))[0], self.kth_best())
+
     def run(self) -> None:
+        sizes = allowed_pool_sizes(self.problem.cluster)
+        base = [driver_seconds(n) for n in self.problem.nodes]
         for partition in set_partitions(self.problem.placed_roles):
             schedule = self.schedule_for(partition)
-            for sizes in allocations(len(partition), self.problem.cluster):
-                self.try_allocation(partition, sizes, schedule)
+            tables = [self.group_bounds(group, sizes) for group in partition]
+            self.extend(partition, schedule, tables, base, (), self.problem.cluster.devices)
 
     def schedule_for(self, partition) -> StepSchedule:
         pool_of_role = {role: i for i, group in enumerate(partition) for role in group}
         return StepSchedule(self.problem.nodes, pool_of_role, len(partition))
 
-    def try_allocation(self, partition, sizes, schedule: StepSchedule) -> None:
+    def group_bounds(self, group: tuple[str, ...], sizes: list[int]) -> GroupBounds:
+        if group not in self.bounds:
+            names = [n.name for n in self.problem.nodes if n.role in group]
+            index = {n.name: i for i, n in enumerate(self.problem.nodes)}
+            self.bounds[group] = GroupBounds([index[n] for n in names], names, sizes,
+                                             [self.options(group, size) for size in sizes])
+        return self.bounds[group]
+
+    def extend(self, partition, schedule, tables, base, chosen: tuple[int, ...], left: int) -> None:
+        """Choose the next group's size, skipping sizes whose subtree cannot win."""
+        groups, sizes = len(partition), tables[0].sizes
+        if len(chosen) == groups - 1:
+            allocation = chosen + (left,)
+            if left in sizes and fits_on_nodes(allocation, self.problem.cluster):
+                self.try_allocation(partition, allocation, schedule, tables, base)
+            return
+        later = groups - len(chosen) - 1  # groups after the one being sized
+        room = left - sizes[0] * later
+        share = left / (groups - len(chosen))
+        for size in sorted((s for s in sizes if s <= room), key=lambda s: abs(s - share)):
+            cap = left - size - sizes[0] * (later - 1)
+            if partial_bound(schedule, base, tables, chosen + (size,), cap) < self.bound(partition):
+                self.extend(partition, schedule, tables, base, chosen + (size,), left - size)
+
+    def try_allocation(self, partition, sizes, schedule: StepSchedule, tables, base) -> None:
         options = [self.options(group, n) for group, n in zip(partition, sizes)]
         if any(isinstance(o, Shortfall) for o in options):
             return
-        bound = min(self.best.get(partition, (float("inf"),))[0], self.kth_best())
-        if self.lower_bound(options, schedule) >= bound:
+        if partial_bound(schedule, base, tables, sizes, 0) >= self.bound(partition):
             return
         for combo in itertools.product(*options):
-            seconds = node_seconds(self.problem, combo)
-            step = schedule.makespan(seconds)
+            step = schedule.makespan(node_seconds(self.problem, combo))
             self.simulated += 1
             if step < self.best.get(partition, (float("inf"),))[0]:
                 self.best[partition] = (step, combo)
-
-    def lower_bound(self, options: list[list[PoolEval]], schedule: StepSchedule) -> float:
-        busiest = max(min(ev.busy_seconds for ev in opts) for opts in options)
-        fastest = {}
-        for opts in options:
-            for name in opts[0].node_seconds:
-                fastest[name] = min(ev.node_seconds[name] for ev in opts)
-        chain = schedule.longest_path([fastest.get(n.name, driver_seconds(n)) for n in self.problem.nodes])
-        return max(busiest, chain)
 
 
 def driver_seconds(node) -> float:

@@ -3,11 +3,10 @@ import json
 
 import pytest
 import yaml
+from planner_graphs import ppo_graph
 
 from hybridflow.cli import main
 from hybridflow.planner import ModelSpec
-
-from planner_graphs import ppo_graph
 
 
 @pytest.fixture(autouse=True)

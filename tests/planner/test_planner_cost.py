@@ -1,13 +1,12 @@
 """The cost model's memory and time for one role, and the fit of a pool."""
 import pytest
+from planner_graphs import PAPER_WORKLOAD, a100, ppo_graph, same_size
 
 from hybridflow.planner import Cluster, ModelSpec
 from hybridflow.planner.cost import CostModel, tp_options
 from hybridflow.planner.devices import GIB
 from hybridflow.planner.pool import Shortfall, evaluate_pool
 from hybridflow.planner.problem import build_problem
-
-from planner_graphs import PAPER_WORKLOAD, a100, ppo_graph, same_size
 
 
 def cost_model(size="7b", devices=8, device="a100-80g"):

@@ -3,12 +3,11 @@ import json
 import shutil
 
 import pytest
+from planner_graphs import PAPER_WORKLOAD, Node, TinyGraph, a100, grpo_graph, ppo_graph, same_size
 
 from hybridflow.placement import Placement
 from hybridflow.planner import Cluster, PlanningError, plan_placement
 from hybridflow.planner.render import RenderError, plan_to_dot
-
-from planner_graphs import PAPER_WORKLOAD, TinyGraph, Node, a100, grpo_graph, ppo_graph, same_size
 
 
 @pytest.fixture(scope="module")

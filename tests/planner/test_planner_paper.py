@@ -8,12 +8,11 @@ critic onto separate pools wins on large ones.
 import re
 
 import pytest
+from planner_graphs import PAPER_WORKLOAD, a100, ppo_graph, same_size
 
 import hybridflow.planner.cost as cost_module
 from hybridflow.planner import NoFeasiblePlacement, plan_placement
 from hybridflow.planner.devices import GIB
-
-from planner_graphs import PAPER_WORKLOAD, a100, ppo_graph, same_size
 
 ROLES = ("actor", "ref", "critic", "reward")
 

@@ -3,14 +3,13 @@ import itertools
 import time
 
 import pytest
+from planner_graphs import PAPER_WORKLOAD, SMALL_WORKLOAD, grpo_graph, ppo_graph, same_size
 
 from hybridflow.planner import Cluster, ModelSpec, Workload, plan_placement
 from hybridflow.planner.cost import CostModel, tp_options
 from hybridflow.planner.pool import Shortfall, evaluate_pool
 from hybridflow.planner.problem import build_problem
 from hybridflow.planner.search import allocations, allowed_pool_sizes, fits_on_nodes, make_candidate, set_partitions
-
-from planner_graphs import PAPER_WORKLOAD, SMALL_WORKLOAD, grpo_graph, ppo_graph, same_size
 
 
 @pytest.mark.parametrize("n, bell", [(1, 1), (2, 2), (3, 5), (4, 15), (5, 52)])
