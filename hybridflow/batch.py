@@ -46,10 +46,26 @@ class Batch:
         self._check_rows()
 
     # ----------------------------------------------------------------- basics
+    @classmethod
+    def _trusted(cls, tensors: dict, non_tensors: dict, meta: dict | None) -> "Batch":
+        """A Batch from columns already known to agree on rows, non-tensors already
+        object arrays (rows taken, columns selected or batches concatenated from
+        valid Batches): the constructor's checks, skipped on the hot path."""
+        out = cls.__new__(cls)
+        out.tensors, out.non_tensors, out.meta = tensors, non_tensors, dict(meta or {})
+        return out
+
     def _check_rows(self) -> None:
-        sizes = {k: _rows_of(v) for k, v in {**self.tensors, **self.non_tensors}.items()}
-        if len(set(sizes.values())) > 1:
-            raise ValueError(f"Batch columns disagree on the number of rows: {sizes}")
+        rows = None
+        for columns in (self.tensors, self.non_tensors):
+            for value in columns.values():
+                n = _rows_of(value)
+                if rows is None:
+                    rows = n
+                elif n != rows:
+                    sizes = {k: _rows_of(v)
+                             for k, v in {**self.tensors, **self.non_tensors}.items()}
+                    raise ValueError(f"Batch columns disagree on the number of rows: {sizes}")
 
     def __len__(self) -> int:
         for value in self.tensors.values():
@@ -108,8 +124,9 @@ class Batch:
         missing = [k for k in keys if k not in self]
         if strict and missing:
             raise KeyError(f"Batch has no key(s) {missing}; it has {sorted(self.keys())}")
-        return Batch({k: v for k, v in self.tensors.items() if k in keys},
-                     {k: v for k, v in self.non_tensors.items() if k in keys}, self.meta)
+        return Batch._trusted({k: v for k, v in self.tensors.items() if k in keys},
+                              {k: v for k, v in self.non_tensors.items() if k in keys},
+                              self.meta)
 
     def pop(self, *keys: str) -> "Batch":
         out = self.select(*keys)
@@ -132,8 +149,9 @@ class Batch:
         np_index = index
         t_index = torch.as_tensor(np.ascontiguousarray(index)) \
             if isinstance(index, np.ndarray) else index
-        return Batch({k: v[t_index] for k, v in self.tensors.items()},
-                     {k: v[np_index] for k, v in self.non_tensors.items()}, self.meta)
+        return Batch._trusted({k: v[t_index] for k, v in self.tensors.items()},
+                              {k: v[np_index] for k, v in self.non_tensors.items()},
+                              self.meta)
 
     # ------------------------------------------------------- combine / split
     def union(self, other: "Batch") -> "Batch":
@@ -174,11 +192,22 @@ class Batch:
         tensors = {k: torch.cat([b.tensors[k] for b in batches]) for k in first.tensors}
         non_tensors = {k: np.concatenate([b.non_tensors[k] for b in batches])
                        for k in first.non_tensors}
-        return Batch(tensors, non_tensors, meta)
+        return Batch._trusted(tensors, non_tensors, meta)
 
     def split(self, n: int, group_by: str | None = None) -> list["Batch"]:
-        """n chunks in row order; uneven sizes differ by at most one row (or one group)."""
-        return [self.take(idx) for idx in split_indices(self, n, group_by)]
+        """n chunks in row order; uneven sizes differ by at most one row (or one group).
+        Every chunk owns its rows (a copy, never a view of this batch)."""
+        if group_by is not None:
+            return [self.take(idx) for idx in split_indices(self, n, group_by)]
+        return [self._copy_rows(a, b) for a, b in _even_bounds(len(self), n)]
+
+    def _copy_rows(self, start: int, stop: int) -> "Batch":
+        """Rows [start, stop) as fresh memory: what `take` of their indices gives,
+        without building an index."""
+        return Batch._trusted(
+            {k: v[start:stop].clone(memory_format=torch.contiguous_format)
+             for k, v in self.tensors.items()},
+            {k: v[start:stop].copy() for k, v in self.non_tensors.items()}, self.meta)
 
     def chunk(self, n: int) -> list["Batch"]:
         return self.split(n)
@@ -218,6 +247,20 @@ def _rebuild_batch(arrays, non_tensors, meta) -> Batch:
     return Batch({k: _numpy_to_tensor(v) for k, v in arrays.items()}, non_tensors, meta)
 
 
+def _even_bounds(rows: int, n: int) -> list[tuple[int, int]]:
+    """(start, stop) of n contiguous chunks, as `np.array_split` cuts them: the first
+    `rows % n` chunks hold one row more."""
+    if n < 1:
+        raise ValueError(f"cannot split into {n} chunks")
+    size, extra = divmod(rows, n)
+    bounds, start = [], 0
+    for i in range(n):
+        stop = start + size + (1 if i < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
 def _balanced_cuts(weights: list[int], n: int) -> list[int]:
     """Cut a sequence of weights into n contiguous runs with near-equal sums."""
     total, cuts, acc, start = sum(weights), [], 0, 0
@@ -243,7 +286,7 @@ def split_indices(batch: Batch, n: int, group_by: str | None = None) -> list[np.
         raise ValueError(f"cannot split into {n} chunks")
     rows = len(batch)
     if group_by is None:
-        return [np.asarray(c, dtype=np.int64) for c in np.array_split(np.arange(rows), n)]
+        return [np.arange(a, b, dtype=np.int64) for a, b in _even_bounds(rows, n)]
     if group_by not in batch:
         raise KeyError(f"cannot split by group: batch has no key {group_by!r}")
     groups: dict[Any, list[int]] = {}

@@ -1,0 +1,1 @@
+"""Benchmarks: each script prints a table and writes bench/results/<name>.json."""

@@ -1,0 +1,102 @@
+"""What every benchmark shares: the machine it ran on, alternated timing, medians,
+tables and the JSON file under bench/results/.
+
+Machines here are shared and noisy, so a benchmark never times one variant for a
+while and then the next: `alternate` runs one repetition of each variant in turn
+(rotating who goes first), and results are read as ratios taken in the same run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from typing import Callable
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+__all__ = ["machine", "set_threads", "alternate", "median", "table", "write_results",
+           "peak_rss_bytes", "RESULTS"]
+
+
+def set_threads(n: int) -> int:
+    """Pin torch's intra-op threads (the default follows the core count, which on a
+    shared machine makes timings depend on who else is running)."""
+    import torch
+    torch.set_num_threads(n)
+    return torch.get_num_threads()
+
+
+def machine() -> dict:
+    import torch
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as handle:
+            cpu = next(line.split(":", 1)[1].strip() for line in handle
+                       if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = None
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
+            "platform": platform.platform(), "load_avg_1m_at_start": load}
+
+
+def alternate(variants: dict[str, Callable[[], object]], reps: int,
+              warmup: int = 0) -> dict[str, list[float]]:
+    """Seconds per call of each variant, `reps` times each, one of each in turn
+    (the first variant rotates every round, so none always runs after the same one)."""
+    names = list(variants)
+    for _ in range(warmup):
+        for name in names:
+            variants[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(reps):
+        k = i % len(names)
+        for name in names[k:] + names[:k]:
+            start = time.perf_counter()
+            variants[name]()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def peak_rss_bytes(pid: int | str = "self") -> int:
+    """The peak resident set size (VmHWM) of a process, in bytes."""
+    with open(f"/proc/{pid}/status") as handle:
+        for line in handle:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def table(headers: list[str], rows: list[list]) -> str:
+    cells = [[_fmt(c) for c in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h)
+              for i, h in enumerate(headers)]
+    line = lambda items: "| " + " | ".join(s.rjust(w) for s, w in zip(items, widths)) + " |"
+    out = [line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    return "\n".join(out + [line(r) for r in cells])
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        if value != value:
+            return "-"
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return "-" if value is None else str(value)
+
+
+def write_results(name: str, payload: dict, out: str | None = None) -> str:
+    path = out or os.path.join(RESULTS, f"{name}.json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as handle:
+        json.dump(payload, handle, indent=1, default=str)
+    return path
