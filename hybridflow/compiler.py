@@ -80,8 +80,11 @@ class ExecutionPlan:
     def summary(self) -> str:
         lines = [f"graph '{self.graph_name}': {len(self.nodes)} nodes, roles "
                  f"{', '.join(self.roles) or '-'}"]
+        folded = self.placement.folded
         for n in self.nodes:
             where = f"{n.role}@{n.pool} [{n.dispatch}]" if n.role else "driver"
+            if n.role in folded:
+                where = f"{n.role}→{folded[n.role]}@{n.pool} [{n.dispatch}]"
             lines.append(f"  {n.name:<22} {n.kind:<9} {where:<28} "
                          f"reads {','.join(n.reads) or '-'} -> writes {','.join(n.writes) or '-'}")
         for pool, roles in self.placement.colocated().items():
@@ -89,6 +92,10 @@ class ExecutionPlan:
             size = spec.world_size if spec else 0
             lines.append(f"  pool {pool}: {size} device(s), colocated roles: "
                          f"{', '.join(sorted(roles)) or '-'}")
+        for role, host in sorted(folded.items()):
+            if role in self.roles:
+                lines.append(f"  folded: {role} is served by {host}'s worker (no model of "
+                             f"its own)")
         lines.append("  concurrency: " + " | ".join("{" + ", ".join(s) + "}" for s in self.stages))
         lines += [f"  warning: {w}" for w in self.warnings]
         return "\n".join(lines)
@@ -330,6 +337,7 @@ def _stages(order: list[str], nodes: dict[str, PlanNode]) -> list[list[str]]:
 def compile_graph(graph: Graph, bindings: dict[str, type], placement: Placement) -> ExecutionPlan:
     """Check `graph` and lower it; raises GraphError listing every problem found."""
     check = _Checker(graph, bindings, placement)
+    check.problems += placement.fold_problems()
     resolved = {n.name: check.resolve(n) for n in graph.nodes.values()}
     nodes = {k: v for k, v in resolved.items() if v is not None}
     if len(nodes) != len(resolved):  # unresolved nodes: keys cannot be checked reliably

@@ -119,7 +119,7 @@ class Trainer:
 
     # ------------------------------------------------------------------- loop
     def fit(self, on_step=None) -> dict:
-        cfg, last = self.cfg.trainer, {}
+        cfg, last, first = self.cfg.trainer, {}, True
         self.run.set_status("running", step=self.step)
         if self.val_plan is not None and self.step == 0:
             last.update(self.validate())
@@ -127,6 +127,9 @@ class Trainer:
         while self.step < cfg.steps:
             self.step += 1
             metrics = self.train_step()
+            if first:  # once a run, after one update has allocated the optimizer state
+                metrics.update(self.held_bytes())
+                first = False
             if self.val_plan is not None and self.step % cfg.val_every == 0:
                 metrics.update(self.validate())
             self.sinks.log(self.step, metrics)
@@ -138,6 +141,16 @@ class Trainer:
         self.save()
         self.run.set_status("finished", step=self.step)
         return last
+
+    def held_bytes(self) -> dict:
+        """`engine/weight_bytes` and `engine/optimizer_bytes`: the tensors every worker
+        holds, each storage counted once per process (colocated roles share some)."""
+        from hybridflow.workers.base import held_bytes
+        plans = [self.plan] + ([self.val_plan] if self.val_plan is not None else [])
+        roles = sorted({r for p in plans for r in p.roles
+                        if hasattr(p.bindings[r], "held_tensors")})
+        return held_bytes([report for role in roles
+                           for report in self.runtime.call_role(role, "held_tensors")])
 
     def train_step(self) -> dict:
         start = time.perf_counter()

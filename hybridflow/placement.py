@@ -4,6 +4,8 @@ A pool is a named set of devices on one or more nodes. Roles mapped to the same 
 are colocated: one worker process per device holds all of them (actor, rollout and
 reference share a process, so weights move in memory). The mapping comes from
 configuration, never from the graph, so one graph runs under many placements.
+A folded role has no model of its own: a colocated host role serves it (a LoRA
+actor with its adapters off is the reference), so it must share the host's pool.
 The automatic planner that chooses a placement lives in `hybridflow/planner/`.
 """
 from __future__ import annotations
@@ -31,6 +33,7 @@ class Placement:
     pools: dict[str, PoolSpec]
     roles: dict[str, str]                          # role -> pool name
     parallel: dict[str, dict[str, int]] = field(default_factory=dict)  # role -> {dp, tp}
+    folded: dict[str, str] = field(default_factory=dict)  # role -> host role serving it
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> "Placement":
@@ -54,6 +57,22 @@ class Placement:
         for role, pool in self.roles.items():
             out.setdefault(pool, []).append(role)
         return out
+
+    def fold_problems(self) -> list[str]:
+        """Why a folded role cannot be served by its host under this placement."""
+        problems = []
+        for role, host in self.folded.items():
+            pool, host_pool = self.roles.get(role), self.roles.get(host)
+            if role in self.roles and host_pool is None:
+                problems.append(f"role '{role}' is served by role '{host}', which the graph "
+                                f"does not use and no pool holds")
+            elif role in self.roles and pool != host_pool:
+                problems.append(
+                    f"role '{role}' is served by role '{host}' in the same process, but "
+                    f"placement.roles puts '{role}' on pool '{pool}' and '{host}' on pool "
+                    f"'{host_pool}': place them on one pool (or drop placement.roles.{role}), "
+                    f"or give '{role}' its own model (a LoRA actor's reference: set ref.path)")
+        return problems
 
     def tp_size(self, role: str) -> int:
         return int(self.parallel.get(role, {}).get("tp", 1))

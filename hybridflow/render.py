@@ -5,7 +5,9 @@ its shape from its kind, its fill from its role, and on each edge the keys the
 consumer reads from that producer (keys only passed along are summarised as "+N").
 With `show_plan=True` the drawing adds the placement: each resource pool is a box
 holding the nodes of its colocated roles, labelled with its devices; driver nodes
-(sources, functions) stay outside every pool.
+(sources, functions) stay outside every pool. A folded role's nodes (served by a host
+role's worker, e.g. the reference of a LoRA actor) sit in the host's box, dashed and
+labelled "served by <host>".
 
 `render_timeline(records, path)` draws one recorded step as a per-pool Gantt chart
 in plain SVG (no `dot` needed), from the records the run loop writes to
@@ -88,12 +90,14 @@ def edge_keys(plan: ExecutionPlan, producer: str, consumer: str) -> tuple[list[s
     return read, passed
 
 
-def _node_label(node: PlanNode) -> str:
+def _node_label(node: PlanNode, host: str | None = None) -> str:
     target = f"{node.role}.{node.method}" if node.op == "call" else \
         getattr(node.fn, "__name__", "") if node.op == "fn" else ""
     rows = [f'<B>{html.escape(node.name)}</B>']
     if target and target != node.name:
         rows.append(f'<FONT POINT-SIZE="10">{html.escape(target)}</FONT>')
+    if host:
+        rows.append(f'<FONT POINT-SIZE="9"><I>served by {html.escape(host)}</I></FONT>')
     extras = [f"{k}={v}" for k, v in node.kwargs.items()]
     if node.group_by:
         extras.append(f"group_by={node.group_by}")
@@ -124,11 +128,13 @@ def _edge_label(read: list[str], passed: list[str], width: int = 30) -> str:
     return "\\l".join(lines) + "\\l" if lines else ""
 
 
-def _node_attrs(node: PlanNode, colors: dict[str, str]) -> dict[str, str]:
+def _node_attrs(node: PlanNode, colors: dict[str, str], host: str | None = None) -> dict:
+    """`host`: the role serving this node's role (folded), drawn dashed in its colour."""
     shape, style = KIND_SHAPES.get(node.kind, ("box", ""))
-    return {"shape": shape, "style": ",".join(s for s in (style, "filled") if s),
-            "fillcolor": colors.get(node.role, DRIVER_FILL), "label": _node_label(node),
-            "tooltip": f"{node.kind} · {node.location}"}
+    styles = (style, "filled", "dashed" if host else "")
+    return {"shape": shape, "style": ",".join(s for s in styles if s),
+            "fillcolor": colors.get(host or node.role, DRIVER_FILL),
+            "label": _node_label(node, host), "tooltip": f"{node.kind} · {node.location}"}
 
 
 def _pool_label(plan: ExecutionPlan, pool: str) -> str:
@@ -143,8 +149,21 @@ def _pool_label(plan: ExecutionPlan, pool: str) -> str:
     for role in sorted(plan.placement.colocated().get(pool, [])):
         par = plan.placement.parallel.get(role, {})
         extra = " ".join(f"{k}={v}" for k, v in sorted(par.items()) if v != 1)
+        if role in plan.placement.folded:
+            extra = f"served by {plan.placement.folded[role]}"
         roles.append(f"{role} ({extra})" if extra else role)
     return " · ".join([f"pool {pool}", devices] + ([", ".join(roles)] if roles else []))
+
+
+def _host_box(box, host: str, nodes: list[PlanNode], folded: dict[str, str],
+              colors: dict[str, str]) -> None:
+    """The host role's worker, holding its own nodes and those of the roles it serves."""
+    guests = sorted(r for r, h in folded.items() if h == host)
+    with box.subgraph(name=f"cluster_host_{host}") as inner:
+        inner.attr(label=f"{host} worker · also serves {', '.join(guests)}",
+                   style="rounded,dashed", color="#888888", fontsize="10", labeljust="l")
+        for node in nodes:
+            inner.node(node.name, **_node_attrs(node, colors, folded.get(node.role)))
 
 
 def _legend(dot: graphviz.Digraph, plan: ExecutionPlan, colors: dict[str, str]) -> None:
@@ -183,20 +202,29 @@ def plan_to_dot(plan: ExecutionPlan, show_plan: bool = False) -> graphviz.Digrap
     by_pool: dict[str | None, list[PlanNode]] = {}
     for node in plan.nodes:
         by_pool.setdefault(node.pool if show_plan else None, []).append(node)
+    folded = plan.placement.folded if show_plan else {}
     for node in by_pool.pop(None, []):
         dot.node(node.name, **_node_attrs(node, colors))
     for pool, nodes in by_pool.items():
         with dot.subgraph(name=f"cluster_pool_{pool}") as box:
             box.attr(label=_pool_label(plan, pool), style="rounded,filled",
                      fillcolor="#f4f4f4", color="#666666", fontsize="12", labeljust="l")
+            hosted: dict[str, list[PlanNode]] = {}  # host role -> its and its guests' nodes
             for node in nodes:
-                box.node(node.name, **_node_attrs(node, colors))
+                host = folded.get(node.role) or (node.role if node.role in
+                                                 folded.values() else None)
+                if host is None:
+                    box.node(node.name, **_node_attrs(node, colors))
+                else:
+                    hosted.setdefault(host, []).append(node)
+            for host, members in hosted.items():
+                _host_box(box, host, members, folded, colors)
     for node in plan.nodes:
         for dep in node.deps:
             read, passed = edge_keys(plan, dep, node.name)
             style = "solid" if read else "dashed"
             dot.edge(dep, node.name, label=_edge_label(read, passed), style=style)
-    _legend(dot, plan, colors)
+    _legend(dot, plan, {r: c for r, c in colors.items() if r not in folded})
     return dot
 
 

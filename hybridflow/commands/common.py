@@ -21,7 +21,7 @@ from hybridflow.graph import Graph
 from hybridflow.placement import Placement
 
 __all__ = ["GraphFileError", "LoadedGraph", "load_graph_module", "load_plan", "prepare",
-           "role_bindings", "placement_from_config"]
+           "role_bindings", "placement_from_config", "folded_roles"]
 
 
 class GraphFileError(ValueError):
@@ -124,20 +124,38 @@ def role_bindings(cfg: DictConfig) -> dict[str, type]:
     return bindings
 
 
-def placement_from_config(cfg: DictConfig, graph: Graph) -> Placement:
+def folded_roles(cfg: DictConfig, bindings: dict[str, type]) -> dict[str, str]:
+    """role -> the colocated role that serves it, from each worker class's
+    `served_by(cfg)` (e.g. the reference of a LoRA actor is the actor, adapters off)."""
+    folded = {}
+    for role, cls in bindings.items():
+        host = cls.served_by(cfg) if callable(getattr(cls, "served_by", None)) else None
+        if host is not None and host != role:
+            folded[role] = host
+    return folded
+
+
+def placement_from_config(cfg: DictConfig, graph: Graph,
+                          bindings: dict[str, type] | None = None) -> Placement:
+    """The `placement` section; a role it does not place goes to the first pool, or
+    to its host's pool when another role serves it (folded)."""
     section = OmegaConf.to_container(cfg.placement, resolve=True)
     if not section.get("pools"):
         raise ConfigError("placement.pools is empty: define at least one pool")
     first = next(iter(section["pools"]))
     roles = dict(section.get("roles") or {})
-    for node in graph.nodes.values():
-        if node.op == "call" and node.role not in roles:
-            roles[node.role] = first
+    folded = folded_roles(cfg, role_bindings(cfg) if bindings is None else bindings)
+    used = [n.role for n in graph.nodes.values() if n.op == "call"]
+    for role in sorted(dict.fromkeys(used), key=lambda r: r in folded):  # hosts first
+        if role not in roles:
+            roles[role] = roles.get(folded.get(role), first)
     section["roles"] = roles
     try:
-        return Placement.from_config(section)
+        placement = Placement.from_config(section)
     except (TypeError, ValueError) as err:
         raise ConfigError(str(err)) from None
+    placement.folded = {r: h for r, h in folded.items() if r in used}
+    return placement
 
 
 @dataclass
@@ -159,7 +177,8 @@ def prepare(graph_path: str, overrides: list[str] | None = None,
     if not isinstance(graph, Graph):
         raise GraphFileError(f"build(cfg) in {graph_path!r} returned "
                              f"{type(graph).__name__}, not a hybridflow Graph")
-    plan = compile_graph(graph, role_bindings(cfg), placement_from_config(cfg, graph))
+    bindings = role_bindings(cfg)
+    plan = compile_graph(graph, bindings, placement_from_config(cfg, graph, bindings))
     return LoadedGraph(module, cfg, graph, plan)
 
 

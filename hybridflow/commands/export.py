@@ -1,6 +1,8 @@
 """`hybridflow export RUN_DIR OUT [--role actor]`: copy a role's weights from the
 run's last checkpoint into a Hugging Face model directory (loadable with
-`from_pretrained`, and as `model.path` of another run). Optimizer state stays behind."""
+`from_pretrained`, and as `model.path` of another run). Optimizer state stays behind.
+A LoRA checkpoint (adapters only) is merged into the run's base model, unless
+`--adapter-only` copies peft's adapter files as they are."""
 from __future__ import annotations
 
 import argparse
@@ -18,10 +20,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("run_dir")
     parser.add_argument("out")
     parser.add_argument("--role", default="actor")
+    parser.add_argument("--adapter-only", action="store_true",
+                        help="LoRA runs: export the adapter files, not the merged model")
     return parser
 
 
-def export_role(run_dir: str, out: str, role: str = "actor") -> str:
+def export_role(run_dir: str, out: str, role: str = "actor", merge: bool = True) -> str:
     ckpt = latest_checkpoint(os.path.join(run_dir, "checkpoints"))
     if ckpt is None:
         raise FileNotFoundError(f"{run_dir} has no complete checkpoint")
@@ -30,6 +34,13 @@ def export_role(run_dir: str, out: str, role: str = "actor") -> str:
         raise FileNotFoundError(f"checkpoint {ckpt} has no role '{role}' "
                                 f"(it has {sorted(os.listdir(ckpt))})")
     os.makedirs(out, exist_ok=True)
+    if merge and os.path.isfile(os.path.join(source, "adapter_config.json")):
+        from omegaconf import OmegaConf
+
+        from hybridflow.workers.lora import merge_checkpoint
+        cfg = OmegaConf.load(os.path.join(run_dir, "config.yaml"))
+        merge_checkpoint(source, cfg, int(cfg.trainer.seed), out)
+        return ckpt
     for name in os.listdir(source):
         if not name.startswith("optim_"):
             shutil.copy2(os.path.join(source, name), os.path.join(out, name))
@@ -38,7 +49,8 @@ def export_role(run_dir: str, out: str, role: str = "actor") -> str:
 
 def run(args) -> int:
     try:
-        ckpt = export_role(args.run_dir, args.out, args.role)
+        ckpt = export_role(args.run_dir, args.out, args.role,
+                           merge=not getattr(args, "adapter_only", False))
     except FileNotFoundError as err:
         print(f"hybridflow export: {err}", file=sys.stderr)
         return 1

@@ -12,7 +12,10 @@ generates with a tensor-parallel rollout engine, as verl does:
 Memory (per device): 16 bytes/param / n for a trained role (bf16 weights and
 grads, fp32 master weights, Adam moments), 2 bytes/param / n for a frozen one,
 plus the transient memory of the node that runs: one micro-batch's
-activations, or the rollout weights and the KV cache.
+activations, or the rollout weights and the KV cache. With LoRA
+(`ModelSpec.lora_rank`) the trained role holds its frozen base in bf16 plus
+16 bytes per adapter param, and a frozen role (the reference) holds nothing: it
+is the actor with its adapters off.
 
 Time (per node):
 - train and forward passes are compute-bound: FLOPs / (peak * MFU) per
@@ -147,9 +150,13 @@ class CostModel:
         return allreduce_seconds(nbytes, tp, self.device.intra_node_bandwidth, INTRA_NODE_LATENCY_S)
 
     def static_bytes(self, role: str, devices: int) -> float:
-        params = self.problem.models[role].params
+        model = self.problem.models[role]
+        if model.lora_rank and not self.problem.trains(role):
+            return 0.0  # the LoRA actor with its adapters off serves it: no weights of its own
+        if model.lora_rank:  # frozen bf16 base, full training state for the adapters only
+            return (BF16_BYTES * model.params + TRAIN_STATE_BYTES * model.lora_params) / devices
         per_param = TRAIN_STATE_BYTES if self.problem.trains(role) else BF16_BYTES
-        return per_param * params / devices
+        return per_param * model.params / devices
 
     def role_cost(self, role: str, devices: int, tp: int) -> RoleCost:
         key = (role, devices, tp)

@@ -22,6 +22,14 @@ class ModelSpec:
     intermediate: int
     vocab: int
     tied_embeddings: bool = False
+    lora_rank: int = 0  # >0: the trained role trains LoRA adapters on q, k, v, o only
+
+    @property
+    def lora_params(self) -> int:
+        """Adapter parameters at `lora_rank` on the attention projections (A: in x r, B: r x out)."""
+        kv = self.kv_heads * self.head_dim
+        return self.lora_rank * self.layers * (6 * self.hidden + 2 * kv)
+
 
     def __post_init__(self) -> None:
         if min(self.layers, self.hidden, self.heads, self.kv_heads, self.vocab) < 1:

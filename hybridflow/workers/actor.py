@@ -5,6 +5,8 @@ the training module (HF backend), so weights are fresh after every update with n
 copy; the vLLM backend receives them through `load_weights` before each generate.
 Data parallel over the ranks of its pool: DDP (default) or FSDP2 (GPU), see
 `training.Trainer` for how updates stay identical to a single-rank update.
+With `actor.lora.rank > 0` only LoRA adapters train (see `lora.py`), and
+`base_policy()` lends the module with its adapters off to a colocated reference.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from hybridflow.batch import Batch
 from hybridflow.dispatch import DP, method
 from hybridflow.workers.base import Worker, metrics_batch
 from hybridflow.workers.config import ActorConfig, ModelConfig, RolloutConfig, read_section
+from hybridflow.workers.lora import adapters_disabled, apply_lora, is_lora, merged_state_dict
 from hybridflow.workers.models import build_causal_lm
 from hybridflow.workers.rollout_hf import HFRollout, sampling_options
 from hybridflow.workers.sequences import forward_response, response_logprobs
@@ -28,19 +31,6 @@ GENERATE_WRITES = ("prompts", "responses", "response_mask", "input_ids", "attent
                    "position_ids", "response_length")
 LOGPROB_READS = ("input_ids", "attention_mask", "position_ids", "responses")
 UPDATE_READS = LOGPROB_READS + ("response_mask", "old_log_probs", "advantages")
-
-
-def apply_lora(module, lora):
-    """Wrap `module` with LoRA adapters (peft) when `lora.rank > 0`."""
-    if lora.rank <= 0:
-        return module
-    try:
-        from peft import LoraConfig as PeftLoraConfig, get_peft_model
-    except ImportError as err:
-        raise ImportError("actor.lora.rank > 0 needs peft: pip install hybridflow[lora]") from err
-    return get_peft_model(module, PeftLoraConfig(
-        r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-        target_modules=list(lora.target_modules), task_type="CAUSAL_LM"))
 
 
 class ActorWorker(Worker):
@@ -66,6 +56,34 @@ class ActorWorker(Worker):
             return VLLMRollout(self.model_cfg, self.rollout_cfg, self.tokenizer, self.ctx)
         raise ValueError(f"unknown rollout backend {self.rollout_cfg.backend!r}; "
                          "use 'hf' or 'vllm'")
+
+    # ------------------------------------------------------------------- lora
+    @property
+    def lora(self) -> bool:
+        return is_lora(self.module)
+
+    def base_policy(self):
+        """Context manager: the initial policy, i.e. this module with its LoRA adapters
+        off (what a colocated reference borrows instead of holding a second copy)."""
+        if not self.lora:
+            raise ValueError("base_policy() needs actor.lora.rank > 0: without adapters the "
+                             "actor's weights are no longer the initial policy")
+        return adapters_disabled(self.module)
+
+    def export(self, directory: str, merged: bool = True) -> None:
+        """Write the current policy as a Hugging Face model directory (adapters merged
+        into the base when `merged`, else peft's adapter files only); rank 0 writes."""
+        from hybridflow.workers.lora import save_adapter
+        from hybridflow.workers.training import full_state_dict, save_weights
+        if self.ctx.rank != 0:
+            return
+        if self.lora and not merged:
+            save_adapter(self.module, directory, full_state_dict(self.module))
+        else:
+            weights = merged_state_dict(self.module) if self.lora else None
+            base = self.module.get_base_model() if self.lora else self.module
+            save_weights(base, directory, weights)
+        self.tokenizer.save_pretrained(directory)
 
     # --------------------------------------------------------------- generate
     @method(dispatch=DP, reads=("input_ids", "attention_mask"), writes=GENERATE_WRITES,

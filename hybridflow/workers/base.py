@@ -12,6 +12,7 @@ Batch`, returning exactly the declared `writes` keys row-aligned with the input
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +22,7 @@ import torch.distributed as dist
 from hybridflow.batch import Batch
 from hybridflow.workers.models import model_bytes, resolve_device
 
-__all__ = ["WorkerContext", "Worker", "metrics_batch"]
+__all__ = ["WorkerContext", "Worker", "metrics_batch", "storage_bytes", "held_bytes"]
 
 
 @dataclass
@@ -68,6 +69,29 @@ class WorkerContext:
         return self.world_size > 1 and dist.is_available() and dist.is_initialized()
 
 
+def storage_bytes(tensors) -> dict[int, int]:
+    """storage address -> its bytes, each storage once (views and tied weights share one)."""
+    out: dict[int, int] = {}
+    for t in tensors:
+        local = t.to_local() if hasattr(t, "to_local") else t
+        storage = local.untyped_storage()
+        out[storage.data_ptr()] = storage.nbytes()
+    return out
+
+
+def held_bytes(reports) -> dict[str, int]:
+    """Sum `Worker.held_tensors()` reports into `engine/weight_bytes` and
+    `engine/optimizer_bytes`, counting each storage once per process (colocated roles
+    live in one process and may share storages, e.g. a reference served by the actor)."""
+    metrics = {"engine/weight_bytes": "weights", "engine/optimizer_bytes": "optimizer"}
+    seen: dict[str, dict] = {name: {} for name in metrics}
+    for report in reports:
+        for name, kind in metrics.items():
+            for ptr, nbytes in report[kind].items():
+                seen[name][(report["process"], ptr)] = nbytes
+    return {name: sum(storages.values()) for name, storages in seen.items()}
+
+
 def metrics_batch(batch: Batch, metrics: dict[str, float]) -> Batch:
     batch.meta = {**batch.meta, "metrics": {k: float(v) for k, v in metrics.items()}}
     return batch
@@ -94,6 +118,18 @@ class Worker:
     def weight_bytes(self) -> int:
         """Bytes of model weights this worker holds in this process."""
         return model_bytes(self.module) if self.module is not None else 0
+
+    def held_tensors(self) -> dict[str, Any]:
+        """The storages this worker holds, for the run's memory metrics: model weights
+        (parameters and buffers) and optimizer state, keyed by storage address so that
+        `held_bytes` counts a storage shared by colocated roles once."""
+        weights = storage_bytes(list(self.module.parameters()) + list(self.module.buffers())) \
+            if self.module is not None else {}
+        optimizer = getattr(self.trainer, "optimizer", None)
+        state = [t for s in optimizer.state.values() for t in s.values()
+                 if isinstance(t, torch.Tensor)] if optimizer is not None else []
+        return {"process": f"{socket.gethostname()}:{os.getpid()}", "weights": weights,
+                "optimizer": storage_bytes(state)}
 
     def state_dict_for_checkpoint(self) -> dict[str, Any]:
         if self.trainer is not None:

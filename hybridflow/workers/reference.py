@@ -1,15 +1,30 @@
-"""ReferenceWorker: a frozen copy of the initial policy; `logprob` only.
+"""ReferenceWorker: the frozen initial policy; `logprob` only.
 
-Reads the `model`, `rollout` (temperature, as the actor's log-probs use it) and `ref`
-sections. Built with the same seed as the actor, so a model built from a config is
-bit-identical to the actor's initial weights without any copy between them.
+Reads the `model`, `rollout` (temperature, as the actor's log-probs use it), `ref`
+and `actor` (its LoRA rank) sections. Built with the same seed as the actor, so a
+model built from a config is bit-identical to the actor's initial weights without
+any copy between them.
+
+Folded: when the actor trains LoRA adapters and `ref.path` is unset, the initial
+policy *is* the actor with its adapters off. The reference then builds no model: it
+borrows the module of the colocated actor (`ctx.colocated[HOST_ROLE]`) under
+`base_policy()` for each call. `served_by(cfg)` tells the engine so before launch,
+and the compiler checks that the two roles share a pool (one process).
 """
 from __future__ import annotations
+
+from contextlib import nullcontext
 
 from hybridflow.batch import Batch
 from hybridflow.dispatch import DP, method
 from hybridflow.workers.base import Worker, metrics_batch
-from hybridflow.workers.config import ModelConfig, RefConfig, RolloutConfig, read_section
+from hybridflow.workers.config import (
+    ActorConfig,
+    ModelConfig,
+    RefConfig,
+    RolloutConfig,
+    read_section,
+)
 from hybridflow.workers.models import build_causal_lm
 from hybridflow.workers.sequences import response_logprobs
 from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
@@ -18,16 +33,48 @@ __all__ = ["ReferenceWorker"]
 
 
 class ReferenceWorker(Worker):
+    HOST_ROLE = "actor"  # the role whose adapters-off module is the initial policy
+
+    @classmethod
+    def served_by(cls, cfg) -> str | None:
+        """The colocated role that serves this one, or None when it holds its own model."""
+        lora = read_section(cfg, "actor", ActorConfig).lora.rank > 0
+        return cls.HOST_ROLE if lora and read_section(cfg, "ref", RefConfig).path is None \
+            else None
+
     def __init__(self, cfg, ctx=None):
         super().__init__(cfg, ctx)
         self.model_cfg = read_section(cfg, "model", ModelConfig)
         self.ref_cfg = read_section(cfg, "ref", RefConfig)
         self.temperature = read_section(cfg, "rollout", RolloutConfig).temperature
         self.device = self._device(self.model_cfg.device)
-        self.tokenizer = load_tokenizer(tokenizer_spec(self.model_cfg))
-        self.module = build_causal_lm(self.model_cfg, self.tokenizer, self.device,
-                                      self.ctx.seed, path=self.ref_cfg.path)
-        self.module.eval().requires_grad_(False)
+        self.host = self.served_by(cfg)
+        self._own = None
+        if self.host is None:
+            self.tokenizer = load_tokenizer(tokenizer_spec(self.model_cfg))
+            self._own = build_causal_lm(self.model_cfg, self.tokenizer, self.device,
+                                        self.ctx.seed, path=self.ref_cfg.path)
+            self._own.eval().requires_grad_(False)
+
+    def _host_worker(self):
+        worker = self.ctx.colocated.get(self.host)
+        if worker is None or not hasattr(worker, "base_policy"):
+            raise RuntimeError(
+                f"role 'ref' is served by role '{self.host}' (actor.lora.rank > 0 and "
+                f"ref.path unset) but no '{self.host}' worker with base_policy() lives in "
+                f"this process (colocated: {sorted(self.ctx.colocated)}); place both roles "
+                "on one pool, or set ref.path to give the reference its own model")
+        return worker
+
+    @property
+    def module(self):
+        """The model this role computes with: its own, or the host's (adapters included;
+        they are switched off for each call)."""
+        return self._own if self.host is None else self._host_worker().module
+
+    def _policy(self):
+        return nullcontext(self._own) if self.host is None else \
+            self._host_worker().base_policy()
 
     @method(dispatch=DP, reads=("input_ids", "attention_mask", "position_ids", "responses"),
             writes=("ref_log_prob",), kind="inference")
@@ -35,7 +82,8 @@ class ReferenceWorker(Worker):
                 temperature: float | None = None) -> Batch:
         """Log-prob of each response token under the frozen initial policy, [B, R]."""
         temp = self.temperature if temperature is None else temperature
-        logp, _ = response_logprobs(self.module, batch,
-                                    micro_batch_size or self.ref_cfg.micro_batch_size,
-                                    self.device, temp)
+        with self._policy() as model:
+            logp, _ = response_logprobs(model, batch,
+                                        micro_batch_size or self.ref_cfg.micro_batch_size,
+                                        self.device, temp)
         return metrics_batch(Batch({"ref_log_prob": logp}), {})

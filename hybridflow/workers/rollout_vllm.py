@@ -138,8 +138,12 @@ class VLLMRollout:
         """Remember the weights to load; they go in at the next generate's wake-up."""
         from hybridflow.workers.training import full_state_dict
         start = time.perf_counter()
+        from hybridflow.workers.lora import is_lora, merged_state_dict
         sharded = any(hasattr(p, "full_tensor") for p in source.parameters())
-        self._pending = full_state_dict(source) if sharded else source.state_dict()
+        if is_lora(source):  # vLLM gets W + scaled B·A under the base names
+            self._pending = merged_state_dict(source)
+        else:
+            self._pending = full_state_dict(source) if sharded else source.state_dict()
         self.last_sync_s = time.perf_counter() - start
         return self.last_sync_s
 

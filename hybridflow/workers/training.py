@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from hybridflow.batch import Batch
+from hybridflow.workers.lora import adapter_state_dict, is_lora, load_adapter, save_adapter
 
 __all__ = ["Trainer", "full_state_dict", "save_weights", "load_weights", "lr_lambda"]
 
@@ -172,15 +173,21 @@ class Trainer:
         return sorted({n for names in gathered for n in names})
 
     # ------------------------------------------------------------ checkpoint
+    def trained_weights(self) -> dict[str, torch.Tensor]:
+        """What a checkpoint holds: every weight, or only the adapters under LoRA."""
+        weights = full_state_dict(self.module)
+        return adapter_state_dict(self.module, weights) if is_lora(self.module) else weights
+
     def state_dict(self) -> dict:
-        return {"model": full_state_dict(self.module), "optimizer": self.optimizer.state_dict(),
+        return {"model": self.trained_weights(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict()}
 
     def save(self, directory: str, rank: int, tokenizer=None) -> None:
         os.makedirs(directory, exist_ok=True)
         weights = full_state_dict(self.module)
         if rank == 0:
-            save_weights(self.module, directory, weights)
+            save = save_adapter if is_lora(self.module) else save_weights
+            save(self.module, directory, weights)
             if tokenizer is not None:
                 tokenizer.save_pretrained(directory)
         torch.save({"optimizer": self.optimizer.state_dict(),
@@ -188,7 +195,7 @@ class Trainer:
                    os.path.join(directory, f"optim_rank{rank}.pt"))
 
     def load(self, directory: str, rank: int) -> None:
-        load_weights(self.module, directory)
+        (load_adapter if is_lora(self.module) else load_weights)(self.module, directory)
         path = os.path.join(directory, f"optim_rank{rank}.pt")
         if not os.path.exists(path):
             raise FileNotFoundError(f"checkpoint {directory!r} has no optimizer state for rank "
