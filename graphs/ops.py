@@ -7,7 +7,7 @@ and writes, and whether it may run on shards). The math itself lives in
 from __future__ import annotations
 
 from algorithms import advantages as adv
-from algorithms.kl import AdaptiveKL, FixedKL, apply_kl_in_reward
+from algorithms.kl import KL_KINDS, AdaptiveKL, FixedKL, apply_kl_in_reward
 from hybridflow import Batch, node_fn
 
 __all__ = ["grpo_advantages", "rloo_advantages", "reinforce_pp_advantages",
@@ -77,6 +77,9 @@ class KLInReward:
 
     def __init__(self, kind: str = "k1", beta: float = 0.001, target: float | None = None,
                  horizon: float = 10000.0):
+        if kind not in KL_KINDS:  # at build time, before any worker starts
+            raise ValueError(f"unknown KL kind {kind!r} (algorithm.kl_kind); valid kinds: "
+                             f"{', '.join(KL_KINDS)}")
         self.kind = kind
         self.controller = AdaptiveKL(beta, target, horizon) if target else FixedKL(beta)
         self.__name__ = "kl_in_reward"

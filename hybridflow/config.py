@@ -67,6 +67,7 @@ class RuntimeConfig:
     num_cpus: Optional[int] = None      # for a Ray instance the run starts itself
     num_gpus: Optional[int] = None      # logical GPUs (CPU-only machines may declare them)
     call_timeout_s: float = 600.0       # a worker call slower than this is a failure
+    start_timeout_s: float = 300.0      # actor start and model loading (Ray)
     torch_threads: int = 1
 
 
@@ -163,8 +164,58 @@ def _check_consistency(cfg: DictConfig) -> None:
         raise ConfigError(f"data.batch_size must be at least 1, got {cfg.data.batch_size}")
     if cfg.runtime.name not in ("local", "ray"):
         raise ConfigError(f"runtime.name must be 'local' or 'ray', not {cfg.runtime.name!r}")
+    for key in ("rollout.n", "data.max_prompt_length", "rollout.max_new_tokens"):
+        if OmegaConf.select(cfg, key) < 1:
+            raise ConfigError(f"{key} must be at least 1, got {OmegaConf.select(cfg, key)}")
     rows = cfg.data.batch_size * cfg.rollout.n
     mini = cfg.actor.mini_batch_size
     if mini and mini > rows:
         raise ConfigError(f"actor.mini_batch_size={mini} is larger than the batch of "
                           f"data.batch_size * rollout.n = {rows} responses")
+    for section in ("actor", "critic"):
+        _check_optimizer(section, cfg[section])
+    _check_names(cfg)
+
+
+def _check_optimizer(name: str, section: DictConfig) -> None:
+    if section.lr < 0:
+        raise ConfigError(f"{name}.lr must not be negative, got {section.lr}")
+    for key in ("mini_batch_size", "micro_batch_size", "ppo_epochs"):
+        if section[key] < 1:
+            raise ConfigError(f"{name}.{key} must be at least 1, got {section[key]}")
+    if section.micro_batch_size > section.mini_batch_size:
+        raise ConfigError(
+            f"{name}.micro_batch_size={section.micro_batch_size} (rows per forward pass) is "
+            f"larger than {name}.mini_batch_size={section.mini_batch_size} (rows per "
+            f"optimizer step): set {name}.micro_batch_size to at most "
+            f"{section.mini_batch_size}")
+
+
+def _one_of(key: str, value: str, valid, what: str) -> None:
+    if value not in valid:
+        close = difflib.get_close_matches(str(value), list(valid), n=1, cutoff=0.5)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"{key}={value!r} is not a known {what}{hint} "
+                          f"(valid: {', '.join(valid)})")
+
+
+def _check_names(cfg: DictConfig) -> None:
+    """Names the workers look up in the algorithms' registries, checked before any
+    worker starts instead of at the first update."""
+    from algorithms.kl import KL_KINDS
+    from algorithms.losses import AGG_MODES, POLICY_LOSSES
+    from hybridflow.workers.models import resolve_dtype
+    _one_of("actor.policy_loss", cfg.actor.policy_loss, sorted(POLICY_LOSSES), "policy loss")
+    _one_of("actor.kl_loss_type", cfg.actor.kl_loss_type, KL_KINDS, "KL kind")
+    for section in ("actor", "critic"):
+        _one_of(f"{section}.loss_agg_mode", cfg[section].loss_agg_mode, AGG_MODES,
+                "loss aggregation mode")
+        _one_of(f"{section}.strategy", cfg[section].strategy, ("ddp", "fsdp2"),
+                "training strategy")
+        _one_of(f"{section}.lr_schedule", cfg[section].lr_schedule, ("constant", "cosine"),
+                "lr schedule")
+    _one_of("rollout.backend", cfg.rollout.backend, ("hf", "vllm"), "rollout backend")
+    try:
+        resolve_dtype(cfg.model.dtype)
+    except ValueError as err:
+        raise ConfigError(f"model.dtype: {err}") from None

@@ -17,17 +17,30 @@ import torch
 
 from hybridflow.batch import Batch
 
-__all__ = ["DataError", "PromptDataset", "PromptLoader", "read_rows", "write_rows",
-           "toy_rows", "tokenize_prompts"]
+__all__ = ["DataError", "PromptDataset", "PromptLoader", "check_data_file", "read_rows",
+           "write_rows", "toy_rows", "tokenize_prompts"]
 
 
 class DataError(ValueError):
     """A dataset that cannot be used; names the file and row."""
 
 
-def read_rows(path: str) -> list[dict]:
+DATA_EXTENSIONS = (".jsonl", ".parquet")
+
+
+def check_data_file(path: str) -> None:
+    """A cheap look before reading: the file exists, has a known format, is not empty."""
     if not os.path.isfile(path):
         raise DataError(f"data file {path!r} does not exist")
+    if not path.endswith(DATA_EXTENSIONS):
+        raise DataError(f"data file {path!r} has an unknown format: use .jsonl (one JSON "
+                        f"object a line) or .parquet")
+    if os.path.getsize(path) == 0:
+        raise DataError(f"data file {path!r} is empty")
+
+
+def read_rows(path: str) -> list[dict]:
+    check_data_file(path)
     if path.endswith(".parquet"):
         import pyarrow.parquet as pq
         try:

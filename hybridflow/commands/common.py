@@ -167,8 +167,9 @@ class LoadedGraph:
 
 
 def prepare(graph_path: str, overrides: list[str] | None = None,
-            yaml_file: str | None = None) -> LoadedGraph:
-    """Load the graph file, merge its config, build and compile the graph."""
+            yaml_file: str | None = None, preflight: bool = True) -> LoadedGraph:
+    """Load the graph file, merge its config, build and compile the graph, then (with
+    `preflight`) check the paths and batch sizes the run will need; see preflight.py."""
     module = load_graph_module(graph_path)
     defaults = _call_graph_file(graph_path, "defaults()", module.defaults) \
         if callable(getattr(module, "defaults", None)) else None
@@ -179,9 +180,13 @@ def prepare(graph_path: str, overrides: list[str] | None = None,
                              f"{type(graph).__name__}, not a hybridflow Graph")
     bindings = role_bindings(cfg)
     plan = compile_graph(graph, bindings, placement_from_config(cfg, graph, bindings))
+    if preflight:
+        from hybridflow.preflight import preflight as check_run
+        check_run(cfg, plan)
     return LoadedGraph(module, cfg, graph, plan)
 
 
 def load_plan(graph_path: str, overrides: list[str] | None = None,
               yaml_file: str | None = None) -> ExecutionPlan:
-    return prepare(graph_path, overrides, yaml_file).plan
+    """The plan only (render, plan): the paths it names need not exist here."""
+    return prepare(graph_path, overrides, yaml_file, preflight=False).plan

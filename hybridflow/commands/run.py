@@ -55,17 +55,20 @@ def _run_dir(args, loaded) -> RunDir:
 
 def run(args) -> int:
     from hybridflow.loop import Trainer  # imports torch: keep `check` fast
-    try:
+    try:  # everything that can be checked before a worker starts
         loaded = prepare(args.graph, _overrides(args), args.config)
         run_dir = _run_dir(args, loaded)
         if args.resume:  # a resumed run keeps its own config
             loaded = prepare(args.graph, [*_overrides(args)],
                              run_dir.file("config.yaml") if not args.config else args.config)
-        run_dir.save_config(loaded.cfg)
-        trainer = Trainer(loaded, run_dir, resume_from=run_dir.path if args.resume else None)
     except (GraphError, ConfigError, GraphFileError, DataError, FileNotFoundError) as err:
         print(f"hybridflow run: {err}", file=sys.stderr)
         return 1
+    run_dir.save_config(loaded.cfg)
+    try:  # datasets are read, then the workers start
+        trainer = Trainer(loaded, run_dir, resume_from=run_dir.path if args.resume else None)
+    except Exception as err:  # noqa: BLE001 - recorded, then reported
+        return _failed(run_dir, "could not start", err, step=0)
     print(f"run directory: {run_dir.path}")
     progress = _Progress(loaded.cfg.trainer.steps, trainer.step, loaded.cfg.trainer.progress)
     try:
@@ -75,15 +78,36 @@ def run(args) -> int:
         print("\ninterrupted; resume with --resume " + run_dir.path, file=sys.stderr)
         return 130
     except Exception as err:  # noqa: BLE001 - recorded, then reported
-        run_dir.set_status("failed", step=trainer.step, reason=str(err),
-                           traceback=traceback.format_exc())
-        print(f"hybridflow run: stopped at step {trainer.step}: {err}", file=sys.stderr)
-        return 1
+        return _failed(run_dir, f"stopped at step {trainer.step}", err, step=trainer.step)
     finally:
         progress.close()
         trainer.close()
     _print_summary(final)
     return 0
+
+
+def failure_reason(err: BaseException) -> str:
+    """One line a user can act on: a node failure's summary, or the error's first line."""
+    summary = getattr(err, "summary", None)
+    if summary:
+        return summary
+    lines = str(err).strip().splitlines()
+    text = lines[0] if lines else ""
+    ours = type(err).__module__.split(".")[0] in ("hybridflow", "algorithms")
+    known = ours or isinstance(err, (FileNotFoundError, ValueError))
+    return text if known and text else f"{type(err).__name__}: {text}".rstrip(": ")
+
+
+def _failed(run_dir: RunDir, what: str, err: BaseException, step: int) -> int:
+    """Record why the run stopped in status.json (with the traceback) and print one line."""
+    reason = failure_reason(err)
+    reason = reason.removeprefix(f"step {step}: ")  # NumericsError names the step itself
+    run_dir.set_status("failed", step=step, reason=reason, node=getattr(err, "node", None),
+                       rank=getattr(err, "rank", None), error=type(err).__name__,
+                       traceback=traceback.format_exc())
+    print(f"hybridflow run: {what}: {reason}\n(details: {run_dir.file('status.json')})",
+          file=sys.stderr)
+    return 1
 
 
 class _Progress:

@@ -2,6 +2,7 @@
 finishing its output, running function nodes, and the record of one step."""
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +20,19 @@ class NodeFailure(RuntimeError):
     def __init__(self, node: PlanNode, rank: int | None, detail: str):
         self.node, self.rank, self.detail = node.name, rank, detail
         who = f"role '{node.role}' rank {rank}" if node.role else "the driver"
-        super().__init__(f"{node.where()} failed on {who}:\n{detail}")
+        self.headline = f"{node.where()} failed on {who}"
+        super().__init__(f"{self.headline}:\n{detail}")
+
+    @property
+    def summary(self) -> str:
+        """One line: where it failed and why (a traceback's last line, the exception)."""
+        lines = [line.strip() for line in self.detail.strip().splitlines() if line.strip()]
+        if not lines:
+            return self.headline
+        traceback = any(line.startswith("Traceback") for line in lines)
+        reason = lines[-1] if traceback else lines[0]
+        reason = re.sub(r"^(?:\w+\.)+(\w+: )", r"\1", reason)  # a.b.ScoringError: -> ScoringError:
+        return f"{self.headline}: {reason}"
 
 
 @dataclass

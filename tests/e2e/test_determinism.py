@@ -3,7 +3,8 @@ import pytest
 
 from tests.e2e.helpers import train
 
-FAST = ("trainer.val_every=0", "data.batch_size=8", "rollout.n=4", "actor.mini_batch_size=32")
+FAST = ("trainer.val_every=0", "data.batch_size=8", "rollout.n=4", "actor.mini_batch_size=32",
+        "actor.micro_batch_size=32")
 
 
 def _stable(metrics):
