@@ -119,7 +119,7 @@ class Trainer:
 
     # ------------------------------------------------------------------- loop
     def fit(self, on_step=None) -> dict:
-        cfg, last, first = self.cfg.trainer, {}, True
+        cfg, last = self.cfg.trainer, {}
         self.run.set_status("running", step=self.step)
         if self.val_plan is not None and self.step == 0:
             last.update(self.validate())
@@ -127,9 +127,8 @@ class Trainer:
         while self.step < cfg.steps:
             self.step += 1
             metrics = self.train_step()
-            if first:  # once a run, after one update has allocated the optimizer state
-                metrics.update(self.held_bytes())
-                first = False
+            if self.step == 1:  # once a run (a resumed run keeps this line), after
+                metrics.update(self.held_bytes())  # an update allocated optimizer state
             if self.val_plan is not None and self.step % cfg.val_every == 0:
                 metrics.update(self.validate())
             self.sinks.log(self.step, metrics)
