@@ -72,12 +72,22 @@ class RuntimeConfig:
 
 
 @dataclass
+class ClusterConfig:
+    """What `placement.auto` plans for."""
+    nodes: int = 1
+    devices_per_node: int = 1
+    device: str = "cpu"          # a100-80g | h100-80g | h200-141g | cpu ...
+
+
+@dataclass
 class PlacementConfig:
     # pool name -> {nodes, devices_per_node}; roles -> pool; parallel: role -> {dp, tp}
     pools: dict[str, Any] = field(
         default_factory=lambda: {"main": {"nodes": 1, "devices_per_node": 1}})
     roles: dict[str, str] = field(default_factory=dict)  # unset roles go to the first pool
     parallel: dict[str, Any] = field(default_factory=dict)
+    auto: bool = False           # run the planner and use its best placement
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
 
 @dataclass

@@ -13,8 +13,9 @@ import sys
 from dataclasses import dataclass
 from types import ModuleType
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
+from hybridflow.auto_placement import expand_auto, plan_auto_placement
 from hybridflow.compiler import ExecutionPlan, compile_graph
 from hybridflow.config import ConfigError, build_config
 from hybridflow.graph import Graph
@@ -173,17 +174,31 @@ def prepare(graph_path: str, overrides: list[str] | None = None,
     module = load_graph_module(graph_path)
     defaults = _call_graph_file(graph_path, "defaults()", module.defaults) \
         if callable(getattr(module, "defaults", None)) else None
-    cfg = build_config(defaults, yaml_file, overrides)
+    cfg = build_config(defaults, yaml_file, expand_auto(overrides))
     graph = _call_graph_file(graph_path, "build(cfg)", module.build, cfg)
     if not isinstance(graph, Graph):
         raise GraphFileError(f"build(cfg) in {graph_path!r} returned "
                              f"{type(graph).__name__}, not a hybridflow Graph")
     bindings = role_bindings(cfg)
     plan = compile_graph(graph, bindings, placement_from_config(cfg, graph, bindings))
+    if cfg.placement.auto:
+        plan = _auto_place(cfg, graph, bindings, plan)
     if preflight:
         from hybridflow.preflight import preflight as check_run
         check_run(cfg, plan)
     return LoadedGraph(module, cfg, graph, plan)
+
+
+def _auto_place(cfg: DictConfig, graph: Graph, bindings, plan: ExecutionPlan) -> ExecutionPlan:
+    """Replace the placement section with the planner's choice and compile again."""
+    section, explanation = plan_auto_placement(cfg, plan)
+    with open_dict(cfg):
+        cfg.placement.pools = section["pools"]
+        cfg.placement.roles = section["roles"]
+        cfg.placement.parallel = section.get("parallel", {})
+        cfg.placement.auto = False  # the saved config replays this exact placement
+    print(f"placement=auto:\n{explanation}")
+    return compile_graph(graph, bindings, placement_from_config(cfg, graph, bindings))
 
 
 def load_plan(graph_path: str, overrides: list[str] | None = None,
