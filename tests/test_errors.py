@@ -57,6 +57,7 @@ def write(path, text: str) -> str:
     ("actor.mini_batch_size=32", r"actor.micro_batch_size=64 \(rows per forward pass\) is "
                                  r"larger than actor.mini_batch_size=32 .* at most 32"),
     ("actor.lr=-0.001", "actor.lr must not be negative, got -0.001"),
+    ("actor.ppo_epochs=0", "actor.ppo_epochs must be at least 1, got 0"),
     ("actor.policy_loss=ppo2", r"actor.policy_loss='ppo2' is not a known policy loss; "
                                r"did you mean 'ppo'\? \(valid: cispo, gspo, ppo\)"),
     ("actor.loss_agg_mode=token_mean", r"actor.loss_agg_mode='token_mean' is not a known loss "

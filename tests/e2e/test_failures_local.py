@@ -133,3 +133,14 @@ def test_a_worker_that_fails_to_start_is_one_line_and_recorded(capsys, tmp_path)
 def _metrics(run_dir: str) -> list[dict]:
     with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
         return [json.loads(line) for line in fh if line.strip()]
+
+
+def test_a_nan_score_from_a_reward_model_is_caught_by_the_finite_check():
+    """A reward model (no rule scorer to refuse NaN) reports its mean score as a
+    metric; the step loop's finite check stops on it, naming node and step."""
+    from hybridflow.loop import NumericsError, check_finite
+    with pytest.raises(NumericsError, match=r"step 4: node 'reward.score' produced "
+                                            r"critic/score/mean=nan"):
+        check_finite(4, {"actor.generate": {"response_length/mean": 3.0},
+                         "reward.score": {"critic/score/mean": float("nan")}})
+    check_finite(4, {"reward.score": {"critic/score/mean": 0.5}})
