@@ -3,7 +3,9 @@
 For a float32 batch [B, 128], B in {8, 512, 8192}, times one step of a graph with one
 no-op call and one with a chain of 8 (PPO-shaped: every node feeds the next):
 
-  (a) local runtime: source [B, 128] -> n1 (-> ... -> n8), 2 simulated ranks;
+  (a) local runtime: source [B, 128] -> n1 (-> ... -> n8), 2 simulated ranks,
+      against (a0) plain Python: the same split (row copies) / call / torch.cat by
+      hand; timed before Ray starts (Ray's driver threads would add noise);
   (b) Ray runtime:   seeds -> make -> n1 (-> ... -> n8), the batch born on the 2
       workers (as rollouts are), so only metadata should reach the driver;
   (c) plain Ray:     the same calls on 2 plain actors with numpy shards, object
@@ -44,16 +46,32 @@ TARGET_DRIVER_FRACTION = 0.01
 
 
 # ------------------------------------------------------------------ (a) local
+class PlainNoop:
+    def noop(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def python_step(workers, x: torch.Tensor, calls: int) -> torch.Tensor:
+    """The local baseline: a hand-written split (row copies, as the runtime gives
+    each rank rows of its own) and concatenation around each call."""
+    for _ in range(calls):
+        x = torch.cat([w.noop(s.clone()) for w, s in zip(workers, x.tensor_split(len(workers)))])
+    return x
+
+
 def local_variants(sizes, chain: int) -> tuple[dict, dict]:
     """name -> step callable, for every size and graph length."""
     variants, meta = {}, {}
+    workers = [PlainNoop() for _ in range(WORKERS)]
     for calls in (1, chain):
         plan = noop_workers.noop_plan(calls, born_on_workers=False, workers=WORKERS)
         runtime = LocalRuntime(plan, {})
         for b in sizes:
-            feeds = {"batch": Batch({"x0": torch.zeros(b, noop_workers.WIDTH)})}
+            x = torch.zeros(b, noop_workers.WIDTH)
+            feeds = {"batch": Batch({"x0": x})}
             variants[("local", b, calls)] = lambda rt=runtime, f=feeds: rt.run_step(f)
-            meta[("local", b, calls)] = {"driver_bytes": 0}
+            variants[("python", b, calls)] = lambda x=x, c=calls: python_step(workers, x, c)
+            meta[("local", b, calls)] = meta[("python", b, calls)] = {"driver_bytes": 0}
     return variants, meta
 
 
@@ -166,8 +184,10 @@ def run(sizes=(8, 512, 8192), calls: int = 200, warmup: int = 20, threads: int =
         chain: int = noop_workers.CHAIN, with_ray: bool = True, out: str | None = None,
         quiet: bool = False) -> dict:
     set_threads(threads)
-    variants, meta = local_variants(sizes, chain)
-    runtime, actors = None, []
+    rows = []
+    local, meta = local_variants(sizes, chain)  # before Ray: its driver threads add noise
+    rows += time_groups(local, meta, sizes, chain, calls, warmup)
+    variants, runtime, actors = {}, None, []
     if with_ray:
         start_ray()
         runtime = ray_runtime(threads)
@@ -178,20 +198,7 @@ def run(sizes=(8, 512, 8192), calls: int = 200, warmup: int = 20, threads: int =
         for key, m in rmeta.items():
             meta[key] = measure_ray_driver_bytes(runtime, m["plan"], m["feeds"])
     try:
-        rows = []
-        for b in sizes:  # alternate every variant of one size, call by call
-            for calls_ in (1, chain):
-                group = {k: v for k, v in variants.items() if k[1] == b and k[2] == calls_}
-                times = alternate({k[0]: v for k, v in group.items()}, calls, warmup)
-                for kind, ts in times.items():
-                    m = meta[(kind, b, calls_)]
-                    rows.append({"variant": kind, "B": b, "calls_per_step": calls_,
-                                 "median_us": median(ts) * 1e6,
-                                 "p90_us": float(np.percentile(ts, 90)) * 1e6,
-                                 "batch_bytes": b * noop_workers.WIDTH * 4,
-                                 "driver_payload_bytes": m.get("payload", m.get("driver_bytes")),
-                                 "driver_control_bytes": m.get("control"),
-                                 "reps": len(ts)})
+        rows += time_groups(variants, meta, sizes, chain, calls, warmup)
     finally:
         if runtime is not None:
             runtime.shutdown()
@@ -209,6 +216,25 @@ def run(sizes=(8, 512, 8192), calls: int = 200, warmup: int = 20, threads: int =
     return payload
 
 
+def time_groups(variants, meta, sizes, chain, calls, warmup) -> list[dict]:
+    """Alternate every variant of one (size, graph length), call by call."""
+    rows = []
+    for b in sizes:
+        for calls_ in (1, chain):
+            group = {k[0]: v for k, v in variants.items() if k[1] == b and k[2] == calls_}
+            if not group:
+                continue
+            for kind, ts in alternate(group, calls, warmup).items():
+                m = meta[(kind, b, calls_)]
+                rows.append({"variant": kind, "B": b, "calls_per_step": calls_,
+                             "median_us": median(ts) * 1e6,
+                             "p90_us": float(np.percentile(ts, 90)) * 1e6,
+                             "batch_bytes": b * noop_workers.WIDTH * 4,
+                             "driver_payload_bytes": m.get("payload", m.get("driver_bytes")),
+                             "driver_control_bytes": m.get("control"), "reps": len(ts)})
+    return rows
+
+
 def _row(rows, kind, b, calls):
     return next((r for r in rows if r["variant"] == kind and r["B"] == b
                  and r["calls_per_step"] == calls), None)
@@ -219,8 +245,11 @@ def targets(rows: list[dict], chain: int) -> dict:
     sizes = sorted({r["B"] for r in rows})
     for b in sizes:
         local1, localn = _row(rows, "local", b, 1), _row(rows, "local", b, chain)
+        python1, pythonn = _row(rows, "python", b, 1), _row(rows, "python", b, chain)
         entry = {"local_step_1call_us": local1["median_us"],
-                 "local_per_node_in_chain_us": localn["median_us"] / chain}
+                 "local_per_node_in_chain_us": localn["median_us"] / chain,
+                 "local_over_python_1call": local1["median_us"] / python1["median_us"],
+                 "local_over_python_chain": localn["median_us"] / pythonn["median_us"]}
         ray1, plain1 = _row(rows, "ray", b, 1), _row(rows, "plain", b, 1)
         rayn, plainn = _row(rows, "ray", b, chain), _row(rows, "plain", b, chain)
         if ray1 and plain1:
@@ -231,10 +260,12 @@ def targets(rows: list[dict], chain: int) -> dict:
             entry["ray_driver_bytes_per_call"] = \
                 (rayn["driver_payload_bytes"] + rayn["driver_control_bytes"]) / (chain + 1)
         out[str(b)] = entry
-    big = out[str(max(sizes))]
+    big, small = out[str(max(sizes))], out[str(min(sizes))]
     out["verdict"] = {
-        "local_noop_call_le_50us(B=%d)" % min(sizes):
-            out[str(min(sizes))]["local_per_node_in_chain_us"] <= TARGET_LOCAL_US,
+        f"local_noop_call_le_50us(B={min(sizes)}, 1-call step)":
+            small["local_step_1call_us"] <= TARGET_LOCAL_US,
+        f"local_noop_call_le_50us(B={min(sizes)}, per node in chain)":
+            small["local_per_node_in_chain_us"] <= TARGET_LOCAL_US,
     }
     if "ray_over_plain_1call" in big:
         out["verdict"][f"ray_le_1.1x_plain(B={max(sizes)})"] = \

@@ -141,31 +141,43 @@ def trl_trainer(steps: int, callback):
                        processing_class=tok, callbacks=[callback])
 
 
-def run_trl(local, steps: int, warmup: int) -> dict:
+# TRL generates a whole generation batch in one call, computes old log-probs in
+# chunks of the per-device batch (64) and, with beta 0, no reference log-probs. The
+# same micro-batches for the engine (it still computes reference log-probs: the
+# GRPO graph has that node):
+TRL_MATCHED = ["rollout.micro_batch_size=128", "rollout.log_prob_micro_batch_size=64",
+               "ref.micro_batch_size=64"]
+
+
+def run_trl(locals_: dict, steps: int, warmup: int) -> dict:
     """TRL for (warmup + steps) generations of 128 completions (2 optimizer steps
-    each); after every generation's second optimizer step, one local-runtime step."""
+    each); after every generation's second optimizer step, one step of each local
+    runtime in `locals_` (not counted in TRL's time)."""
     from transformers import TrainerCallback
 
     class Alternate(TrainerCallback):
         def __init__(self):
-            self.mark, self.trl_steps, self.local_steps = None, [], []
+            self.mark, self.trl_steps = None, []
+            self.local_steps = {name: [] for name in locals_}
 
         def on_train_begin(self, args, state, control, **kw):
             self.mark = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kw):
             self.trl_steps.append(time.perf_counter() - self.mark)
-            if state.global_step % 2 == 0:  # one generation done: run a local step
-                start = time.perf_counter()
-                local.train_step()
-                self.local_steps.append(time.perf_counter() - start)
+            if state.global_step % 2 == 0:  # one generation done: run the local steps
+                for name, local in locals_.items():
+                    start = time.perf_counter()
+                    local.train_step()
+                    self.local_steps[name].append(time.perf_counter() - start)
             self.mark = time.perf_counter()
 
     cb = Alternate()
     trainer = trl_trainer(2 * (warmup + steps), cb)
     trainer.train()
     pairs = [a + b for a, b in zip(cb.trl_steps[0::2], cb.trl_steps[1::2])][warmup:]
-    return {"trl_step_s": pairs, "local_step_s": cb.local_steps[warmup:]}
+    return {"trl_step_s": pairs,
+            **{f"{name}_step_s": ts[warmup:] for name, ts in cb.local_steps.items()}}
 
 
 # ----------------------------------------------------------------- accuracy
@@ -246,7 +258,7 @@ def memory(variants: list[str], steps: int, threads: int) -> dict:
 # ---------------------------------------------------------------------- run
 def run(steps: int = 20, warmup: int = 2, threads: int = 1, with_ray: bool = True,
         with_trl: bool = True, with_accuracy: bool = True, with_memory: bool = True,
-        target: float = 0.9, val_every: int = 5, acc_max_steps: int = 100,
+        target: float = 0.9, val_every: int = 2, acc_max_steps: int = 100,
         acc_cap_s: float = 150.0, probe_steps: int = 3, out: str | None = None,
         quiet: bool = False) -> dict:
     quiet_logs()
@@ -267,10 +279,13 @@ def run(steps: int = 20, warmup: int = 2, threads: int = 1, with_ray: bool = Tru
         payload["ray_driver_bytes_per_step"] = ray_step.step()["driver_bytes"]
         ray_step.close()
     if with_trl and trl_available():
-        trl = run_trl(local, steps, warmup)
+        matched = local_trainer(threads, ["trainer.val_every=0", *TRL_MATCHED])
+        trl = run_trl({"local": local, "local_matched": matched}, steps, warmup)
+        matched.close()
         payload["trl"] = {"trl_step_s": median(trl["trl_step_s"]),
                           "local_step_s": median(trl["local_step_s"]),
-                          "samples": trl}
+                          "local_matched_step_s": median(trl["local_matched_step_s"]),
+                          "matched_overrides": TRL_MATCHED, "samples": trl}
     elif with_trl:
         payload["trl"] = {"skipped": "trl is not installed (pip install -e '.[bench]')"}
     local.close()
@@ -302,7 +317,10 @@ def targets(p: dict) -> dict:
     out["verdict"] = {"local_le_1.1x_handwritten":
                       out["local_over_handwritten"] <= TARGET_VS_HANDWRITTEN}
     if "trl_over_local" in out:
+        out["trl_over_local_matched"] = trl["trl_step_s"] / trl["local_matched_step_s"]
         out["verdict"]["local_ge_1.5x_faster_than_trl"] = out["trl_over_local"] >= TARGET_VS_TRL
+        out["verdict"]["local_matched_ge_1.5x_faster_than_trl"] = \
+            out["trl_over_local_matched"] >= TARGET_VS_TRL
     return out
 
 
@@ -323,9 +341,10 @@ def report(p: dict) -> str:
         rows.append(["trl (vs local in its own run)", trl["trl_step_s"] * 1e3,
                      trl["trl_step_s"] / trl["local_step_s"] * p["step_s"]["local"]
                      / p["step_s"]["handwritten"], _mib(mem.get("trl", {}).get("peak_rss"))])
-        rows.append(["local (alternated with trl)", trl["local_step_s"] * 1e3,
-                     trl["local_step_s"] / trl["local_step_s"] * p["step_s"]["local"]
-                     / p["step_s"]["handwritten"], None])
+        for key, label in (("local_step_s", "local (alternated with trl)"),
+                           ("local_matched_step_s", "local, TRL's micro-batches (alt.)")):
+            rows.append([label, trl[key] * 1e3, trl[key] / trl["local_step_s"]
+                         * p["step_s"]["local"] / p["step_s"]["handwritten"], None])
     elif "skipped" in trl:
         lines.append(f"TRL: {trl['skipped']}")
     lines.append(table(["variant", "step ms", "x handwritten", "peak RSS MiB"], rows))
@@ -356,7 +375,7 @@ def main(argv=None) -> None:
     parser.add_argument("--no-trl", action="store_true")
     parser.add_argument("--no-accuracy", action="store_true")
     parser.add_argument("--no-memory", action="store_true")
-    parser.add_argument("--val-every", type=int, default=5)
+    parser.add_argument("--val-every", type=int, default=2)
     parser.add_argument("--acc-max-steps", type=int, default=100)
     parser.add_argument("--acc-cap-s", type=float, default=150.0)
     parser.add_argument("--probe", default=None, help=argparse.SUPPRESS)

@@ -1,0 +1,59 @@
+"""The benchmark scripts still run end to end (tiny sizes, few calls) and write their
+JSON; speed is not asserted -- that is what the benchmarks themselves report."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)
+
+
+def test_dispatch_local_core_times_every_variant_and_writes_json(tmp_path):
+    from bench import dispatch
+    out = tmp_path / "dispatch.json"
+    payload = dispatch.run(sizes=(8, 32), calls=3, warmup=1, chain=2, with_ray=False,
+                           out=str(out), quiet=True)
+    kinds = {(r["variant"], r["B"], r["calls_per_step"]) for r in payload["rows"]}
+    assert {("local", 8, 1), ("python", 32, 2)} <= kinds
+    assert json.loads(out.read_text())["machine"]["torch_threads"] == 1
+    assert "verdict" in payload["targets"]
+    assert "|" in dispatch.report(payload)
+
+
+@pytest.mark.ray
+def test_dispatch_ray_core_counts_driver_bytes(tmp_path):
+    import ray
+    from bench import dispatch
+    started = not ray.is_initialized()
+    try:
+        payload = dispatch.run(sizes=(8,), calls=2, warmup=1, chain=2, with_ray=True,
+                               out=str(tmp_path / "d.json"), quiet=True)
+    finally:
+        if started and ray.is_initialized():
+            ray.shutdown()
+    ray_rows = [r for r in payload["rows"] if r["variant"] == "ray"]
+    assert ray_rows and all(r["driver_control_bytes"] > 0 for r in ray_rows)
+    assert {r["variant"] for r in payload["rows"]} >= {"local", "python", "ray", "plain",
+                                                       "driver"}
+
+
+def test_step_core_alternates_local_and_handwritten(tmp_path):
+    from bench import step
+    out = tmp_path / "step.json"
+    payload = step.run(steps=1, warmup=0, with_ray=False, with_trl=False,
+                       with_accuracy=False, with_memory=False, out=str(out), quiet=True)
+    assert set(payload["step_s"]) == {"local", "handwritten"}
+    assert payload["targets"]["local_over_handwritten"] > 0
+    assert "x handwritten" in step.report(payload)
+
+
+def test_handwritten_grpo_step_and_greedy_accuracy():
+    from bench.handwritten_grpo import HandwrittenGRPO
+    loop = HandwrittenGRPO()
+    metrics = loop.step()
+    assert 0.0 <= metrics["score"] <= 1.0
+    assert 0.0 <= loop.greedy_accuracy() <= 1.0
