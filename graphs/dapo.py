@@ -25,7 +25,9 @@ def build(cfg) -> Graph:
     kept = g.fn(ops.drop_uniform_groups, rollout, score)
     batch = g.gather(kept, until=cfg.data.batch_size * cfg.rollout.n, max_rounds=a.max_rounds)
     old = g.call("actor.logprob", batch)
-    ref = g.call("ref.logprob", batch)
     adv = g.fn(ops.grpo_advantages, batch)
-    g.call("actor.update", batch, old, ref, adv)
+    inputs = [batch, old, adv]
+    if cfg.actor.use_kl_loss:  # the KL loss needs the reference policy
+        inputs.append(g.call("ref.logprob", batch))
+    g.call("actor.update", *inputs)
     return g

@@ -1,5 +1,6 @@
 """GRPO: sample n responses per prompt, score them, and use each prompt's group of
-scores as the baseline. No critic. `algorithm.norm_by_std=false` gives Dr.GRPO."""
+scores as the baseline. No critic. `algorithm.norm_by_std=false` gives Dr.GRPO;
+`actor.use_kl_loss=false` drops the reference policy from the graph altogether."""
 from hybridflow import Graph
 
 from graphs import ops
@@ -7,7 +8,8 @@ from graphs.common import embedded_defaults
 
 
 def defaults() -> dict:
-    return embedded_defaults(**{"rollout": {"n": 8}, "algorithm": {"norm_by_std": True}})
+    return embedded_defaults(rollout={"n": 8}, algorithm={"norm_by_std": True},
+                             actor={"use_kl_loss": True, "kl_loss_coef": 0.001})
 
 
 def build(cfg) -> Graph:
@@ -15,8 +17,10 @@ def build(cfg) -> Graph:
     prompts = g.source("prompts")
     rollout = g.call("actor.generate", prompts, n=cfg.rollout.n)
     old = g.call("actor.logprob", rollout)
-    ref = g.call("ref.logprob", rollout)
     score = g.call("reward.score", rollout)
     adv = g.fn(ops.grpo_advantages, rollout, score, norm_by_std=cfg.algorithm.norm_by_std)
-    g.call("actor.update", rollout, old, ref, adv)
+    inputs = [rollout, old, adv]
+    if cfg.actor.use_kl_loss:  # the KL loss needs the reference policy
+        inputs.append(g.call("ref.logprob", rollout))
+    g.call("actor.update", *inputs)
     return g

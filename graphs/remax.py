@@ -17,12 +17,14 @@ def build(cfg) -> Graph:
     greedy = g.call("actor.generate", prompts, n=cfg.rollout.n, do_sample=False,
                     name="greedy")
     old = g.call("actor.logprob", rollout)
-    ref = g.call("ref.logprob", rollout)
     score = g.call("reward.score", rollout)
     baseline = g.call("reward.score", greedy, name="baseline",
                       rename={"scores": "baseline_scores",
                               "token_level_scores": "baseline_token_scores"})
     rewards = g.fn(ops.scores_to_rewards, score)
     adv = g.fn(ops.remax_advantages, rollout, rewards, baseline)
-    g.call("actor.update", rollout, old, ref, adv)
+    inputs = [rollout, old, adv]
+    if cfg.actor.use_kl_loss:  # the KL loss needs the reference policy
+        inputs.append(g.call("ref.logprob", rollout))
+    g.call("actor.update", *inputs)
     return g

@@ -14,8 +14,10 @@ def build(cfg) -> Graph:
     prompts = g.source("prompts")
     rollout = g.call("actor.generate", prompts, n=cfg.rollout.n)
     old = g.call("actor.logprob", rollout)
-    ref = g.call("ref.logprob", rollout)
     score = g.call("reward.score", rollout)
     adv = g.fn(ops.rloo_advantages, rollout, score)
-    g.call("actor.update", rollout, old, ref, adv)
+    inputs = [rollout, old, adv]
+    if cfg.actor.use_kl_loss:  # the KL loss needs the reference policy
+        inputs.append(g.call("ref.logprob", rollout))
+    g.call("actor.update", *inputs)
     return g

@@ -6,6 +6,8 @@ import argparse
 import importlib
 import sys
 
+from hybridflow.commands.args import IntermixedParser
+
 __all__ = ["main"]
 
 _COMMANDS = ("run", "check", "render", "plan", "data", "export")
@@ -15,7 +17,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     handlers = {}
     parser = argparse.ArgumentParser(
         prog="hybridflow", description="Declarative dataflow graphs for RL post-training.")
-    subparsers = parser.add_subparsers(dest="command", required=True)
+    subparsers = parser.add_subparsers(dest="command", required=True,
+                                       parser_class=IntermixedParser)
     for name in _COMMANDS:
         try:
             module = importlib.import_module(f"hybridflow.commands.{name}")

@@ -267,8 +267,9 @@ def test_timeline_step_choice_and_overlap_lanes(tmp_path):
 # --------------------------------------------------------------- the command
 def parse(argv):
     from hybridflow.commands import render as command
+    from hybridflow.commands.args import IntermixedParser
     parser = argparse.ArgumentParser(prog="hybridflow")
-    command.add_parser(parser.add_subparsers(dest="command"))
+    command.add_parser(parser.add_subparsers(dest="command", parser_class=IntermixedParser))
     return command, parser.parse_args(argv)
 
 

@@ -18,21 +18,6 @@ import sys
 __all__ = ["add_parser", "parse_models", "run"]
 
 
-class _IntermixedParser(argparse.ArgumentParser):
-    """Lets key=value overrides follow options (`plan g.py --model 7b rollout.n=4`)."""
-
-    _intermixing = False
-
-    def parse_known_args(self, args=None, namespace=None):
-        if self._intermixing:
-            return super().parse_known_args(args, namespace)
-        self._intermixing = True
-        try:
-            return self.parse_known_intermixed_args(args, namespace)
-        finally:
-            self._intermixing = False
-
-
 def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "plan", help="choose colocation, pool sizes and parallelism for a graph, and explain why",
@@ -63,7 +48,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     out.add_argument("--render", metavar="PATH", help="draw the best plan (.svg/.png/.pdf/.dot)")
     out.add_argument("--save", metavar="PATH", help="write the best plan as a config's placement section (YAML)")
     parser.set_defaults(run=run)
-    parser.__class__ = _IntermixedParser  # subparsers.add_parser builds a plain parser
     return parser
 
 

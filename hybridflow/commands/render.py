@@ -13,21 +13,6 @@ from pathlib import Path
 __all__ = ["add_parser", "run", "read_timeline"]
 
 
-class _IntermixedParser(argparse.ArgumentParser):
-    """Lets overrides follow options (`render g.py -o x.svg rollout.n=4`): plain
-    argparse binds all positionals at their first run and rejects later ones."""
-    _intermixing = False
-
-    def parse_known_args(self, args=None, namespace=None):
-        if self._intermixing:
-            return super().parse_known_args(args, namespace)
-        self._intermixing = True
-        try:
-            return self.parse_known_intermixed_args(args, namespace)
-        finally:
-            self._intermixing = False
-
-
 def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "render", help="draw a graph, its placement (--plan), or a run's timeline",
@@ -45,7 +30,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="draw RUN_DIR/timeline.jsonl instead of a graph")
     parser.add_argument("--step", type=int, help="timeline step (default: the last recorded)")
     parser.set_defaults(run=run)
-    parser.__class__ = _IntermixedParser  # subparsers.add_parser builds a plain parser
     return parser
 
 

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 from hybridflow.commands.common import prepare
 from hybridflow.loop import Trainer
 from hybridflow.tracking import RunDir, new_run_dir
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+torch.set_num_threads(1)  # 2-core machines: the test process is one of several
 
 
 def graph_file(name: str) -> str:
