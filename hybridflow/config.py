@@ -193,12 +193,7 @@ def _check_optimizer(name: str, section: DictConfig) -> None:
     for key in ("mini_batch_size", "micro_batch_size", "ppo_epochs"):
         if section[key] < 1:
             raise ConfigError(f"{name}.{key} must be at least 1, got {section[key]}")
-    if section.micro_batch_size > section.mini_batch_size:
-        raise ConfigError(
-            f"{name}.micro_batch_size={section.micro_batch_size} (rows per forward pass) is "
-            f"larger than {name}.mini_batch_size={section.mini_batch_size} (rows per "
-            f"optimizer step): set {name}.micro_batch_size to at most "
-            f"{section.mini_batch_size}")
+    # a micro-batch larger than the mini-batch is fine: the mini-batch is one micro-batch
 
 
 def _one_of(key: str, value: str, valid, what: str) -> None:

@@ -54,8 +54,7 @@ def write(path, text: str) -> str:
 @pytest.mark.parametrize("override, words", [
     ("rollout.n=0", "rollout.n must be at least 1, got 0"),
     ("data.max_prompt_length=0", "data.max_prompt_length must be at least 1"),
-    ("actor.mini_batch_size=32", r"actor.micro_batch_size=64 \(rows per forward pass\) is "
-                                 r"larger than actor.mini_batch_size=32 .* at most 32"),
+    ("actor.mini_batch_size=0", "actor.mini_batch_size must be at least 1, got 0"),
     ("actor.lr=-0.001", "actor.lr must not be negative, got -0.001"),
     ("actor.ppo_epochs=0", "actor.ppo_epochs must be at least 1, got 0"),
     ("actor.policy_loss=ppo2", r"actor.policy_loss='ppo2' is not a known policy loss; "
