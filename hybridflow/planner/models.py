@@ -30,7 +30,6 @@ class ModelSpec:
         kv = self.kv_heads * self.head_dim
         return self.lora_rank * self.layers * (6 * self.hidden + 2 * kv)
 
-
     def __post_init__(self) -> None:
         if min(self.layers, self.hidden, self.heads, self.kv_heads, self.vocab) < 1:
             raise ValueError(f"model {self.name!r} has a non-positive dimension: {self}")
@@ -60,7 +59,7 @@ class ModelSpec:
         return f"{self.name} ({self.params / 1e9:.1f}B params, {self.layers} layers, hidden {self.hidden})"
 
     @classmethod
-    def from_name(cls, name: str) -> "ModelSpec":
+    def from_name(cls, name: str) -> ModelSpec:
         """A size name such as "7b", "13B" or "llama-70b"."""
         match = re.search(r"(\d+(?:\.\d+)?)\s*b\b", name.lower())
         key = f"{match.group(1)}b" if match else name.lower()
@@ -70,7 +69,7 @@ class ModelSpec:
         return KNOWN_SIZES[key]
 
     @classmethod
-    def from_hf_config(cls, config: dict, name: str | None = None) -> "ModelSpec":
+    def from_hf_config(cls, config: dict, name: str | None = None) -> ModelSpec:
         """Shapes from a Hugging Face causal-LM config dict (Llama, Qwen2, Mistral, ...)."""
         required = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
         missing = [k for k in required if k not in config]
