@@ -88,6 +88,15 @@ def _jsonable(value):
     return value
 
 
+def _optional(module: str, package: str):
+    import importlib
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise RuntimeError(f"trainer.{package}=true needs the '{package}' package: "
+                           f"pip install {package} (or hybridflow[tracking])") from None
+
+
 class MetricSinks:
     """metrics.jsonl always; TensorBoard and W&B (offline) when enabled."""
 
@@ -98,11 +107,11 @@ class MetricSinks:
         self.timeline = open(run.file("timeline.jsonl"), "a")
         self.tb = self.wb = None
         if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+            SummaryWriter = _optional("torch.utils.tensorboard", "tensorboard").SummaryWriter
             self.tb = SummaryWriter(run.file("tensorboard"))
         if wandb:
-            import wandb as wb
-            os.environ.setdefault("WANDB_MODE", "offline")
+            wb = _optional("wandb", "wandb")
+            os.environ.setdefault("WANDB_MODE", "offline")  # never send data unasked
             self.wb = wb.init(project="hybridflow", name=name, dir=run.path)
 
     def log(self, step: int, metrics: dict) -> None:

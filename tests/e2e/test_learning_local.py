@@ -20,3 +20,11 @@ def test_grpo_embedded_default_raises_held_out_accuracy(tmp_path):
     for key in ("actor/pg_loss", "timing_s/actor.generate", "perf/time_per_step",
                 "engine/driver_bytes"):
         assert key in metrics[-1], key
+
+
+def test_tensorboard_events_are_written(tmp_path):
+    trainer, _ = train("grpo", tmp_path, "trainer.steps=1", "trainer.val_every=0",
+                       "trainer.tensorboard=true", "data.batch_size=4", "rollout.n=2",
+                       "actor.mini_batch_size=8")
+    events = os.listdir(os.path.join(trainer.run.path, "tensorboard"))
+    assert any(name.startswith("events.out.tfevents") for name in events)
