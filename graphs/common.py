@@ -28,7 +28,10 @@ def embedded_defaults(**overrides) -> dict:
     base = {
         "trainer": {"steps": 40, "val_every": 10},
         "data": {"batch_size": 16, "max_prompt_length": 8},
-        "rollout": {"n": 8, "max_new_tokens": 4, "temperature": 1.0},
+        # one generate call and few log-prob chunks per step: the toy model is tiny
+        "rollout": {"n": 8, "max_new_tokens": 4, "temperature": 1.0, "micro_batch_size": 128,
+                    "log_prob_micro_batch_size": 64},
+        "ref": {"micro_batch_size": 64},
         "actor": {"lr": 2e-4, "mini_batch_size": 64, "micro_batch_size": 64,
                   "ppo_epochs": 1, "grad_clip": 1.0},
         "critic": {"lr": 1e-3, "mini_batch_size": 64, "micro_batch_size": 64},

@@ -16,6 +16,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("graph", help="a graph file exporting build(cfg)")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     parser.add_argument("-c", "--config", help="YAML config file, merged before overrides")
+    parser.add_argument("--print-config", action="store_true",
+                        help="also print the merged configuration as YAML")
     return parser
 
 
@@ -25,6 +27,9 @@ def run(args) -> int:
     except (GraphError, ConfigError, GraphFileError) as err:
         print(f"hybridflow check: {err}", file=sys.stderr)
         return 1
+    if args.print_config:
+        from omegaconf import OmegaConf
+        print(OmegaConf.to_yaml(loaded.cfg))
     print(loaded.plan.summary())
     print("ok")
     return 0
