@@ -29,13 +29,9 @@ class GraphFileError(ValueError):
     """The graph file is missing, does not import, or does not export build(cfg)."""
 
 
-def load_graph_module(path: str) -> ModuleType:
-    if not os.path.isfile(path):
-        raise GraphFileError(f"graph file {path!r} does not exist")
-    path = os.path.abspath(path)
-    stem = os.path.splitext(os.path.basename(path))[0]
-    digest = hashlib.sha1(path.encode()).hexdigest()[:8]
-    name = f"hybridflow_user_graph_{stem}_{digest}"
+def _exec_user_file(path: str, name: str, error: type[ValueError], what: str) -> ModuleType:
+    """Import a user's file (and only that file) under a private module name; its
+    functions are pickled by value for Ray workers, which cannot import that name."""
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
@@ -45,12 +41,22 @@ def load_graph_module(path: str) -> ModuleType:
         spec.loader.exec_module(module)
     except Exception as err:
         del sys.modules[name]
-        raise GraphFileError(f"graph file {path!r} failed to import: "
-                             f"{type(err).__name__}: {err}") from err
+        raise error(f"{what} {path!r} failed to import: {type(err).__name__}: {err}") from err
+    _pickle_by_value(module)
+    return module
+
+
+def load_graph_module(path: str) -> ModuleType:
+    if not os.path.isfile(path):
+        raise GraphFileError(f"graph file {path!r} does not exist")
+    path = os.path.abspath(path)
+    stem = os.path.splitext(os.path.basename(path))[0]
+    digest = hashlib.sha1(path.encode()).hexdigest()[:8]
+    name = f"hybridflow_user_graph_{stem}_{digest}"
+    module = _exec_user_file(path, name, GraphFileError, "graph file")
     if not callable(getattr(module, "build", None)):
         del sys.modules[name]
         raise GraphFileError(f"graph file {path!r} must export build(cfg) -> Graph")
-    _pickle_by_value(module)
     return module
 
 
@@ -85,17 +91,7 @@ def _load_file(path: str) -> ModuleType:
     if not os.path.isfile(path):
         raise ConfigError(f"worker file {path!r} does not exist")
     name = "hybridflow_user_" + hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:10]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as err:
-        del sys.modules[name]
-        raise ConfigError(f"worker file {path!r} failed to import: "
-                          f"{type(err).__name__}: {err}") from err
-    _pickle_by_value(module)
-    return module
+    return _exec_user_file(path, name, ConfigError, "worker file")
 
 
 def _call_graph_file(path: str, what: str, fn, *args):

@@ -9,7 +9,7 @@ import pytest
 from hybridflow.cli import main
 from tests.e2e.helpers import graph_file
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]
 
 SCORER = '''
 import os
@@ -27,16 +27,6 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
         os._exit(1)  # the whole worker process dies, as on an OOM kill
     return toy_score(data_source, solution_str, ground_truth, extra_info)
 '''
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_session():
-    import ray
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=8, num_gpus=4, include_dashboard=False)
-    yield
-    ray.shutdown()
 
 
 def test_killed_worker_stops_the_run_and_resume_finishes_it(tmp_path, capsys):

@@ -4,17 +4,7 @@ import pytest
 
 from tests.e2e.helpers import series, train
 
-pytestmark = pytest.mark.ray
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_session():
-    import ray
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=8, num_gpus=4, include_dashboard=False)
-    yield
-    ray.shutdown()
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]
 
 
 RAY = ("runtime.name=ray", "trainer.steps=12", "trainer.val_every=12", "trainer.val_samples=1",
