@@ -122,22 +122,27 @@ class DispatchMode:
     collect: Callable[[list, Layout], Any]
 
 
-def merge_metrics(dicts: list[dict]) -> dict:
-    """Mean of each numeric metric over ranks (ranks see equal shares of the batch)."""
+def merge_metrics(dicts: list[dict], weights: list[float] | None = None) -> dict:
+    """Mean of each numeric metric over ranks, weighted by `weights` (the rows each
+    rank saw, so uneven shards average exactly) or equal when not given."""
+    weights = list(weights) if weights and sum(weights) > 0 else [1.0] * len(dicts)
     keys = {k for d in dicts for k in d}
     out = {}
     for key in sorted(keys):
-        vals = [d[key] for d in dicts if key in d]
+        pairs = [(d[key], w) for d, w in zip(dicts, weights) if key in d]
+        vals = [v for v, _ in pairs]
         numeric = all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in vals)
-        out[key] = float(sum(vals) / len(vals)) if numeric else vals[0]
+        total = sum(w for _, w in pairs)
+        out[key] = float(sum(v * w for v, w in pairs) / total) if numeric and total else vals[0]
     return out
 
 
 def _concat_collect(outputs: list) -> Batch:
     merged = Batch.concat(outputs)
-    metrics = [o.meta.get("metrics", {}) for o in outputs if o is not None]
+    present = [o for o in outputs if o is not None]
+    metrics = [o.meta.get("metrics", {}) for o in present]
     if any(metrics):
-        merged.meta = {**merged.meta, "metrics": merge_metrics(metrics)}
+        merged.meta = {**merged.meta, "metrics": merge_metrics(metrics, [len(o) for o in present])}
     return merged
 
 

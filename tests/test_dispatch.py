@@ -141,7 +141,8 @@ def test_dp_tp_gives_replicas_one_shard_and_collects_one_per_group():
     outs = fake_worker_outputs(shards, metrics=lambda r: {"loss": float(r)})
     out = mode.collect(outs, layout)
     assert out["y"].tolist() == [10 * i for i in range(7)]  # no duplicated rows
-    assert out.meta["metrics"]["loss"] == pytest.approx((0 + 2 + 4) / 3)
+    # one rank per replica group, weighted by the rows of its shard (3, 2, 2)
+    assert out.meta["metrics"]["loss"] == pytest.approx((0 * 3 + 2 * 2 + 4 * 2) / 7)
 
 
 def test_dp_tp_with_tp_one_is_plain_dp():
@@ -185,3 +186,9 @@ def test_duplicate_mode_is_rejected():
 def test_unknown_mode_names_the_known_ones():
     with pytest.raises(ValueError, match="unknown dispatch mode 'dpp'.*'dp'"):
         get_dispatch_mode("dpp")
+
+
+def test_metrics_of_uneven_shards_are_weighted_by_rows():
+    from hybridflow.dispatch import merge_metrics
+    assert merge_metrics([{"m": 1.0}, {"m": 4.0}], [3, 1]) == {"m": 1.75}
+    assert merge_metrics([{"m": 1.0}, {"m": 4.0}], [0, 0]) == {"m": 2.5}  # no rows: plain mean
