@@ -56,6 +56,14 @@ def remax_advantages(batch: Batch) -> Batch:
     return _out(advantages=a, returns=r)
 
 
+@node_fn(reads=("baseline_scores",), writes=("baseline_scores",),
+         overwrites=("baseline_scores",))
+def repeat_baseline(batch: Batch, n: int) -> Batch:
+    """One greedy score per prompt -> one per sample (n samples a prompt, interleaved,
+    as `actor.generate` lays them out)."""
+    return _out(baseline_scores=batch["baseline_scores"].float().repeat_interleave(n))
+
+
 @node_fn(reads=("token_level_rewards", "values", "response_mask"),
          writes=("advantages", "returns"))
 def gae_advantages(batch: Batch, gamma: float = 1.0, lam: float = 1.0) -> Batch:

@@ -14,13 +14,13 @@ def build(cfg) -> Graph:
     g = Graph("remax")
     prompts = g.source("prompts")
     rollout = g.call("actor.generate", prompts, n=cfg.rollout.n)
-    greedy = g.call("actor.generate", prompts, n=cfg.rollout.n, do_sample=False,
-                    name="greedy")
+    greedy = g.call("actor.generate", prompts, n=1, do_sample=False, name="greedy")
     old = g.call("actor.logprob", rollout)
     score = g.call("reward.score", rollout)
     baseline = g.call("reward.score", greedy, name="baseline",
                       rename={"scores": "baseline_scores",
                               "token_level_scores": "baseline_token_scores"})
+    baseline = g.fn(ops.repeat_baseline, baseline, n=cfg.rollout.n)  # one per sample
     rewards = g.fn(ops.scores_to_rewards, score)
     adv = g.fn(ops.remax_advantages, rollout, rewards, baseline)
     inputs = [rollout, old, adv]
