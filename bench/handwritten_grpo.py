@@ -1,10 +1,11 @@
 """GRPO written by hand in one process: the baseline bench/step.py compares the engine to.
 
 The same math and settings as `graphs/grpo.py` with its embedded default, with no
-engine in between: the same base model (graphs/assets/toy_base) as policy and as a
-frozen reference, the toy task's prompts (16 a step, shuffled the same way), 8 samples
-each by Hugging Face `generate` (micro-batches of 64, 4 new tokens, temperature 1),
-old and reference log-probs (micro-batches of 16), rewards by
+engine in between: the same base model (graphs/assets/toy_base) as policy, no KL term
+(so no reference model, as `actor.use_kl_loss=false` drops it from the graph), the toy
+task's prompts (16 a step, shuffled the same way), 8 samples each by Hugging Face
+`generate` (one call of 128, 4 new tokens, temperature 1), old log-probs
+(micro-batches of 64), rewards by
 `algorithms.rewards.compute_score`, group advantages by `algorithms.advantages.grpo`,
 and one PPO epoch of `algorithms.losses.ppo_policy_loss` over mini-batches of 64 rows
 (AdamW lr 2e-4, betas 0.9/0.999, weight decay 0.01, grad clip 1.0, token-mean).
@@ -31,8 +32,8 @@ class Settings:
     n = 8
     max_new_tokens = 4
     temperature = 1.0
-    gen_micro_batch = 64
-    logprob_micro_batch = 16
+    gen_micro_batch = 128
+    logprob_micro_batch = 64
     mini_batch = 64
     micro_batch = 64
     lr, betas, weight_decay, grad_clip = 2e-4, (0.9, 0.999), 0.01, 1.0
@@ -51,8 +52,6 @@ class HandwrittenGRPO:
         self.tok = AutoTokenizer.from_pretrained(model_path)
         self.pad, self.eos = self.tok.pad_token_id, self.tok.eos_token_id
         self.policy = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-        self.ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-        self.ref.eval().requires_grad_(False)
         self.opt = torch.optim.AdamW(self.policy.parameters(), lr=s.lr, betas=s.betas,
                                      weight_decay=s.weight_decay)
         self.sample_cfg = GenerationConfig(
@@ -153,7 +152,6 @@ class HandwrittenGRPO:
         attn = torch.cat([pmask, resp_mask], 1)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         old = self.batched_logprobs(self.policy, full, attn, pos, resp)
-        self.batched_logprobs(self.ref, full, attn, pos, resp)  # GRPO's graph computes it too
         scores = self.scores(rows, resp, resp_mask)
         adv, _ = grpo(scores, uid, resp_mask, 1e-6, True)
         losses = []

@@ -48,12 +48,17 @@ def quiet_logs() -> None:
     logging.getLogger("ray").setLevel(logging.WARNING)
 
 
+# Every variant does the same math: GRPO without a KL term (TRL's default beta=0), so
+# the engine's graph has no reference node and the hand-written loop no reference model.
+SAME_MATH = ["actor.use_kl_loss=false"]
+
+
 # ----------------------------------------------------------------- variants
 def local_trainer(threads: int, overrides=()):
     from hybridflow.commands.common import prepare
     from hybridflow.loop import Trainer
     from hybridflow.tracking import RunDir
-    loaded = prepare(GRPO, ["trainer.val_samples=1", "trainer.progress=false",
+    loaded = prepare(GRPO, [*SAME_MATH, "trainer.val_samples=1", "trainer.progress=false",
                             f"runtime.torch_threads={threads}", *overrides])
     return Trainer(loaded, RunDir(tempfile.mkdtemp(prefix="bench-step-")))
 
@@ -70,7 +75,7 @@ class RayStep:
         if not ray.is_initialized():
             ray.init(num_cpus=8, num_gpus=4, include_dashboard=False,
                      log_to_driver=False)
-        loaded = prepare(GRPO, ["runtime.name=ray", "trainer.val_every=0",
+        loaded = prepare(GRPO, [*SAME_MATH, "runtime.name=ray", "trainer.val_every=0",
                                 f"runtime.torch_threads={threads}"])
         self.cfg = loaded.cfg
         self.loader, _ = Trainer._make_loaders(types.SimpleNamespace(cfg=loaded.cfg))
@@ -141,12 +146,9 @@ def trl_trainer(steps: int, callback):
                        processing_class=tok, callbacks=[callback])
 
 
-# TRL generates a whole generation batch in one call, computes old log-probs in
-# chunks of the per-device batch (64) and, with beta 0, no reference log-probs. The
-# same micro-batches for the engine (it still computes reference log-probs: the
-# GRPO graph has that node):
-TRL_MATCHED = ["rollout.micro_batch_size=128", "rollout.log_prob_micro_batch_size=64",
-               "ref.micro_batch_size=64"]
+# TRL generates a whole generation batch in one call and computes old log-probs in
+# chunks of the per-device batch (64); the embedded default now does the same.
+TRL_MATCHED = ["rollout.micro_batch_size=128", "rollout.log_prob_micro_batch_size=64"]
 
 
 def run_trl(locals_: dict, steps: int, warmup: int) -> dict:
