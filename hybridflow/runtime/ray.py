@@ -8,9 +8,12 @@ State (owned by `RayRuntime`, changed only by its own methods):
 - `broken`: why the workers can no longer be trusted (an actor died or a call timed
   out), or None. A plain exception inside a method does not break the runtime.
 - `_analysis`: per plan, which inputs feed each node and which group-id columns its
-  output must report; computed once per plan.
+  output must report, and each node pickled once; computed once per plan.
+- `_taught`: (pool, rank, node digest) for every node a worker was sent
+  (`FusedWorker.learn_node`, once per worker and runtime); tasks then name it by digest.
+- `_methods`: (pool, rank, method, returns) -> the actor method with its options.
 A step's own state lives in `ray_step.StepScheduler` (see there): the driver holds
-object references and small metas, never tensors, except for the feeds it puts,
+object references and small metas, never tensors, except for the feeds it sends,
 function nodes it runs itself (no `group_by`, not `rows`) and columns it `fetch`es,
 all counted in `StepResult.driver_bytes`.
 """
@@ -29,6 +32,7 @@ from hybridflow.runtime.common import NodeFailure, StepResult, input_columns, up
 from hybridflow.runtime.ray_pools import (RuntimeSettings, WorkerGroup, connect, launch_group,
                                           start_groups, stop_group)
 from hybridflow.runtime.ray_step import NodeOutput, StepScheduler
+from hybridflow.runtime.ray_tasks import resolve
 from hybridflow.runtime.ray_worker import (ShippedNode, default_context, failure_detail,
                                            payload_bytes)
 
@@ -70,6 +74,8 @@ class RayRuntime:
         self.settings = RuntimeSettings.from_config(cfg)
         self.broken: str | None = None
         self._analysis: dict[int, tuple[ExecutionPlan, PlanAnalysis]] = {}
+        self._taught: set[tuple[str, int, bytes]] = set()
+        self._methods: dict[tuple, object] = {}
         self.started_ray = connect(self.settings, plan.placement)
         self.groups: dict[str, WorkerGroup] = {}
         try:
@@ -97,6 +103,24 @@ class RayRuntime:
         if node.name not in cache:
             cache[node.name] = ShippedNode(node)
         return cache[node.name]
+
+    def node_id(self, plan: ExecutionPlan, node: PlanNode, pool: str, rank: int) -> bytes:
+        """The digest a task names its node by; the worker is sent the node first
+        (Ray runs one caller's tasks to an actor in submission order)."""
+        shipped = self.shipped(plan, node)
+        key = (pool, rank, shipped.digest)
+        if key not in self._taught:
+            self.actors(pool)[rank].learn_node.remote(shipped.digest, shipped.blob)
+            self._taught.add(key)
+        return shipped.digest
+
+    def method(self, pool: str, rank: int, name: str, returns: int):
+        """An actor method of rank `rank` with `num_returns=returns`, built once."""
+        key = (pool, rank, name, returns)
+        if key not in self._methods:
+            method = getattr(self.actors(pool)[rank], name)
+            self._methods[key] = method.options(num_returns=returns)
+        return self._methods[key]
 
     def upstream_plan(self, plan: ExecutionPlan, name: str) -> ExecutionPlan:
         """The part of `plan` a gather node re-runs: `name` and what it depends on."""
@@ -168,14 +192,15 @@ class RayRuntime:
             else:
                 refs.append(self.actors(home[0])[home[1]].select.remote(keys, ref))
         try:
-            shards = ray.get(refs, timeout=self.settings.call_timeout_s)
+            shards, _ = resolve(refs, self.settings.call_timeout_s)
         except ray.exceptions.RayError as err:
             raise NodeFailure(PlanNode(node, "call", "call", (), "fetch"), None,
                               failure_detail(err)) from None
         shards = [s.select(*keys) for s in shards]
         batch = shards[0] if len(shards) == 1 else Batch.concat(shards)
         batch.meta = {**batch.meta, "metrics": dict(out.metrics)}
-        result.driver_bytes += payload_bytes(batch)
+        result.driver_bytes += sum(payload_bytes(s) for s, r in zip(shards, refs)
+                                   if isinstance(r, ray.ObjectRef))  # by-value: here already
         return batch
 
     def call_role(self, role: str, method: str, *args, **kwargs) -> list:
@@ -210,6 +235,8 @@ class RayRuntime:
         for group in self.groups.values():
             stop_group(group)
         self.groups.clear()
+        self._taught.clear()
+        self._methods.clear()
         if self.started_ray and ray.is_initialized():
             ray.shutdown()
         self.started_ray = False

@@ -5,41 +5,46 @@ never see it, they only receive task descriptions):
 - `waiting`: nodes not yet submitted, in plan (topological) order.
 - `outputs`: node -> NodeOutput, set when the node is submitted. Its `refs` (one per
   slot, concatenation = the node's output) exist at once; `rows` and `groups` are
-  filled when every task of the node has reported (the node is *done*).
-- `running`: meta ref -> TaskRecord for every worker task not yet reported.
-- `queues`: (pool, rank) -> the records submitted to that actor, in order; Ray runs
-  them in that order, so the head's clock (from when its actor went idle and its
-  inputs were done) is what `call_timeout_s` bounds.
+  filled when every task of the node has reported (the node is *done*). A slot the
+  driver holds and that is small (a seed or prompt shard) is the Batch itself, sent
+  by value with each task that reads it; larger ones are `ray.put`.
+- `tasks`: the worker tasks in flight (`ray_tasks.InFlight`: records, per-actor
+  queues, the hang clock that `call_timeout_s` bounds).
 - `result`: the StepResult being filled (metrics, timeline, driver bytes).
 
-A waiting node is submitted as soon as its inputs allow:
+A waiting node is submitted as soon as its inputs allow (`ray_reshard` says which
+rows each slot takes):
 - its inputs' shards line up with its own ranks (same slot count and row partition,
   known from a shared lineage or equal row counts): at once, the refs passed through;
 - it needs the whole input on one rank (rank_zero, broadcast, user-defined modes):
   at once, every shard passed to that rank;
 - otherwise (reshard, a group check, a driver function): when its inputs are done,
   with the row ranges each rank must take.
+While some node waits for its inputs to be done the scheduler wakes on every
+arrival; once every node is submitted it waits for all metas at once (waking at
+least every `ray_tasks.POLL_S` to report a failed task without waiting for the rest).
 """
 from __future__ import annotations
 
-import collections
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
-import numpy as np
 import ray
 
-from hybridflow.batch import Batch, split_indices
+from hybridflow.batch import Batch
 from hybridflow.compiler import ExecutionPlan, PlanNode
 from hybridflow.dispatch import (BROADCAST, DP, DP_TP, RANK_ZERO, Layout, get_dispatch_mode,
                                  merge_metrics)
 from hybridflow.runtime.common import (NodeFailure, StepResult, assemble_input, finish_gather,
                                        finish_output, run_fn_node, sum_round_metrics)
-from hybridflow.runtime.ray_worker import (DepInput, Piece, ShardTask, failure_detail,
-                                           group_hashes, payload_bytes)
+from hybridflow.runtime.ray_reshard import grouped_inputs, slot_inputs, whole_inputs
+from hybridflow.runtime.ray_tasks import InFlight, TaskArgs, TaskRecord, resolve
+from hybridflow.runtime.ray_worker import (DepInput, Piece, ShardTask, group_hashes,
+                                           payload_bytes)
 
-__all__ = ["NodeOutput", "StepScheduler"]
+__all__ = ["NodeOutput", "StepScheduler", "INLINE_BYTES"]
+
+INLINE_BYTES = 64 * 1024  # driver-held shards up to this size travel inside the tasks
 
 
 @dataclass
@@ -65,57 +70,31 @@ class NodeOutput:
         return None if self.rows is None else sum(self.rows)
 
 
-@dataclass
-class TaskRecord:
-    node: str
-    pool: str
-    rank: int
-    slot: int | None               # output slot it fills; None: a helper task
-    after: list                    # metas of the tasks whose outputs it reads
-    submitted: float
-    ref: Any = None                # its meta ObjectRef
-    done: float | None = None
-    meta: dict | None = None
-
-
-class _Args:
-    """Positional arguments of one task, each ref once."""
-
-    def __init__(self):
-        self.refs: list = []
-        self._index: dict = {}
-
-    def add(self, ref) -> int:
-        if ref not in self._index:
-            self._index[ref] = len(self.refs)
-            self.refs.append(ref)
-        return self._index[ref]
-
-
 class StepScheduler:
     def __init__(self, runtime, plan: ExecutionPlan, feeds: dict[str, Batch], draw=None):
         self.rt, self.plan, self.feeds, self.draw = runtime, plan, feeds, draw
         self.timeout = runtime.settings.call_timeout_s
-        self.order = {n.name: i for i, n in enumerate(plan.nodes)}
         self.waiting: list[str] = [n.name for n in plan.nodes]
         self.outputs: dict[str, NodeOutput] = {}
-        self.running: dict[Any, TaskRecord] = {}
-        self.records: dict[str, list[TaskRecord]] = collections.defaultdict(list)
-        self.meta_of: dict[Any, Any] = {}          # shard ref -> meta ref of its task
-        self.done_at: dict[Any, float] = {}        # meta ref -> when it arrived
-        self.queues: dict[tuple, collections.deque] = collections.defaultdict(collections.deque)
-        self.idle_since: dict[tuple, float] = {}
+        self.tasks = InFlight(runtime, plan)
+        self.records = self.tasks.records
+        self.meta_of = self.tasks.meta_of        # shard ref -> meta ref of its task
         self.group_keys = runtime.analysis(plan).group_keys
         self.result = StepResult(outputs={})
-        self.busy_s = 0.0
+        self._busy_s = 0.0
+
+    @property
+    def busy_s(self) -> float:
+        """Driver time spent submitting and collecting, not blocked in `ray.wait`."""
+        return self._busy_s + self.tasks.busy_s
 
     # ------------------------------------------------------------------- loop
     def run(self) -> StepResult:
         while True:
             t0 = time.perf_counter()
             self._submit_ready()
-            self.busy_s += time.perf_counter() - t0
-            if not self.running:
+            self._busy_s += time.perf_counter() - t0
+            if not self.tasks.running:
                 break
             self._wait()
         if self.waiting:  # every input is done, so only a bug can leave nodes here
@@ -129,64 +108,16 @@ class StepScheduler:
                 self.waiting.remove(name)
 
     def _wait(self) -> None:
-        deadline, head = self._next_deadline()
-        ready, _ = ray.wait(list(self.running), num_returns=1,
-                            timeout=max(0.0, deadline - time.time()))
-        if not ready:
-            if head is None:  # no task could start: name the first one still running
-                head = min(self.running.values(), key=lambda r: (self.order[r.node], r.rank))
-            self.rt.broken = f"node '{head.node}' timed out on rank {head.rank}"
-            raise NodeFailure(self.plan.node(head.node), head.rank,
-                              f"no result from rank {head.rank} of pool '{head.pool}' "
-                              f"within runtime.call_timeout_s={self.timeout:g}s: the "
-                              f"worker hangs or its process died")
+        arrived, failures = self.tasks.wait(first=bool(self.waiting))
         t0 = time.perf_counter()
-        ready, _ = ray.wait(list(self.running), num_returns=len(self.running), timeout=0)
-        failures = []
-        for ref in ready:
-            record = self.running.pop(ref)
-            try:
-                record.meta = ray.get(ref, timeout=self.timeout)
-            except ray.exceptions.RayError as err:
-                failures.append((self.order[record.node], record.rank, record, err))
-                continue
+        for ref, record in arrived:
             self._arrived(ref, record)
         if failures:
-            self._raise_first(failures)
-        self.busy_s += time.perf_counter() - t0
-
-    def _raise_first(self, failures) -> None:
-        _, rank, record, err = min(failures, key=lambda f: (f[0], f[1]))
-        detail = failure_detail(err)
-        if isinstance(err, (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError)):
-            self.rt.broken = f"the worker of pool '{record.pool}' rank {rank} died"
-            detail = (f"the worker process of pool '{record.pool}' rank {rank} died; the "
-                      f"runtime must be restarted.\n{detail}")
-        raise NodeFailure(self.plan.node(record.node), rank, detail) from None
-
-    def _next_deadline(self) -> tuple[float, TaskRecord | None]:
-        """Earliest deadline among the tasks at the head of their actor's queue whose
-        inputs are done (the only ones that can be running)."""
-        best, head = time.time() + self.timeout, None
-        for key, queue in self.queues.items():
-            while queue and queue[0].done is not None:
-                queue.popleft()
-            if not queue:
-                continue
-            task = queue[0]
-            if any(ref not in self.done_at for ref in task.after):
-                continue
-            start = max([task.submitted, self.idle_since.get(key, 0.0),
-                         *(self.done_at[r] for r in task.after)])
-            if start + self.timeout < best:
-                best, head = start + self.timeout, task
-        return best, head
+            self.tasks.raise_first(failures)
+        self._busy_s += time.perf_counter() - t0
 
     def _arrived(self, ref, record: TaskRecord) -> None:
-        now = time.time()
-        record.done = now
-        self.done_at[ref] = now
-        self.idle_since[(record.pool, record.rank)] = now
+        self.tasks.mark_done(ref, record)
         node = self.plan.node(record.node)
         meta = record.meta
         self.result.timeline.append({"node": node.name, "role": node.role, "pool": record.pool,
@@ -251,19 +182,22 @@ class StepScheduler:
         return True
 
     def _put(self, node: PlanNode, batch: Batch) -> None:
-        """A batch from the driver into the object store, split for its first consumer."""
+        """A batch from the driver, split for its first consumer: small shards are
+        kept to be sent by value with each task that reads them (counted then),
+        larger ones go into the object store once (counted here)."""
         homes = self.rt.home_slots(self.plan, node.name)
         shards = batch.split(len(homes)) if homes else [batch]
         homes = homes or [None]
-        refs = [ray.put(s) for s in shards]
-        self.result.driver_bytes += sum(payload_bytes(s) for s in shards)
+        sizes = [payload_bytes(s) for s in shards]
+        refs = [s if size <= INLINE_BYTES else ray.put(s) for s, size in zip(shards, sizes)]
+        self.result.driver_bytes += sum(size for size in sizes if size > INLINE_BYTES)
         keys = self.group_keys.get(node.name, ())
         groups = [{k: group_hashes(s[k]) for k in keys if k in s} for s in shards]
         self.result.driver_bytes += sum(h.nbytes for g in groups for h in g.values())
         self.outputs[node.name] = NodeOutput(
             node.name, refs, homes, node.name, on_driver=True, rows=[len(s) for s in shards],
             keys=batch.keys(),
-            groups=groups, nbytes=sum(payload_bytes(s) for s in shards),
+            groups=groups, nbytes=sum(sizes),
             metrics=batch.meta.get("metrics", {}))
 
     def _submit_driver_fn(self, node: PlanNode) -> bool:
@@ -273,8 +207,8 @@ class StepScheduler:
         start = time.time()
         inputs = {d: Batch() for d in node.deps}
         for dep in sources:
-            shards = ray.get(self.outputs[dep].refs, timeout=self.timeout)
-            self.result.driver_bytes += sum(payload_bytes(s) for s in shards)
+            shards, fetched = resolve(self.outputs[dep].refs, self.timeout)
+            self.result.driver_bytes += fetched
             inputs[dep] = shards[0] if len(shards) == 1 else Batch.concat(shards)
         try:
             out = finish_output(node, run_fn_node(node, assemble_input(node, inputs)))
@@ -315,20 +249,21 @@ class StepScheduler:
         refs = [ref for p in pieces for ref in p.refs]
         home = pieces[0].homes[0]
         if home is None:  # the gathered node ran on the driver
-            shards = ray.get(refs, timeout=self.timeout)
-            self.result.driver_bytes += sum(payload_bytes(b) for b in shards)
+            shards, fetched = resolve(refs, self.timeout)
+            self.result.driver_bytes += fetched
             out = finish_gather(node, shards, rounds)
             self._put(node, out)
             self._record_node(node, out.meta["metrics"], [])
             return True
         pool, rank = home
-        args = _Args()
+        args = TaskArgs()
         for ref in refs:
             args.add(ref)
-        shard, meta = self.rt.actors(pool)[rank].gather.options(num_returns=2).remote(
-            ShardTask(self.rt.shipped(self.plan, node),
-                      group_keys=self.group_keys.get(node.name, ())), rounds, *args.refs)
-        self._record(node, pool, rank, meta, 0, args.refs)
+        task = ShardTask(self.rt.node_id(self.plan, node, pool, rank),
+                         group_keys=self.group_keys.get(node.name, ()))
+        self.result.driver_bytes += args.value_bytes()
+        shard, meta = self.rt.method(pool, rank, "gather", 2).remote(task, rounds, *args.refs)
+        self._record(node, pool, rank, meta, 0, args)
         self.meta_of[shard] = meta
         self.outputs[node.name] = NodeOutput(node.name, [shard], [home], node.name)
         return True
@@ -378,54 +313,14 @@ class StepScheduler:
             return None
         return out.homes[0]
 
+    def _suppliers(self, node: PlanNode) -> list[NodeOutput]:
+        return [self.outputs[d] for d in self.rt.analysis(self.plan).suppliers[node.name]]
+
     def _slot_inputs(self, node: PlanNode, slots: int):
-        """Per slot, the DepInput of every supplying dep, and the output's lineage;
-        None while row counts needed for a reshard are unknown."""
-        deps = [self.outputs[d] for d in self.rt.analysis(self.plan).suppliers[node.name]]
-        if self._aligned(deps, slots):
-            inputs = [{d.node: DepInput((Piece(d.refs[s]),)) for d in deps}
-                      for s in range(slots)]
-            lineage = deps[0].lineage if deps and node.kind != "generate" else node.name
-            return inputs, lineage
-        if not all(d.done for d in deps):
-            return None
-        inputs = [{} for _ in range(slots)]
-        for dep in deps:
-            offsets = np.cumsum([0, *dep.rows])
-            for s, rows in enumerate(np.array_split(np.arange(offsets[-1]), slots)):
-                lo, hi = (int(rows[0]), int(rows[-1]) + 1) if len(rows) else (0, 0)
-                inputs[s][dep.node] = _range_pieces(dep, offsets, lo, hi)
-        return inputs, node.name
+        return slot_inputs(node, self._suppliers(node), slots)
 
     def _grouped_inputs(self, node: PlanNode, slots: int):
-        """Shards that hold whole groups run as they are; otherwise regroup."""
-        deps = [self.outputs[d] for d in self.rt.analysis(self.plan).suppliers[node.name]]
-        if not all(d.done for d in deps):
-            return None
-        key = node.group_by
-        keyed = next((d for d in deps if any(key in g for g in d.groups)), None)
-        if keyed is None:
-            raise NodeFailure(node, None, f"group_by key '{key}' reached the node from none "
-                                          f"of its inputs")
-        per_slot = [g.get(key, np.empty(0, np.uint64)) for g in keyed.groups]
-        whole = sum(len(np.unique(h)) for h in per_slot) == \
-            len(np.unique(np.concatenate(per_slot)))
-        if whole and self._aligned(deps, slots) and len(keyed.refs) == slots:
-            return self._slot_inputs(node, slots)
-        ids = Batch(non_tensors={key: np.concatenate(per_slot)})
-        inputs = [{} for _ in range(slots)]
-        for s, index in enumerate(split_indices(ids, slots, group_by=key)):
-            for dep in deps:
-                inputs[s][dep.node] = _index_pieces(dep, index)
-        return inputs, node.name
-
-    @staticmethod
-    def _aligned(deps: list[NodeOutput], slots: int) -> bool:
-        if any(len(d.refs) != slots for d in deps):
-            return False
-        if len({d.lineage for d in deps}) <= 1:
-            return True
-        return all(d.done for d in deps) and len({tuple(d.rows) for d in deps}) == 1
+        return grouped_inputs(node, self._suppliers(node), slots)
 
     # ---- modes that need the whole input on a rank
     def _submit_whole(self, node: PlanNode) -> bool:
@@ -437,40 +332,40 @@ class StepScheduler:
         return True
 
     def _whole_inputs(self, node: PlanNode) -> dict:
-        deps = [self.outputs[d] for d in self.rt.analysis(self.plan).suppliers[node.name]]
-        return {d.node: DepInput(tuple(Piece(r) for r in d.refs)) for d in deps}
+        return whole_inputs(self._suppliers(node))
 
     def _submit_generic(self, node: PlanNode) -> bool:
         """A user-defined mode (or one_per_worker): rank 0 runs the mode's dispatch on
         the whole input and its collect on the ranks' results."""
         pool, size = node.pool, self.rt.pool_size(node.pool)
         layout = Layout(size, self.rt.tp_size(self.plan, node.role))
-        actors = self.rt.actors(pool)
-        args, mode = _Args(), get_dispatch_mode(node.dispatch)
-        task = self._task(node, self._whole_inputs(node), args)
+        args, mode = TaskArgs(), get_dispatch_mode(node.dispatch)
+        task = self._task(node, self._whole_inputs(node), args, pool, 0)
         task.mode = mode
-        *parts, meta = actors[0].scatter.options(num_returns=size + 1).remote(
+        self.result.driver_bytes += args.value_bytes()
+        *parts, meta = self.rt.method(pool, 0, "scatter", size + 1).remote(
             task, layout, *args.refs)
-        self._record(node, pool, 0, meta, None, args.refs)
+        self._record(node, pool, 0, meta, None, args)
         self.meta_of.update({part: meta for part in parts})
         raw = []
         for rank, part in enumerate(parts):
-            shard, meta = actors[rank].run.options(num_returns=2).remote(
-                ShardTask(self.rt.shipped(self.plan, node), prepared=True, finish=False), part)
+            task = ShardTask(self.rt.node_id(self.plan, node, pool, rank), prepared=True,
+                             finish=False)
+            shard, meta = self.rt.method(pool, rank, "run", 2).remote(task, part)
             self._record(node, pool, rank, meta, None, [part])
             self.meta_of[shard] = meta
             raw.append(shard)
-        shard, meta = actors[0].collect.options(num_returns=2).remote(
-            ShardTask(self.rt.shipped(self.plan, node), group_keys=self.group_keys.get(node.name, ()),
-                      mode=mode), layout,
-            *raw)
+        task = ShardTask(self.rt.node_id(self.plan, node, pool, 0),
+                         group_keys=self.group_keys.get(node.name, ()), mode=mode)
+        shard, meta = self.rt.method(pool, 0, "collect", 2).remote(task, layout, *raw)
         self._record(node, pool, 0, meta, 0, raw)
         self.meta_of[shard] = meta
         self.outputs[node.name] = NodeOutput(node.name, [shard], [(pool, 0)], node.name)
         return True
 
     # ---- one worker task
-    def _task(self, node: PlanNode, inputs: dict, args: _Args) -> ShardTask:
+    def _task(self, node: PlanNode, inputs: dict, args: TaskArgs, pool: str,
+              rank: int) -> ShardTask:
         specs = {}
         for dep, spec in inputs.items():
             pieces = tuple(Piece(args.add(p.arg), p.rows) for p in spec.pieces)
@@ -479,47 +374,18 @@ class StepScheduler:
             if dep not in inputs:
                 for record in self.records.get(dep, []):
                     args.add(record.ref)
-        return ShardTask(self.rt.shipped(self.plan, node), specs,
+        return ShardTask(self.rt.node_id(self.plan, node, pool, rank), specs,
                          group_keys=self.group_keys.get(node.name, ()))
 
     def _run(self, node: PlanNode, pool: str, rank: int, inputs: dict, slot):
-        args = _Args()
-        task = self._task(node, inputs, args)
-        shard, meta = self.rt.actors(pool)[rank].run.options(num_returns=2).remote(
-            task, *args.refs)
-        self._record(node, pool, rank, meta, slot, args.refs)
+        args = TaskArgs()
+        task = self._task(node, inputs, args, pool, rank)
+        self.result.driver_bytes += args.value_bytes()
+        shard, meta = self.rt.method(pool, rank, "run", 2).remote(task, *args.refs)
+        self._record(node, pool, rank, meta, slot, args)
         self.meta_of[shard] = meta
         return shard
 
-    def _record(self, node, pool, rank, meta, slot, arg_refs) -> None:
-        after = [self.meta_of.get(r, r) for r in arg_refs
-                 if r in self.meta_of or r in self.running or r in self.done_at]
-        record = TaskRecord(node.name, pool, rank, slot, after, time.time(), ref=meta)
-        self.running[meta] = record
-        self.records[node.name].append(record)
-        self.queues[(pool, rank)].append(record)
-
-
-def _range_pieces(dep: NodeOutput, offsets, lo: int, hi: int) -> DepInput:
-    """Rows [lo, hi) of a dep's concatenated shards; an empty range keeps the columns."""
-    pieces = []
-    for j, ref in enumerate(dep.refs):
-        a, b = max(lo, offsets[j]), min(hi, offsets[j + 1])
-        if a < b:
-            whole = a == offsets[j] and b == offsets[j + 1]
-            pieces.append(Piece(ref, None if whole else slice(int(a - offsets[j]),
-                                                               int(b - offsets[j]))))
-    return DepInput(tuple(pieces) or (Piece(dep.refs[0], slice(0, 0)),))
-
-
-def _index_pieces(dep: NodeOutput, index: np.ndarray) -> DepInput:
-    """Rows `index` (any order) of a dep's concatenated shards."""
-    offsets = np.cumsum([0, *dep.rows])
-    used = sorted({int(np.searchsorted(offsets, i, side="right") - 1) for i in index})
-    if not used:
-        return DepInput((Piece(dep.refs[0], slice(0, 0)),))
-    base = {j: int(sum(dep.rows[k] for k in used if k < j)) for j in used}
-    shard = np.searchsorted(offsets, index, side="right") - 1
-    local = np.array([base[int(j)] + int(i - offsets[j]) for i, j in zip(index, shard)],
-                     dtype=np.int64)
-    return DepInput(tuple(Piece(dep.refs[j]) for j in used), local)
+    def _record(self, node, pool, rank, meta, slot, args) -> None:
+        refs = args.object_refs() if isinstance(args, TaskArgs) else args
+        self.tasks.add(node.name, pool, rank, meta, slot, refs)

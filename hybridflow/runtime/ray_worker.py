@@ -1,10 +1,17 @@
 """The fused worker: one Ray actor per device, holding every role colocated on its pool.
 
 The driver sends small task descriptions (`ShardTask`) and passes the ObjectRefs of
-the input shards as top-level arguments, so Ray moves the shards worker to worker
-and the actor receives ready Batches. A task returns two objects (`num_returns=2`):
-the output shard, which stays in the object store, and a small meta dict (rows,
-bytes, metrics, start/end on `time.time()`, pid) that the driver fetches.
+the input shards (or, for small batches the driver holds, the batches themselves)
+as top-level arguments, so Ray moves the shards worker to worker and the actor
+receives ready Batches. A task names its node by digest: each worker learns a
+node's pickled bytes once (`learn_node`, sent by the runtime before the first task
+that uses it; Ray runs one caller's tasks to an actor in order) and unpickles them
+on first use. A task returns two objects (`num_returns=2`): the output shard, which
+stays in the object store, and a small meta dict (rows, estimated bytes, metrics,
+start/end on `time.time()`, pid) that the driver fetches.
+
+Worker state: `roles` (constructed once) and `nodes` (digest -> pickled node, then
+the PlanNode once a task used it); only the worker's own methods change them.
 
 An exception inside a task is re-raised as `WorkerError` carrying the formatted
 traceback, so the driver can name node, role and rank and show where it failed.
@@ -28,8 +35,9 @@ from hybridflow.dispatch import SKIP, DispatchMode, Layout
 from hybridflow.runtime.common import (as_node_batch, assemble_input, finish_gather,
                                        finish_output, metrics_of, run_fn_node)
 
-__all__ = ["FusedWorker", "ShardTask", "ShippedNode", "DepInput", "Piece", "WorkerError", "payload_bytes",
-           "group_hashes", "default_context", "failure_detail"]
+__all__ = ["FusedWorker", "ShardTask", "ShippedNode", "DepInput", "Piece", "WorkerError",
+           "payload_bytes", "estimated_bytes", "group_hashes", "default_context",
+           "failure_detail"]
 
 
 class WorkerError(RuntimeError):
@@ -64,8 +72,8 @@ class DepInput:
 
 
 class ShippedNode:
-    """A PlanNode pickled once on the driver (its fn by value) and unpickled once per
-    worker process: tasks carry the bytes, not a fresh pickle of the function."""
+    """A PlanNode pickled once on the driver (its fn by value); workers receive the
+    bytes once (`FusedWorker.learn_node`) and tasks name the node by `digest`."""
 
     def __init__(self, node: PlanNode):
         from ray import cloudpickle
@@ -73,24 +81,10 @@ class ShippedNode:
         self.blob = cloudpickle.dumps(node)
         self.digest = hashlib.blake2b(self.blob, digest_size=16).digest()
 
-    def __reduce__(self):
-        return (_load_node, (self.digest, self.blob))
-
-
-_NODES: dict[bytes, PlanNode] = {}
-
-
-def _load_node(digest: bytes, blob: bytes) -> PlanNode:
-    if digest not in _NODES:
-        if len(_NODES) > 1024:
-            _NODES.clear()
-        _NODES[digest] = pickle.loads(blob)
-    return _NODES[digest]
-
 
 @dataclass
 class ShardTask:
-    node: PlanNode                    # a ShippedNode on the driver
+    node: bytes                       # ShippedNode.digest: the worker learnt the node
     inputs: dict[str, DepInput] = field(default_factory=dict)
     prepared: bool = False            # args[0] is the method input as is (generic modes)
     finish: bool = True               # False: a generic mode's collector finishes it
@@ -98,17 +92,47 @@ class ShardTask:
     mode: DispatchMode | None = None  # generic modes: shipped, as user modes are
                                       # registered in the driver process only
 
+    def __reduce__(self):
+        """Plain tuples on the wire: a quarter of the dataclasses' pickle."""
+        inputs = {dep: (tuple((p.arg, p.rows) for p in spec.pieces), spec.index)
+                  for dep, spec in self.inputs.items()}
+        return (_rebuild_task, (self.node, inputs, self.prepared, self.finish,
+                                self.group_keys, self.mode))
+
+
+def _rebuild_task(node, inputs, prepared, finish, group_keys, mode) -> ShardTask:
+    specs = {dep: DepInput(tuple(Piece(arg, rows) for arg, rows in pieces), index)
+             for dep, (pieces, index) in inputs.items()}
+    return ShardTask(node, specs, prepared, finish, group_keys, mode)
+
 
 class Skipped:
     """Stands for dispatch.SKIP once it has crossed a process boundary."""
 
 
 def payload_bytes(batch: Batch | None) -> int:
-    """Tensor bytes plus the pickled size of the non-tensor columns."""
+    """Tensor bytes plus the pickled size of the non-tensor columns: what a batch
+    costs to cross a process (the driver counts its own traffic with this)."""
     if batch is None:
         return 0
     obj = sum(len(pickle.dumps(v, protocol=5)) for v in batch.non_tensors.values())
     return batch.nbytes + obj
+
+
+def estimated_bytes(batch: Batch | None) -> int:
+    """`payload_bytes` without pickling: tensor bytes, numpy buffers as they are, and
+    for object columns 8 bytes a row plus the length of str/bytes values (workers
+    report this for every output; nothing is serialised twice to count it)."""
+    if batch is None:
+        return 0
+    total = batch.nbytes
+    for value in batch.non_tensors.values():
+        if isinstance(value, np.ndarray) and value.dtype != object:
+            total += value.nbytes
+            continue
+        for item in value:
+            total += 8 + (len(item) if isinstance(item, (str, bytes)) else 8)
+    return total
 
 
 def group_hashes(column) -> np.ndarray:
@@ -141,6 +165,7 @@ class FusedWorker:
         torch.set_num_threads(max(1, int(torch_threads)))
         self.pool, self.rank, self.world_size, self.local_rank = pool, rank, world_size, local_rank
         self.roles: dict[str, Any] = {}
+        self.nodes: dict[bytes, bytes | PlanNode] = {}  # digest -> pickled, then unpickled
 
     # ------------------------------------------------------------------ setup
     def address(self) -> dict:
@@ -174,6 +199,10 @@ class FusedWorker:
         return {**self.address(), "rank": self.rank, "roles": sorted(self.roles),
                 "env": {k: os.environ.get(k) for k in keys}}
 
+    def learn_node(self, digest: bytes, blob: bytes) -> None:
+        """Keep a node's pickled bytes; the first task that names it unpickles them."""
+        self.nodes.setdefault(digest, blob)
+
     # ------------------------------------------------------------------ tasks
     def run(self, task: ShardTask, *args):
         """Assemble this rank's input, run the node's method (or fn), finish it."""
@@ -181,8 +210,8 @@ class FusedWorker:
         try:
             if task.prepared and isinstance(args[0], Skipped):
                 return None, self._meta(task, None, start, skipped=True)
-            batch = args[0] if task.prepared else self._assemble(task, args)
-            node = task.node
+            node = self._node(task.node)
+            batch = args[0] if task.prepared else self._assemble(node, task, args)
             if node.op == "fn":
                 out = run_fn_node(node, batch)
             else:
@@ -198,10 +227,11 @@ class FusedWorker:
         mode's own dispatch function; one object per rank, then a meta."""
         start = time.time()
         try:
-            value = self._assemble(task, args)
+            node = self._node(task.node)
+            value = self._assemble(node, task, args)
             parts = task.mode.dispatch(value, layout)
             if len(parts) != layout.world_size:
-                raise ValueError(f"dispatch mode {task.node.dispatch!r} returned "
+                raise ValueError(f"dispatch mode {node.dispatch!r} returned "
                                  f"{len(parts)} values for {layout.world_size} ranks")
         except Exception:  # noqa: BLE001
             raise WorkerError(traceback.format_exc()) from None
@@ -212,7 +242,7 @@ class FusedWorker:
         start = time.time()
         try:
             value = task.mode.collect(list(outputs), layout)
-            out = finish_output(task.node, as_node_batch(value))
+            out = finish_output(self._node(task.node), as_node_batch(value))
         except Exception:  # noqa: BLE001
             raise WorkerError(traceback.format_exc()) from None
         return out, self._meta(task, out, start)
@@ -221,7 +251,7 @@ class FusedWorker:
         """A gather node: the rounds' shards concatenated, the first `until` rows kept."""
         start = time.time()
         try:
-            out = finish_gather(task.node, list(shards), rounds)
+            out = finish_gather(self._node(task.node), list(shards), rounds)
         except Exception:  # noqa: BLE001
             raise WorkerError(traceback.format_exc()) from None
         return out, self._meta(task, out, start)
@@ -245,15 +275,25 @@ class FusedWorker:
                            f"(it holds {sorted(self.roles)})")
         return self.roles[role]
 
+    def _node(self, digest: bytes) -> PlanNode:
+        node = self.nodes.get(digest)
+        if node is None:
+            raise KeyError(f"pool '{self.pool}' rank {self.rank} was never sent node "
+                           f"{digest.hex()} (the runtime sends each node before its "
+                           f"first task)")
+        if isinstance(node, bytes):
+            node = self.nodes[digest] = pickle.loads(node)
+        return node
+
     @staticmethod
-    def _assemble(task: ShardTask, args) -> Batch:
-        inputs = {dep: Batch() for dep in task.node.deps}  # deps that supply no column
+    def _assemble(node: PlanNode, task: ShardTask, args) -> Batch:
+        inputs = {dep: Batch() for dep in node.deps}  # deps that supply no column
         for dep, spec in task.inputs.items():
             parts = [args[p.arg] if p.rows is None else args[p.arg].take(p.rows)
                      for p in spec.pieces]
             batch = parts[0] if len(parts) == 1 else Batch.concat(parts)
             inputs[dep] = batch if spec.index is None else batch.take(np.array(spec.index))
-        return assemble_input(task.node, inputs)
+        return assemble_input(node, inputs)
 
     def _meta(self, task: ShardTask, out, start: float, skipped: bool = False) -> dict:
         groups = {}
@@ -262,6 +302,6 @@ class FusedWorker:
                 groups[key] = group_hashes(out[key])
         return {"rows": len(out) if isinstance(out, Batch) else 0,
                 "keys": out.keys() if isinstance(out, Batch) else [],
-                "nbytes": payload_bytes(out) if isinstance(out, Batch) else 0,
+                "nbytes": estimated_bytes(out) if isinstance(out, Batch) else 0,
                 "metrics": metrics_of(out), "groups": groups, "skipped": skipped,
                 "start": start, "end": time.time(), "pid": os.getpid(), "rank": self.rank}
