@@ -151,9 +151,11 @@ class PromptDataset:
         return cls(read_rows(path), tokenizer, max_prompt_length, filter_overlong, name=path)
 
 
-def tokenize_prompts(rows: list[PromptRow], pad_id: int, uids: list[str]) -> Batch:
-    """Left-padded prompt tensors plus the per-row columns source nodes provide."""
-    width = max(len(r.token_ids) for r in rows)
+def tokenize_prompts(rows: list[PromptRow], pad_id: int, uids: list[str],
+                     width: int = 0) -> Batch:
+    """Left-padded prompt tensors (to the longest row, or `width` if wider) plus the
+    per-row columns source nodes provide."""
+    width = max(width, *(len(r.token_ids) for r in rows))
     input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     attention = torch.zeros((len(rows), width), dtype=torch.long)
     for i, row in enumerate(rows):
@@ -172,15 +174,17 @@ def tokenize_prompts(rows: list[PromptRow], pad_id: int, uids: list[str]) -> Bat
 class PromptLoader:
     """Endless batches of prompts: shuffled each epoch with (seed, epoch); its
     position (epoch, cursor) is saved in checkpoints so a resumed run continues
-    with the very next batch."""
+    with the very next batch. `fixed_width` pads every batch to the dataset's longest
+    prompt, so batches drawn for one step (a gather's rounds) concatenate."""
 
     def __init__(self, dataset: PromptDataset, batch_size: int, pad_id: int,
-                 shuffle: bool = True, seed: int = 0):
+                 shuffle: bool = True, seed: int = 0, fixed_width: bool = False):
         if batch_size > len(dataset):
             raise DataError(f"data.batch_size={batch_size} is larger than the "
                             f"{len(dataset)} usable rows of {dataset.name}")
         self.dataset, self.batch_size, self.pad_id = dataset, batch_size, pad_id
         self.shuffle, self.seed = shuffle, seed
+        self.width = max(len(r.token_ids) for r in dataset.rows) if fixed_width else 0
         self.epoch, self.cursor, self.served = 0, 0, 0
         self._order = self._make_order()
 
@@ -201,7 +205,8 @@ class PromptLoader:
             self.cursor += 1
         uids = [f"u{self.served + k}" for k in range(len(picked))]
         self.served += len(picked)
-        return tokenize_prompts([self.dataset.rows[i] for i in picked], self.pad_id, uids)
+        return tokenize_prompts([self.dataset.rows[i] for i in picked], self.pad_id, uids,
+                                self.width)
 
     def all_batches(self):
         """Every row once, in order (validation)."""

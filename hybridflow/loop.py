@@ -102,8 +102,9 @@ class Trainer:
             train = PromptDataset(train_rows, tok, limit, drop, name="toy train")
             val = PromptDataset(val_rows, tok, limit, drop, name="toy test")
         pad = tok.pad_token_id
+        gathers = any(n.op == "gather" for n in self.plan.nodes)  # rounds concatenate
         train_loader = PromptLoader(train, cfg.data.batch_size, pad, cfg.data.shuffle,
-                                    cfg.trainer.seed)
+                                    cfg.trainer.seed, fixed_width=gathers)
         val_loader = PromptLoader(val, min(len(val), 256), pad, False) if val else None
         return train_loader, val_loader
 
