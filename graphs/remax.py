@@ -13,14 +13,16 @@ def defaults() -> dict:
 def build(cfg) -> Graph:
     g = Graph("remax")
     prompts = g.source("prompts")
-    rollout = g.call("actor.generate", prompts, n=cfg.rollout.n)
+    # the greedy baseline first: where two nodes report one metric (critic/score/mean,
+    # response_length/mean), the later node's value is logged, and that should be the samples'
     greedy = g.call("actor.generate", prompts, n=1, do_sample=False, name="greedy")
-    old = g.call("actor.logprob", rollout)
-    score = g.call("reward.score", rollout)
     baseline = g.call("reward.score", greedy, name="baseline",
                       rename={"scores": "baseline_scores",
                               "token_level_scores": "baseline_token_scores"})
     baseline = g.fn(ops.repeat_baseline, baseline, n=cfg.rollout.n)  # one per sample
+    rollout = g.call("actor.generate", prompts, n=cfg.rollout.n)
+    old = g.call("actor.logprob", rollout)
+    score = g.call("reward.score", rollout)
     rewards = g.fn(ops.scores_to_rewards, score)
     adv = g.fn(ops.remax_advantages, rollout, rewards, baseline)
     inputs = [rollout, old, adv]
