@@ -94,6 +94,13 @@ class KLInReward:
         node_fn(reads=("token_level_scores", "old_log_probs", "ref_log_prob",
                        "response_mask"), writes=("token_level_rewards",))(self)
 
+    def state_dict(self) -> dict:
+        """The coefficient, saved in checkpoints so a resumed run goes on with it."""
+        return {"beta": self.controller.beta}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.controller.beta = float(state["beta"])
+
     def __call__(self, batch: Batch) -> Batch:
         beta = self.controller.beta
         rewards, kl = apply_kl_in_reward(batch["token_level_scores"], batch["old_log_probs"],

@@ -78,7 +78,7 @@ class Trainer:
         seed_everything(cfg.trainer.seed)
         self.train_loader, self.val_loader = self._make_loaders()
         self.val_plan = self._compile_validation() if cfg.trainer.val_every > 0 else None
-        self.step = 0
+        self.step, self.saved_step = 0, None
         self.sinks = MetricSinks(run, cfg.trainer.tensorboard, cfg.trainer.wandb, run.path)
         self.runtime = make_runtime(self.plan, cfg,
                                     [self.val_plan] if self.val_plan is not None else [])
@@ -138,7 +138,8 @@ class Trainer:
                 self.save()
             if on_step:
                 on_step(self.step, metrics)
-        self.save()
+        if self.saved_step != self.step:
+            self.save()
         self.run.set_status("finished", step=self.step)
         return last
 
@@ -191,24 +192,37 @@ class Trainer:
     def trained_roles(self) -> list[str]:
         return sorted({n.role for n in self.plan.nodes if n.kind == "train"})
 
+    def stateful_nodes(self) -> list:
+        """Function nodes that keep state across steps on the driver (`state_dict()`
+        and `load_state_dict()`, e.g. an adaptive KL coefficient): saved with the run."""
+        return [n for n in self.plan.nodes if n.op == "fn"
+                and callable(getattr(n.fn, "state_dict", None))]
+
     def save(self) -> str:
         def save_roles(root: str) -> None:
             for role in self.trained_roles():
                 self.runtime.call_role(role, "save_checkpoint", f"{root}/{role}")
-        state = {"loader": self.train_loader.state_dict()}
-        return save_checkpoint(self.run.checkpoints, self.step, save_roles, state,
+        state = {"loader": self.train_loader.state_dict(),
+                 "nodes": {n.name: n.fn.state_dict() for n in self.stateful_nodes()}}
+        path = save_checkpoint(self.run.checkpoints, self.step, save_roles, state,
                                keep=self.cfg.trainer.max_checkpoints)
+        self.saved_step = self.step
+        return path
 
     def _resume(self, run_path: str) -> None:
         path = latest_checkpoint(self.run.checkpoints)
-        if path is None:
-            return  # nothing saved yet: start from the beginning
+        if path is None:  # nothing saved yet: start from the beginning
+            self.run.truncate_metrics(-1)
+            return
         state, torch_rng = load_trainer_state(path)
         for role in self.trained_roles():
             self.runtime.call_role(role, "load_checkpoint", f"{path}/{role}")
         self.train_loader.load_state_dict(state["loader"])
+        for node in self.stateful_nodes():
+            if node.name in state.get("nodes", {}):
+                node.fn.load_state_dict(state["nodes"][node.name])
         restore_rng(state["rng"], torch_rng)
-        self.step = int(state["step"])
+        self.step = self.saved_step = int(state["step"])
         self.run.truncate_metrics(self.step)
 
     def close(self) -> None:

@@ -57,11 +57,18 @@ class RunDir:
             return []
 
     def truncate_metrics(self, last_step: int) -> None:
-        """On resume, drop lines of steps after the checkpoint (they will be redone)."""
-        kept = [m for m in self.read_metrics() if m.get("step", 0) <= last_step]
-        with open(self.file("metrics.jsonl"), "w") as fh:
-            for m in kept:
-                fh.write(json.dumps(m) + "\n")
+        """On resume, drop the metric and timeline lines of steps after the checkpoint
+        (they will be redone); -1 drops them all, step 0's validation included."""
+        for name in ("metrics.jsonl", "timeline.jsonl"):
+            try:
+                with open(self.file(name)) as fh:
+                    lines = [json.loads(line) for line in fh if line.strip()]
+            except FileNotFoundError:
+                continue
+            with open(self.file(name), "w") as fh:
+                for m in lines:
+                    if m.get("step", 0) <= last_step:
+                        fh.write(json.dumps(m) + "\n")
 
 
 def new_run_dir(runs_dir: str, graph_name: str, run_name: str | None = None) -> RunDir:

@@ -1,4 +1,7 @@
 """Same seed, same metrics; a resumed run continues exactly where it stopped."""
+import json
+import shutil
+
 import pytest
 
 from tests.e2e.helpers import train
@@ -29,3 +32,51 @@ def test_resumed_run_matches_an_uninterrupted_one(tmp_path):
                        resume=trainer.run.path)
     assert [m["step"] for m in resumed] == [1, 2, 3, 4]  # appended to the same file
     assert _stable(resumed) == _stable(whole)
+
+
+def test_resume_before_the_first_checkpoint_starts_the_records_over(tmp_path):
+    trainer, _ = train("grpo", tmp_path / "part", "trainer.steps=2", *FAST)
+    shutil.rmtree(trainer.run.checkpoints)  # as if killed before its first save
+    _, resumed = train("grpo", tmp_path / "part", "trainer.steps=2", *FAST,
+                       resume=trainer.run.path)
+    assert [m["step"] for m in resumed] == [1, 2]
+    with open(trainer.run.file("timeline.jsonl")) as fh:
+        records = [json.loads(line) for line in fh]
+    assert len(records) == len({(r["step"], r["node"]) for r in records})
+
+
+def test_resumed_run_redraws_the_timeline_of_redone_steps_once(tmp_path):
+    trainer, _ = train("grpo", tmp_path / "part", "trainer.steps=3", "trainer.save_every=1",
+                       *FAST)
+    shutil.rmtree(f"{trainer.run.checkpoints}/step_000003")  # killed after step 3's save
+    train("grpo", tmp_path / "part", "trainer.steps=3", *FAST, resume=trainer.run.path)
+    with open(trainer.run.file("timeline.jsonl")) as fh:
+        records = [json.loads(line) for line in fh]
+    assert sorted({r["step"] for r in records}) == [1, 2, 3]
+    assert len(records) == len({(r["step"], r["node"]) for r in records})
+
+
+def test_resumed_ppo_keeps_its_adaptive_kl_coefficient(tmp_path):
+    ppo = (*FAST, "critic.mini_batch_size=32", "critic.micro_batch_size=32",
+           "algorithm.kl_target=0.001", "algorithm.kl_coef=0.1")
+    _, whole = train("ppo", tmp_path / "whole", "trainer.steps=3", *ppo)
+    trainer, _ = train("ppo", tmp_path / "part", "trainer.steps=2", *ppo)
+    _, resumed = train("ppo", tmp_path / "part", "trainer.steps=3", *ppo,
+                       resume=trainer.run.path)
+    key = "actor/reward_kl_penalty_coeff"
+    assert whole[2][key] != whole[0][key]  # the controller did adapt
+    assert resumed[2][key] == whole[2][key]
+
+
+def test_the_last_step_is_saved_once(tmp_path, monkeypatch):
+    import hybridflow.loop
+    saved, save = [], hybridflow.loop.save_checkpoint
+
+    def recording_save(root, step, *args, **kwargs):
+        saved.append(step)
+        return save(root, step, *args, **kwargs)
+    monkeypatch.setattr(hybridflow.loop, "save_checkpoint", recording_save)
+    trainer, _ = train("grpo", tmp_path, "trainer.steps=2", "trainer.save_every=1", *FAST)
+    assert saved == [1, 2]
+    train("grpo", tmp_path, "trainer.steps=2", *FAST, resume=trainer.run.path)
+    assert saved == [1, 2]  # a finished run resumed has nothing new to save
