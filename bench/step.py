@@ -78,7 +78,7 @@ class RayStep:
         loaded = prepare(GRPO, [*SAME_MATH, "runtime.name=ray", "trainer.val_every=0",
                                 f"runtime.torch_threads={threads}"])
         self.cfg = loaded.cfg
-        self.loader, _ = Trainer._make_loaders(types.SimpleNamespace(cfg=loaded.cfg))
+        self.loader, _ = Trainer._make_loaders(types.SimpleNamespace(cfg=loaded.cfg, plan=loaded.plan))
         self.runtime = RayRuntime(loaded.plan, loaded.cfg, seed=loaded.cfg.trainer.seed)
 
     def step(self) -> dict:
