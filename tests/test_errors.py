@@ -252,6 +252,14 @@ def test_resume_with_no_earlier_run(capsys, tmp_path):
     assert f"--resume: no earlier run of graph 'grpo' in '{tmp_path}'" in err
 
 
+def test_resume_of_a_run_name_with_no_run(capsys, tmp_path):
+    code = main(["run", GRPO, f"trainer.runs_dir={tmp_path}", "trainer.run_name=exp1",
+                 "--resume"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert f"--resume: no run named 'exp1' in '{tmp_path}'" in err
+
+
 # ------------------------------------------- user code only from named paths
 def test_a_graph_is_a_file_path_never_a_module_name(capsys, tmp_path):
     code = main(["check", "graphs.grpo"])  # importable as a module, but not a file

@@ -43,6 +43,12 @@ def _overrides(args) -> list[str]:
 
 def _run_dir(args, loaded) -> RunDir:
     trainer = loaded.cfg.trainer
+    if args.resume == _NEWEST and trainer.run_name:  # the run of that name
+        path = os.path.join(trainer.runs_dir, trainer.run_name)
+        if not os.path.isfile(os.path.join(path, "config.yaml")):
+            raise FileNotFoundError(f"--resume: no run named {trainer.run_name!r} in "
+                                    f"{trainer.runs_dir!r}")
+        return RunDir(path)
     if args.resume == _NEWEST:
         return newest_run_dir(trainer.runs_dir, loaded.graph.name)
     if args.resume:

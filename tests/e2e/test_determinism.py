@@ -80,3 +80,14 @@ def test_the_last_step_is_saved_once(tmp_path, monkeypatch):
     assert saved == [1, 2]
     train("grpo", tmp_path, "trainer.steps=2", *FAST, resume=trainer.run.path)
     assert saved == [1, 2]  # a finished run resumed has nothing new to save
+
+
+def test_resume_alone_finds_a_run_by_its_run_name(tmp_path):
+    from hybridflow.cli import main
+    from tests.e2e.helpers import graph_file
+    args = [graph_file("grpo"), f"trainer.runs_dir={tmp_path}", "trainer.run_name=mine",
+            "trainer.progress=false", *FAST]
+    assert main(["run", *args, "trainer.steps=1"]) == 0
+    assert main(["run", *args, "trainer.steps=2", "--resume"]) == 0
+    with open(tmp_path / "mine" / "metrics.jsonl") as fh:
+        assert [json.loads(line)["step"] for line in fh] == [1, 2]
