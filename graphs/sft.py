@@ -34,6 +34,15 @@ class SFTExamples:
                 writes=("input_ids", "attention_mask", "position_ids", "loss_mask"),
                 overwrites=("input_ids", "attention_mask", "position_ids"))(self)
 
+    def state_dict(self) -> dict:
+        """Where the stop/run-on draws are, so a resumed run draws what it would have."""
+        version, internal, gauss = self.rng.getstate()
+        return {"rng": [version, list(internal), gauss]}
+
+    def load_state_dict(self, state: dict) -> None:
+        version, internal, gauss = state["rng"]
+        self.rng.setstate((version, tuple(internal), gauss))
+
     def _answer(self, answer: str) -> list[int]:
         """The answer, then EOS, or (the habit) a run-on into another problem."""
         if self.rng.random() < self.stop_fraction:

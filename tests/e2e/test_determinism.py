@@ -91,3 +91,13 @@ def test_resume_alone_finds_a_run_by_its_run_name(tmp_path):
     assert main(["run", *args, "trainer.steps=2", "--resume"]) == 0
     with open(tmp_path / "mine" / "metrics.jsonl") as fh:
         assert [json.loads(line)["step"] for line in fh] == [1, 2]
+
+
+def test_resumed_sft_draws_the_same_examples(tmp_path):
+    sft = ("trainer.val_every=0", "data.batch_size=8", "actor.mini_batch_size=8",
+           "actor.micro_batch_size=8")
+    _, whole = train("sft", tmp_path / "whole", "trainer.steps=3", *sft)
+    trainer, _ = train("sft", tmp_path / "part", "trainer.steps=2", *sft)
+    _, resumed = train("sft", tmp_path / "part", "trainer.steps=3", *sft,
+                       resume=trainer.run.path)
+    assert _stable(resumed) == _stable(whole)
