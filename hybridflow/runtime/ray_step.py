@@ -135,7 +135,7 @@ class StepScheduler:
         out.groups = [r.meta["groups"] for r in slots]
         out.nbytes = sum(r.meta["nbytes"] for r in slots)
         self.result.driver_bytes += sum(h.nbytes for g in out.groups for h in g.values())
-        out.metrics = merge_metrics([r.meta["metrics"] for r in slots])
+        out.metrics = merge_metrics([r.meta["metrics"] for r in slots], out.rows)
         self._record_node(node, out.metrics,
                           [(r.meta["start"], r.meta["end"]) for r in self.records[node.name]])
 

@@ -149,6 +149,16 @@ def group_hashes(column) -> np.ndarray:
     return out
 
 
+def seed_process(seed: int) -> None:
+    import random
+
+    import numpy as np
+    import torch
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
 def default_context(rank: int, world_size: int, local_rank: int, device: str, seed: int,
                     colocated: dict):
     from hybridflow.workers.base import WorkerContext
@@ -191,6 +201,7 @@ class FusedWorker:
                 self.roles[role] = bindings[role](cfg, ctx)
         except Exception:  # noqa: BLE001 - shipped to the driver with the traceback
             raise WorkerError(f"constructing role '{role}': {traceback.format_exc()}") from None
+        seed_process(seed + self.rank)  # sampling follows trainer.seed, a stream per rank
         return os.getpid()
 
     def info(self) -> dict:

@@ -145,6 +145,7 @@ class Worker:
         elif self.module is not None and self.ctx.rank == 0:
             from hybridflow.workers.training import save_weights
             save_weights(self.module, directory)
+        save_rng(directory, self.ctx.rank)
 
     def load_checkpoint(self, directory: str) -> None:
         if self.trainer is not None:
@@ -152,3 +153,30 @@ class Worker:
         elif self.module is not None:
             from hybridflow.workers.training import load_weights
             load_weights(self.module, directory)
+        load_rng(directory, self.ctx.rank)
+
+
+def _rng_file(directory: str, rank: int) -> str:
+    return os.path.join(directory, f"rng_rank{rank}.safetensors")
+
+
+def save_rng(directory: str, rank: int) -> None:
+    """This process's torch generators (sampling in generate draws from them), so a
+    resumed run samples what an uninterrupted one would, on any runtime."""
+    from safetensors.torch import save_file
+    os.makedirs(directory, exist_ok=True)
+    states = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state()
+    save_file(states, _rng_file(directory, rank))
+
+
+def load_rng(directory: str, rank: int) -> None:
+    from safetensors.torch import load_file
+    path = _rng_file(directory, rank)
+    if not os.path.exists(path):  # checkpoints from before generators were saved
+        return
+    states = load_file(path)
+    torch.set_rng_state(states["cpu"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state(states["cuda"])
