@@ -163,9 +163,11 @@ class Trainer:
         metrics = dict(result.metrics)
         metrics["perf/time_per_step"] = elapsed
         metrics["engine/driver_bytes"] = result.driver_bytes
-        responses = sum(result.rows.get(n.name, 0) for n in self.plan.nodes
-                        if n.kind == "generate")
-        tokens = metrics.get("response_length/mean", 0.0) * responses
+        # each generate node's own mean length times its rows (a gather's extra rounds
+        # are not counted: their rows are not kept per round)
+        tokens = sum(result.node_metrics.get(n.name, {}).get("response_length/mean", 0.0)
+                     * result.rows.get(n.name, 0) for n in self.plan.nodes
+                     if n.kind == "generate")
         if tokens:
             metrics["perf/throughput"] = tokens / elapsed  # response tokens per second
         self.sinks.log_timeline(self.step, result.timeline)

@@ -131,6 +131,7 @@ class StepScheduler:
         slots = sorted((r for r in self.records[node.name] if r.slot is not None),
                        key=lambda r: r.slot)
         out.rows = [r.meta["rows"] for r in slots]
+        self.result.rows[node.name] = sum(out.rows)
         out.keys = list(slots[0].meta["keys"]) if slots else []
         out.groups = [r.meta["groups"] for r in slots]
         out.nbytes = sum(r.meta["nbytes"] for r in slots)

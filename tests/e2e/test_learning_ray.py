@@ -37,3 +37,10 @@ def test_ppo_with_critic_on_its_own_pool_learns(tmp_path):
     first, last = sum(scores[:4]) / 4, sum(scores[-4:]) / 4
     assert last >= first + 0.15, scores
     assert "critic/vf_loss" in metrics[-1] and "timing_s/critic.update" in metrics[-1]
+
+
+def test_ray_step_reports_throughput(tmp_path):
+    _, metrics = train("grpo", tmp_path, "runtime.name=ray", "trainer.steps=1",
+                       "trainer.val_every=0", "data.batch_size=4", "rollout.n=2",
+                       "actor.mini_batch_size=8")
+    assert metrics[-1]["perf/throughput"] > 0
