@@ -83,7 +83,11 @@ class Trainer:
         self.runtime = make_runtime(self.plan, cfg,
                                     [self.val_plan] if self.val_plan is not None else [])
         if resume_from:
-            self._resume(resume_from)
+            try:
+                self._resume(resume_from)
+            except BaseException:  # the caller gets no trainer to close: stop the workers
+                self.close()
+                raise
 
     # ------------------------------------------------------------------ setup
     def _make_loaders(self) -> tuple[PromptLoader, PromptLoader | None]:
