@@ -12,7 +12,7 @@ from hybridflow import Batch, node_fn
 
 __all__ = ["grpo_advantages", "rloo_advantages", "reinforce_pp_advantages",
            "reinforce_pp_baseline_advantages", "remax_advantages", "gae_advantages",
-           "KLInReward", "scores_to_rewards"]
+           "KLInReward", "AdaptiveKLInReward", "kl_in_reward", "scores_to_rewards"]
 
 
 def _out(**tensors) -> Batch:
@@ -79,9 +79,17 @@ def scores_to_rewards(batch: Batch) -> Batch:
     return _out(token_level_rewards=batch["token_level_scores"])
 
 
+def kl_in_reward(kind: str = "k1", beta: float = 0.001, target: float | None = None,
+                 horizon: float = 10000.0) -> "KLInReward":
+    """The KL-in-reward node: fixed beta, or adaptive towards `target` when given."""
+    if target:
+        return AdaptiveKLInReward(kind, beta, target, horizon)
+    return KLInReward(kind, beta)
+
+
 class KLInReward:
-    """Token rewards = scores - beta * KL(actor || reference), with a fixed or adaptive
-    beta. It keeps the controller's state across steps, so it runs on the driver."""
+    """Token rewards = scores - beta * KL(actor || reference) with a fixed beta. It has
+    no state, so on Ray it runs on a worker and the tensors stay off the driver."""
 
     def __init__(self, kind: str = "k1", beta: float = 0.001, target: float | None = None,
                  horizon: float = 10000.0):
@@ -94,13 +102,6 @@ class KLInReward:
         node_fn(reads=("token_level_scores", "old_log_probs", "ref_log_prob",
                        "response_mask"), writes=("token_level_rewards",))(self)
 
-    def state_dict(self) -> dict:
-        """The coefficient, saved in checkpoints so a resumed run goes on with it."""
-        return {"beta": self.controller.beta}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.controller.beta = float(state["beta"])
-
     def __call__(self, batch: Batch) -> Batch:
         beta = self.controller.beta
         rewards, kl = apply_kl_in_reward(batch["token_level_scores"], batch["old_log_probs"],
@@ -110,6 +111,18 @@ class KLInReward:
         out.meta["metrics"] = {"actor/reward_kl_penalty": kl,
                                "actor/reward_kl_penalty_coeff": float(beta)}
         return out
+
+
+class AdaptiveKLInReward(KLInReward):
+    """KL in reward with a coefficient adapted each step: state across steps, so it
+    runs on the driver, and the loop checkpoints the coefficient."""
+
+    def state_dict(self) -> dict:
+        """The coefficient, saved in checkpoints so a resumed run goes on with it."""
+        return {"beta": self.controller.beta}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.controller.beta = float(state["beta"])
 
 
 

@@ -23,7 +23,7 @@ def build(cfg) -> Graph:
     values = g.call("critic.values", rollout)
     score = g.call("reward.score", rollout)
     if a.kl_in_reward:
-        kl = ops.KLInReward(a.kl_kind, a.kl_coef, a.kl_target)
+        kl = ops.kl_in_reward(a.kl_kind, a.kl_coef, a.kl_target)
         rewards = g.fn(kl, rollout, score, old, ref)
     else:
         rewards = g.fn(ops.scores_to_rewards, score)

@@ -22,7 +22,7 @@ def build(cfg) -> Graph:
     if a.baseline:
         adv = g.fn(ops.reinforce_pp_baseline_advantages, rollout, score)
     else:
-        rewards = g.fn(ops.KLInReward(a.kl_kind, a.kl_coef), rollout, score, old, ref)
+        rewards = g.fn(ops.kl_in_reward(a.kl_kind, a.kl_coef), rollout, score, old, ref)
         adv = g.fn(ops.reinforce_pp_advantages, rollout, rewards, gamma=a.gamma)
     g.call("actor.update", rollout, old, ref, adv)
     return g

@@ -47,6 +47,12 @@ __all__ = ["NodeOutput", "StepScheduler", "INLINE_BYTES"]
 INLINE_BYTES = 64 * 1024  # driver-held shards up to this size travel inside the tasks
 
 
+def keeps_state(node: PlanNode) -> bool:
+    """A function node with state across steps (e.g. an adaptive KL coefficient) runs
+    on the driver, where the loop checkpoints that state."""
+    return callable(getattr(node.fn, "state_dict", None))
+
+
 @dataclass
 class NodeOutput:
     """A node's output left on the workers: the concatenation of `refs` in slot order."""
@@ -164,8 +170,11 @@ class StepScheduler:
         if node.op == "gather":
             return self._submit_gather(node)
         if node.op == "fn":
-            if (node.group_by or node.rows) and self._pool_of_first(node) is not None:
+            home = self._pool_of_first(node)
+            if home is not None and (node.group_by or node.rows):
                 return self._submit_sharded_fn(node)
+            if home is not None and not keeps_state(node):
+                return self._submit_whole_fn(node, home)
             return self._submit_driver_fn(node)
         mode = node.dispatch
         if mode in (DP, DP_TP):
@@ -306,6 +315,15 @@ class StepScheduler:
         refs = [self._run(node, pool, rank, inputs[s], slot=s)
                 for s, (pool, rank) in enumerate(homes)]
         self.outputs[node.name] = NodeOutput(node.name, refs, homes, lineage)
+        return True
+
+    def _submit_whole_fn(self, node: PlanNode, home) -> bool:
+        """A function over the whole batch (e.g. GAE, whose whitening is batch-wide)
+        runs on the worker holding its first input's first shard: the other shards
+        travel worker to worker, not through the driver."""
+        pool, rank = home
+        ref = self._run(node, pool, rank, self._whole_inputs(node), slot=0)
+        self.outputs[node.name] = NodeOutput(node.name, [ref], [home], node.name)
         return True
 
     def _pool_of_first(self, node: PlanNode):
