@@ -2,7 +2,7 @@
 placements (all roles colocated; critic on a pool of its own), metrics are written."""
 import pytest
 
-from tests.e2e.helpers import series, train
+from tests.e2e.helpers import graph_file, series, train
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]
 
@@ -44,3 +44,25 @@ def test_ray_step_reports_throughput(tmp_path):
                        "trainer.val_every=0", "data.batch_size=4", "rollout.n=2",
                        "actor.mini_batch_size=8")
     assert metrics[-1]["perf/throughput"] > 0
+
+
+def test_real_ppo_step_keeps_tensors_off_the_driver(tmp_path):
+    """Only the prompt feed and control cross the driver: GAE and the KL-in-reward
+    node run on a worker. With longer responses the share only falls."""
+    from hybridflow.commands.common import prepare
+    from hybridflow.data import PromptDataset, PromptLoader, toy_rows
+    from hybridflow.runtime.ray import RayRuntime
+    from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
+
+    loaded = prepare(graph_file("ppo"), ["runtime.name=ray", "rollout.max_new_tokens=128",
+                                         "placement.pools.main.devices_per_node=2"])
+    tok = load_tokenizer(tokenizer_spec(loaded.cfg.model))
+    rows, _ = toy_rows(1, 9, 0.25)
+    loader = PromptLoader(PromptDataset(rows, tok, 8), 16, tok.pad_token_id)
+    runtime = RayRuntime(loaded.plan, loaded.cfg, seed=1)
+    try:
+        result = runtime.run_step({"prompts": loader.next_batch()})
+        share = result.driver_bytes / runtime.output_bytes(result)
+    finally:
+        runtime.shutdown()
+    assert share < 0.01, (result.driver_bytes, share)
