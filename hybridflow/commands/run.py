@@ -7,7 +7,6 @@ import os
 import sys
 import traceback
 
-from omegaconf import OmegaConf
 
 from hybridflow.commands.common import GraphFileError, prepare
 from hybridflow.compiler import GraphError

@@ -19,7 +19,7 @@ from hybridflow.runtime.common import NodeFailure
 from hybridflow.runtime.ray_worker import DepInput, Piece
 
 if TYPE_CHECKING:
-    from hybridflow.runtime.ray_step import NodeOutput
+    from hybridflow.runtime.ray_outputs import NodeOutput
 
 __all__ = ["aligned", "slot_inputs", "grouped_inputs", "whole_inputs"]
 

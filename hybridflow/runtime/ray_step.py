@@ -27,7 +27,6 @@ least every `ray_tasks.POLL_S` to report a failed task without waiting for the r
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import ray
 
@@ -37,6 +36,7 @@ from hybridflow.dispatch import (BROADCAST, DP, DP_TP, RANK_ZERO, Layout, get_di
                                  merge_metrics)
 from hybridflow.runtime.common import (NodeFailure, StepResult, assemble_input, finish_gather,
                                        finish_output, run_fn_node, sum_round_metrics)
+from hybridflow.runtime.ray_outputs import NodeOutput
 from hybridflow.runtime.ray_reshard import grouped_inputs, slot_inputs, whole_inputs
 from hybridflow.runtime.ray_tasks import InFlight, TaskArgs, TaskRecord, resolve
 from hybridflow.runtime.ray_worker import (DepInput, Piece, ShardTask, group_hashes,
@@ -51,29 +51,6 @@ def keeps_state(node: PlanNode) -> bool:
     """A function node with state across steps (e.g. an adaptive KL coefficient) runs
     on the driver, where the loop checkpoints that state."""
     return callable(getattr(node.fn, "state_dict", None))
-
-
-@dataclass
-class NodeOutput:
-    """A node's output left on the workers: the concatenation of `refs` in slot order."""
-    node: str
-    refs: list
-    homes: list                    # (pool, rank) holding or owning each slot; None: no pool
-    lineage: str                   # outputs of one lineage share their row partition
-    on_driver: bool = False        # put by the driver (a feed or a driver fn)
-    rows: list[int] | None = None  # per slot, once done
-    keys: list[str] | None = None  # columns, once done
-    groups: list[dict] | None = None
-    nbytes: int = 0
-    metrics: dict = field(default_factory=dict)
-
-    @property
-    def done(self) -> bool:
-        return self.rows is not None
-
-    @property
-    def num_rows(self) -> int | None:
-        return None if self.rows is None else sum(self.rows)
 
 
 class StepScheduler:

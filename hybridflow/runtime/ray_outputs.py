@@ -1,0 +1,30 @@
+"""What the Ray scheduler knows of a node's output: references to shards that stay on
+the workers, where they live, and (once done) their rows, columns and group hashes."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["NodeOutput"]
+
+
+@dataclass
+class NodeOutput:
+    """A node's output left on the workers: the concatenation of `refs` in slot order."""
+    node: str
+    refs: list
+    homes: list                    # (pool, rank) holding or owning each slot; None: no pool
+    lineage: str                   # outputs of one lineage share their row partition
+    on_driver: bool = False        # put by the driver (a feed or a driver fn)
+    rows: list[int] | None = None  # per slot, once done
+    keys: list[str] | None = None  # columns, once done
+    groups: list[dict] | None = None
+    nbytes: int = 0
+    metrics: dict = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return self.rows is not None
+
+    @property
+    def num_rows(self) -> int | None:
+        return None if self.rows is None else sum(self.rows)
