@@ -66,3 +66,13 @@ def test_real_ppo_step_keeps_tensors_off_the_driver(tmp_path):
     finally:
         runtime.shutdown()
     assert share < 0.01, (result.driver_bytes, share)
+
+
+def test_auto_placement_runs_on_ray(tmp_path, capsys):
+    trainer, metrics = train("ppo", tmp_path, "runtime.name=ray", "placement=auto",
+                             "placement.cluster.devices_per_node=4", "trainer.steps=2",
+                             "trainer.val_every=0")
+    assert "Best plan" in capsys.readouterr().out
+    pools = trainer.plan.placement.pools
+    assert sum(p.world_size for p in pools.values()) == 4
+    assert "critic/vf_loss" in metrics[-1] and "actor/pg_loss" in metrics[-1]
