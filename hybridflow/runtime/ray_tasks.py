@@ -139,6 +139,10 @@ class InFlight:
         _, rank, record, err = min(failures, key=lambda f: (f[0], f[1]))
         detail = failure_detail(err)
         if isinstance(err, (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError)):
+            # every task queued on a dead actor fails at once, in any order: name the
+            # one it was running (an actor runs its tasks in submission order)
+            record = next((r for r in self.queues[(record.pool, record.rank)]
+                           if r.done is None), record)
             self.rt.broken = f"the worker of pool '{record.pool}' rank {rank} died"
             detail = (f"the worker process of pool '{record.pool}' rank {rank} died; the "
                       f"runtime must be restarted.\n{detail}")
