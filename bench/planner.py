@@ -16,9 +16,10 @@ import os
 import platform
 import sys
 import time
-from dataclasses import dataclass, field
+from types import SimpleNamespace
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, REPO)
 
 from hybridflow.planner import Cluster, ModelSpec, NoFeasiblePlacement, Workload, plan_placement
 
@@ -28,27 +29,10 @@ ROLES = ("actor", "ref", "critic", "reward")
 PAPER_WORKLOAD = Workload(prompts=1024, samples_per_prompt=1, prompt_len=1024, response_len=1024)
 
 
-@dataclass(frozen=True)
-class Node:
-    name: str
-    kind: str
-    role: str | None
-    deps: tuple[str, ...] = ()
-
-
-@dataclass
-class PPOGraph:
-    """The compiled PPO graph's shape (graphs/ppo.py), without loading a graph file."""
-
-    nodes: list[Node] = field(default_factory=lambda: [
-        Node("prompts", "source", None),
-        Node("actor.generate", "generate", "actor", ("prompts",)),
-        *(Node(n, "inference", n.split(".")[0], ("actor.generate",))
-          for n in ("actor.logprob", "ref.logprob", "critic.values", "reward.score")),
-        Node("advantages", "function", None, ("actor.logprob", "ref.logprob", "critic.values", "reward.score")),
-        Node("critic.update", "train", "critic", ("advantages",)),
-        Node("actor.update", "train", "actor", ("advantages",)),
-    ])
+def ppo_plan():
+    """The compiled `graphs/ppo.py` itself (no workers start, no weights load)."""
+    from hybridflow.commands.common import load_plan
+    return load_plan(os.path.join(REPO, "graphs", "ppo.py"))
 
 
 def machine() -> dict:
@@ -62,12 +46,12 @@ def machine() -> dict:
             "platform": platform.platform()}
 
 
-def bench_one(size: str, devices: int, device: str) -> dict:
+def bench_one(graph, size: str, devices: int, device: str) -> dict:
     spec = ModelSpec.from_name(size)
     cluster = Cluster(max(1, devices // 8), min(devices, 8), device)
     began = time.perf_counter()
     try:
-        result = plan_placement(PPOGraph(), cluster, {r: spec for r in ROLES}, PAPER_WORKLOAD)
+        result = plan_placement(graph, cluster, {r: spec for r in ROLES}, PAPER_WORKLOAD)
     except NoFeasiblePlacement as err:
         return {"model": size, "devices": devices, "fits": False, "search_seconds": time.perf_counter() - began,
                 "reason": str(err).splitlines()[1].strip("- ")}
@@ -84,10 +68,12 @@ def bench_one(size: str, devices: int, device: str) -> dict:
     }
 
 
-def five_roles_search_seconds(device: str) -> float:
-    """The performance target: 5 roles on 128 devices."""
-    graph = PPOGraph()
-    graph.nodes.insert(6, Node("cost.score", "inference", "cost", ("actor.generate",)))
+def five_roles_search_seconds(plan, device: str) -> float:
+    """The performance target: 5 roles on 128 devices (PPO plus a cost model scoring
+    the rollout, as a fifth role)."""
+    cost = SimpleNamespace(name="cost.score", kind="inference", role="cost",
+                           deps=("actor.generate",))
+    graph = SimpleNamespace(nodes=[*plan.nodes[:2], cost, *plan.nodes[2:]])
     spec = ModelSpec.from_name("13b")
     result = plan_placement(graph, Cluster(16, 8, device), {r: spec for r in (*ROLES, "cost")}, PAPER_WORKLOAD)
     return result.search_seconds
@@ -113,8 +99,10 @@ def main() -> int:
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                       "results", "planner.json"))
     args = parser.parse_args()
-    rows = [bench_one(size, devices, args.device) for size in SIZES for devices in DEVICE_COUNTS]
-    five = five_roles_search_seconds(args.device)
+    plan = ppo_plan()
+    rows = [bench_one(plan, size, devices, args.device) for size in SIZES
+            for devices in DEVICE_COUNTS]
+    five = five_roles_search_seconds(plan, args.device)
     info = machine()
     print(f"machine: {info['cpu']}, {info['cores']} cores, Python {info['python']}")
     print(f"workload: PPO, roles {', '.join(ROLES)}, {PAPER_WORKLOAD.describe()}, device {args.device}")
