@@ -2,8 +2,6 @@
 import json
 import shutil
 
-import pytest
-
 from tests.e2e.helpers import train
 
 FAST = ("trainer.val_every=0", "data.batch_size=8", "rollout.n=4", "actor.mini_batch_size=32",
