@@ -48,7 +48,8 @@ def run_both(runtime: RayRuntime, plan, feeds):
 
 
 # ----------------------------------------------------------------- dispatch modes
-@pytest.mark.parametrize("mode", ["dp", "dp_tp", "rank_zero", "broadcast", fakes.REVERSED])
+@pytest.mark.parametrize("mode", ["dp", "dp_tp", "rank_zero", "broadcast", fakes.REVERSED,
+                                  fakes.LEGACY])
 def test_every_dispatch_mode_gives_the_local_output_for_batch_sizes_1_to_2n(echo, mode):
     plan = fakes.echo_plan(fakes.call_graph(f"echo.{mode}", name=mode))
     for rows in range(1, 9):
@@ -57,15 +58,6 @@ def test_every_dispatch_mode_gives_the_local_output_for_batch_sizes_1_to_2n(echo
         assert_same(echo.fetch(result, node, ["y", "rank"]), expected.outputs[node],
                     f"{mode} rows={rows}")
         assert result.node_metrics[node] == expected.node_metrics[node]
-
-
-def test_one_per_worker_in_a_graph_fails_like_local(echo):
-    plan = fakes.echo_plan(fakes.call_graph("echo.one_per_worker", name="opw"))
-    with pytest.raises(ValueError, match="one_per_worker needs a list"):
-        LocalRuntime(plan, {}).run_step({"prompts": fakes.prompts(4)})
-    with pytest.raises(NodeFailure, match="one_per_worker needs a list") as err:
-        echo.run_step({"prompts": fakes.prompts(4)}, plan=plan)
-    assert err.value.node == "echo.one_per_worker" and err.value.rank == 0
 
 
 def test_reshard_between_layouts_round_trips_every_row(echo):
