@@ -243,6 +243,24 @@ def total_score(batch: Batch) -> Batch:
     return Batch({"score_sum": batch["scores"].sum().expand(len(batch)).clone()})
 
 
+@node_fn(reads=("y",), writes=("s",))
+def broken_sum(batch: Batch) -> Batch:
+    """A whole-batch function that fails (it runs on a worker)."""
+    raise KeyError("no such column")
+
+
+class StatefulBroken:
+    """A failing function node that keeps state across steps: it runs on the driver."""
+    __name__ = "stateful_broken"
+    __hybridflow_fn__ = broken_sum.__hybridflow_fn__
+
+    def __call__(self, batch: Batch) -> Batch:
+        raise KeyError("no such column")
+
+    def state_dict(self) -> dict:
+        return {}
+
+
 PPO_BINDINGS = {"actor": Actor, "ref": Reference, "critic": Critic, "reward": Reward}
 
 
@@ -308,21 +326,15 @@ def echo_plan(graph: Graph, devices: int = 4, tp: int = 2):
     return compile_graph(graph, ECHO_BINDINGS, echo_placement(devices, tp))
 
 
-def gather_plan(until: int, max_rounds: int):
-    """prompts -> generate -> keep_even_uids -> gather, for both runtimes (no training)."""
-    from hybridflow.compiler import PlanNode
+def gather_plan(until: int, max_rounds: int, placement: Placement | None = None):
+    """prompts -> generate -> keep_even_uids -> gather (DAPO's dynamic sampling), for
+    both runtimes (no training, so several local ranks are allowed)."""
     g = Graph("dynamic_sampling")
     p = g.source("prompts", keys=("input_ids", "uid"))
     rollout = g.call("actor.generate", p)
-    g.call("actor.keep_even_uids", rollout, name="kept")
-    plan = compile_graph(g, PPO_BINDINGS, ppo_placement())
-    kept = plan.node("kept")
-    if not any(n.op == "gather" for n in plan.nodes):
-        plan.nodes.append(PlanNode("gather", "function", "gather", ("kept",), "test",
-                                   kwargs={"until": until, "max_rounds": max_rounds},
-                                   input_keys=dict(kept.output_keys),
-                                   output_keys=dict(kept.output_keys)))
-    return plan
+    kept = g.call("actor.keep_even_uids", rollout, name="kept")
+    g.gather(kept, until=until, max_rounds=max_rounds, name="gather")
+    return compile_graph(g, PPO_BINDINGS, placement or ppo_placement())
 
 
 class Drawer:
