@@ -72,6 +72,38 @@ def test_reshard_between_layouts_round_trips_every_row(echo):
             [len(c) for c in fakes.prompts(rows).split(4)]
 
 
+def user_mode_graph(mode: str):
+    """dp over 4 ranks, then a node of `mode` reading dp's output (born on the workers)."""
+    g = fakes.Graph(f"after_dp_{mode}")
+    p = g.source("prompts", keys=("input_ids", "uid"))
+    g.call(f"echo.{mode}", g.call("echo.dp", p), name="user")
+    return g
+
+
+def test_a_user_slot_layout_moves_no_bytes_through_the_driver_or_rank_zero(echo):
+    """The reversed mode's chunk c goes from dp's rank c straight to rank 3-c: one task
+    per rank, no scatter/collect on rank 0, and the driver sees only the feed."""
+    feeds = {"prompts": fakes.prompts(4096)}  # 128 KiB: put in the object store once
+    only_dp = echo.run_step(feeds, plan=fakes.echo_plan(fakes.call_graph("echo.dp")))
+    plan = fakes.echo_plan(user_mode_graph("relay_reversed"))
+    result = echo.run_step(feeds, plan=plan)
+    assert result.driver_bytes == only_dp.driver_bytes > 0
+    tasks = sorted(e["rank"] for e in result.timeline if e["node"] == "user")
+    assert tasks == [0, 1, 2, 3]
+    out = echo.fetch(result, "user", ["z", "rank_z"])
+    assert torch.equal(out["z"], fakes.prompts(4096)["input_ids"] * 2 + 1)
+    assert out["rank_z"].tolist() == [3 - c for c in range(4) for _ in range(1024)]
+    assert [home[1] for home in result.outputs["user"].homes] == [3, 2, 1, 0]
+
+
+def test_a_function_pair_mode_still_funnels_through_rank_zero(echo):
+    """The deprecated form works, at the cost the slot layout removes."""
+    plan = fakes.echo_plan(fakes.call_graph(f"echo.{fakes.LEGACY}", name="legacy"))
+    result = echo.run_step({"prompts": fakes.prompts(8)}, plan=plan)
+    tasks = sorted(e["rank"] for e in result.timeline if e["node"] == f"echo.{fakes.LEGACY}")
+    assert tasks == [0, 0, 0, 1, 2, 3]  # scatter, the four calls, collect
+
+
 def test_ranks_share_one_torch_distributed_world(echo):
     plan = fakes.echo_plan(fakes.call_graph("echo.allreduce", name="allreduce"))
     result = echo.run_step({"prompts": fakes.prompts(8)}, plan=plan)
