@@ -28,7 +28,8 @@ from hybridflow.compiler import ExecutionPlan, PlanNode
 from hybridflow.runtime.common import NodeFailure, StepResult
 from hybridflow.runtime.ray_tasks import TaskRecord
 from hybridflow.runtime.ray_worker import FusedWorker, WorkerError
-from hybridflow.runtime.scheduler import PlanCache, run_step
+from hybridflow.runtime.executor import PlanCache
+from hybridflow.runtime.scheduler import run_step
 
 __all__ = ["LocalRuntime", "Held", "Ran"]
 

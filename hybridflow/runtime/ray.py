@@ -37,7 +37,8 @@ from hybridflow.runtime.ray_pools import (RuntimeSettings, WorkerGroup, connect,
 from hybridflow.runtime.ray_tasks import InFlight, resolve
 from hybridflow.runtime.ray_worker import (ShippedNode, default_context, failure_detail,
                                            payload_bytes)
-from hybridflow.runtime.scheduler import PlanCache, run_step
+from hybridflow.runtime.executor import PlanCache
+from hybridflow.runtime.scheduler import run_step
 
 __all__ = ["RayRuntime", "NodeOutput", "INLINE_BYTES"]
 

@@ -9,7 +9,6 @@ import torch
 
 import runtime_fakes as fakes
 from hybridflow.batch import Batch
-from hybridflow.runtime.common import NodeFailure
 from hybridflow.runtime.local import LocalRuntime
 from hybridflow.runtime.ray import RayRuntime
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import runtime_fakes as fakes
-from hybridflow.placement import Placement, PoolSpec
+from hybridflow.placement import Placement
 from hybridflow.runtime.common import NodeFailure
 from hybridflow.runtime.local import LocalRuntime
 
