@@ -14,7 +14,9 @@ result is kept for each chunk. Users register their own with
 `register_dispatch_mode(name, slots=fn(layout) -> SlotLayout)`.
 
 State: the registry of modes by name (`_MODES`), filled at import and by
-`register_dispatch_mode`; nothing else changes it.
+`register_dispatch_mode`, and the slot layouts computed so far by (mode, layout)
+(`_LAYOUTS`, filled by `DispatchMode.slot_layout`; a mode's layout function must
+depend on the layout only); nothing else changes them.
 """
 from __future__ import annotations
 
@@ -238,11 +240,15 @@ class DispatchMode:
     def slot_layout(self, layout: Layout) -> SlotLayout | None:
         if self.slots is None:
             return None
-        out = self.slots(layout)
-        if out.world_size != layout.world_size:
-            raise ValueError(f"dispatch mode {self.name!r} gave a layout of "
-                             f"{out.world_size} ranks for a group of {layout.world_size}")
-        return out
+        key = (self.name, layout)
+        if key not in _LAYOUTS:  # asked for every node of every step: computed once
+            out = self.slots(layout)
+            if out.world_size != layout.world_size:
+                raise ValueError(f"dispatch mode {self.name!r} gave a layout of "
+                                 f"{out.world_size} ranks for a group of "
+                                 f"{layout.world_size}")
+            _LAYOUTS[key] = out
+        return _LAYOUTS[key]
 
     def dispatch(self, value: Any, layout: Layout) -> list:
         """Per-rank values (SKIP where a rank does not run)."""
@@ -263,6 +269,7 @@ def _one_per_worker_dispatch(value: list, layout: Layout) -> list:
     return list(value)
 
 
+_LAYOUTS: dict[tuple[str, Layout], SlotLayout] = {}
 _MODES: dict[str, DispatchMode] = {
     BROADCAST: DispatchMode(BROADCAST, _broadcast_slots),
     DP: DispatchMode(DP, _dp_slots),

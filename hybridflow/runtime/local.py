@@ -21,6 +21,7 @@ one rank; use the Ray runtime for data parallelism.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any, Callable
 
 from hybridflow.batch import Batch
@@ -31,7 +32,7 @@ from hybridflow.runtime.ray_worker import FusedWorker, WorkerError
 from hybridflow.runtime.executor import PlanCache
 from hybridflow.runtime.scheduler import run_step
 
-__all__ = ["LocalRuntime", "Held", "Ran"]
+__all__ = ["LocalRuntime", "Held", "Ran", "NodeBatches"]
 
 
 def _make_context(rank: int, world_size: int, seed: int, colocated: dict):
@@ -46,6 +47,32 @@ class Held:
 
     def __init__(self, value: Any):
         self.value = value
+
+
+class NodeBatches(Mapping):
+    """A local step's outputs: node -> one Batch, its slots concatenated when first
+    asked for (most nodes' outputs are never read on the driver)."""
+
+    def __init__(self, outputs: dict, node_metrics: dict):
+        self._outputs, self._metrics, self._batches = outputs, node_metrics, {}
+
+    def __getitem__(self, name: str) -> Batch:
+        if name not in self._batches:
+            shards = [h.value for h in self._outputs[name].refs]
+            batch = shards[0] if len(shards) == 1 else Batch.concat(shards)
+            metrics = dict(self._metrics.get(name, {}))
+            self._batches[name] = Batch._trusted(batch.tensors, batch.non_tensors,
+                                                 {**batch.meta, "metrics": metrics})
+        return self._batches[name]
+
+    def __contains__(self, name) -> bool:
+        return name in self._outputs
+
+    def __iter__(self):
+        return iter(self._outputs)
+
+    def __len__(self) -> int:
+        return len(self._outputs)
 
 
 class Ran:
@@ -161,16 +188,8 @@ class LocalRuntime:
         """Run every node once. `feeds` gives each source node's batch; `draw(source)`
         gives more, for gather nodes that need another round. Outputs are Batches."""
         result = run_step(self, plan or self.plan, feeds, draw)
-        result.outputs = {name: self._as_batch(out, result.node_metrics.get(name, {}))
-                          for name, out in result.outputs.items()}
+        result.outputs = NodeBatches(result.outputs, result.node_metrics)
         return result
-
-    @staticmethod
-    def _as_batch(out, metrics: dict) -> Batch:
-        shards = [h.value for h in out.refs]
-        batch = shards[0] if len(shards) == 1 else Batch.concat(shards)
-        return Batch._trusted(batch.tensors, batch.non_tensors,
-                              {**batch.meta, "metrics": dict(metrics)})
 
     def fetch(self, result: StepResult, node: str, keys) -> Batch:
         """Columns of a node's output, on the driver."""
