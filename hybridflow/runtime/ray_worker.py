@@ -109,6 +109,9 @@ def _rebuild_task(node, inputs, prepared, finish, group_keys, mode) -> ShardTask
     return ShardTask(node, specs, prepared, finish, group_keys, mode)
 
 
+_NO_COLUMNS = Batch()  # a dep that supplies no column to a node (read only)
+
+
 class Skipped:
     """Stands for dispatch.SKIP once it has crossed a process boundary."""
 
@@ -180,6 +183,7 @@ class FusedWorker:
         self.pool, self.rank, self.world_size, self.local_rank = pool, rank, world_size, local_rank
         self.roles: dict[str, Any] = {}
         self.nodes: dict[Any, bytes | PlanNode] = {}  # digest -> pickled, then unpickled
+        self.pid = os.getpid()
 
     @classmethod
     def in_process(cls, pool: str, rank: int, world_size: int,
@@ -311,12 +315,14 @@ class FusedWorker:
 
     @staticmethod
     def _assemble(node: PlanNode, task: ShardTask, args) -> Batch:
-        inputs = {dep: Batch() for dep in node.deps}  # deps that supply no column
+        inputs = {}
         for dep, spec in task.inputs.items():
             parts = [args[p.arg] if p.rows is None else args[p.arg].take(p.rows)
                      for p in spec.pieces]
             batch = parts[0] if len(parts) == 1 else Batch.concat(parts)
             inputs[dep] = batch if spec.index is None else batch.take(np.array(spec.index))
+        if len(inputs) < len(node.deps):
+            inputs.update({dep: _NO_COLUMNS for dep in node.deps if dep not in inputs})
         return assemble_input(node, inputs)
 
     def _meta(self, task: ShardTask, out, start: float, skipped: bool = False) -> dict:
@@ -328,4 +334,4 @@ class FusedWorker:
                 "keys": out.keys() if isinstance(out, Batch) else [],
                 "nbytes": estimated_bytes(out) if isinstance(out, Batch) else 0,
                 "metrics": metrics_of(out), "groups": groups, "skipped": skipped,
-                "start": start, "end": time.time(), "pid": os.getpid(), "rank": self.rank}
+                "start": start, "end": time.time(), "pid": self.pid, "rank": self.rank}
