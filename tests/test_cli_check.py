@@ -1,5 +1,5 @@
 """`hybridflow check graph.py [key=value ...]` (hybridflow/commands/check.py and
-commands/common.py): compile only, print a summary, exit 1 with the message on any
+hybridflow/program.py): compile only, print a summary, exit 1 with the message on any
 error; fast, and neither Ray nor model weights are loaded."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import time
 import pytest
 
 from hybridflow.cli import main
-from hybridflow.commands.common import GraphFileError, load_graph_module, prepare
+from hybridflow.program import GraphFileError, load_graph_module, prepare
 from hybridflow.config import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -127,7 +127,7 @@ def test_the_result_is_frozen_against_new_keys():
 
 
 def test_unknown_pool_field_is_an_error():
-    from hybridflow.commands.common import placement_from_config
+    from hybridflow.program import placement_from_config
     from hybridflow.graph import Graph
     cfg = build_config(overrides=["placement.pools.main.devics_per_node=2"])
     with pytest.raises(ConfigError, match=r"placement.pools.main.*'devics_per_node'.*"
@@ -136,7 +136,7 @@ def test_unknown_pool_field_is_an_error():
 
 
 def test_placement_gives_unplaced_roles_the_first_pool():
-    from hybridflow.commands.common import placement_from_config
+    from hybridflow.program import placement_from_config
     from hybridflow.graph import Graph
     g = Graph("g")
     g.call("actor.generate", g.source())

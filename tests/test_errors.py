@@ -17,7 +17,7 @@ import textwrap
 import pytest
 
 from hybridflow.cli import main
-from hybridflow.commands.common import prepare
+from hybridflow.program import prepare
 from hybridflow.config import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -296,7 +296,7 @@ def test_check_catches_path_errors_too(capsys, tmp_path):
 
 
 def test_render_and_plan_do_not_need_the_paths_to_exist(tmp_path):
-    from hybridflow.commands.common import load_plan
+    from hybridflow.program import load_plan
     plan = load_plan(GRPO, [f"model.path={tmp_path / 'on-the-cluster'}"])
     assert plan.nodes
 

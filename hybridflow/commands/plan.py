@@ -85,7 +85,7 @@ def device_roles(plan) -> list[str]:
 
 
 def run(args) -> int:
-    from hybridflow.commands.common import load_plan
+    from hybridflow.program import load_plan
     from hybridflow.planner import Cluster, NoFeasiblePlacement, PlanningError, Workload, plan_placement
 
     try:
