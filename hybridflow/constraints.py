@@ -117,26 +117,28 @@ def _check_leaf(key: str, value: Any, rule: Rule | None) -> None:
 
 def check_values(node: Any, prefix: str = "") -> None:
     """Every field of `node` (a DictConfig typed by a dataclass, or a dataclass
-    instance) against its rule, recursively; untyped (free-form) mappings only have
-    their floats checked for NaN and infinity."""
+    instance) against its rule, recursively; untyped (free-form) mappings, and keys a
+    typed node holds beyond its fields (a role's own section), are walked too."""
     from omegaconf import DictConfig, ListConfig, OmegaConf
     schema = OmegaConf.get_type(node) if isinstance(node, DictConfig) else type(node)
-    if isinstance(node, DictConfig) and not dataclasses.is_dataclass(schema):
-        for key in node.keys():  # free-form: a graph's or role's own section
+    fields = dataclasses.fields(schema) if dataclasses.is_dataclass(schema) else ()
+    for field in fields:
+        _check_field(getattr(node, field.name, None), f"{prefix}{field.name}",
+                     field.metadata.get("rule"))
+    if isinstance(node, DictConfig):
+        declared = {f.name for f in fields}
+        for key in node:
             value = node._get_node(key)
-            if isinstance(value, DictConfig):
-                check_values(value, f"{prefix}{key}.")
-            elif not isinstance(value, ListConfig):
-                _check_leaf(f"{prefix}{key}", node[key], None)
+            if key not in declared and not isinstance(value, ListConfig):
+                _check_field(value if isinstance(value, DictConfig) else node[key],
+                             f"{prefix}{key}", None)
+
+
+def _check_field(value: Any, key: str, rule: Rule | None) -> None:
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+    if isinstance(value, DictConfig) or dataclasses.is_dataclass(value):
+        check_values(value, key + ".")
         return
-    if not dataclasses.is_dataclass(schema):
-        return
-    for field in dataclasses.fields(schema):
-        value = getattr(node, field.name, None)
-        key = f"{prefix}{field.name}"
-        if isinstance(value, DictConfig) or dataclasses.is_dataclass(value):
-            check_values(value, key + ".")
-            continue
-        if isinstance(value, ListConfig):
-            value = OmegaConf.to_container(value, resolve=True)
-        _check_leaf(key, value, field.metadata.get("rule"))
+    if isinstance(value, ListConfig):
+        value = OmegaConf.to_container(value, resolve=True)
+    _check_leaf(key, value, rule)
