@@ -14,6 +14,7 @@ Stateless: everything a run needs is in the returned `LoadedGraph`.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -42,9 +43,13 @@ class LoadedGraph:
 
 
 def algorithm_schema(module: ModuleType, path: str) -> type | None:
-    """The graph file's `ALGORITHM` dataclass: the schema of the `algorithm` section
-    (None: the file declares none, and the section is free-form)."""
+    """The graph file's `ALGORITHM` dataclass: the schema of the `algorithm` section.
+    A file that imports its `build` from another graph file (`from graphs.grpo import
+    build`) gets that file's schema with it. None: the section is free-form."""
     schema = getattr(module, "ALGORITHM", None)
+    if schema is None:
+        home = sys.modules.get(getattr(module.build, "__module__", None) or "")
+        schema = getattr(home, "ALGORITHM", None) if home is not module else None
     if schema is not None and not (isinstance(schema, type) and
                                    hasattr(schema, "__dataclass_fields__")):
         raise GraphFileError(f"ALGORITHM in {path!r} must be a dataclass (the algorithm "

@@ -226,3 +226,12 @@ def test_checked_builds_a_dataclass_field_with_its_rule():
     rule = in_range(0, 1)
     field = checked(0.5, rule)
     assert field.default == 0.5 and field.metadata["rule"] is rule
+
+
+def test_a_graph_reusing_a_shipped_build_gets_its_schema(tmp_path):
+    path = tmp_path / "mine.py"
+    path.write_text("from graphs.grpo import build, defaults\n")
+    loaded = prepare(str(path), ["algorithm.norm_by_std=false"], preflight=False)
+    assert loaded.cfg.algorithm.norm_by_std is False
+    with pytest.raises(ConfigError, match=r"did you mean 'algorithm\.norm_by_std'"):
+        prepare(str(path), ["algorithm.norm_by_sdt=false"], preflight=False)
