@@ -134,7 +134,8 @@ def _explain(err: Exception, cfg: DictConfig, source: str) -> ConfigError:
     if isinstance(err, ValidationError):
         detail = str(getattr(err, "msg", err)).splitlines()[0]  # omegaconf appends its internals
         return ConfigError(f"{source}: bad value for '{key}': {detail}")
-    close = difflib.get_close_matches(str(key), _known_keys(cfg), n=3, cutoff=0.6)
+    known = [k for k in _known_keys(cfg) if not str(key).startswith(k + ".")]  # not parents
+    close = difflib.get_close_matches(str(key), known, n=3, cutoff=0.6)
     hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     section = str(key).split(".")[0]
     if not close and section not in cfg:  # perhaps the section of a role not bound yet
