@@ -54,6 +54,8 @@ def make_runtime(plan: ExecutionPlan, cfg, extra_plans=()):
     `cfg` is what the workers receive: the run's typed values (`LoadedGraph.values`)."""
     if cfg.runtime.name == "ray":
         from hybridflow.runtime.ray import RayRuntime
+        from hybridflow.user_files import pickle_user_files_by_value_for_ray
+        pickle_user_files_by_value_for_ray()  # fn nodes and classes of the user's files
         return RayRuntime(plan, cfg, seed=cfg.trainer.seed, extra_plans=extra_plans)
     from hybridflow.runtime.local import LocalRuntime
     return LocalRuntime(plan, cfg, seed=cfg.trainer.seed, extra_plans=extra_plans)

@@ -17,7 +17,8 @@ from types import ModuleType
 
 from hybridflow.constraints import ConfigError
 
-__all__ = ["GraphFileError", "load_graph_module", "import_object", "call_graph_file"]
+__all__ = ["GraphFileError", "load_graph_module", "import_object", "call_graph_file",
+           "pickle_user_files_by_value_for_ray"]
 
 
 class GraphFileError(ValueError):
@@ -55,14 +56,31 @@ def load_graph_module(path: str) -> ModuleType:
     return module
 
 
+_USER_MODULES: list[ModuleType] = []  # every user file imported, for pickling by value
+
+
 def _pickle_by_value(module: ModuleType) -> None:
-    """Ray workers cannot import a graph file by its generated module name, so its
-    functions (fn nodes) are shipped by value."""
+    """Ray workers cannot import a user file by its generated module name, so its
+    functions and classes (fn nodes, worker classes) are shipped by value."""
+    _USER_MODULES.append(module)
     try:
         import cloudpickle
         cloudpickle.register_pickle_by_value(module)
     except (ImportError, ValueError):
         pass
+    if "ray" in sys.modules:
+        pickle_user_files_by_value_for_ray()
+
+
+def pickle_user_files_by_value_for_ray() -> None:
+    """Register every user file with Ray's own cloudpickle (Ray pickles with it, not
+    with the `cloudpickle` package); imports Ray, so only runs that use it call this."""
+    from ray import cloudpickle as ray_cloudpickle
+    for module in _USER_MODULES:
+        try:
+            ray_cloudpickle.register_pickle_by_value(module)
+        except ValueError:  # not in sys.modules any more (a failed import)
+            pass
 
 
 def import_object(spec: str):

@@ -157,3 +157,30 @@ def test_the_loop_and_the_program_import_nothing_from_the_cli():
                      or m == "hybridflow.cli")
         assert cli == [], f"{start} reaches the CLI layer through {cli}"
     assert _module_file("hybridflow.commands.common") is None  # moved to program.py
+
+
+def test_user_files_are_pickled_by_value_for_ray_workers(tmp_path):
+    """A Ray worker cannot import a graph file by its private module name: its fn
+    nodes must travel by value (with Ray's own cloudpickle)."""
+    cloudpickle = pytest.importorskip("ray.cloudpickle")
+    import subprocess
+    import sys
+
+    from hybridflow.user_files import load_graph_module, pickle_user_files_by_value_for_ray
+    path = write(tmp_path, "shipped.py", """\
+        from hybridflow import Graph
+
+        def double(x):
+            return 2 * x
+
+        def build(cfg):
+            return Graph("shipped")
+    """)
+    module = load_graph_module(path)
+    pickle_user_files_by_value_for_ray()
+    blob = tmp_path / "fn.pkl"
+    blob.write_bytes(cloudpickle.dumps(module.double))
+    out = subprocess.run([sys.executable, "-c", "import pickle, sys; "
+                          f"print(pickle.load(open({str(blob)!r}, 'rb'))(21))"],
+                         capture_output=True, text=True, check=False)
+    assert out.stdout.strip() == "42", out.stderr
