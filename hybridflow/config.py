@@ -84,12 +84,24 @@ class ClusterConfig:
 
 
 @dataclass
+class PoolConfig:
+    """One resource pool: `placement.pools.<name>`."""
+    nodes: int = checked(1, at_least(1))
+    devices_per_node: int = checked(1, at_least(1))
+
+
+@dataclass
+class ParallelConfig:
+    """A role's parallel layout: `placement.parallel.<role>`."""
+    dp: Optional[int] = checked(None, at_least(1))  # None: the pool's devices / tp
+    tp: int = checked(1, at_least(1))
+
+
+@dataclass
 class PlacementConfig:
-    # pool name -> {nodes, devices_per_node}; roles -> pool; parallel: role -> {dp, tp}
-    pools: dict[str, Any] = field(
-        default_factory=lambda: {"main": {"nodes": 1, "devices_per_node": 1}})
+    pools: dict[str, PoolConfig] = field(default_factory=lambda: {"main": PoolConfig()})
     roles: dict[str, str] = field(default_factory=dict)  # unset roles go to the first pool
-    parallel: dict[str, Any] = field(default_factory=dict)
+    parallel: dict[str, ParallelConfig] = field(default_factory=dict)
     auto: bool = False           # run the planner and use its best placement
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 

@@ -22,7 +22,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hybridflow.auto_placement import expand_auto, plan_auto_placement
 from hybridflow.compiler import ExecutionPlan, compile_graph
-from hybridflow.config import ConfigError, RunConfig, build_config, run_values
+from hybridflow.config import (ConfigError, ParallelConfig, PoolConfig, RunConfig,
+                               build_config, run_values)
 from hybridflow.graph import Graph
 from hybridflow.placement import Placement
 from hybridflow.user_files import (GraphFileError, call_graph_file, import_object,
@@ -91,6 +92,8 @@ def placement_from_config(cfg: DictConfig, graph: Graph,
     """The `placement` section; a role it does not place goes to the first pool, or
     to its host's pool when another role serves it (folded)."""
     section = OmegaConf.to_container(cfg.placement, resolve=True)
+    section["parallel"] = {role: {k: v for k, v in layout.items() if v is not None}
+                           for role, layout in (section.get("parallel") or {}).items()}
     if not section.get("pools"):
         raise ConfigError("placement.pools is empty: define at least one pool")
     first = next(iter(section["pools"]))
@@ -143,9 +146,11 @@ def _auto_place(cfg: DictConfig, graph: Graph, bindings, plan: ExecutionPlan) ->
     """Replace the placement section with the planner's choice and compile again."""
     section, explanation = plan_auto_placement(cfg, plan)
     with open_dict(cfg):
-        cfg.placement.pools = section["pools"]
+        cfg.placement.pools = {name: PoolConfig(**pool)
+                               for name, pool in section["pools"].items()}
         cfg.placement.roles = section["roles"]
-        cfg.placement.parallel = section.get("parallel", {})
+        cfg.placement.parallel = {role: ParallelConfig(**layout)
+                                  for role, layout in section.get("parallel", {}).items()}
         cfg.placement.auto = False  # the saved config replays this exact placement
     print(f"placement=auto:\n{explanation}")
     return compile_program(cfg, graph, bindings)

@@ -299,7 +299,7 @@ def test_bad_worker_binding(files, capsys, spec, words):
 def test_unknown_pool_field(files, capsys):
     _, graph, overrides = files
     code, _, err = check(capsys, graph, *overrides, "placement.pools.main.device_per_node=2")
-    assert code == 1 and "did you mean 'devices_per_node'" in err
+    assert code == 1 and "did you mean 'placement.pools.main.devices_per_node'" in err
 
 
 def test_prepare_raises_typed_errors(tmp_path):

@@ -127,12 +127,13 @@ def test_the_result_is_frozen_against_new_keys():
 
 
 def test_unknown_pool_field_is_an_error():
-    from hybridflow.program import placement_from_config
-    from hybridflow.graph import Graph
-    cfg = build_config(overrides=["placement.pools.main.devics_per_node=2"])
-    with pytest.raises(ConfigError, match=r"placement.pools.main.*'devics_per_node'.*"
-                                          r"'devices_per_node'"):
-        placement_from_config(cfg, Graph("g"))
+    # pools and parallel layouts are typed (PoolConfig, ParallelConfig): refused while
+    # the config is built, with the closest key
+    with pytest.raises(ConfigError, match=r"'placement.pools.main.devics_per_node'; did "
+                                          r"you mean 'placement.pools.main.devices_per_node'"):
+        build_config(overrides=["placement.pools.main.devics_per_node=2"])
+    with pytest.raises(ConfigError, match=r"'placement.parallel.actor.pt'"):
+        build_config(overrides=["placement.parallel.actor.pt=2"])
 
 
 def test_placement_gives_unplaced_roles_the_first_pool():

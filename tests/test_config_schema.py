@@ -235,3 +235,26 @@ def test_a_graph_reusing_a_shipped_build_gets_its_schema(tmp_path):
     assert loaded.cfg.algorithm.norm_by_std is False
     with pytest.raises(ConfigError, match=r"did you mean 'algorithm\.norm_by_std'"):
         prepare(str(path), ["algorithm.norm_by_sdt=false"], preflight=False)
+
+
+@pytest.mark.parametrize("override, words", [
+    ("placement.pools.main.devices_per_node=-1",
+     "placement.pools.main.devices_per_node must be at least 1, got -1"),
+    ("placement.pools.rm.nodes=0", "placement.pools.rm.nodes must be at least 1, got 0"),
+    ("placement.parallel.actor.tp=0", "placement.parallel.actor.tp must be at least 1, got 0"),
+    ("placement.parallel.critic.dp=-2", "placement.parallel.critic.dp must be at least 1"),
+])
+def test_pools_and_parallel_layouts_are_checked(override, words):
+    with pytest.raises(ConfigError) as info:
+        build_config(overrides=[override])
+    assert words in str(info.value)
+
+
+def test_a_parallel_layout_may_leave_dp_unset():
+    from hybridflow.graph import Graph
+    from hybridflow.program import placement_from_config
+    cfg = build_config(overrides=["placement.pools.main.devices_per_node=2",
+                                  "placement.parallel.actor.tp=2"])
+    g = Graph("g")
+    g.call("actor.generate", g.source())
+    assert placement_from_config(cfg, g).parallel == {"actor": {"tp": 2}}

@@ -184,3 +184,16 @@ def test_user_files_are_pickled_by_value_for_ray_workers(tmp_path):
                           f"print(pickle.load(open({str(blob)!r}, 'rb'))(21))"],
                          capture_output=True, text=True, check=False)
     assert out.stdout.strip() == "42", out.stderr
+
+
+def test_the_ray_runtime_settings_are_the_runtime_section():
+    ray_pools = pytest.importorskip("hybridflow.runtime.ray_pools")
+    from hybridflow.config import RuntimeConfig
+    values = prepare(GRPO, ["runtime.call_timeout_s=42", "runtime.start_timeout_s=7"],
+                     preflight=False).values
+    settings = ray_pools.RuntimeSettings.from_config(values)
+    assert (settings.call_timeout_s, settings.start_timeout) == (42.0, 7.0)
+    # no second set of defaults: an absent section or key is RuntimeConfig's default
+    default = ray_pools.RuntimeSettings.from_config({"runtime": {"call_timeout_s": 60}})
+    assert default.start_timeout == RuntimeConfig().start_timeout_s
+    assert ray_pools.RuntimeSettings.from_config({}).torch_threads == RuntimeConfig().torch_threads
