@@ -127,7 +127,7 @@ class RunConfig:
 
 RUN_SECTIONS = tuple(f.name for f in dataclasses.fields(RunConfig))
 # sections that are not a role's: a role of these names would have no section of its own
-_NOT_ROLES = ("trainer", "data", "runtime", "placement", "workers", "algorithm")
+_NOT_ROLES = ("trainer", "data", "runtime", "placement", "workers", "algorithm", "model")
 
 
 def _known_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
