@@ -8,14 +8,16 @@
 
 Modules: devices (device table, Cluster), models (ModelSpec), problem (graph
 view, Workload), cost (memory and time of one role), pool (colocated roles),
-schedule (step simulation), search (enumeration and pruning), result,
-explain (table, paragraph, JSON) and render (graphviz).
+schedule (step simulation), search (enumeration and pruning), ranking (the
+result as data), explain (table, paragraph, JSON), render (graphviz) and result
+(PlannerResult: the ranking with its words and drawing, on top of both).
 """
 from .cost import Layout
 from .devices import DEVICES, Cluster, Device, get_device
 from .models import KNOWN_SIZES, ModelSpec
 from .problem import NodeInfo, PlanningError, Workload
-from .result import Candidate, PlannerResult, PoolPlan
+from .ranking import Candidate, PoolPlan
+from .result import PlannerResult
 from .search import NoFeasiblePlacement, plan_placement
 
 __all__ = [

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .devices import GIB
-from .result import Candidate, PlannerResult
+from .ranking import Candidate, Ranking
 
 IDLE_NOTE_FRACTION = 0.4  # mention a pool in a reason when it idles at least this much
 
@@ -61,7 +61,7 @@ def idle_pools(candidate: Candidate) -> list[str]:
     return out
 
 
-def table(result: PlannerResult) -> str:
+def table(result: Ranking) -> str:
     rows = [("#", "pools [devices: role dp x tp]", "step s", "vs best", "peak GiB/dev")]
     best = result.best.step_seconds
     for rank, cand in enumerate(result.ranked, 1):
@@ -80,7 +80,7 @@ def node_table(candidate: Candidate) -> str:
     return "\n".join(lines)
 
 
-def paragraph(result: PlannerResult) -> str:
+def paragraph(result: Ranking) -> str:
     best, cluster = result.best, result.cluster
     device = cluster.spec.label
     if best.colocated:
@@ -110,7 +110,7 @@ def paragraph(result: PlannerResult) -> str:
     return " ".join(text)
 
 
-def explain(result: PlannerResult) -> str:
+def explain(result: Ranking) -> str:
     head = (f"Placement of a {len(result.nodes)}-node graph on {result.cluster.describe()}; "
             f"workload {result.workload.describe()}; models "
             + ", ".join(f"{r}={m.name}" for r, m in result.models.items()))
@@ -121,7 +121,7 @@ def explain(result: PlannerResult) -> str:
     return "\n".join(parts)
 
 
-def result_json(result: PlannerResult) -> dict:
+def result_json(result: Ranking) -> dict:
     label = result.cluster.spec.label
     return {
         "cluster": {"nodes": result.cluster.nodes, "gpus_per_node": result.cluster.gpus_per_node,

@@ -11,7 +11,7 @@ import shutil
 import graphviz
 
 from .devices import GIB
-from .result import Candidate, PlannerResult
+from .ranking import Candidate, Ranking
 
 FORMATS = ("svg", "png", "pdf")
 POOL_COLOURS = ("#e8f0fe", "#e6f4ea", "#fef7e0", "#fce8e6", "#f3e8fd", "#e0f7fa")
@@ -21,7 +21,7 @@ class RenderError(RuntimeError):
     pass
 
 
-def plan_to_dot(result: PlannerResult, rank: int = 0) -> graphviz.Digraph:
+def plan_to_dot(result: Ranking, rank: int = 0) -> graphviz.Digraph:
     candidate = result.ranked[rank]
     dot = graphviz.Digraph("plan", graph_attr={
         "rankdir": "TB", "fontname": "Helvetica", "fontsize": "14", "labelloc": "t", "compound": "true",
@@ -39,13 +39,13 @@ def plan_to_dot(result: PlannerResult, rank: int = 0) -> graphviz.Digraph:
     return dot
 
 
-def _title(result: PlannerResult, candidate: Candidate) -> str:
+def _title(result: Ranking, candidate: Candidate) -> str:
     kind = "colocated" if candidate.colocated else f"{len(candidate.pools)} pools"
     return (f"{kind}: predicted step {candidate.step_seconds:.1f} s on {result.cluster.describe()}\n"
             f"{result.workload.describe()}  (red: critical path)")
 
 
-def _pool_cluster(dot: graphviz.Digraph, result: PlannerResult, candidate: Candidate, index: int) -> None:
+def _pool_cluster(dot: graphviz.Digraph, result: Ranking, candidate: Candidate, index: int) -> None:
     pool = candidate.pools[index]
     mem = pool.memory
     label = (f"pool {pool.name}: {pool.nodes} node(s) x {pool.devices_per_node} {result.cluster.spec.label}\n"
@@ -71,7 +71,7 @@ def _pool_cluster(dot: graphviz.Digraph, result: PlannerResult, candidate: Candi
                         box.node(node.name, f"{node.name}\n{candidate.timings[node.name].seconds:.1f} s")
 
 
-def _driver_cluster(dot: graphviz.Digraph, result: PlannerResult, candidate: Candidate) -> None:
+def _driver_cluster(dot: graphviz.Digraph, result: Ranking, candidate: Candidate) -> None:
     with dot.subgraph(name="cluster_driver") as sub:
         sub.attr(label="driver (no device)", style="dashed", color="#9aa0a6", fontsize="12")
         for node in result.nodes:
@@ -81,7 +81,7 @@ def _driver_cluster(dot: graphviz.Digraph, result: PlannerResult, candidate: Can
                 sub.node(node.name, f"{node.name}\n{kind}", shape=shape, fillcolor="#f1f3f4")
 
 
-def render_plan(result: PlannerResult, path: str, rank: int = 0) -> str:
+def render_plan(result: Ranking, path: str, rank: int = 0) -> str:
     """Write the drawing to `path` (.svg, .png, .pdf, or .dot/.gv for the source); returns the path."""
     dot = plan_to_dot(result, rank)
     stem, ext = os.path.splitext(path)

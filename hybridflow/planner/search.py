@@ -30,7 +30,8 @@ from .devices import Cluster
 from .models import ModelSpec
 from .pool import PoolEval, Shortfall, pool_options
 from .problem import PlanningError, Problem, Workload, build_problem
-from .result import Candidate, PlannerResult, PoolPlan
+from .ranking import Candidate, PoolPlan
+from .result import PlannerResult
 from .schedule import StepSchedule
 
 
