@@ -57,3 +57,14 @@ def test_handwritten_grpo_step_and_greedy_accuracy():
     metrics = loop.step()
     assert 0.0 <= metrics["score"] <= 1.0
     assert 0.0 <= loop.greedy_accuracy() <= 1.0
+
+
+def test_check_bench_reports_cpu_seconds_against_the_budget(tmp_path):
+    from bench import check
+    out = tmp_path / "check.json"
+    payload = check.run(graphs=("grpo",), reps=1, out=str(out), quiet=True)
+    (row,) = payload["rows"]
+    assert row["graph"] == "grpo" and row["cpu_s_median"] > 0
+    assert payload["targets"]["verdict"] in ("within budget", "over budget")
+    assert json.loads(out.read_text())["targets"]["cpu_budget_s"] == check.CPU_BUDGET_S
+    assert "budget" in check.report(payload)
