@@ -1,6 +1,5 @@
 """Search enumerates groupings, allocations and layouts, prunes soundly, and is fast."""
 import itertools
-import time
 
 import pytest
 from planner_graphs import PAPER_WORKLOAD, SMALL_WORKLOAD, grpo_graph, ppo_graph, same_size
@@ -90,14 +89,14 @@ def test_pruning_is_exact_on_a_larger_space():
     assert [c.step_seconds for c in result.ranked] == pytest.approx(expected[:4], rel=1e-9)
 
 
-def test_five_roles_on_128_devices_search_in_under_10_seconds():
+def test_five_roles_on_128_devices_are_planned_by_simulating_few_plans():
+    """Pruning, counted in plans simulated (deterministic); the search's seconds are
+    bench/planner.py's figure, not an assertion."""
     graph = ppo_graph(extra_scores=("cost",))
     models = same_size("13b", ("actor", "ref", "critic", "reward", "cost"))
-    began = time.perf_counter()
     result = plan_placement(graph, Cluster(16, 8, "a100-80g"), models, PAPER_WORKLOAD)
-    assert time.perf_counter() - began < 10
-    assert result.search_seconds < 10
     assert sum(p.devices for p in result.best.pools) == 128
+    assert 0 < result.plans_simulated < 100
 
 
 def test_runners_up_are_ranked_and_say_why_they_lost():
