@@ -2,7 +2,7 @@
 placements (all roles colocated; critic on a pool of its own), metrics are written."""
 import pytest
 
-from tests.e2e.helpers import graph_file, series, train
+from tests.support.e2e import graph_file, series, train
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]
 
