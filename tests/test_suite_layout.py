@@ -6,6 +6,8 @@ import ast
 import glob
 import os
 
+from tests.support.costs import SLOW_ELSEWHERE
+
 TESTS = os.path.dirname(os.path.abspath(__file__))
 # Offenders being fixed by their owners (tests/workers/ is rewritten concurrently):
 # `rollout_for_update` and `PROMPTS` move from test_actor.py to tests/workers/conftest.py
@@ -63,3 +65,15 @@ def test_the_check_sees_every_form_of_import():
               "from tests.support.e2e import train\nimport runtime_fakes\n")
     assert imported_test_modules(source) == ["test_a", "tests.e2e.test_b", "tests.e2e.test_c",
                                              ".test_d", ".test_e"]
+
+
+def test_every_slow_entry_of_the_conftest_names_a_test():
+    root = os.path.dirname(TESTS)
+    for entry in SLOW_ELSEWHERE:
+        path, _, name = entry.partition("::")
+        assert os.path.isfile(os.path.join(root, path)), f"tests/support/costs.py: {path} is gone"
+        if name:
+            with open(os.path.join(root, path), encoding="utf-8") as handle:
+                tree = ast.parse(handle.read())
+            tests = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+            assert name.split("[")[0] in tests, f"tests/support/costs.py: {entry} is gone"

@@ -25,6 +25,7 @@ def test_dispatch_local_core_times_every_variant_and_writes_json(tmp_path):
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # starts its own Ray session
 def test_dispatch_ray_core_counts_driver_bytes(tmp_path):
     import ray
     from bench import dispatch

@@ -5,7 +5,8 @@ import pytest
 from tests.support.e2e import train
 from tests.support.runs import FAST, stable
 
-pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]
+pytestmark = [pytest.mark.ray, pytest.mark.slow,  # three training runs on Ray (~35 s)
+              pytest.mark.usefixtures("ray_session")]
 
 RAY = (*FAST, "runtime.name=ray", "placement.pools.main.devices_per_node=2")
 

@@ -9,7 +9,8 @@ import pytest
 from hybridflow.cli import main
 from tests.support.e2e import graph_file
 
-pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]
+pytestmark = [pytest.mark.ray, pytest.mark.slow,  # a run killed and resumed on Ray (~25 s)
+              pytest.mark.usefixtures("ray_session")]
 
 SCORER = '''
 import os
