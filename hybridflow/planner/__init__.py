@@ -2,7 +2,8 @@
 
     result = plan_placement(plan, Cluster(2, 8, "h100-80g"),
                             {"actor": ModelSpec.from_name("7b"), ...},
-                            Workload(prompts=1024, samples_per_prompt=1, prompt_len=1024, response_len=1024))
+                            Workload(prompts=1024, samples_per_prompt=1, prompt_len=1024,
+                                     response_len=1024))
     print(result.explain())
     config["placement"] = result.best.to_placement_config()
 

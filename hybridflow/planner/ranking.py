@@ -47,7 +47,7 @@ class PoolPlan:
         return {
             "name": self.name, "roles": list(self.roles), "devices": self.devices,
             "nodes": self.nodes, "devices_per_node": self.devices_per_node,
-            "parallel": {r: {"dp": l.dp, "tp": l.tp} for r, l in self.layouts.items()},
+            "parallel": {r: {"dp": lay.dp, "tp": lay.tp} for r, lay in self.layouts.items()},
             "memory": self.memory.to_json(), "busy_seconds": round(self.busy_seconds, 3),
             "decode_batch": dict(self.decode_batch),
         }
@@ -88,9 +88,11 @@ class Candidate:
 
     def to_placement_config(self) -> dict:
         return {
-            "pools": {p.name: {"nodes": p.nodes, "devices_per_node": p.devices_per_node} for p in self.pools},
+            "pools": {p.name: {"nodes": p.nodes, "devices_per_node": p.devices_per_node}
+                      for p in self.pools},
             "roles": {r: p.name for p in self.pools for r in p.roles},
-            "parallel": {r: {"dp": l.dp, "tp": l.tp} for p in self.pools for r, l in p.layouts.items()},
+            "parallel": {r: {"dp": lay.dp, "tp": lay.tp}
+                         for p in self.pools for r, lay in p.layouts.items()},
         }
 
     def to_json(self) -> dict:

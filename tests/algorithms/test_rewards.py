@@ -149,7 +149,8 @@ def test_load_scorer_loads_a_user_function(tmp_path):
 
 
 def test_load_scorer_accepts_keyword_only_and_kwargs_signatures(tmp_path):
-    path = _write(tmp_path, "def compute_score(*, data_source, solution_str, **rest):\n    return 1.0\n")
+    path = _write(tmp_path,
+                  "def compute_score(*, data_source, solution_str, **rest):\n    return 1.0\n")
     assert rewards.load_scorer(str(path))(data_source="", solution_str="", ground_truth="", extra_info=None) == 1.0
 
 
@@ -159,13 +160,16 @@ def test_load_scorer_missing_file(tmp_path):
 
 
 def test_load_scorer_missing_function_lists_the_defined_ones(tmp_path):
-    path = _write(tmp_path, "from os.path import join\ndef score_a(x):\n    pass\ndef score_b(x):\n    pass\n")
-    with pytest.raises(AttributeError, match=r"defines no 'compute_score'; functions defined there: score_a, score_b$"):
+    path = _write(tmp_path,
+                  "from os.path import join\ndef score_a(x):\n    pass\ndef score_b(x):\n    pass\n")
+    with pytest.raises(AttributeError,
+                       match=r"defines no 'compute_score'; functions defined there: score_a, score_b$"):
         rewards.load_scorer(path)
 
 
 @pytest.mark.parametrize("source, message", [
-    ("def compute_score(solution, truth):\n    return 0.0\n", r"signature \(solution, truth\).*must accept"),
+    ("def compute_score(solution, truth):\n    return 0.0\n",
+     r"signature \(solution, truth\).*must accept"),
     ("def compute_score(data_source, solution_str, ground_truth):\n    return 0.0\n", "extra_info"),
     ("compute_score = 3\n", r"is not callable \(it is a int\)"),
 ])

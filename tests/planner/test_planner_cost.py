@@ -28,7 +28,8 @@ def test_only_generating_roles_choose_a_tensor_parallel_size():
     assert tp_options(cluster, ModelSpec.from_name("7b"), 16, generates=True) == [1, 2, 4, 8]
     # Qwen2.5-0.5B has 14 heads: tp must divide them; tp never leaves a node.
     assert tp_options(cluster, ModelSpec.from_name("0.5b"), 16, generates=True) == [1, 2]
-    assert tp_options(Cluster(1, 4, "h100"), ModelSpec.from_name("7b"), 4, generates=True) == [1, 2, 4]
+    assert tp_options(Cluster(1, 4, "h100"), ModelSpec.from_name("7b"), 4, generates=True) == [1, 2,
+                                                                                               4]
 
 
 def test_generation_gets_faster_with_more_kv_memory_and_fails_without_room():

@@ -12,7 +12,8 @@ from hybridflow.planner.render import RenderError, plan_to_dot
 
 @pytest.fixture(scope="module")
 def split_result():
-    return plan_placement(ppo_graph(), a100(128), same_size("34b", ("actor", "ref", "critic", "reward")),
+    return plan_placement(ppo_graph(), a100(128),
+                          same_size("34b", ("actor", "ref", "critic", "reward")),
                           PAPER_WORKLOAD, top_k=3)
 
 
@@ -46,7 +47,8 @@ def test_placement_config_is_accepted_by_the_runtime_schema(split_result):
 
 
 def test_rule_roles_run_on_the_driver_and_are_left_out_of_the_config():
-    result = plan_placement(grpo_graph(), Cluster(1, 8, "h100"), same_size("7b", ("actor", "ref")), PAPER_WORKLOAD)
+    result = plan_placement(grpo_graph(), Cluster(1, 8, "h100"), same_size("7b", ("actor", "ref")),
+                            PAPER_WORKLOAD)
     assert result.best.timings["reward.score"].pool is None
     assert "reward" not in result.best.to_placement_config()["roles"]
     assert "reward need no device" in result.explain()
@@ -54,9 +56,11 @@ def test_rule_roles_run_on_the_driver_and_are_left_out_of_the_config():
 
 def test_bad_inputs_are_actionable_errors():
     with pytest.raises(PlanningError, match="needs a model size"):
-        plan_placement(grpo_graph(), Cluster(1, 8, "h100"), same_size("7b", ("ref",)), PAPER_WORKLOAD)
+        plan_placement(grpo_graph(), Cluster(1, 8, "h100"), same_size("7b", ("ref",)),
+                       PAPER_WORKLOAD)
     with pytest.raises(PlanningError, match="roles not in the graph"):
-        plan_placement(grpo_graph(), Cluster(1, 8, "h100"), same_size("7b", ("actor", "critic")), PAPER_WORKLOAD)
+        plan_placement(grpo_graph(), Cluster(1, 8, "h100"), same_size("7b", ("actor", "critic")),
+                       PAPER_WORKLOAD)
     out_of_order = TinyGraph([Node("b", "function", None, ("a",)), Node("a", "source", None)])
     with pytest.raises(PlanningError, match="topological order"):
         plan_placement(out_of_order, Cluster(1, 8, "h100"), {}, PAPER_WORKLOAD)

@@ -18,7 +18,8 @@ ROLES = ("actor", "ref", "critic", "reward")
 
 
 def plan(size, devices, top_k=3):
-    return plan_placement(ppo_graph(), a100(devices), same_size(size, ROLES), PAPER_WORKLOAD, top_k=top_k)
+    return plan_placement(ppo_graph(), a100(devices), same_size(size, ROLES), PAPER_WORKLOAD,
+                          top_k=top_k)
 
 
 def assert_fits(result):
@@ -27,7 +28,8 @@ def assert_fits(result):
             assert pool.memory.total <= pool.memory.usable, (candidate.label(), pool.memory)
 
 
-@pytest.mark.parametrize("size, devices", [("7b", 8), ("7b", 16), ("13b", 16), ("13b", 32), ("34b", 32),
+@pytest.mark.parametrize("size, devices",
+                         [("7b", 8), ("7b", 16), ("13b", 16), ("13b", 32), ("34b", 32),
                                            ("34b", 64), ("70b", 64)])
 def test_colocating_all_roles_wins_on_small_clusters(size, devices):
     result = plan(size, devices)

@@ -57,21 +57,26 @@ def brute_force(graph, cluster, models, workload):
 
 SMALL_CASES = [
     ("ppo 7b on 8 A100", ppo_graph(), Cluster(1, 8, "a100-80g"), same_size("7b"), PAPER_WORKLOAD),
-    ("ppo 13b on 8 A100, memory-tight", ppo_graph(), Cluster(1, 8, "a100-80g"), same_size("13b"), PAPER_WORKLOAD),
+    ("ppo 13b on 8 A100, memory-tight", ppo_graph(), Cluster(1, 8, "a100-80g"), same_size("13b"),
+     PAPER_WORKLOAD),
     ("ppo 7b on 2x4 H100", ppo_graph(), Cluster(2, 4, "h100-80g"), same_size("7b"), PAPER_WORKLOAD),
-    ("ppo 1.5b on 4 H200", ppo_graph(), Cluster(1, 4, "h200-141g"), same_size("1.5b"), SMALL_WORKLOAD),
+    ("ppo 1.5b on 4 H200", ppo_graph(), Cluster(1, 4, "h200-141g"), same_size("1.5b"),
+     SMALL_WORKLOAD),
     ("ppo mixed sizes on 8", ppo_graph(), Cluster(1, 8, "a100-80g"),
-     {"actor": ModelSpec.from_name("13b"), "ref": ModelSpec.from_name("13b"), "critic": ModelSpec.from_name("3b")},
+     {"actor": ModelSpec.from_name("13b"), "ref": ModelSpec.from_name("13b"),
+      "critic": ModelSpec.from_name("3b")},
      PAPER_WORKLOAD),
     ("reward model, rule-free ref", ppo_graph(), Cluster(4, 2, "a100-80g"),
      same_size("7b", ("actor", "critic", "reward")), SMALL_WORKLOAD),
-    ("grpo 7b on 2x2", grpo_graph(), Cluster(2, 2, "h100-80g"), same_size("7b", ("actor", "ref")), SMALL_WORKLOAD),
+    ("grpo 7b on 2x2", grpo_graph(), Cluster(2, 2, "h100-80g"), same_size("7b", ("actor", "ref")),
+     SMALL_WORKLOAD),
     ("ppo 0.5b on 4 cpus", ppo_graph(), Cluster(1, 4, "cpu"), same_size("0.5b"),
      Workload(8, 2, 64, 64, micro_batch_tokens=512)),
 ]
 
 
-@pytest.mark.parametrize("label, graph, cluster, models, workload", SMALL_CASES, ids=[c[0] for c in SMALL_CASES])
+@pytest.mark.parametrize("label, graph, cluster, models, workload", SMALL_CASES,
+                         ids=[c[0] for c in SMALL_CASES])
 def test_search_agrees_with_brute_force(label, graph, cluster, models, workload):
     expected = brute_force(graph, cluster, models, workload)
     result = plan_placement(graph, cluster, models, workload, top_k=3)
@@ -100,7 +105,8 @@ def test_five_roles_on_128_devices_are_planned_by_simulating_few_plans():
 
 
 def test_runners_up_are_ranked_and_say_why_they_lost():
-    result = plan_placement(ppo_graph(), Cluster(2, 8, "a100-80g"), same_size("7b"), PAPER_WORKLOAD, top_k=4)
+    result = plan_placement(ppo_graph(), Cluster(2, 8, "a100-80g"), same_size("7b"), PAPER_WORKLOAD,
+                            top_k=4)
     steps = [c.step_seconds for c in result.ranked]
     assert steps == sorted(steps) and len(result.candidates) == 3
     assert len({c.grouping for c in result.ranked}) == 4  # one plan per grouping
