@@ -33,7 +33,8 @@ def test_aggregate_hand_computed(mode, expected):
 
 
 def test_aggregate_sum_norm_by_a_given_constant():
-    assert losses.aggregate(VALUES, HOLES, "seq-mean-token-sum-norm", norm_constant=8).item() == pytest.approx(0.5)
+    loss = losses.aggregate(VALUES, HOLES, "seq-mean-token-sum-norm", norm_constant=8)
+    assert loss.item() == pytest.approx(0.5)
 
 
 def test_aggregate_ignores_non_finite_values_at_masked_positions():
@@ -82,7 +83,8 @@ def test_local_normalisers_alone_would_change_the_loss():
     # the reason global normalisers exist: shards of unequal token counts
     values, mask = t([[1.0, 1.0], [5.0, 0.0]]), t([[1, 1], [1, 0]])
     full = losses.aggregate(values, mask, "token-mean")
-    local_avg = (losses.aggregate(values[:1], mask[:1]) + losses.aggregate(values[1:], mask[1:])) / 2
+    local_avg = (losses.aggregate(values[:1], mask[:1])
+                 + losses.aggregate(values[1:], mask[1:])) / 2
     assert full.item() == pytest.approx(7 / 3) and local_avg.item() == pytest.approx(3.0)
 
 
@@ -103,7 +105,8 @@ def test_ppo_loss_hand_computed():
     assert loss.item() == pytest.approx((-1.2 + 1.5 + 3.0 - 0.5) / 4)
     assert m["pg_clipfrac"].item() == pytest.approx(0.25)  # token 0
     assert m["pg_clipfrac_lower"].item() == pytest.approx(0.25)  # token 2
-    assert m["ppo_kl"].item() == pytest.approx(-(2 * math.log(1.5) + math.log(5.0) + math.log(0.5)) / 4)
+    kl = -(2 * math.log(1.5) + math.log(5.0) + math.log(0.5)) / 4
+    assert m["ppo_kl"].item() == pytest.approx(kl)
     assert not any(v.requires_grad for v in m.values())
 
 
@@ -148,7 +151,8 @@ def test_ppo_split_across_ranks_matches_unsplit():
     for mode in losses.AGG_MODES:
         full, _ = losses.ppo_policy_loss(new, old, a, mask, mode=mode)
         kw = dict(mode=mode, global_tokens=mask.sum(), global_seqs=3, norm_constant=6)
-        parts = [losses.ppo_policy_loss(new[s], old[s], a[s], mask[s], **kw)[0] for s in (slice(0, 1), slice(1, 4))]
+        parts = [losses.ppo_policy_loss(new[s], old[s], a[s], mask[s], **kw)[0]
+                 for s in (slice(0, 1), slice(1, 4))]
         assert torch.allclose(parts[0] + parts[1], full)
 
 
@@ -201,7 +205,8 @@ def test_cispo_keeps_gradient_with_a_clipped_constant_weight():
     weight = t([[1.2, 0.8, 1.1]])  # clamp(ratio, 0.8, 1.2)
     assert loss.item() == pytest.approx((-(weight * a * new.detach()).sum() / 3).item())
     assert torch.allclose(new.grad, -weight * a / 3)  # no token loses its gradient
-    assert m["pg_clipfrac"].item() == pytest.approx(2 / 3) and m["pg_clipfrac_lower"].item() == pytest.approx(1 / 3)
+    assert m["pg_clipfrac"].item() == pytest.approx(2 / 3)
+    assert m["pg_clipfrac_lower"].item() == pytest.approx(1 / 3)
 
 
 def test_policy_loss_registry():
@@ -249,5 +254,6 @@ def test_entropy_chunking_matches_categorical_and_keeps_shape_and_gradient():
 
 
 def test_entropy_upcasts_half_precision_and_handles_empty_input():
-    assert losses.entropy_from_logits(torch.zeros(2, 8, dtype=torch.bfloat16)).dtype == torch.float32
+    half = torch.zeros(2, 8, dtype=torch.bfloat16)
+    assert losses.entropy_from_logits(half).dtype == torch.float32
     assert losses.entropy_from_logits(torch.zeros(0, 4, 8)).shape == (0, 4)

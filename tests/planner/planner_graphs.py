@@ -20,7 +20,8 @@ class TinyGraph:
 
 
 def ppo_graph(extra_scores: tuple[str, ...] = ()) -> TinyGraph:
-    """prompts -> actor.generate -> {actor, ref, critic, reward (+extra)} -> advantages -> updates."""
+    """prompts -> actor.generate -> {actor, ref, critic, reward (+extra)} -> advantages
+    -> updates."""
     scorers = ["actor.logprob", "ref.logprob", "critic.values", "reward.score"]
     scorers += [f"{role}.score" for role in extra_scores]
     nodes = [Node("prompts", "source", None),

@@ -31,7 +31,8 @@ def test_json_is_serialisable_and_complete(split_result):
     assert data["best"]["step_seconds"] == pytest.approx(split_result.best.step_seconds, abs=1e-3)
     assert len(data["candidates"]) == 2 and all(c["reason"] for c in data["candidates"])
     assert set(data["best"]["nodes"]) == {n.name for n in ppo_graph().nodes}
-    assert data["best"]["pools"][0]["memory"]["total_gib"] <= data["best"]["pools"][0]["memory"]["usable_gib"]
+    memory = data["best"]["pools"][0]["memory"]
+    assert memory["total_gib"] <= memory["usable_gib"]
     assert data["colocated"]["label"].startswith("actor+ref+critic+reward[128")
 
 
@@ -69,7 +70,8 @@ def test_bad_inputs_are_actionable_errors():
 def test_drawing_shows_pools_roles_devices_and_layouts(split_result, tmp_path):
     source = plan_to_dot(split_result).source
     for pool in split_result.best.pools:
-        assert f"pool {pool.name}: {pool.nodes} node(s) x {pool.devices_per_node} A100-80G" in source
+        label = f"pool {pool.name}: {pool.nodes} node(s) x {pool.devices_per_node} A100-80G"
+        assert label in source
     assert "rollout dp=8 x tp=8, FSDP over 64 devices" in source
     assert "critic: dp=64 tp=1" in source and "driver (no device)" in source
     path = tmp_path / "plan.dot"

@@ -60,7 +60,8 @@ def test_the_split_advantage_grows_with_cluster_size():
 
 
 def test_a_faster_plan_that_does_not_fit_is_never_chosen(monkeypatch):
-    """13B on 8 A100: with unlimited memory a larger decode batch would be faster; it needs >80 GiB."""
+    """13B on 8 A100: with unlimited memory a larger decode batch would be faster; it needs
+    >80 GiB."""
     real = plan("13b", 8)
     monkeypatch.setattr(cost_module, "MEMORY_USABLE_FRACTION", 100.0)  # memory no object
     unlimited = plan("13b", 8)
@@ -82,7 +83,8 @@ def test_rejected_pools_carry_their_numbers():
 
 
 def test_nothing_fits_raises_with_the_numbers():
-    with pytest.raises(NoFeasiblePlacement, match=r"no placement fits on 1 node\(s\) x 8 A100-80G") as err:
+    with pytest.raises(NoFeasiblePlacement,
+                       match=r"no placement fits on 1 node\(s\) x 8 A100-80G") as err:
         plan("70b", 8)
     assert "GiB per device >" in str(err.value)
     assert err.value.rejected

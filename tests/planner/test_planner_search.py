@@ -8,7 +8,8 @@ from hybridflow.planner import Cluster, ModelSpec, Workload, plan_placement
 from hybridflow.planner.cost import CostModel, tp_options
 from hybridflow.planner.pool import Shortfall, evaluate_pool
 from hybridflow.planner.problem import build_problem
-from hybridflow.planner.search import allocations, allowed_pool_sizes, fits_on_nodes, make_candidate, set_partitions
+from hybridflow.planner.search import (allocations, allowed_pool_sizes, fits_on_nodes,
+                                       make_candidate, set_partitions)
 
 
 @pytest.mark.parametrize("n, bell", [(1, 1), (2, 2), (3, 5), (4, 15), (5, 52)])
@@ -31,18 +32,21 @@ def test_allocations_use_whole_nodes_or_divisors_of_a_node():
 
 
 def brute_force(graph, cluster, models, workload):
-    """Every grouping x every allocation x every per-role tp, each simulated; no pruning or caching."""
+    """Every grouping x every allocation x every per-role tp, each simulated; no pruning or
+    caching."""
     problem = build_problem(graph, cluster, models, workload)
     cost, roles = CostModel(problem), problem.placed_roles
     best_per_grouping = {}
     for labels in itertools.product(range(len(roles)), repeat=len(roles)):
         if any(labels[i] > max(labels[:i], default=-1) + 1 for i in range(len(labels))):
             continue  # not in canonical (restricted growth) form: a duplicate grouping
-        groups = tuple(tuple(r for r, g in zip(roles, labels) if g == k) for k in range(max(labels) + 1))
+        groups = tuple(tuple(r for r, g in zip(roles, labels) if g == k)
+                       for k in range(max(labels) + 1))
         for sizes in itertools.product(allowed_pool_sizes(cluster), repeat=len(groups)):
             if sum(sizes) != cluster.devices or not fits_on_nodes(sizes, cluster):
                 continue
-            tp_choices = [itertools.product(*(tp_options(cluster, models[r], n, problem.generates(r)) for r in g))
+            tp_choices = [itertools.product(*(tp_options(cluster, models[r], n,
+                                                         problem.generates(r)) for r in g))
                           for g, n in zip(groups, sizes)]
             for tps in itertools.product(*tp_choices):
                 pools = tuple(evaluate_pool(cost, g, n, t) for g, n, t in zip(groups, sizes, tps))
