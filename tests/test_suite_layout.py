@@ -6,7 +6,7 @@ import ast
 import glob
 import os
 
-from tests.support.costs import SLOW_ELSEWHERE
+from tests.support.costs import SLOW_ELSEWHERE, is_listed
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 # Offenders being fixed by their owners (tests/workers/ is rewritten concurrently):
@@ -77,3 +77,11 @@ def test_every_slow_entry_of_the_conftest_names_a_test():
                 tree = ast.parse(handle.read())
             tests = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
             assert name.split("[")[0] in tests, f"tests/support/costs.py: {entry} is gone"
+
+
+def test_a_slow_entry_covers_its_file_or_its_test_and_nothing_with_a_longer_name():
+    assert is_listed("tests/runtime/test_ray.py::test_a[dp]", "tests/runtime/test_ray.py")
+    assert not is_listed("tests/runtime/test_ray_failures.py::test_a", "tests/runtime/test_ray.py")
+    entry = "tests/workers/test_reward.py::test_timeout"
+    assert is_listed("tests/workers/test_reward.py::test_timeout[1]", entry)
+    assert not is_listed("tests/workers/test_reward.py::test_timeout_twice", entry)
