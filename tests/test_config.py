@@ -4,6 +4,7 @@ naming the key."""
 from __future__ import annotations
 
 import pytest
+from omegaconf.errors import ConfigAttributeError
 from omegaconf import OmegaConf
 
 from hybridflow.config import ConfigError, build_config, parse_overrides
@@ -121,7 +122,7 @@ def test_order_is_defaults_then_yaml_then_overrides(tmp_path):
 
 def test_the_result_is_frozen_against_new_keys():
     cfg = build_config()
-    with pytest.raises(Exception):
+    with pytest.raises(ConfigAttributeError):
         cfg.trainer.stepz = 3
     assert OmegaConf.is_struct(cfg)
 
