@@ -276,7 +276,7 @@ _MODES: dict[str, DispatchMode] = {
     DP_TP: DispatchMode(DP_TP, _dp_tp_slots),
     RANK_ZERO: DispatchMode(RANK_ZERO, _rank_zero_slots),
     ONE_PER_WORKER: DispatchMode(ONE_PER_WORKER, dispatch_fn=_one_per_worker_dispatch,
-                                 collect_fn=lambda o, l: list(o), rows=False),
+                                 collect_fn=lambda outputs, layout: list(outputs), rows=False),
 }
 
 

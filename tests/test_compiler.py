@@ -271,7 +271,7 @@ def test_input_from_another_graph():
 def test_duplicate_node_names():
     g = Graph("g")
     prompts = g.source()
-    rollout, first = g.call("actor.generate", prompts), here()
+    rollout = g.call("actor.generate", prompts)
     g.call("actor.logprob", rollout)
     _, second = g.call("actor.logprob", rollout), here()
     message = rejected(g, "node name 'actor.logprob' is already used", second,
@@ -502,7 +502,7 @@ def test_rename_keeps_two_writers_of_one_key_apart():
 
 def test_renamed_overwrite_is_still_an_overwrite():
     g = Graph("g")
-    rollout = g.call("actor.generate", g.source(), rename={"input_ids": "full_ids"})
+    g.call("actor.generate", g.source(), rename={"input_ids": "full_ids"})
     plan = compile_(g)
     assert "full_ids" in plan.node("actor.generate").writes
 

@@ -221,7 +221,7 @@ def test_a_layout_for_the_wrong_group_size_is_refused():
 
 def test_duplicate_mode_is_rejected():
     with pytest.raises(ValueError, match="'dp' is already registered"):
-        register_dispatch_mode(DP, lambda v, l: [v], lambda o, l: o)
+        register_dispatch_mode(DP, slots=lambda layout: None)
 
 
 def test_unknown_mode_names_the_known_ones():

@@ -247,7 +247,7 @@ class StepScheduler:
             inputs[dep] = shards[0] if len(shards) == 1 else Batch.concat(shards)
         try:
             out = finish_output(node, run_fn_node(node, assemble_input(node, inputs)))
-        except Exception as err:  # noqa: BLE001 - re-raised with the node named
+        except Exception as err:  # re-raised with the node named
             raise NodeFailure(node, None, traceback.format_exc()) from err
         self._put(node, out)
         self._record_driver_node(node, start)

@@ -57,7 +57,8 @@ def _ray_runtime():
     return RayRuntime
 
 
-@pytest.fixture(scope="module", params=["local", pytest.param("ray", marks=pytest.mark.ray)])
+@pytest.fixture(scope="module", params=["local", pytest.param("ray", marks=[pytest.mark.ray,
+                                                                   pytest.mark.slow])])
 def executor(request):
     if request.param == "ray":
         request.getfixturevalue("ray_session")
