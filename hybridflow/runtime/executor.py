@@ -1,8 +1,9 @@
 """What an executor is, for the step scheduler: the interface a runtime implements
-(`Executor`), the arguments of one task (`TaskArgs`) and what is worked out once per
-plan (`PlanCache`: which inputs feed each node, which group-id columns a node's
-output must report, the part of the plan a gather re-runs, the executor's own
-per-node data such as the pickled node on Ray).
+(`Executor`), the arguments of one task (`TaskArgs`), what a tracker records of a
+submitted task (`TaskRecord`) and what is worked out once per plan (`PlanCache`:
+which inputs feed each node, which group-id columns a node's output must report,
+the part of the plan a gather re-runs, the executor's own per-node data such as
+the pickled node on Ray).
 
 State: a `PlanCache` (one per runtime) maps a plan, by identity and kept alive, to
 its analysis; only its methods change it. `TaskArgs` lives for one task.
@@ -18,7 +19,21 @@ from hybridflow.kinds import Op
 from hybridflow.runtime.common import input_columns, upstream_nodes
 from hybridflow.runtime.ray_worker import ShardTask
 
-__all__ = ["Executor", "PlanAnalysis", "PlanCache", "TaskArgs", "check_roles"]
+__all__ = ["Executor", "PlanAnalysis", "PlanCache", "TaskArgs", "TaskRecord", "check_roles"]
+
+
+@dataclass
+class TaskRecord:
+    """One submitted task, as the tracker keeps it until its meta is collected."""
+    node: str
+    pool: str
+    rank: int
+    slot: int | None               # output slot it fills; None: a helper task
+    after: list                    # metas of the tasks whose outputs it reads
+    submitted: float
+    ref: Any = None                # its meta handle (an ObjectRef on Ray)
+    done: float | None = None
+    meta: dict | None = None
 
 
 class Executor(Protocol):

@@ -27,9 +27,8 @@ from typing import Any, Callable
 from hybridflow.batch import Batch
 from hybridflow.compiler import ExecutionPlan, PlanNode
 from hybridflow.runtime.common import NodeFailure, StepResult
-from hybridflow.runtime.ray_tasks import TaskRecord
+from hybridflow.runtime.executor import PlanCache, TaskRecord
 from hybridflow.runtime.ray_worker import FusedWorker, WorkerError
-from hybridflow.runtime.executor import PlanCache
 from hybridflow.runtime.scheduler import run_step
 
 __all__ = ["LocalRuntime", "Held", "Ran", "NodeBatches"]

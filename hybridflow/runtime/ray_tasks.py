@@ -15,31 +15,18 @@ from __future__ import annotations
 
 import collections
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import ray
 
 from hybridflow.compiler import ExecutionPlan
 from hybridflow.runtime.common import NodeFailure
+from hybridflow.runtime.executor import TaskRecord
 from hybridflow.runtime.ray_worker import failure_detail, payload_bytes
 
 __all__ = ["TaskRecord", "InFlight", "resolve", "POLL_S"]
 
 POLL_S = 1.0  # longest wait for metas before looking at the ones that arrived
-
-
-@dataclass
-class TaskRecord:
-    node: str
-    pool: str
-    rank: int
-    slot: int | None               # output slot it fills; None: a helper task
-    after: list                    # metas of the tasks whose outputs it reads
-    submitted: float
-    ref: Any = None                # its meta ObjectRef
-    done: float | None = None
-    meta: dict | None = None
 
 
 def resolve(refs: list, timeout: float) -> tuple[list, int]:
