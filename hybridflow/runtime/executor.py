@@ -60,6 +60,8 @@ class PlanAnalysis:
     group_keys: dict[str, tuple[str, ...]]  # node -> group-id columns to report per row
     node_ids: dict[str, Any] = field(default_factory=dict)  # the executor's, per node
     upstream: dict[str, ExecutionPlan] = field(default_factory=dict)  # re-run by gathers
+    layouts: dict[str, tuple] = field(default_factory=dict)  # call -> (mode, layout, slots)
+    roles_checked: bool = False   # every call's role runs in this runtime
 
 
 def analyse(plan: ExecutionPlan) -> PlanAnalysis:
@@ -127,7 +129,12 @@ class TaskArgs:
 
 
 def check_roles(executor: Executor, plan: ExecutionPlan) -> None:
+    """Refuse a plan whose calls name a role this runtime does not run (once a plan)."""
+    analysis = executor.plans.analysis(plan)
+    if analysis.roles_checked:
+        return
     for node in plan.nodes:
         if node.op is Op.CALL and node.role not in executor.roles_on(node.pool):
             raise ValueError(f"{node.where()}: role '{node.role}' on pool '{node.pool}' "
                              f"is not running in this runtime")
+    analysis.roles_checked = True

@@ -195,6 +195,13 @@ class StepScheduler:
                                      "rank": None, "start": start, "end": end})
 
     def _slot_layout(self, node: PlanNode) -> tuple[DispatchMode, Layout, SlotLayout | None]:
+        """The call's mode, group layout and slot layout (once per plan and runtime)."""
+        cached = self.analysis.layouts.get(node.name)
+        if cached is None:
+            cached = self.analysis.layouts[node.name] = self._compute_slot_layout(node)
+        return cached
+
+    def _compute_slot_layout(self, node: PlanNode):
         mode = get_dispatch_mode(node.dispatch)
         size, tp = self.ex.pool_size(node.pool), self.plan.placement.tp_size(node.role)
         if size % tp:
