@@ -67,14 +67,17 @@ def test_nan_reward_stops_the_run_naming_node_and_step_and_keeps_the_checkpoint(
 
 def test_a_scorer_that_raises_is_reported_with_node_role_and_rank(capsys, tmp_path):
     path = scorer(tmp_path, 'raise ValueError("cannot parse " + solution_str[:5])')
-    code, err, status, _ = run(capsys, tmp_path, "trainer.steps=4", f"reward.function_path={path}")
+    code, err, status, run_dir = run(capsys, tmp_path, "trainer.steps=4",
+                                     f"reward.function_path={path}")
     assert code == 1
     assert "stopped at step 3: node 'reward.score'" in err
     assert "reward scorer failed on row 0" in err and "ValueError: cannot parse" in err
     lines = [line for line in err.splitlines() if line.strip() and "Loading weights" not in line]
     assert len(lines) == 2 and "Traceback" not in err  # one line, and where to look
-    assert lines[1].startswith("(details: ") and lines[1].endswith("status.json)")
+    assert lines[1] == f"(details: {run_dir}/error.log)"
     assert status["state"] == "failed" and status["error"] == "NodeFailure"
+    log = open(os.path.join(run_dir, "error.log")).read()
+    assert "Traceback" in log and "ValueError: cannot parse" in log
 
 
 NAN_LOSS_GRAPH = '''
