@@ -95,15 +95,14 @@ def _say(text: str) -> None:
 def _resumed_config(args, loaded, run_dir: RunDir):
     """The run's own config plus this command line's keys, checked against the run
     before anything is written; returns the loaded graph to resume with."""
-    identity = graph_identity(loaded.graph.name, args.graph)
-    notes = check_same_graph(run_dir, identity)
+    for note in check_same_graph(run_dir, graph_identity(loaded.graph.name, args.graph)):
+        _say(note)
     resumed = prepare(args.graph, _overrides(args), run_dir.file("config.yaml"))
     if args.config:  # a --config file given on resume applies over the run's own
         resumed = prepare(args.graph, _overrides(args), args.config)
     saved = OmegaConf.load(run_dir.file("config.yaml"))
-    notes += check_resumed_config(run_dir, saved, resumed.cfg,
-                                  explicit_keys(_overrides(args), args.config))
-    for note in notes:
+    for note in check_resumed_config(run_dir, saved, resumed.cfg,
+                                     explicit_keys(_overrides(args), args.config)):
         _say(note)
     return resumed
 
