@@ -20,7 +20,12 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from hybridflow.checkpoint import latest_checkpoint, load_trainer_state, restore_rng, save_checkpoint
+from hybridflow.checkpoint import (
+    latest_checkpoint,
+    load_trainer_state,
+    restore_rng,
+    save_checkpoint,
+)
 from hybridflow.commands.common import LoadedGraph, placement_from_config, role_bindings
 from hybridflow.compiler import ExecutionPlan, compile_graph
 from hybridflow.data import PromptDataset, PromptLoader, toy_rows

@@ -36,17 +36,19 @@ def check_same_graph(run: RunDir, identity: dict) -> list[str]:
     """ResumeError for another graph; warnings for a changed file or an old run."""
     saved = run.graph_identity()
     if saved is None:
-        return [f"{run.path} has no graph.json (made by an older hybridflow): the graph "
-                f"it was made with is not checked"]
+        note = (f"{run.path} has no graph.json (made by an older hybridflow): the graph "
+                f"it was made with is not checked")
+        return [note]
     if saved["name"] != identity["name"]:
         raise ResumeError(f"--resume {run.path}: the run was made by graph "
                           f"'{saved['name']}' ({saved['file']}), not '{identity['name']}' "
                           f"({identity['file']}); resume it with its own graph file, or "
                           f"start a new run")
     if saved["sha256"] != identity["sha256"]:
-        return [f"graph file {identity['file']} differs from the one the run started with "
+        note = (f"graph file {identity['file']} differs from the one the run started with "
                 f"({saved['file']}, sha256 {saved['sha256'][:12]} -> "
-                f"{identity['sha256'][:12]}); resuming with the file as it is now"]
+                f"{identity['sha256'][:12]}); resuming with the file as it is now")
+        return [note]
     return []
 
 

@@ -15,6 +15,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass
+from typing import Self
 
 __all__ = ["RunLock", "RunLockError", "LockOwner", "read_owner"]
 
@@ -158,7 +159,7 @@ class RunLock:
         except OSError:
             pass
 
-    def __enter__(self) -> RunLock:
+    def __enter__(self) -> Self:
         self.acquire()
         return self
 

@@ -19,6 +19,7 @@ import contextlib
 import signal
 import sys
 import threading
+from typing import Self
 
 __all__ = ["Interrupted", "SignalGuard", "HANDLED"]
 
@@ -43,7 +44,7 @@ class SignalGuard:
         self.pending: int | None = None
         self._previous: dict[int, object] = {}
 
-    def __enter__(self) -> SignalGuard:
+    def __enter__(self) -> Self:
         if threading.current_thread() is threading.main_thread():
             for signum in HANDLED:
                 self._previous[signum] = signal.signal(signum, self._handle)

@@ -18,8 +18,13 @@ from hybridflow.commands.errors import failure_reason
 from hybridflow.compiler import GraphError
 from hybridflow.config import ConfigError
 from hybridflow.data import DataError
-from hybridflow.run_lifecycle import (check_resumed_config, check_same_graph, explicit_keys,
-                                      graph_identity, record_end)
+from hybridflow.run_lifecycle import (
+    check_resumed_config,
+    check_same_graph,
+    explicit_keys,
+    graph_identity,
+    record_end,
+)
 from hybridflow.run_lock import RunLock
 from hybridflow.run_signals import Interrupted, SignalGuard
 from hybridflow.tracking import RunDir, RunDirError, new_run_dir, newest_run_dir
