@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import traceback
 
 from omegaconf import OmegaConf
@@ -102,10 +103,12 @@ def _resumed_config(args, loaded, run_dir: RunDir):
     before anything is written; returns the loaded graph to resume with."""
     for note in check_same_graph(run_dir, graph_identity(loaded.graph.name, args.graph)):
         _say(note)
-    resumed = prepare(args.graph, _overrides(args), run_dir.file("config.yaml"))
-    if args.config:  # a --config file given on resume applies over the run's own
-        resumed = prepare(args.graph, _overrides(args), args.config)
     saved = OmegaConf.load(run_dir.file("config.yaml"))
+    with tempfile.TemporaryDirectory() as scratch:  # never written into the run
+        base = os.path.join(scratch, "config.yaml")  # the run's config, then --config's
+        OmegaConf.save(OmegaConf.merge(saved, OmegaConf.load(args.config)) if args.config
+                       else saved, base)
+        resumed = prepare(args.graph, _overrides(args), base)
     for note in check_resumed_config(run_dir, saved, resumed.cfg,
                                      explicit_keys(_overrides(args), args.config)):
         _say(note)
@@ -134,8 +137,10 @@ def _locked_run(args, loaded, run_dir: RunDir, signals) -> int:
     try:
         final = trainer.fit(on_step=progress.update, signals=signals)
     except KeyboardInterrupt as err:
+        progress.close()  # before the message, so the bar does not redraw under it
         return _interrupted(run_dir, trainer, err, args.graph)
     except (Exception, SystemExit) as err:  # noqa: BLE001 - recorded, then reported
+        progress.close()
         if signals.pending is not None:  # the step failed because the signal hit workers too
             return _interrupted(run_dir, trainer, Interrupted(signals.pending), args.graph, err)
         return _failed(run_dir, f"stopped at step {trainer.step}", err, step=trainer.step)
