@@ -11,8 +11,10 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from hybridflow.cli import main
-from tests.e2e.helpers import REPO, graph_file
+from tests.support.e2e import REPO, graph_file
 
 SMALL = ("trainer.val_every=0", "data.batch_size=4", "rollout.n=2", "actor.mini_batch_size=8",
          "actor.micro_batch_size=8", "trainer.save_every=1", "trainer.progress=false")
@@ -142,6 +144,7 @@ def _wait_for_step(run_dir: str, step: int, process, timeout: float = 300.0) -> 
     raise AssertionError(f"no step {step} within {timeout}s")
 
 
+@pytest.mark.slow  # a run in a subprocess, killed, then resumed (~25 s)
 def test_a_sigkilled_run_is_told_from_a_live_one_and_taken_over(capsys, tmp_path):
     run_dir = str(tmp_path / "run")
     env = {**os.environ, "PYTHONPATH": REPO}
