@@ -6,10 +6,14 @@ every exit it lives through. A `RunLock` object remembers only whether it holds 
 file. After a SIGKILL (or a power cut) the file stays; it is *stale* when its host is
 this host and its pid is gone (or now belongs to a process that started later, a
 reused pid), and the next owner takes it over with a message. A lock from another
-host cannot be checked from here: it is reported, never taken.
+host cannot be checked from here: it is reported, never taken. A lock is judged and
+taken over under an flock of the run directory, so two processes resuming one dead
+run get one owner.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import socket
@@ -71,6 +75,19 @@ def _process_start(pid: int) -> int | None:
         return None
 
 
+@contextlib.contextmanager
+def _directory_guard(run_path: str):
+    """An flock on the run directory while a lock is judged and taken over, so two
+    processes resuming one dead run cannot both remove the stale lock and each take
+    one (takeover happens on this host only, where flock holds)."""
+    fd = os.open(run_path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the flock
+
+
 def read_owner(run_path: str) -> LockOwner | None:
     """The lock's owner, or None when the directory has no (readable) lock."""
     try:
@@ -93,6 +110,10 @@ class RunLock:
     def acquire(self, say=print) -> None:
         """Take the lock, taking over a stale one (with a message through `say`);
         RunLockError when a live process (or one on another host) owns it."""
+        with _directory_guard(self.run_path):
+            self._acquire(say)
+
+    def _acquire(self, say) -> None:
         for _ in range(3):  # another process may take or drop it between our looks
             if self._create():
                 return

@@ -74,3 +74,35 @@ def test_release_leaves_a_lock_another_process_took_over(tmp_path):
     _write_lock(tmp_path, _dead_pid())  # as if another process had taken it over
     lock.release()
     assert (tmp_path / "lock.json").exists()
+
+
+
+def test_two_takers_of_one_stale_lock_get_one_owner(tmp_path):
+    """Judging a stale lock and taking it over is one step (an flock of the run
+    directory): while the first taker is between the two, the second waits, then
+    finds a live owner. Without that, both would remove the stale lock and own it."""
+    import threading
+    _write_lock(tmp_path, _dead_pid())
+    judged, go_on, results = threading.Event(), threading.Event(), {}
+
+    def slow_say(text):  # the first taker pauses after judging the lock stale
+        judged.set()
+        go_on.wait(5)
+
+    def take(name, say):
+        try:
+            RunLock(str(tmp_path)).acquire(say=say)
+            results[name] = "owner"
+        except RunLockError:
+            results[name] = "refused"
+
+    first = threading.Thread(target=take, args=("first", slow_say))
+    first.start()
+    assert judged.wait(5)
+    second = threading.Thread(target=take, args=("second", lambda text: None))
+    second.start()
+    second.join(1.0)  # without the guard it would take the stale lock now
+    go_on.set()
+    first.join(5)
+    second.join(5)
+    assert results == {"first": "owner", "second": "refused"}
