@@ -10,7 +10,8 @@ between steps is inside one) a signal raises at once.
 
 State kept by a `SignalGuard`: `deferring` (a step or save is running), `pending`
 (the signal received while deferring, or None) and the handlers it replaced, which
-it puts back on exit. Only the main thread can install handlers; elsewhere the
+it puts back on exit (`reclaim()` takes the signals back from a library that
+installed its own, as `ray.init` does for SIGTERM). Only the main thread can install handlers; elsewhere the
 guard installs nothing and signals keep their default behaviour.
 """
 from __future__ import annotations
@@ -49,6 +50,12 @@ class SignalGuard:
             for signum in HANDLED:
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
+
+    def reclaim(self) -> None:
+        """Install the handlers again: `ray.init` replaces the driver's SIGTERM handler
+        with one that exits at once (call this once the runtime has started)."""
+        for signum in self._previous:
+            signal.signal(signum, self._handle)
 
     def __exit__(self, *exc) -> None:
         for signum, handler in self._previous.items():

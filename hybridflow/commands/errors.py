@@ -54,7 +54,9 @@ def exit_origin(err: BaseException) -> str:
 def one_line(err: BaseException) -> str:
     """The message of a known error, on one line where it was written on one."""
     if isinstance(err, SystemExit):
-        where = exit_origin(err) or "user code"
+        where = exit_origin(err)
+        if not where:
+            return f"a library called sys.exit({err.code!r}) (its traceback is in the log)"
         return (f"{where} called sys.exit({err.code!r}); user code must raise an "
                 f"exception to stop a run, not end the process")
     if isinstance(err, OSError) and err.filename is not None:

@@ -126,6 +126,7 @@ def _locked_run(args, loaded, run_dir: RunDir, signals) -> int:
         trainer = Trainer(loaded, run_dir, resume_from=run_dir.path if args.resume else None)
     except (Exception, SystemExit, KeyboardInterrupt) as err:  # noqa: BLE001 - recorded
         return _start_failed(run_dir, err, resumed=bool(args.resume))
+    signals.reclaim()  # a Ray runtime's start replaced the SIGTERM handler
     if args.resume:  # only now, with the checkpoint loaded, the run takes the new config
         run_dir.save_config(loaded.cfg)
         for note in trainer.notes:
