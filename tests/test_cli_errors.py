@@ -189,3 +189,10 @@ def test_export_refuses_a_damaged_checkpoint_naming_the_file(capsys, tmp_path):
     assert main(["export", run, str(tmp_path / "hf")]) == 1
     line = _one_line(capsys.readouterr().err)
     assert "actor/model.safetensors does not match its sha256" in line
+
+
+def test_a_worker_file_exiting_on_import_is_reported(capsys, tmp_path):
+    worker = tmp_path / "my_worker.py"
+    worker.write_text("import sys\nsys.exit(2)\n")
+    assert main(["check", GRPO, f"workers.reward={worker}:Scorer"]) == 1
+    assert f"<module>() at {worker}:2 called sys.exit(2)" in _one_line(capsys.readouterr().err)

@@ -163,6 +163,18 @@ def test_a_scorer_calling_sys_exit_fails_the_run_naming_the_file(capsys, tmp_pat
     assert not os.path.exists(os.path.join(run_dir, "lock.json"))
 
 
+def test_a_function_node_calling_sys_exit_fails_the_run_naming_the_file(capsys, tmp_path):
+    graph = tmp_path / "exits.py"
+    graph.write_text(NAN_LOSS_GRAPH.replace(
+        'value = float("nan") if calls >= 2 else 0.5',
+        'value = 0.5\n    if calls >= 2:\n        raise SystemExit("bye")'))
+    code, err, status, _ = run(capsys, tmp_path, "trainer.steps=3", graph=str(graph))
+    assert code == 1
+    assert (f"stopped at step 2: advantages_nan_from_step_2() at {graph}:15 called "
+            f"sys.exit('bye')") in err
+    assert status["state"] == "failed" and status["error"] == "SystemExit"
+
+
 def _signal_scorer(tmp_path, times: int) -> str:
     """A scorer that, on step 3's first row, sends this process SIGTERM `times` times."""
     return scorer(tmp_path, f"""
