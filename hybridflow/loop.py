@@ -20,16 +20,11 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from hybridflow.checkpoint import (
-    latest_checkpoint,
-    load_trainer_state,
-    restore_rng,
-    save_checkpoint,
-)
-from hybridflow.commands.common import LoadedGraph, placement_from_config, role_bindings
-from hybridflow.compiler import ExecutionPlan, compile_graph
+from hybridflow.checkpoint import latest_checkpoint, load_trainer_state, restore_rng, save_checkpoint
+from hybridflow.compiler import ExecutionPlan
 from hybridflow.data import PromptDataset, PromptLoader, toy_rows
 from hybridflow.graph import Graph
+from hybridflow.program import LoadedGraph, compile_program
 from hybridflow.run_signals import Interrupted, NoSignals
 from hybridflow.tracking import MetricSinks, RunDir
 
@@ -59,10 +54,13 @@ def default_validation_graph(cfg: DictConfig) -> Graph:
     return g
 
 
-def make_runtime(plan: ExecutionPlan, cfg: DictConfig, extra_plans=()):
-    """The configured runtime, with workers for every role of `plan` and `extra_plans`."""
+def make_runtime(plan: ExecutionPlan, cfg, extra_plans=()):
+    """The configured runtime, with workers for every role of `plan` and `extra_plans`;
+    `cfg` is what the workers receive: the run's typed values (`LoadedGraph.values`)."""
     if cfg.runtime.name == "ray":
         from hybridflow.runtime.ray import RayRuntime
+        from hybridflow.user_files import pickle_user_files_by_value_for_ray
+        pickle_user_files_by_value_for_ray()  # fn nodes and classes of the user's files
         return RayRuntime(plan, cfg, seed=cfg.trainer.seed, extra_plans=extra_plans)
     from hybridflow.runtime.local import LocalRuntime
     return LocalRuntime(plan, cfg, seed=cfg.trainer.seed, extra_plans=extra_plans)
@@ -91,7 +89,7 @@ class Trainer:
         self.step, self.saved_step = 0, None
         self.resumed_from, self.notes = None, []  # what a resume loaded; what it trimmed
         self.sinks = None
-        self.runtime = make_runtime(self.plan, cfg,
+        self.runtime = make_runtime(self.plan, loaded.values,
                                     [self.val_plan] if self.val_plan is not None else [])
         try:  # the caller gets no trainer to close on failure: stop the workers here
             if resume_from:
@@ -128,8 +126,7 @@ class Trainer:
         if self.val_loader is None:
             return None
         build = getattr(self.module, "validation", None) or default_validation_graph
-        graph = build(self.cfg)
-        return compile_graph(graph, role_bindings(self.cfg), placement_from_config(self.cfg, graph))
+        return compile_program(self.cfg, build(self.cfg))
 
     def sources(self) -> list[str]:
         return [n.name for n in self.plan.nodes if n.op == "source"]

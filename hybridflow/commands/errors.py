@@ -23,13 +23,13 @@ _LIBRARIES = tuple({os.path.abspath(sysconfig.get_paths()[k]) for k in ("stdlib"
 def user_errors() -> tuple[type[BaseException], ...]:
     """The error classes whose message is written for the user."""
     from hybridflow.checkpoint import CheckpointError
-    from hybridflow.commands.common import GraphFileError
     from hybridflow.compiler import GraphError
     from hybridflow.config import ConfigError
     from hybridflow.data import DataError
     from hybridflow.run_lifecycle import ResumeError
     from hybridflow.run_lock import RunLockError
     from hybridflow.tracking import RunDirError
+    from hybridflow.user_files import GraphFileError
     return (GraphError, ConfigError, GraphFileError, DataError, CheckpointError,
             RunLockError, RunDirError, ResumeError, OSError)
 

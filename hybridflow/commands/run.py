@@ -14,11 +14,11 @@ import traceback
 
 from omegaconf import OmegaConf
 
-from hybridflow.commands.common import GraphFileError, prepare
 from hybridflow.commands.errors import failure_reason
 from hybridflow.compiler import GraphError
 from hybridflow.config import ConfigError
 from hybridflow.data import DataError
+from hybridflow.program import GraphFileError, prepare
 from hybridflow.run_lifecycle import (
     check_resumed_config,
     check_same_graph,
