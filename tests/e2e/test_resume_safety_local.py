@@ -69,7 +69,7 @@ def test_resume_with_another_graph_changes_nothing(capsys, tmp_path):
 
 
 def test_a_config_that_differs_without_being_asked_is_listed_key_by_key(capsys, tmp_path):
-    """The graph file gained a knob in defaults() since the run started: the file
+    """The graph file gained an algorithm knob since the run started: the file
     change is a warning, the config change an error listing the key."""
     graph = tmp_path / "mine.py"
     source = open(graph_file("grpo")).read()
@@ -77,10 +77,10 @@ def test_a_config_that_differs_without_being_asked_is_listed_key_by_key(capsys, 
     code, _ = _run(capsys, tmp_path, "trainer.steps=1", graph=str(graph))
     assert code == 0
     run_dir = str(tmp_path / "run")
-    knob = 'algorithm={"norm_by_std": True'
-    assert knob in source
+    knob = "    norm_by_std: bool = True"
+    assert knob in source  # a field of the graph's ALGORITHM dataclass
     graph = tmp_path / "mine_edited.py"  # a fresh file: this process cached the first
-    graph.write_text(source.replace(knob, knob + ', "new_knob": 7', 1))
+    graph.write_text(source.replace(knob, "    new_knob: int = 7\n" + knob, 1))
     before = _snapshot(run_dir)
     code, err = _run(capsys, tmp_path, "trainer.steps=2", "--resume", run_dir, graph=str(graph))
     assert code == 1, err
