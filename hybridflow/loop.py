@@ -20,7 +20,8 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from hybridflow.checkpoint import latest_checkpoint, load_trainer_state, restore_rng, save_checkpoint
+from hybridflow.checkpoint import (latest_checkpoint, load_trainer_state, restore_rng,
+                                   save_checkpoint)
 from hybridflow.compiler import ExecutionPlan
 from hybridflow.data import PromptDataset, PromptLoader, toy_rows
 from hybridflow.graph import Graph

@@ -67,8 +67,8 @@ def config_changes(saved: DictConfig, now: DictConfig) -> list[tuple[str, object
     missing = "<unset>"
     old = _flatten(OmegaConf.to_container(saved, resolve=False))
     new = _flatten(OmegaConf.to_container(now, resolve=False))
-    return [(key, old.get(key, missing), new.get(key, missing))
-            for key in sorted(set(old) | set(new)) if old.get(key, missing) != new.get(key, missing)]
+    pairs = {key: (old.get(key, missing), new.get(key, missing)) for key in set(old) | set(new)}
+    return [(key, *pairs[key]) for key in sorted(pairs) if pairs[key][0] != pairs[key][1]]
 
 
 def explicit_keys(overrides: list[str], yaml_file: str | None) -> set[str]:

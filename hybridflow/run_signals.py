@@ -11,8 +11,9 @@ between steps is inside one) a signal raises at once.
 State kept by a `SignalGuard`: `deferring` (a step or save is running), `pending`
 (the signal received while deferring, or None) and the handlers it replaced, which
 it puts back on exit (`reclaim()` takes the signals back from a library that
-installed its own, as `ray.init` does for SIGTERM). Only the main thread can install handlers; elsewhere the
-guard installs nothing and signals keep their default behaviour.
+installed its own, as `ray.init` does for SIGTERM). Only the main thread can install
+handlers; elsewhere the guard installs nothing and signals keep their default
+behaviour.
 """
 from __future__ import annotations
 
