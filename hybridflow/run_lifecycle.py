@@ -53,11 +53,12 @@ def check_same_graph(run: RunDir, identity: dict) -> list[str]:
 
 
 def _flatten(value, prefix: str = "") -> dict:
+    """{'a.b': leaf}; an empty section has no leaves (empty and absent are alike)."""
     if isinstance(value, dict):
         out = {}
         for key, item in value.items():
             out.update(_flatten(item, f"{prefix}{key}."))
-        return out if out or not prefix else {prefix[:-1]: {}}
+        return out
     return {prefix[:-1]: value}
 
 
