@@ -5,7 +5,8 @@ runs/<graph>-<time>/
   graph.json        the graph's name, file and the file's sha256 (checked on resume)
   metrics.jsonl     one line per step (appended to on resume)
   timeline.jsonl    per-node start/end of each step, for `hybridflow render --timeline`
-  status.json       running (with the current step) / finished / failed / interrupted
+  status.json       starting / running (with the current step) / finished / failed /
+                    interrupted
   error.log         the traceback of every failure, appended
   lock.json         the owner (pid, host, start) while a process runs; run_lock.py
   checkpoints/      see hybridflow/checkpoint.py

@@ -74,3 +74,10 @@ def test_a_directory_that_is_not_a_run_is_one_line(capsys, tmp_path):
     assert main(["status", str(tmp_path)]) == 1
     assert capsys.readouterr().err.strip() == (
         f"hybridflow status: {tmp_path} is not a run directory (no config.yaml)")
+
+
+def test_a_run_starting_up_and_one_that_died_starting(capsys, tmp_path):
+    path = _run_dir(tmp_path, state="starting", step=0, steps=40)
+    with RunLock(path):
+        assert _status(capsys, path).startswith(f"{path}: starting (pid {os.getpid()} on ")
+    assert _status(capsys, path) == f"{path}: died during start-up without a word"

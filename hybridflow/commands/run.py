@@ -122,6 +122,7 @@ def _locked_run(args, loaded, run_dir: RunDir, signals) -> int:
     else:
         run_dir.save_graph_identity(graph_identity(loaded.graph.name, args.graph))
         run_dir.save_config(loaded.cfg)
+        run_dir.set_status("starting", step=0, steps=loaded.cfg.trainer.steps)
     try:  # datasets are read, then the workers start (and a resume loads its checkpoint)
         trainer = Trainer(loaded, run_dir, resume_from=run_dir.path if args.resume else None)
     except (Exception, SystemExit, KeyboardInterrupt) as err:  # noqa: BLE001 - recorded

@@ -50,10 +50,12 @@ def describe(run_path: str) -> str:
     state = status.get("state")
     steps = f"/{status['steps']}" if status.get("steps") else ""
     progress = f"step {status.get('step', 0)}{steps}"
-    if state is None:
+    if state in (None, "starting"):  # datasets and workers loading
         owner = read_owner(run.path)
-        return (f"starting ({owner.describe()})" if owner is not None and owner.alive()
-                else "never started (no status.json)")
+        if owner is not None and owner.alive() is not False:
+            return f"starting ({owner.describe()})"
+        return ("never started (no status.json)" if state is None else
+                "died during start-up without a word")
     if state == "running":
         return _running(run, status, progress)
     if state == "failed":

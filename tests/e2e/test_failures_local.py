@@ -234,7 +234,7 @@ def test_status_records_the_step_after_every_step(capsys, tmp_path, monkeypatch)
     monkeypatch.setattr(RunDir, "set_status", spy)
     code, _, status, _ = run(capsys, tmp_path, "trainer.steps=3")
     assert code == 0
-    assert seen == [("running", 0), ("running", 1), ("running", 2), ("running", 3),
+    assert seen == [("starting", 0), ("running", 0), ("running", 1), ("running", 2), ("running", 3),
                     ("finished", 3)]
     assert status["steps"] == 3 and status["pid"] == os.getpid()
 
