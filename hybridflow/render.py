@@ -327,12 +327,13 @@ def timeline_svg(records: list[dict], step: int | None = None) -> str:
         height = (max(lanes) + 1) * LANE_HEIGHT + 8
         out.append(f'<g class="row" data-pool="{html.escape(names[pool])}">'
                    f'<rect x="0" y="{y}" width="{WIDTH}" height="{height}" fill="#eeeeee" '
-                   f'fill-opacity="0.5" stroke="#dddddd"/><text x="8" y="{y + 18}" font-weight="bold">'
+                   f'fill-opacity="0.5" stroke="#dddddd"/>'
+                   f'<text x="8" y="{y + 18}" font-weight="bold">'
                    f'{html.escape(names[pool])}</text>')
         for i, (bar, lane) in enumerate(zip(bars, lanes)):
             x = left + (bar["start"] - t0) * scale
             w = max((bar["end"] - bar["start"]) * scale, 2)
-            later = [b["start"] for b, l in zip(bars[i + 1:], lanes[i + 1:]) if l == lane]
+            later = [b["start"] for b, other in zip(bars[i + 1:], lanes[i + 1:]) if other == lane]
             room = (min(later, default=t0 + span) - bar["start"]) * scale + RIGHT
             out.append(_bar_svg(bar, x, w, y + 4 + lane * LANE_HEIGHT, room,
                                 colors.get(bar.get("role"), "#ffffff"), len(out)))
