@@ -20,6 +20,7 @@ from hybridflow.compiler import ExecutionPlan, compile_graph
 from hybridflow.config import ConfigError, build_config
 from hybridflow.graph import Graph
 from hybridflow.placement import Placement
+from hybridflow.user_code import exec_user_file as _exec_user_file
 
 __all__ = ["GraphFileError", "LoadedGraph", "load_graph_module", "load_plan", "prepare",
            "role_bindings", "placement_from_config", "folded_roles"]
@@ -27,23 +28,6 @@ __all__ = ["GraphFileError", "LoadedGraph", "load_graph_module", "load_plan", "p
 
 class GraphFileError(ValueError):
     """The graph file is missing, does not import, or does not export build(cfg)."""
-
-
-def _exec_user_file(path: str, name: str, error: type[ValueError], what: str) -> ModuleType:
-    """Import a user's file (and only that file) under a private module name; its
-    functions are pickled by value for Ray workers, which cannot import that name."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as err:
-        del sys.modules[name]
-        raise error(f"{what} {path!r} failed to import: {type(err).__name__}: {err}") from err
-    _pickle_by_value(module)
-    return module
 
 
 def load_graph_module(path: str) -> ModuleType:
@@ -58,16 +42,6 @@ def load_graph_module(path: str) -> ModuleType:
         del sys.modules[name]
         raise GraphFileError(f"graph file {path!r} must export build(cfg) -> Graph")
     return module
-
-
-def _pickle_by_value(module: ModuleType) -> None:
-    """Ray workers cannot import a graph file by its generated module name, so its
-    functions (fn nodes) are shipped by value."""
-    try:
-        import cloudpickle
-        cloudpickle.register_pickle_by_value(module)
-    except (ImportError, ValueError):
-        pass
 
 
 def _import_object(spec: str):

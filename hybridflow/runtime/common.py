@@ -17,9 +17,12 @@ __all__ = ["NodeFailure", "StepResult", "assemble_input", "finish_output", "run_
 class NodeFailure(RuntimeError):
     """A node failed while running; names the node, its role and the rank."""
 
-    def __init__(self, node: PlanNode, rank: int | None, detail: str):
+    def __init__(self, node: PlanNode, rank: int | None, detail: str,
+                 pool: str | None = None):
         self.node, self.rank, self.detail = node.name, rank, detail
-        who = f"role '{node.role}' rank {rank}" if node.role else "the driver"
+        worker = f"the worker of pool '{pool}' rank {rank}" if pool else f"worker rank {rank}"
+        who = (f"role '{node.role}' rank {rank}" if node.role
+               else "the driver" if rank is None else worker)  # a sharded function node
         self.headline = f"{node.where()} failed on {who}"
         super().__init__(f"{self.headline}:\n{detail}")
 

@@ -66,6 +66,8 @@ def _get(obj, name: str, default):
 
 def connect(settings: RuntimeSettings, placement: Placement) -> bool:
     """Join or start a Ray session; True when this call started it."""
+    from hybridflow.user_code import register_with_ray
+    register_with_ray()  # worker classes from the user's files travel by value
     if ray.is_initialized():
         return False
     if settings.address:

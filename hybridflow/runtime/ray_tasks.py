@@ -146,7 +146,7 @@ class InFlight:
             self.rt.broken = f"the worker of pool '{record.pool}' rank {rank} died"
             detail = (f"the worker process of pool '{record.pool}' rank {rank} died; the "
                       f"runtime must be restarted.\n{detail}")
-        raise NodeFailure(self.plan.node(record.node), rank, detail) from None
+        raise NodeFailure(self.plan.node(record.node), rank, detail, record.pool) from None
 
     def _timed_out(self, head: TaskRecord | None) -> None:
         if head is None:  # no task could start: name the first one still running
