@@ -89,8 +89,9 @@ def _train(path, tmp_path, *overrides):
 
 
 def _tutorial_graph() -> str:
-    text = open(os.path.join(REPO, "docs", "tutorial.md")).read()
-    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    with open(os.path.join(REPO, "docs", "tutorial.md")) as fh:
+        text = fh.read()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.DOTALL)
     return next(b for b in blocks if b.startswith("# graphs/grpo_median.py"))
 
 
