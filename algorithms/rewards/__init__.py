@@ -32,6 +32,27 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str,
                   ground_truth=ground_truth, extra_info=extra_info)
 
 
+def check_sample(data_source: str, ground_truth: Any) -> None:
+    """ValueError unless a built-in scorer is registered for `data_source` and
+    `ground_truth` is the string (or number) it compares against."""
+    if data_source not in SCORERS:
+        raise ValueError(f"no built-in scorer for data_source {data_source!r} (built-in: "
+                         f"{', '.join(sorted(SCORERS))}); fix the data_source or set "
+                         f"reward.function_path to score it with your own scorer")
+    check_ground_truth(ground_truth)
+    if not isinstance(ground_truth, (str, int, float)) or isinstance(ground_truth, bool):
+        raise ValueError(f"ground_truth is a {type(ground_truth).__name__} "
+                         f"({ground_truth!r:.60}); the built-in scorer for {data_source!r} "
+                         f"compares the answer with one string or number")
+
+
+def check_ground_truth(ground_truth: Any) -> None:
+    """ValueError for a null ground truth: every scorer would score it 0."""
+    if ground_truth is None:
+        raise ValueError("ground_truth is null; every row needs the answer its reward is "
+                         "scored against (reward_model.ground_truth)")
+
+
 def split_score(result: float | dict) -> tuple[float, dict[str, Any]]:
     """(score, extra values to log) from a scorer's float or dict result."""
     if isinstance(result, dict):

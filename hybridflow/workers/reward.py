@@ -9,6 +9,8 @@ last valid response token of `token_level_scores` [B, R] and as `scores` [B].
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -34,6 +36,20 @@ def place_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Ten
 
 
 class RewardWorker(Worker):
+    @staticmethod
+    def data_row_check(cfg) -> Callable[[str, object], None] | None:
+        """What the data loader checks in each row for this worker's scorer
+        (`check(data_source, ground_truth)` raising ValueError): the built-in scorer
+        needs a known data_source and a string answer, a user's scorer any non-null
+        answer; a reward model reads neither."""
+        rc = read_section(cfg, "reward", RewardConfig)
+        if rc.model_path:
+            return None
+        from algorithms.rewards import check_ground_truth, check_sample
+        if rc.function_path:
+            return lambda data_source, ground_truth: check_ground_truth(ground_truth)
+        return check_sample
+
     def __init__(self, cfg, ctx=None):
         super().__init__(cfg, ctx)
         self.model_cfg = read_section(cfg, "model", ModelConfig)
