@@ -18,6 +18,7 @@ from typing import Callable
 
 from hybridflow.batch import Batch
 from hybridflow.compiler import ExecutionPlan, PlanNode
+from hybridflow.deadline import call_with_deadline
 from hybridflow.dispatch import SKIP, Layout, get_dispatch_mode
 from hybridflow.runtime.common import (NodeFailure, StepResult, assemble_input, finish_gather,
                                        finish_output, metrics_of, now, run_fn_node,
@@ -120,7 +121,7 @@ class LocalRuntime:
         batch = assemble_input(node, outputs)
         if node.op == "fn":
             try:
-                return finish_output(node, run_fn_node(node, batch))
+                return finish_output(node, self._bounded(node, run_fn_node, node, batch))
             except Exception as err:  # noqa: BLE001 - re-raised with the node named
                 raise NodeFailure(node, None, traceback.format_exc()) from err
         return finish_output(node, self._call(node, batch))
@@ -136,10 +137,19 @@ class LocalRuntime:
                 results.append(None)
                 continue
             try:
-                results.append(getattr(worker, node.method)(shard, **node.kwargs))
+                method = getattr(worker, node.method)
+                results.append(self._bounded(node, method, shard, **node.kwargs))
             except Exception as err:  # noqa: BLE001 - re-raised with node, role and rank
                 raise NodeFailure(node, rank, traceback.format_exc()) from err
         return mode.collect(results, layout)
+
+    def _bounded(self, node: PlanNode, fn: Callable, *args, **kwargs):
+        """`fn(*args, **kwargs)`, user code, stopped by runtime.call_timeout_s
+        (hybridflow/deadline.py: a CallTimeout raised inside it fails the node)."""
+        runtime = self.cfg.get("runtime") if hasattr(self.cfg, "get") else None
+        timeout = runtime.get("call_timeout_s", 600.0) if runtime is not None else 600.0
+        return call_with_deadline(lambda: fn(*args, **kwargs), timeout, node.where(),
+                                  "runtime.call_timeout_s")
 
     def fetch(self, result: StepResult, node: str, keys) -> Batch:
         """Columns of a node's output, on the driver."""

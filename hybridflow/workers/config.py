@@ -120,7 +120,7 @@ class RewardConfig:
     model_path: Optional[str] = None      # local reward model dir (sequence classification)
     micro_batch_size: int = 16            # reward model rows per forward
     num_workers: int = 0                  # >0: rule scoring in a process pool
-    timeout_s: float = 30.0               # per sample, process pool only
+    timeout_s: float = 30.0               # per sample, in this process or the pool
 
 
 def _as_plain(value: Any) -> Any:

@@ -45,10 +45,7 @@ class RewardWorker(Worker):
         rc = read_section(cfg, "reward", RewardConfig)
         if rc.model_path:
             return None
-        from algorithms.rewards import check_ground_truth, check_sample
-        if rc.function_path:
-            return lambda data_source, ground_truth: check_ground_truth(ground_truth)
-        return check_sample
+        return ScorerRef(rc.function_path, rc.function_name).sample_check()
 
     def __init__(self, cfg, ctx=None):
         super().__init__(cfg, ctx)

@@ -2,16 +2,16 @@
 
 A scorer is named by `ScorerRef` (None path: the built-in `compute_score` that
 dispatches on data_source; else a user's Python file and function name) so a spawned
-pool process can load it itself. In the pool each sample runs under a SIGALRM
-timer: a sample that runs past `timeout_s` scores 0.0 and is counted, and the
-process stays usable. A scorer that raises, or returns NaN, is an error naming the
+pool process can load it itself. Each sample, in this process or in the pool, runs
+under a deadline of `timeout_s` (hybridflow/deadline.py): a sample that runs past it
+scores 0.0 and is counted, and the process stays usable; the pool as a whole has a
+budget too, for a scorer stuck in native code. A scorer that raises, or returns NaN, is an error naming the
 row, its data_source and the scorer.
 """
 from __future__ import annotations
 
 import math
 import multiprocessing
-import signal
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,15 @@ class ScorerRef:
 
     def describe(self) -> str:
         return "built-in compute_score" if self.path is None else f"{self.name} from {self.path}"
+
+    def sample_check(self):
+        """`check(data_source, ground_truth)` raising ValueError for values this scorer
+        cannot score: the built-in one needs a known data_source and a string answer,
+        a user's scorer any answer but null."""
+        from algorithms.rewards import check_ground_truth, check_sample
+        if self.path is None:
+            return check_sample
+        return lambda data_source, ground_truth: check_ground_truth(ground_truth)
 
     def load(self):
         if self.path is None:
@@ -49,24 +58,20 @@ class SampleResult:
 _LOADED: dict[ScorerRef, Any] = {}
 
 
-def _timeout_handler(signum, frame):
-    raise TimeoutError
-
-
 def score_one(ref: ScorerRef, kwargs: dict, timeout_s: float | None = None) -> SampleResult:
-    """Score one sample; never raises (errors are returned as text)."""
+    """Score one sample within `timeout_s` (see hybridflow/deadline.py); never raises
+    for the scorer's own errors (returned as text) nor for its timeout (counted).
+    An outer deadline (the node's) still propagates."""
     from algorithms.rewards import split_score
+    from hybridflow.deadline import CallTimeout, call_with_deadline
+    what = f"reward scorer {ref.describe()} on one sample"
     try:
         fn = _LOADED.get(ref) or _LOADED.setdefault(ref, ref.load())
-        if timeout_s:
-            signal.signal(signal.SIGALRM, _timeout_handler)
-            signal.setitimer(signal.ITIMER_REAL, timeout_s)
-        try:
-            score, extra = split_score(fn(**kwargs))
-        finally:
-            if timeout_s:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-    except TimeoutError:
+        score, extra = split_score(call_with_deadline(lambda: fn(**kwargs), timeout_s, what,
+                                                      "reward.timeout_s"))
+    except CallTimeout as err:
+        if err.what != what:
+            raise  # not this sample's bound: the node's, say
         return SampleResult(timed_out=True)
     except Exception as err:  # noqa: BLE001 - reported with the row by the caller
         return SampleResult(error=f"{type(err).__name__}: {err}")
@@ -107,7 +112,7 @@ class RuleScorer:
                 raise ScoringError(f"reward scoring with {self.ref.describe()} did not finish "
                                    f"within {budget:.0f}s; a scorer may be stuck in native code")
         else:
-            results = [score_one(self.ref, s) for s in samples]
+            results = [score_one(self.ref, s, self.timeout_s) for s in samples]
         for row, (sample, result) in enumerate(zip(samples, results)):
             where = (f"row {row} (data_source={sample['data_source']!r}, scorer "
                      f"{self.ref.describe()})")
