@@ -68,6 +68,8 @@ class RuntimeConfig:
     num_gpus: Optional[int] = None      # logical GPUs (CPU-only machines may declare them)
     call_timeout_s: float = 600.0       # a worker call slower than this is a failure
     start_timeout_s: float = 300.0      # actor start and model loading (Ray)
+    connect_timeout_s: float = 30.0     # reaching `address` before Ray's own retries
+    listen_all: bool = False            # a Ray the run starts listens on all interfaces
     torch_threads: int = 1
 
 

@@ -244,6 +244,11 @@ def test_a_data_source_no_scorer_knows_is_reported_before_any_worker_starts(caps
     assert f"{path} row 0: no built-in scorer for data_source 'toy_arithmetic'" in err
 
 
+def test_runtime_local_with_an_address_is_a_contradiction(capsys, tmp_path):
+    err = run(capsys, tmp_path, "--runtime", "local", "--address", "10.0.0.1:6379")
+    assert "--runtime local and --address 10.0.0.1:6379 contradict each other" in err
+
+
 # ------------------------------------------------------------------ resume
 def test_resume_of_a_directory_that_is_not_a_run(capsys, tmp_path):
     (tmp_path / "somewhere").mkdir()
