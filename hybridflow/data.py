@@ -21,7 +21,7 @@ from hybridflow.batch import Batch
 __all__ = ["DataError", "PromptDataset", "PromptLoader", "check_data_file", "read_rows",
            "write_rows", "toy_rows", "tokenize_prompts", "row_checker"]
 
-RowCheck = Callable[[str, object], None]  # (data_source, ground_truth); raises ValueError
+RowCheck = Callable[[str, object], None]  # (data_source, ground_truth) -> ValueError/TypeError
 
 
 class DataError(ValueError):
@@ -142,7 +142,7 @@ class PromptDataset:
             if check_row is not None:
                 try:
                     check_row(parsed.data_source, parsed.ground_truth)
-                except ValueError as err:
+                except (ValueError, TypeError) as err:
                     raise DataError(f"{name} row {i}: {err}") from None
             if len(parsed.token_ids) > max_prompt_length:
                 if not filter_overlong:

@@ -121,6 +121,10 @@ class RewardConfig:
     micro_batch_size: int = 16            # reward model rows per forward
     num_workers: int = 0                  # >0: rule scoring in a process pool
     timeout_s: float = 30.0               # per sample, in this process or the pool
+    kwargs: dict[str, Any] = field(default_factory=dict)  # to the scorer, by keyword
+    # name -> {function_path, function_name, weight, kwargs}: a weighted sum of named
+    # scorers (function_path null: the built-in one); replaces the single scorer above
+    scorers: dict[str, Any] = field(default_factory=dict)
 
 
 def _as_plain(value: Any) -> Any:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["ScorerRef", "ScoringError", "RuleScorer", "SampleResult"]
@@ -26,6 +26,8 @@ class ScoringError(RuntimeError):
 class ScorerRef:
     path: str | None = None
     name: str = "compute_score"
+    # reward.kwargs as (key, value) pairs; not part of the identity (loading is the same)
+    kwargs: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
 
     def describe(self) -> str:
         return "built-in compute_score" if self.path is None else f"{self.name} from {self.path}"
@@ -44,7 +46,7 @@ class ScorerRef:
             from algorithms.rewards import compute_score
             return compute_score
         from algorithms.rewards import load_scorer
-        return load_scorer(self.path, self.name)
+        return load_scorer(self.path, self.name, dict(self.kwargs))
 
 
 @dataclass
@@ -58,17 +60,18 @@ class SampleResult:
 _LOADED: dict[ScorerRef, Any] = {}
 
 
-def score_one(ref: ScorerRef, kwargs: dict, timeout_s: float | None = None) -> SampleResult:
+def score_one(ref: ScorerRef, sample: dict, timeout_s: float | None = None) -> SampleResult:
     """Score one sample within `timeout_s` (see hybridflow/deadline.py); never raises
     for the scorer's own errors (returned as text) nor for its timeout (counted).
     An outer deadline (the node's) still propagates."""
-    from algorithms.rewards import split_score
+    from algorithms.rewards import call_scorer, split_score
     from hybridflow.deadline import CallTimeout, call_with_deadline
     what = f"reward scorer {ref.describe()} on one sample"
     try:
         fn = _LOADED.get(ref) or _LOADED.setdefault(ref, ref.load())
-        score, extra = split_score(call_with_deadline(lambda: fn(**kwargs), timeout_s, what,
-                                                      "reward.timeout_s"))
+        result = call_with_deadline(lambda: call_scorer(fn, sample, dict(ref.kwargs)),
+                                    timeout_s, what, "reward.timeout_s")
+        score, extra = split_score(result)
     except CallTimeout as err:
         if err.what != what:
             raise  # not this sample's bound: the node's, say
@@ -83,8 +86,8 @@ class RuleScorer:
 
     def __init__(self, ref: ScorerRef, num_workers: int = 0, timeout_s: float = 30.0):
         self.ref, self.num_workers, self.timeout_s = ref, num_workers, timeout_s
-        ref.load()  # fail at construction on a bad path/name, not mid-run
         self._pool = None
+        ref.load()  # fail at construction on a bad path/name, not mid-run
 
     def _get_pool(self):
         if self._pool is None:
