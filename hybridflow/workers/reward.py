@@ -59,6 +59,20 @@ def scorer_components(rc: RewardConfig) -> dict[str, tuple[float, ScorerRef]]:
 
 class RewardWorker(Worker):
     @staticmethod
+    def model_source(cfg) -> str:
+        """What scores (for `hybridflow check`): the reward model, or the scorers."""
+        rc = read_section(cfg, "reward", RewardConfig)
+        if rc.model_path:
+            return f"{rc.model_path} (reward.model_path)"
+        parts = scorer_components(rc)
+        if set(parts) == {_SINGLE}:
+            ref = parts[_SINGLE][1]
+            where = " (reward.function_path)" if ref.path else ""
+            return f"rule scorer {ref.describe()}{where}"
+        return "rule scorers " + ", ".join(f"{name}={weight:g} x {ref.describe()}"
+                                           for name, (weight, ref) in parts.items())
+
+    @staticmethod
     def data_row_check(cfg) -> Callable[[str, object], None] | None:
         """What the data loader checks in each row for this worker's scorer
         (`check(data_source, ground_truth)` raising ValueError): the built-in scorer
