@@ -9,12 +9,15 @@ module name to import. Both cloudpickles are told: Ray's vendored copy (what Ray
 `ShippedNode` use; told when a Ray session starts) and the standalone package
 when it is installed.
 
-State: `sys.modules` gains the user's module and its helpers; `sys.path` gains the
-file's folder (as running the file as a script would), so its own imports of files
-beside it work on the driver. `_BY_VALUE` lists the modules to ship by value.
+State: `sys.modules` gains the user's module and its helpers; `sys.meta_path` gains
+a last-resort finder per user folder (`_BesideFinder`), so the file's own imports of
+files beside it work on the driver without putting the folder on `sys.path` (where
+a `random.py` beside the graph would shadow the standard module). `_BY_VALUE` lists
+the modules to ship by value.
 """
 from __future__ import annotations
 
+import importlib.abc
 import importlib.util
 import os
 import sys
@@ -32,8 +35,7 @@ def exec_user_file(path: str, name: str, error: type[ValueError], what: str) -> 
     if name in sys.modules:
         return sys.modules[name]
     folder = os.path.dirname(os.path.abspath(path))
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
+    _find_beside(folder)
     before = set(sys.modules)
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
@@ -47,6 +49,32 @@ def exec_user_file(path: str, name: str, error: type[ValueError], what: str) -> 
     for helper in modules_beside(folder, set(sys.modules) - before - {name}):
         pickle_by_value(helper)
     return module
+
+
+class _BesideFinder(importlib.abc.MetaPathFinder):
+    """Finds `import name` as `<folder>/name.py` (or a package `<folder>/name/`), as a
+    last resort: after every other finder, so a file beside the graph never shadows
+    an installed or standard module, and `sys.path` is left as it is."""
+
+    def __init__(self, folder: str):
+        self.folder = folder
+
+    def find_spec(self, name, path=None, target=None):
+        if path is not None or "." in name:  # submodules: their package's own path
+            return None
+        for candidate in (os.path.join(self.folder, name, "__init__.py"),
+                          os.path.join(self.folder, f"{name}.py")):
+            if os.path.isfile(candidate):
+                locations = [os.path.dirname(candidate)] if candidate.endswith(
+                    "__init__.py") else None
+                return importlib.util.spec_from_file_location(
+                    name, candidate, submodule_search_locations=locations)
+        return None
+
+
+def _find_beside(folder: str) -> None:
+    if not any(isinstance(f, _BesideFinder) and f.folder == folder for f in sys.meta_path):
+        sys.meta_path.append(_BesideFinder(folder))
 
 
 def modules_beside(folder: str, names: set[str]) -> list[ModuleType]:

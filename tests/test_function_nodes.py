@@ -76,3 +76,25 @@ def test_response_loss_mask_covers_the_response_tokens_of_input_ids():
     out = response_loss_mask(rollout)
     assert out["loss_mask"].tolist() == [[0, 0, 0, 1, 1, 0], [0, 0, 0, 1, 0, 0]]
     assert fn_spec(response_loss_mask).writes == ("loss_mask",)
+
+
+@node_fn(reads=("scores",), forwards=True, group_by="uid")
+def keep_correct(batch: Batch) -> Batch:
+    return batch.take([i for i, s in enumerate(batch["scores"].tolist()) if s > 0])
+
+
+def test_the_docs_sft_on_kept_responses_graph_compiles_and_trains_on_responses():
+    from graphs.ops import response_loss_mask
+    from hybridflow.workers import DEFAULT_ROLES
+    g = Graph("rft")
+    prompts = g.source("prompts")
+    rollout = g.call("actor.generate", prompts, n=4)
+    score = g.call("reward.score", rollout)
+    good = g.fn(keep_correct, rollout, score)
+    mask = g.fn(response_loss_mask, good)
+    g.call("actor.sft", good, mask)
+    plan = compile_graph(g, DEFAULT_ROLES, Placement.single_pool(DEFAULT_ROLES, devices=1))
+    sft = plan.node("actor.sft")
+    assert sft.input_keys["loss_mask"] == "response_loss_mask"
+    assert sft.input_keys["input_ids"] == "actor.generate"
+    assert not plan.warnings

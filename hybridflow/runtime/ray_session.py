@@ -78,7 +78,7 @@ def record_session(wait_s: float = 5.0) -> str:
     while True:
         children = me.children(recursive=True)
         agents = [p for p in children if _name(p).endswith("Agent")]
-        if len(agents) >= 2 or time.monotonic() > deadline:
+        if not children or len(agents) >= 2 or time.monotonic() > deadline:
             break
         time.sleep(0.2)
     record = {"driver": me.pid, "driver_started": me.create_time(),
