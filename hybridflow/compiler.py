@@ -156,7 +156,8 @@ class _Checker:
     def _resolve_call(self, node: Node) -> PlanNode | None:
         cls = self.bindings.get(node.role)
         if cls is None:
-            self.fail(node, f"unknown role '{node.role}'{_suggest(node.role, self.bindings)}")
+            self.fail(node, f"unknown role '{node.role}': bind a worker class to it with "
+                            f"workers.{node.role}=module:Class{_suggest(node.role, self.bindings)}")
             return None
         methods = worker_methods(cls)
         spec: MethodSpec | None = methods.get(node.method)

@@ -17,10 +17,10 @@ import torch
 from omegaconf import DictConfig
 
 from hybridflow.checkpoint import latest_checkpoint, load_trainer_state, restore_rng, save_checkpoint
-from hybridflow.commands.common import LoadedGraph, placement_from_config, role_bindings
-from hybridflow.compiler import ExecutionPlan, compile_graph
+from hybridflow.compiler import ExecutionPlan
 from hybridflow.data import PromptDataset, PromptLoader, row_checker, toy_rows
 from hybridflow.graph import Graph
+from hybridflow.program import LoadedGraph, compile_program
 from hybridflow.tracking import MetricSinks, RunDir
 
 __all__ = ["Trainer", "NumericsError", "default_validation_graph", "seed_everything"]
@@ -49,10 +49,13 @@ def default_validation_graph(cfg: DictConfig) -> Graph:
     return g
 
 
-def make_runtime(plan: ExecutionPlan, cfg: DictConfig, extra_plans=()):
-    """The configured runtime, with workers for every role of `plan` and `extra_plans`."""
+def make_runtime(plan: ExecutionPlan, cfg, extra_plans=()):
+    """The configured runtime, with workers for every role of `plan` and `extra_plans`;
+    `cfg` is what the workers receive: the run's typed values (`LoadedGraph.values`)."""
     if cfg.runtime.name == "ray":
         from hybridflow.runtime.ray import RayRuntime
+        from hybridflow.user_files import pickle_user_files_by_value_for_ray
+        pickle_user_files_by_value_for_ray()  # fn nodes and classes of the user's files
         return RayRuntime(plan, cfg, seed=cfg.trainer.seed, extra_plans=extra_plans)
     from hybridflow.runtime.local import LocalRuntime
     return LocalRuntime(plan, cfg, seed=cfg.trainer.seed, extra_plans=extra_plans)
@@ -80,7 +83,7 @@ class Trainer:
         self.val_plan = self._compile_validation() if cfg.trainer.val_every > 0 else None
         self.step, self.saved_step = 0, None
         self.sinks = MetricSinks(run, cfg.trainer.tensorboard, cfg.trainer.wandb, run.path)
-        self.runtime = make_runtime(self.plan, cfg,
+        self.runtime = make_runtime(self.plan, loaded.values,
                                     [self.val_plan] if self.val_plan is not None else [])
         if resume_from:
             try:
@@ -117,8 +120,7 @@ class Trainer:
         if self.val_loader is None:
             return None
         build = getattr(self.module, "validation", None) or default_validation_graph
-        graph = build(self.cfg)
-        return compile_graph(graph, role_bindings(self.cfg), placement_from_config(self.cfg, graph))
+        return compile_program(self.cfg, build(self.cfg))
 
     def sources(self) -> list[str]:
         return [n.name for n in self.plan.nodes if n.op == "source"]

@@ -2,7 +2,9 @@
 made by `prepare` after the graph compiles and before any worker starts.
 
 - every path the config names exists and is what it should be: model and tokenizer
-  directories (nothing is downloaded at run time), data files, the reward function;
+  directories (nothing is downloaded at run time), data files, the reward function,
+  and the paths in the sections of roles bound in `workers` (`path` and `*model_path`
+  keys name model directories, other `*_path` keys files or directories);
 - the batch can feed the data-parallel ranks of every role, and each trained role's
   mini-batch divides evenly over its ranks;
 - the local runtime is not asked to train a role on more than one rank.
@@ -21,7 +23,7 @@ from hybridflow.compiler import ExecutionPlan
 from hybridflow.config import ConfigError
 from hybridflow.dispatch import is_data_parallel
 
-__all__ = ["preflight", "check_paths", "check_batch_feeds_ranks"]
+__all__ = ["preflight", "check_paths", "check_role_paths", "check_batch_feeds_ranks"]
 
 _MODEL_KEYS = ("model.path", "ref.path", "critic.path", "reward.model_path")
 
@@ -62,6 +64,32 @@ def check_paths(cfg: DictConfig) -> None:
     _check_data_files(cfg)
     if cfg.reward.function_path:
         _check_scorer(str(cfg.reward.function_path), str(cfg.reward.function_name))
+    check_role_paths(cfg)
+
+
+def _path_keys(section, prefix: str):
+    """(dotted key, value) of each path-like key of a section, nested ones too."""
+    for key, value in section.items():
+        if isinstance(value, dict):
+            yield from _path_keys(value, f"{prefix}{key}.")
+        elif (key == "path" or str(key).endswith("_path")) and value:
+            yield f"{prefix}{key}", str(value)
+
+
+def check_role_paths(cfg: DictConfig) -> None:
+    """The paths in the own sections of roles bound in `workers` (e.g. `teacher.path`)."""
+    from omegaconf import OmegaConf
+
+    from hybridflow.config import RUN_SECTIONS
+    for role in cfg.workers or {}:
+        if role in RUN_SECTIONS or role not in cfg or not isinstance(cfg[role], DictConfig):
+            continue
+        for key, value in _path_keys(OmegaConf.to_container(cfg[role], resolve=True),
+                                     f"{role}."):
+            if key.endswith((".path", "model_path")):
+                _model_dir(key, value)
+            elif not os.path.exists(value):
+                raise ConfigError(f"{key}={value!r} does not exist")
 
 
 def _check_data_files(cfg: DictConfig) -> None:

@@ -135,7 +135,7 @@ def test_a_reward_model_reads_no_ground_truth():
 def test_row_checks_come_from_the_roles_the_plan_calls():
     import os
 
-    from hybridflow.commands.common import prepare
+    from hybridflow.program import prepare
     from hybridflow.data import row_checker
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     grpo = prepare(os.path.join(repo, "graphs", "grpo.py"), preflight=False)

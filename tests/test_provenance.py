@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from hybridflow.cli import main
-from hybridflow.commands.common import prepare
+from hybridflow.program import prepare
 from hybridflow.provenance import provenance_lines
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

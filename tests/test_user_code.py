@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import textwrap
 
-from hybridflow.commands.common import load_graph_module
+from hybridflow.user_files import load_graph_module
 from hybridflow.user_code import _BY_VALUE
 
 

@@ -7,7 +7,7 @@ import os
 import sys
 import traceback
 
-from hybridflow.commands.common import GraphFileError, prepare
+from hybridflow.program import GraphFileError, prepare
 from hybridflow.compiler import GraphError
 from hybridflow.config import ConfigError
 from hybridflow.data import DataError

@@ -18,11 +18,22 @@ from typing import Callable
 
 from hybridflow.batch import Batch
 from hybridflow.compiler import ExecutionPlan, PlanNode
+from hybridflow.config import RuntimeConfig
 from hybridflow.deadline import call_with_deadline
 from hybridflow.dispatch import SKIP, Layout, get_dispatch_mode
-from hybridflow.runtime.common import (NodeFailure, StepResult, assemble_input, finish_gather,
-                                       finish_output, metrics_of, now, run_fn_node,
-                                       sum_round_metrics, upstream_nodes)
+from hybridflow.runtime.common import (
+    NodeFailure,
+    StepResult,
+    assemble_input,
+    finish_gather,
+    finish_output,
+    metrics_of,
+    now,
+    run_fn_node,
+    sum_round_metrics,
+    upstream_nodes,
+)
+from hybridflow.workers.config import read_section
 
 __all__ = ["LocalRuntime"]
 
@@ -146,8 +157,7 @@ class LocalRuntime:
     def _bounded(self, node: PlanNode, fn: Callable, *args, **kwargs):
         """`fn(*args, **kwargs)`, user code, stopped by runtime.call_timeout_s
         (hybridflow/deadline.py: a CallTimeout raised inside it fails the node)."""
-        runtime = self.cfg.get("runtime") if hasattr(self.cfg, "get") else None
-        timeout = runtime.get("call_timeout_s", 600.0) if runtime is not None else 600.0
+        timeout = read_section(self.cfg, "runtime", RuntimeConfig).call_timeout_s
         return call_with_deadline(lambda: fn(*args, **kwargs), timeout, node.where(),
                                   "runtime.call_timeout_s")
 

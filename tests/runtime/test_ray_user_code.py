@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from hybridflow.commands.common import prepare
+from hybridflow.program import prepare
 from hybridflow.loop import Trainer
 from hybridflow.runtime.common import NodeFailure
 from hybridflow.tracking import new_run_dir
