@@ -35,8 +35,10 @@ def _builtin_source(role: str, cls, cfg) -> str | None:
         return (f"{policy} (ref.path unset: the initial policy)" if policy
                 else "the actor's initial weights (ref.path unset; same seed)")
     if cls is CriticWorker:
-        own = _section(cfg, "critic").get("path")
-        base = f"{own} (critic.path)" if own else f"{_policy(cfg)} (critic.path unset)"
+        own, policy = _section(cfg, "critic").get("path"), _section(cfg, "model").get("path")
+        base = (f"{own} (critic.path)" if own else
+                f"{policy} (critic.path unset: model.path)" if policy else
+                "new random weights from model.hf_config (critic.path unset)")
         return f"{base} with a new value head"
     return None
 
