@@ -5,8 +5,8 @@ dispatches on data_source; else a user's Python file and function name) so a spa
 pool process can load it itself. Each sample, in this process or in the pool, runs
 under a deadline of `timeout_s` (hybridflow/deadline.py): a sample that runs past it
 scores 0.0 and is counted, and the process stays usable; the pool as a whole has a
-budget too, for a scorer stuck in native code. A scorer that raises, or returns NaN, is an error naming the
-row, its data_source and the scorer.
+budget too, for a scorer stuck in native code. A scorer that raises, or returns NaN,
+is an error naming the row, its data_source and the scorer.
 """
 from __future__ import annotations
 
@@ -113,7 +113,8 @@ class RuleScorer:
             except multiprocessing.TimeoutError:
                 self.close()  # a scorer stuck outside Python: start a fresh pool next time
                 raise ScoringError(f"reward scoring with {self.ref.describe()} did not finish "
-                                   f"within {budget:.0f}s; a scorer may be stuck in native code")
+                                   f"within {budget:.0f}s; a scorer may be stuck in native code"
+                                   ) from None
         else:
             results = [score_one(self.ref, s, self.timeout_s) for s in samples]
         for row, (sample, result) in enumerate(zip(samples, results)):
