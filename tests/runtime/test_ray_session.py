@@ -18,7 +18,7 @@ from hybridflow.placement import Placement, PoolSpec
 from hybridflow.runtime.ray_pools import RayConnectError, RuntimeSettings, connect
 from hybridflow.runtime.ray_session import clean_leftovers
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]  # Ray sessions (~30 s)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ONE_DEVICE = Placement({"main": PoolSpec("main", 1, 1)}, {})
 

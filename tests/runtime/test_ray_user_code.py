@@ -15,7 +15,7 @@ from hybridflow.loop import Trainer
 from hybridflow.runtime.common import NodeFailure
 from hybridflow.tracking import new_run_dir
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]  # Ray sessions and training steps (~30 s)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ONE_STEP = ["trainer.progress=false", "trainer.steps=1", "trainer.val_every=0",
             "runtime.name=ray", "runtime.num_cpus=4", "runtime.call_timeout_s=300"]
