@@ -126,6 +126,9 @@ def prepare(graph_path: str, overrides: list[str] | None = None,
     module = load_graph_module(graph_path)
     defaults = call_graph_file(graph_path, "defaults()", module.defaults) \
         if callable(getattr(module, "defaults", None)) else None
+    if defaults is not None and not isinstance(defaults, (dict, DictConfig)):
+        raise GraphFileError(f"defaults() in {graph_path!r} returned {type(defaults).__name__}; "
+                             f"it must return a dict of config sections (or None)")
     cfg = build_config(defaults, yaml_file, expand_auto(overrides),
                        algorithm=algorithm_schema(module, graph_path), role_schema=role_schema)
     graph = call_graph_file(graph_path, "build(cfg)", module.build, cfg)

@@ -42,8 +42,10 @@ def exec_user_file(path: str, name: str, error: type[ValueError], what: str) -> 
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as err:
+    except BaseException as err:  # sys.exit too: never leave a half-imported module cached
         del sys.modules[name]
+        if not isinstance(err, Exception):
+            raise
         raise error(f"{what} {path!r} failed to import: {type(err).__name__}: {err}") from err
     pickle_by_value(module)
     for helper in modules_beside(folder, set(sys.modules) - before - {name}):
