@@ -319,7 +319,8 @@ class _Checker:
         consumed = {d for n in nodes.values() for d in n.deps}
         for name in order:
             node = nodes[name]
-            if name not in consumed and not node.kind.trains:
+            monitor = getattr(self.graph.nodes.get(name), "monitor", False)
+            if name not in consumed and not node.kind.trains and not monitor:
                 self.warnings.append(f"{node.where()}: its output is consumed by no node")
 
 

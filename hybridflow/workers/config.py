@@ -134,7 +134,11 @@ class RewardConfig:
     model_path: Optional[str] = None      # local reward model dir (sequence classification)
     micro_batch_size: int = checked(16, at_least(1))  # reward model rows per forward
     num_workers: int = checked(0, at_least(0))        # >0: rule scoring in a process pool
-    timeout_s: float = checked(30.0, above(0))        # per sample, process pool only
+    timeout_s: float = checked(30.0, above(0))        # per sample, in this process or the pool
+    kwargs: dict[str, Any] = field(default_factory=dict)  # to the scorer, by keyword
+    # name -> {function_path, function_name, weight, kwargs}: a weighted sum of named
+    # scorers (function_path null: the built-in one); replaces the single scorer above
+    scorers: dict[str, Any] = field(default_factory=dict)
 
 
 def _as_plain(value: Any) -> Any:
