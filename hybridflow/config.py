@@ -219,7 +219,11 @@ def _check_names(cfg: DictConfig) -> None:
                 "training strategy")
         _one_of(f"{section}.lr_schedule", cfg[section].lr_schedule, ("constant", "cosine"),
                 "lr schedule")
-    _one_of("rollout.backend", cfg.rollout.backend, ("hf", "vllm"), "rollout backend")
+    from hybridflow.workers.rollout.engine import check_engine_name
+    try:
+        check_engine_name(cfg.rollout.backend)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     try:
         resolve_dtype(cfg.model.dtype)
     except ValueError as err:

@@ -74,7 +74,7 @@ class ActorConfig:
 
 @dataclass
 class RolloutConfig:
-    backend: str = "hf"                   # "hf" | "vllm"
+    backend: str = "hf"                   # "hf" | "vllm" | registered | "module:factory"
     n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
@@ -85,6 +85,8 @@ class RolloutConfig:
     log_prob_micro_batch_size: int = 16   # rows per forward in actor.logprob
     gpu_memory_utilization: float = 0.5   # vllm only
     enable_sleep_mode: bool = True        # vllm only
+    max_model_len: int = 0                # vllm only; 0 = the model's max positions
+    weight_bucket_mb: float = 256.0       # weights move to an engine in buckets this big
 
 
 @dataclass
