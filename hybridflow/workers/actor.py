@@ -151,7 +151,7 @@ class ActorWorker(Worker):
 
     # ---------------------------------------------------------------- logprob
     @method(dispatch=DP, reads=LOGPROB_READS, writes=("old_log_probs",), kind="inference",
-            optional=("response_mask",))
+            optional=("response_mask", "rollout_log_probs"))
     def logprob(self, batch: Batch, micro_batch_size: int | None = None,
                 with_entropy: bool = False, temperature: float | None = None) -> Batch:
         """Log-prob of each response token under the current weights, [B, R] float32."""
