@@ -23,7 +23,7 @@ from dataclasses import replace
 
 from hybridflow.dispatch import worker_methods
 
-__all__ = ["insert_weight_sync", "sync_pairs", "EXPORT_NODE", "SYNC_NODE"]
+__all__ = ["insert_weight_sync", "resync_plan", "sync_pairs", "EXPORT_NODE", "SYNC_NODE"]
 
 EXPORT_NODE, SYNC_NODE = "weight_export", "weight_sync"
 EXPORT_METHOD, LOAD_METHOD = "export_weights", "load_weights"
@@ -91,3 +91,20 @@ def insert_weight_sync(plan):
         nodes += [export, load]
         stages += [[export.name], [load.name]]
     return replace(plan, nodes=nodes, stages=stages)
+
+
+def resync_plan(plan):
+    """The weight-sync nodes of `plan` alone, without their dependency on this step's
+    update: run once after a resume, so a rollout holding its own weights starts from
+    the restored actor's weights (None when `plan` has no weight sync)."""
+    loads = [n for n in plan.nodes if n.op == "call" and n.method == LOAD_METHOD
+             and n.deps and plan.node(n.deps[0]).method == EXPORT_METHOD]
+    if not loads:
+        return None
+    nodes, stages = [], []
+    for load in loads:
+        export = replace(plan.node(load.deps[0]), deps=())
+        nodes += [export, load]
+        stages += [[export.name], [load.name]]
+    return replace(plan, graph_name=f"{plan.graph_name}:weight_sync", nodes=nodes,
+                   stages=stages, warnings=[])
