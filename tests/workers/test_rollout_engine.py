@@ -45,7 +45,13 @@ class CountingEngine:
 
 @pytest.fixture(scope="module", autouse=True)
 def counting_engine():
+    """Registered for this module only: other tests see the built-in engines."""
+    from hybridflow.workers.rollout import engine
+    saved = dict(engine._ENGINES)
     register_engine("counting", CountingEngine, replace=True)
+    yield
+    engine._ENGINES.clear()
+    engine._ENGINES.update(saved)
 
 
 def test_builtin_engines_are_registered_and_unknown_names_are_refused():
