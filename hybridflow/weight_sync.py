@@ -23,10 +23,18 @@ from dataclasses import replace
 
 from hybridflow.dispatch import worker_methods
 
-__all__ = ["insert_weight_sync", "resync_plan", "sync_pairs", "EXPORT_NODE", "SYNC_NODE"]
+__all__ = ["insert_weight_sync", "resync_plan", "sync_pairs", "weights_host", "planner_view",
+           "EXPORT_NODE", "SYNC_NODE"]
 
 EXPORT_NODE, SYNC_NODE = "weight_export", "weight_sync"
 EXPORT_METHOD, LOAD_METHOD = "export_weights", "load_weights"
+
+
+def weights_host(cls) -> str | None:
+    """The role whose weights a worker class generates with (colocated) or loads
+    (apart): its `HOST_ROLE` when it declares a `load_weights` method, else None."""
+    host = getattr(cls, "HOST_ROLE", None)
+    return host if host is not None and LOAD_METHOD in worker_methods(cls) else None
 
 
 def sync_pairs(plan) -> list[tuple[str, str]]:
@@ -35,10 +43,8 @@ def sync_pairs(plan) -> list[tuple[str, str]]:
     roles, pairs = plan.placement.roles, []
     trained = {n.role for n in plan.nodes if n.kind == "train"}
     for role in plan.roles:
-        host = getattr(plan.bindings[role], "HOST_ROLE", None)
-        if host is None or LOAD_METHOD not in worker_methods(plan.bindings[role]):
-            continue
-        if host in trained and roles.get(role) != roles.get(host):
+        host = weights_host(plan.bindings[role])
+        if host is not None and host in trained and roles.get(role) != roles.get(host):
             pairs.append((role, host))
     return pairs
 
@@ -108,3 +114,17 @@ def resync_plan(plan):
         stages += [[export.name], [load.name]]
     return replace(plan, graph_name=f"{plan.graph_name}:weight_sync", nodes=nodes,
                    stages=stages, warnings=[])
+
+
+def planner_view(plan):
+    """`plan` as the placement planner should see it: a role colocated with the role
+    whose weights it generates with (a folded rollout) is that role, since it holds no
+    model of its own; the planner's cost model knows generation as the actor's."""
+    folded = getattr(getattr(plan, "placement", None), "folded", {})  # any graph view
+    bindings = getattr(plan, "bindings", {})
+    merged = {role: host for role, host in folded.items()
+              if role in bindings and weights_host(bindings[role]) == host}
+    if not merged:
+        return plan
+    nodes = [replace(n, role=merged.get(n.role, n.role)) for n in plan.nodes]
+    return replace(plan, nodes=nodes)
