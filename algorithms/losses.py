@@ -206,5 +206,6 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: int = 2048) -> torch.T
         probs = torch.softmax(chunk, dim=-1)
         parts.append(torch.logsumexp(chunk, dim=-1) - (probs * chunk).sum(dim=-1))
     if not parts:
-        return flat.new_zeros(logits.shape[:-1], dtype=torch.promote_types(flat.dtype, torch.float32))
+        return flat.new_zeros(logits.shape[:-1],
+                              dtype=torch.promote_types(flat.dtype, torch.float32))
     return torch.cat(parts).reshape(logits.shape[:-1])
