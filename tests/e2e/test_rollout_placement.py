@@ -7,10 +7,9 @@ import pytest
 from hybridflow.commands.common import prepare
 from hybridflow.loop import Trainer
 from hybridflow.tracking import RunDir, new_run_dir
-from tests.e2e.helpers import graph_file, series, train
+from tests.support.e2e import graph_file, series, train
+from tests.support.runs import FAST, stable
 
-FAST = ("trainer.val_every=0", "data.batch_size=8", "rollout.n=4", "actor.mini_batch_size=32",
-        "actor.micro_batch_size=32")
 SPLIT = ("placement.pools.gen.devices_per_node=1", "placement.roles.rollout=gen")
 SYNC_ONLY = ("engine/weight_sync_bytes", "rollout/weight_load_s", "rollout/policy_version",
              "actor/policy_version", "engine/weight_bytes")
@@ -18,10 +17,7 @@ SYNC_ONLY = ("engine/weight_sync_bytes", "rollout/weight_load_s", "rollout/polic
 
 def _stable(metrics):
     """Metrics that do not depend on wall-clock time or on where the rollout lives."""
-    return [{k: v for k, v in m.items()
-             if not k.startswith(("timing_s/", "perf/")) and "_s" not in k.split("/")[-1]
-             and "tokens_per_s" not in k and k not in SYNC_ONLY}
-            for m in metrics]
+    return [{k: v for k, v in m.items() if k not in SYNC_ONLY} for m in stable(metrics)]
 
 
 def test_split_rollout_trains_exactly_as_colocated_with_one_seed(tmp_path):

@@ -6,9 +6,10 @@ import pytest
 from hybridflow.commands.common import prepare
 from hybridflow.loop import Trainer
 from hybridflow.tracking import new_run_dir
-from tests.e2e.helpers import graph_file, series, train
+from tests.support.e2e import graph_file, series, train
 
-pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]
+# Ray training runs are slow-tier (tests/support/costs.py): ~35 s and ~70 s here
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_session")]
 
 FAST = ("runtime.name=ray", "runtime.torch_threads=1", "trainer.val_every=0",
         "data.batch_size=8", "rollout.n=4", "actor.mini_batch_size=32",
@@ -34,7 +35,6 @@ def test_split_rollout_syncs_worker_to_worker_and_stamps_versions(tmp_path):
         trainer.close()
 
 
-@pytest.mark.slow
 def test_grpo_with_the_rollout_on_its_own_pool_learns_as_well_as_colocated(tmp_path):
     common = ("runtime.name=ray", "runtime.torch_threads=1", "trainer.steps=12",
               "trainer.val_every=12", "trainer.val_samples=1")

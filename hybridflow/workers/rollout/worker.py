@@ -59,15 +59,18 @@ class RolloutWorker(Worker):
         self._engine = None
 
     def _host(self):
-        """The colocated actor worker, or None when this role runs without one."""
+        """The colocated actor worker (anything bound to the role with a `generate`),
+        or None when this role runs without one."""
         host = self.ctx.colocated.get(self.HOST_ROLE)
-        return host if host is not None and hasattr(host, "engine") else None
+        return host if callable(getattr(host, "generate", None)) else None
 
     @property
     def engine(self):
+        """The engine generating for this role: the colocated actor's (None if that
+        actor has none) or this role's own, built at the first use."""
         host = self._host()
         if host is not None:
-            return host.engine
+            return getattr(host, "engine", None)
         if self._engine is None:
             from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
             tokenizer = load_tokenizer(tokenizer_spec(self.model_cfg))
@@ -82,7 +85,8 @@ class RolloutWorker(Worker):
 
     @property
     def policy_version(self) -> int:
-        return int(self.engine.policy_version)
+        host = self._host()
+        return int(host.policy_version if host is not None else self.engine.policy_version)
 
     @method(dispatch=DP, reads=("input_ids", "attention_mask"), writes=GENERATE_WRITES,
             kind="generate", overwrites=("input_ids", "attention_mask", "position_ids"),
