@@ -1,13 +1,23 @@
 """ReMax: the baseline of each sampled response is the score of the greedy response
 to the same prompt, produced by a second, greedy generate node."""
+from dataclasses import dataclass
+
 from hybridflow import Graph
 
 from graphs import ops
 from graphs.common import embedded_defaults
 
 
+@dataclass
+class ReMaxOptions:
+    """The `algorithm` section of this graph: it has no knobs, so any key is a typo."""
+
+
+ALGORITHM = ReMaxOptions
+
+
 def defaults() -> dict:
-    return embedded_defaults(**{"rollout": {"n": 4}})
+    return embedded_defaults(rollout={"n": 4})
 
 
 def build(cfg) -> Graph:

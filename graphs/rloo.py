@@ -1,12 +1,22 @@
 """RLOO: each sample's baseline is the mean score of the other samples of its prompt."""
+from dataclasses import dataclass
+
 from hybridflow import Graph
 
 from graphs import ops
 from graphs.common import embedded_defaults
 
 
+@dataclass
+class RLOOOptions:
+    """The `algorithm` section of this graph: it has no knobs, so any key is a typo."""
+
+
+ALGORITHM = RLOOOptions
+
+
 def defaults() -> dict:
-    return embedded_defaults(**{"rollout": {"n": 8}})
+    return embedded_defaults(rollout={"n": 8})
 
 
 def build(cfg) -> Graph:

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from hybridflow.commands.common import prepare
+from hybridflow.program import prepare
 from hybridflow.dispatch import method, worker_methods
 from hybridflow.runtime.local import LocalRuntime
 from tests.support import fakes

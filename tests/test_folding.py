@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from hybridflow.commands.common import prepare
+from hybridflow.program import prepare
 from hybridflow.compiler import GraphError
 from hybridflow.render import plan_to_dot
 

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from hybridflow.commands.common import load_plan
+from hybridflow.program import load_plan
 from hybridflow.dispatch import BROADCAST, RANK_ZERO
 from hybridflow.render import edge_keys, plan_to_dot
 from hybridflow.weight_sync import planner_view, resync_plan

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hybridflow.commands.common import GraphFileError, prepare
+from hybridflow.program import GraphFileError, prepare
 from hybridflow.compiler import GraphError
 from hybridflow.config import ConfigError
 

@@ -61,9 +61,9 @@ def run(args: argparse.Namespace) -> int:
                 raise RenderError("give either a graph file or --timeline RUN_DIR, not both")
             out = render_timeline(read_timeline(args.timeline), args.output, args.step)
         elif args.graph:
-            from hybridflow.commands import common
+            from hybridflow import program
             extra = {"yaml_file": args.config} if args.config else {}
-            plan = common.load_plan(args.graph, list(args.overrides), **extra)
+            plan = program.load_plan(args.graph, list(args.overrides), **extra)
             out = render_graph(plan, args.output, show_plan=args.plan)
         else:
             raise RenderError("nothing to draw: give a graph file (hybridflow render "

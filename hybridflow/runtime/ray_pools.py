@@ -10,58 +10,38 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from hybridflow.config import RuntimeConfig
 from hybridflow.placement import Placement, PoolSpec
 from hybridflow.runtime.ray_worker import FusedWorker, failure_detail
+from hybridflow.workers.config import read_section
 
 __all__ = ["RuntimeSettings", "WorkerGroup", "connect", "launch_group", "start_groups",
            "stop_group"]
 
 
-@dataclass(frozen=True)
-class RuntimeSettings:
-    """The `runtime` config section, read once."""
-    address: str | None = None
-    num_cpus: int | None = None
-    num_gpus: int | None = None
-    call_timeout_s: float = 600.0
-    torch_threads: int = 1
-    start_timeout_s: float | None = None  # starting actors and building roles (models)
+@dataclass
+class RuntimeSettings(RuntimeConfig):
+    """The `runtime` section, read once: the fields and defaults of
+    `hybridflow.config.RuntimeConfig`, and what the Ray runtime derives from them."""
 
     @classmethod
     def from_config(cls, cfg) -> "RuntimeSettings":
-        section = _get(cfg, "runtime", None)
-        if section is None:
-            return cls()
-        values = {name: _get(section, name, getattr(cls, name))
-                  for name in ("address", "num_cpus", "num_gpus", "call_timeout_s",
-                               "torch_threads", "start_timeout_s")}
-        return cls(**values)
+        """From the run's typed values, a DictConfig or a dict; a missing section or
+        key keeps RuntimeConfig's default."""
+        section = read_section(cfg, "runtime", RuntimeConfig)
+        return cls(**{f.name: getattr(section, f.name) for f in fields(RuntimeConfig)})
 
     @property
     def start_timeout(self) -> float:
-        """Starting workers loads models: never less than 5 minutes unless set."""
-        if self.start_timeout_s is not None:
-            return float(self.start_timeout_s)
-        return max(float(self.call_timeout_s), 300.0)
-
-
-def _get(obj, name: str, default):
-    if obj is None:
-        return default
-    if isinstance(obj, dict):
-        return obj.get(name, default)
-    try:
-        value = obj.get(name, default) if hasattr(obj, "get") else getattr(obj, name, default)
-    except Exception:  # noqa: BLE001 - omegaconf raises on missing keys in struct mode
-        value = default
-    return default if value is None and default is not None else value
+        """Starting actors and building roles (loading models)."""
+        return float(self.start_timeout_s)
 
 
 def connect(settings: RuntimeSettings, placement: Placement) -> bool:

@@ -2,7 +2,7 @@
 `rollout.generate` nodes) shows the value of the training samples' node."""
 from __future__ import annotations
 
-from hybridflow.commands.common import prepare
+from hybridflow.program import prepare
 from hybridflow.loop import Trainer
 from hybridflow.tracking import new_run_dir
 from tests.support.e2e import graph_file

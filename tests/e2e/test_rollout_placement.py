@@ -4,7 +4,7 @@ and counted only when the rollout holds its own weights; every row knows which
 policy version sampled it, across a resume too."""
 import pytest
 
-from hybridflow.commands.common import prepare
+from hybridflow.program import prepare
 from hybridflow.loop import Trainer
 from hybridflow.tracking import RunDir, new_run_dir
 from tests.support.e2e import graph_file, series, train

@@ -3,7 +3,7 @@ reference (not through the driver), the rows carry the right policy versions, an
 GRPO learns as well as colocated."""
 import pytest
 
-from hybridflow.commands.common import prepare
+from hybridflow.program import prepare
 from hybridflow.loop import Trainer
 from hybridflow.tracking import new_run_dir
 from tests.support.e2e import graph_file, series, train
