@@ -21,7 +21,6 @@ from typing import Any, Callable, Iterable, Protocol, runtime_checkable
 import torch
 
 from hybridflow.batch import Batch
-from hybridflow.workers.config import ModelConfig, RolloutConfig
 
 __all__ = ["RolloutEngine", "EngineSpec", "register_engine", "make_engine", "engine_names",
            "check_engine_name", "UNKNOWN_VERSION"]
@@ -38,8 +37,8 @@ class EngineSpec:
     own, built from `model_cfg` with `seed` (bit-identical to the actor's initial
     weights for a model built from a config, equal for one loaded from a path).
     """
-    model_cfg: ModelConfig
-    rollout_cfg: RolloutConfig
+    model_cfg: Any                    # workers.config.ModelConfig (not imported: that
+    rollout_cfg: Any                  # module checks rollout.backend against this registry)
     tokenizer: Any
     ctx: Any                          # hybridflow.workers.base.WorkerContext
     device: torch.device
@@ -64,7 +63,7 @@ class RolloutEngine(Protocol):
     policy_version: int
     shares_module: bool
 
-    def generate(self, prompts: Batch, opts: RolloutConfig) -> Batch: ...
+    def generate(self, prompts: Batch, opts) -> Batch: ...  # opts: a RolloutConfig
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None: ...
 
