@@ -267,6 +267,9 @@ class Trainer:
             if node.name in state.get("nodes", {}):
                 node.fn.load_state_dict(state["nodes"][node.name])
         restore_rng(state["rng"], torch_rng)
+        from hybridflow.weight_sync import resync_plan
+        if (sync := resync_plan(self.plan)) is not None:  # a rollout with its own weights
+            self.runtime.run_step({}, plan=sync)            # gets the restored actor's
         self.step = self.saved_step = int(state["step"])
         self.resumed_from = path
         self.notes += self.run.truncate_metrics(self.step)

@@ -93,7 +93,7 @@ def test_a_batch_too_small_for_the_data_parallel_ranks(capsys, tmp_path):
     err = run(capsys, tmp_path, "runtime.name=ray", "placement.pools.main.devices_per_node=4",
               "data.batch_size=2", "rollout.n=8", "actor.mini_batch_size=16",
               "actor.micro_batch_size=16")
-    assert ("data.batch_size=2 prompts cannot feed the role 'actor' (pool 'main', 4 "
+    assert ("data.batch_size=2 prompts cannot feed the role 'rollout' (pool 'main', 4 "
             "data-parallel ranks)") in err
     assert "at least 4" in err
 
