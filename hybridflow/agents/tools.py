@@ -52,12 +52,13 @@ class FunctionCallFormat:
     def __init__(self, name: str):
         self.name = name
         self.pattern = re.compile(rf"\b{re.escape(name)}\(([^()]*)\)")
+        self.opening = re.compile(rf"\b{re.escape(name)}\(")
 
     def find(self, text: str) -> ToolCall | None:
         match = self.pattern.search(text)
         if match:
             return ToolCall(self.name, match.group(1).strip())
-        if f"{self.name}(" in text:
+        if self.opening.search(text):
             raise ToolError(f"malformed call of tool {self.name!r}: '{self.name}(' without "
                             f"its closing ')' in {text[:80]!r}")
         return None
