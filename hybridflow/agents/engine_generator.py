@@ -38,6 +38,7 @@ def left_pad(contexts: list[list[int]], pad_id: int) -> Batch:
 class EngineGenerator:
     def __init__(self, engine, opts, pad_id: int):
         self.engine, self.opts, self.pad_id = engine, replace(opts, n=1), pad_id
+        self.reports_log_probs = False  # set at the first call that gets them
 
     def __call__(self, contexts: list[list[int]], max_new_tokens: int) -> list[GeneratedTurn]:
         if not contexts:
@@ -46,6 +47,7 @@ class EngineGenerator:
                                    replace(self.opts, max_new_tokens=max_new_tokens))
         responses, mask = out["responses"].cpu(), out["response_mask"].cpu().bool()
         log_probs = out.get("rollout_log_probs")
+        self.reports_log_probs = log_probs is not None
         turns = []
         for i in range(len(contexts)):
             ids = responses[i][mask[i]].tolist()
