@@ -10,7 +10,9 @@ concurrently. See docs/agents.md.
     episodes.py         Episode, its statuses, RolloutResult (batch, metrics)
     runner.py           EpisodeRunner: the concurrent generate/step loop
     engine_generator.py a rollout engine as the runner's generator
+    batch_rollout.py    prompt batch -> rollout batch: the agent node's body
 """
+from hybridflow.agents.batch_rollout import AGENT_ROLLOUT_WRITES, episode_rows, play_batch
 from hybridflow.agents.chat_format import ChatTemplateFormat, PlainFormat, make_chat_format
 from hybridflow.agents.env import Environment, ModelTurn, StepResult, ToolError
 from hybridflow.agents.episodes import EnvironmentFailedError, Episode, RolloutResult
@@ -24,4 +26,5 @@ __all__ = ["Environment", "ModelTurn", "StepResult", "ToolError", "Tool", "ToolE
            "PlainFormat", "ChatTemplateFormat", "make_chat_format", "Trajectory",
            "layout_batch", "Episode", "RolloutResult", "EnvironmentFailedError",
            "EpisodeRunner", "RunnerOptions", "GeneratedTurn", "EnvironmentSpecError",
-           "check_environment", "load_environment_factory"]
+           "check_environment", "load_environment_factory", "play_batch", "episode_rows",
+           "AGENT_ROLLOUT_WRITES"]

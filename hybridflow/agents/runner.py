@@ -130,7 +130,7 @@ class EpisodeRunner:
             s.active += 1
             try:
                 episode.env = self.env_factory()
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 - the user's code: ends this episode
                 self._end(s, episode, "env_error", f"building it raised {_name(err)}")
                 continue
             self._call_env(s, episode, "reset", episode.env.reset, episode.row)
@@ -186,7 +186,7 @@ class EpisodeRunner:
                                          f"{self.options.step_timeout_s:g}s")
         except ToolError as err:
             return episode, what, None, ("tool_error", str(err))
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - the user's code: ends this episode
             return episode, what, None, ("env_error", f"{what} raised {_name(err)}")
 
     def _after_env_call(self, s: _Schedule, episode: Episode, what: str, value, failure):
@@ -200,7 +200,7 @@ class EpisodeRunner:
     def _start(self, s: _Schedule, episode: Episode, first_observation: str) -> None:
         try:
             episode.trajectory = Trajectory(self.format.prompt_ids(first_observation))
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - the environment's text: ends this episode
             self._end(s, episode, "env_error", f"formatting the first observation raised "
                       f"{_name(err)}")
             return
@@ -219,8 +219,9 @@ class EpisodeRunner:
             return
         try:
             ids = self.format.observation_ids(step.observation)
-        except Exception as err:
-            self._end(s, episode, "env_error", f"formatting an observation raised {_name(err)}")
+        except Exception as err:  # noqa: BLE001 - the environment's text: ends this episode
+            self._end(s, episode, "env_error", f"formatting an observation raised "
+                      f"{_name(err)}")
             return
         if len(traj) + len(ids) >= self.options.max_response_tokens:
             self._end(s, episode, "truncated", f"the observation would leave no room in "

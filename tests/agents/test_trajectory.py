@@ -88,7 +88,8 @@ def test_trained_tokens_are_the_sampled_tokens_over_random_episodes(name, reques
                 turns_checked += 1
             else:
                 mismatches += piece != fmt.observation_ids(next(observations))
-        mask_errors += episode.trajectory.model_turns != sum(v for *_, v in _segments(loss[:n_resp]))
+        model_runs = sum(v for *_, v in _segments(loss[:n_resp]))
+        mask_errors += episode.trajectory.model_turns != model_runs
         mask_errors += batch["rollout_log_probs"][i][~batch["loss_mask"][i].bool()].abs().sum() > 0
     assert turns_checked >= EPISODES
     assert (mismatches, mask_errors) == (0, 0)
