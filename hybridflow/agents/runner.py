@@ -73,6 +73,8 @@ class _Schedule:
     env_calls: set = field(default_factory=set)   # asyncio tasks of environment calls
     generating: Any = None            # the asyncio task of the generate call in flight
     active: int = 0                   # started and not finished
+    env_pool: Any = None              # threads for plain environment calls
+    gen_pool: Any = None              # the generator's own thread
 
 
 class EpisodeRunner:
@@ -88,14 +90,15 @@ class EpisodeRunner:
         return asyncio.run(self.arun(rows))
 
     async def arun(self, rows: list[dict]) -> RolloutResult:
-        self._env_pool = ThreadPoolExecutor(self.options.env_threads, "agent-env")
-        self._gen_pool = ThreadPoolExecutor(1, "agent-generate")
         result = RolloutResult([Episode(i, dict(row)) for i, row in enumerate(rows)])
+        s = _Schedule(deque(result.episodes),
+                      env_pool=ThreadPoolExecutor(self.options.env_threads, "agent-env"),
+                      gen_pool=ThreadPoolExecutor(1, "agent-generate"))
         try:
-            await self._drive(_Schedule(deque(result.episodes)), result)
-        finally:
-            self._env_pool.shutdown(wait=False, cancel_futures=True)
-            self._gen_pool.shutdown(wait=False)
+            await self._drive(s, result)
+        finally:  # a timed-out environment call may still run: do not wait for it
+            s.env_pool.shutdown(wait=False, cancel_futures=True)
+            s.gen_pool.shutdown(wait=False)
         result.compute_metrics()
         self._check_not_all_failed(result)
         return result
@@ -106,7 +109,7 @@ class EpisodeRunner:
         while s.active:
             if s.generating is None and s.ready and not (self.options.lockstep and s.env_calls):
                 group = self._take_ready(s)
-                s.generating = asyncio.create_task(self._generate(group))
+                s.generating = asyncio.create_task(self._generate(s, group))
                 result.generate_calls += 1
                 result.generated_rows += len(group)
             pending = s.env_calls | ({s.generating} if s.generating else set())
@@ -144,12 +147,12 @@ class EpisodeRunner:
         s.active -= 1
 
     # ------------------------------------------------------------- generation
-    async def _generate(self, group: list[Episode]):
+    async def _generate(self, s: _Schedule, group: list[Episode]):
         budget, per_turn = self.options.max_response_tokens, self.options.max_turn_tokens
         limits = [min(per_turn, budget - len(e.trajectory)) for e in group]
         contexts = [e.trajectory.context_ids() for e in group]
         loop = asyncio.get_running_loop()
-        turns = await loop.run_in_executor(self._gen_pool, self.generate, contexts, max(limits))
+        turns = await loop.run_in_executor(s.gen_pool, self.generate, contexts, max(limits))
         if not isinstance(turns, (list, tuple)) or len(turns) != len(group):
             raise TypeError(f"the generator returned {type(turns).__name__} of "
                             f"{len(turns) if hasattr(turns, '__len__') else '?'} turns for "
@@ -169,15 +172,15 @@ class EpisodeRunner:
 
     # ------------------------------------------------------------ environment
     def _call_env(self, s: _Schedule, episode: Episode, what: str, fn, arg) -> None:
-        s.env_calls.add(asyncio.create_task(self._timed_call(episode, what, fn, arg)))
+        s.env_calls.add(asyncio.create_task(self._timed_call(s, episode, what, fn, arg)))
 
-    async def _timed_call(self, episode: Episode, what: str, fn, arg):
+    async def _timed_call(self, s: _Schedule, episode: Episode, what: str, fn, arg):
         """(episode, what, value, failure): failure is (status, message) or None."""
         try:
             if inspect.iscoroutinefunction(fn):
                 call = fn(arg)
             else:
-                call = asyncio.get_running_loop().run_in_executor(self._env_pool, fn, arg)
+                call = asyncio.get_running_loop().run_in_executor(s.env_pool, fn, arg)
             value = await asyncio.wait_for(call, self.options.step_timeout_s)
             value = as_first_observation(value) if what == "reset" else as_step_result(value)
             return episode, what, value, None

@@ -84,3 +84,29 @@ def test_demonstrations_call_the_tool_or_answer_alone():
     assert calls and all(d[0][1] and not d[1][1] and d[2][1] for d in calls)
     assert all(d[2][0] == row["reward_model"]["ground_truth"] for d in calls)
     assert any(len(d) == 1 and d[0][0].startswith("calc(") for d in demos)  # malformed
+
+
+def test_sft_demonstrations_are_tokenised_as_the_rollout_tokenises_episodes(tmp_path):
+    """A model that wrote a demonstration's turns would produce, through the runner,
+    exactly the demonstration's ids and loss mask."""
+    from algorithms.envs.calculator_sft import ToolSFTExamples, write_data
+    from hybridflow.batch import Batch
+    from hybridflow.data import read_rows
+    train_path, test_path = write_data(str(tmp_path), n_train=6, n_test=2, seed=5)
+    rows = [calculator.as_episode_row(r) for r in read_rows(train_path)]
+    assert len(read_rows(test_path)) == 2
+    make = ToolSFTExamples("char", call_probability=1.0, malformed_probability=0.0, seed=0)
+    examples = make(Batch(non_tensors={"raw_prompt": [r["raw_prompt"] for r in rows],
+                                       "ground_truth": [r["ground_truth"] for r in rows]}))
+    tok = make.fmt.tokenizer
+    answers = {r["raw_prompt"]: r["ground_truth"] for r in rows}
+    plan = lambda prompt: [f"calc({prompt.rstrip('=')})", answers[prompt]]  # noqa: E731
+    result = EpisodeRunner(calculator.make_env, Scripted(tok, plan), make.fmt,
+                           RunnerOptions(max_turns=3, max_turn_tokens=40)).run(rows)
+    for i, episode in enumerate(result.episodes):
+        assert episode.reward == 1.0
+        n = int(examples["attention_mask"][i].sum())
+        traj = episode.trajectory
+        assert examples["input_ids"][i, :n].tolist() == traj.context_ids()
+        assert examples["loss_mask"][i, len(traj.prompt_ids):n].tolist() == traj.loss_mask
+        assert examples["loss_mask"][i, :len(traj.prompt_ids)].sum() == 0
