@@ -2,7 +2,7 @@
 
 A graph is a list of nodes; each node names its inputs (earlier nodes) and knows
 where in the user's file it was created, so every later error can point there.
-Three node kinds are built here:
+Four node ops (`hybridflow.kinds.Op`) are built here:
 
 - source: a batch from the data loader (`g.source("prompts")`).
 - call:   a role's method on its worker group (`g.call("actor.generate", prompts)`).
@@ -10,6 +10,7 @@ Three node kinds are built here:
           `@method` declaration, which the compiler looks up once roles are bound.
 - fn:     a pure function over batches (`g.fn(compute_advantages, rollout, score)`),
           declared with `@node_fn(reads=..., writes=...)`.
+- gather: rows of a node collected over repeated draws (`g.gather(node, until=...)`).
 
 A node's input batch is the union of its input nodes' outputs. Inputs may also be
 given by node name (a string), which lets a node refer to one defined later; the
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from hybridflow.dispatch import _kwarg_names, keys_of
+from hybridflow.kinds import Op
 
 __all__ = ["Graph", "Node", "FnSpec", "node_fn", "fn_spec", "DEFAULT_SOURCE_KEYS"]
 
@@ -73,7 +75,7 @@ def fn_spec(fn: Callable) -> FnSpec | None:
 @dataclass
 class Node:
     name: str
-    op: str                       # "source" | "call" | "fn"
+    op: Op                        # source | call | fn | gather (a string converts)
     inputs: tuple[str, ...]
     kwargs: dict[str, Any]
     location: str                 # "file.py:line" where the user created it
@@ -84,11 +86,14 @@ class Node:
     group_by: str | None = None     # fn nodes: overrides the declaration
     rename: dict[str, str] = field(default_factory=dict)  # output key -> new name
 
+    def __post_init__(self):
+        self.op = Op.of(self.op, "node op")
+
     @property
     def target(self) -> str:
-        if self.op == "call":
+        if self.op is Op.CALL:
             return f"{self.role}.{self.method}"
-        if self.op == "fn":
+        if self.op is Op.FN:
             return getattr(self.fn, "__name__", repr(self.fn))
         return f"source:{self.name}"
 
@@ -123,7 +128,7 @@ class Graph:
         self.problems: list[str] = []  # builder-time errors, reported by the compiler
 
     def source(self, name: str = "prompts", keys=DEFAULT_SOURCE_KEYS) -> NodeHandle:
-        return self._add(Node(name, "source", (), {}, _caller_location(),
+        return self._add(Node(name, Op.SOURCE, (), {}, _caller_location(),
                               provides=tuple(keys)))
 
     def call(self, target: str, *inputs: NodeHandle | str, name: str | None = None,
@@ -133,7 +138,7 @@ class Graph:
         if not dot or not role or not meth:
             self.problems.append(f"{location}: call target {target!r} must be 'role.method'")
             role, meth = role or "?", meth or "?"
-        node = Node(name or f"{role}.{meth}", "call", self._input_names(inputs, location),
+        node = Node(name or f"{role}.{meth}", Op.CALL, self._input_names(inputs, location),
                     dict(kwargs), location, role=role, method=meth, rename=dict(rename or {}))
         return self._add(node)
 
@@ -142,7 +147,7 @@ class Graph:
            **kwargs) -> NodeHandle:
         location = _caller_location()
         default = getattr(func, "__name__", "fn")
-        node = Node(name or default, "fn", self._input_names(inputs, location), dict(kwargs),
+        node = Node(name or default, Op.FN, self._input_names(inputs, location), dict(kwargs),
                     location, fn=func, group_by=group_by, rename=dict(rename or {}))
         return self._add(node)
 
@@ -156,7 +161,7 @@ class Graph:
         DAPO's dynamic sampling, expressed in the graph instead of a forked trainer.
         """
         location = _caller_location()
-        node_obj = Node(name or "gather", "gather", self._input_names([node], location),
+        node_obj = Node(name or "gather", Op.GATHER, self._input_names([node], location),
                         {"until": until, "max_rounds": max_rounds}, location)
         return self._add(node_obj)
 
