@@ -9,7 +9,6 @@ from hybridflow.agents import EpisodeRunner, PlainFormat, RunnerOptions
 from hybridflow.agents.engine_generator import EngineGenerator, left_pad
 from hybridflow.workers.config import ModelConfig, RolloutConfig
 from hybridflow.workers.models import build_causal_lm
-from hybridflow.workers.rollout_hf import HFRollout
 from hybridflow.workers.sequences import forward_response
 from tests.support.agent_fakes import ScriptedEnv
 
@@ -21,10 +20,15 @@ TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
 @pytest.fixture(scope="module")
 def engine(char_tokenizer):
     torch.manual_seed(0)
+    cpu = torch.device("cpu")
     module = build_causal_lm(ModelConfig(hf_config=dict(TINY), device="cpu"), char_tokenizer,
-                             torch.device("cpu"), 0)
-    return HFRollout(module, char_tokenizer, RolloutConfig(max_new_tokens=8),
-                     torch.device("cpu"))
+                             cpu, 0)
+    try:  # the rollout role's `hf` engine (reports log-probs), once it has landed
+        from hybridflow.workers.rollout.hf import HFEngine
+        return HFEngine(module, char_tokenizer, cpu, shares_module=True)
+    except ImportError:  # until then, the actor's HFRollout
+        from hybridflow.workers.rollout_hf import HFRollout
+        return HFRollout(module, char_tokenizer, RolloutConfig(max_new_tokens=8), cpu)
 
 
 def test_left_pad():
