@@ -136,6 +136,12 @@ class EpisodeRunner:
             except Exception as err:  # noqa: BLE001 - the user's code: ends this episode
                 self._end(s, episode, "env_error", f"building it raised {_name(err)}")
                 continue
+            missing = [m for m in ("reset", "step") if not callable(getattr(episode.env, m,
+                                                                            None))]
+            if missing:
+                self._end(s, episode, "env_error", f"it built a {type(episode.env).__name__} "
+                          f"without {' and '.join(missing)}")
+                continue
             self._call_env(s, episode, "reset", episode.env.reset, episode.row)
 
     def _take_ready(self, s: _Schedule) -> list[Episode]:

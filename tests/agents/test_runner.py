@@ -103,6 +103,8 @@ def test_an_environment_that_cannot_be_built_or_reset_ends_its_episode(fmt, gene
     assert result.to_batch(0)["response_length"][0] == 0
     with pytest.raises(EnvironmentFailedError, match="building it raised ZeroDivisionError"):
         run(fmt, generator, rows, env=lambda: 1 / 0)
+    with pytest.raises(EnvironmentFailedError, match="it built a int without reset and step"):
+        run(fmt, generator, rows, env=lambda: 1)
 
 
 def test_out_of_turns_or_tokens_is_truncated_with_reward_zero(fmt, generator):
