@@ -209,3 +209,8 @@ def test_options_are_checked():
         RunnerOptions(max_turns=0)
     with pytest.raises(ValueError, match="step_timeout_s must be > 0"):
         RunnerOptions(step_timeout_s=0)
+
+
+def test_no_rows_is_an_empty_result_not_an_error(fmt, generator):
+    result = run(fmt, generator, [])
+    assert result.episodes == [] and result.metrics["agent/episodes"] == 0
