@@ -44,7 +44,14 @@ class PlainFormat:
         return self._encode(observation)
 
     def _encode(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        unk = self.tokenizer.unk_token_id
+        if unk is not None and unk in ids:  # the toy tokenizer knows few characters
+            unknown = sorted({c for c in text if unk in self.tokenizer(
+                c, add_special_tokens=False)["input_ids"]})
+            raise ValueError(f"the tokenizer has no token for {''.join(unknown)!r} in "
+                             f"{text[:60]!r}; write observations with characters it knows")
+        return ids
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)

@@ -48,3 +48,5 @@ def test_the_toy_tokenizer_gets_the_plain_format(char_tokenizer):
     assert char_tokenizer.decode(fmt.observation_ids("\ncalc: 42\n")) == "\ncalc: 42\n"
     with pytest.raises(ValueError, match="needs a tokenizer with a chat_template"):
         ChatTemplateFormat(char_tokenizer)
+    with pytest.raises(ValueError, match="has no token for '<>' in '<calc>1</calc>'"):
+        fmt.observation_ids("<calc>1</calc>")

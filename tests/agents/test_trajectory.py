@@ -10,7 +10,8 @@ import torch
 
 from hybridflow.agents import (ChatTemplateFormat, EpisodeRunner, GeneratedTurn, PlainFormat,
                                RunnerOptions, Trajectory, layout_batch)
-from tests.support.agent_fakes import ContextGenerator, ScriptedEnv, random_text, scripted_rows
+from tests.support.agent_fakes import (WORDS, ContextGenerator, ScriptedEnv, random_text,
+                                       scripted_rows)
 
 EPISODES = 1000
 
@@ -51,7 +52,9 @@ def _play(fmt, seed, budget=120):
             recorded[tuple(context)] = turn
         return turns
 
-    rows = scripted_rows(EPISODES, seed, max_turns=5)
+    vocabulary = WORDS if isinstance(fmt, ChatTemplateFormat) else None
+    rows = scripted_rows(EPISODES, seed, max_turns=5, **({"vocabulary": vocabulary}
+                                                         if vocabulary else {}))
     options = RunnerOptions(max_turns=5, max_response_tokens=budget, max_turn_tokens=8)
     result = EpisodeRunner(ScriptedEnv, generate, fmt, options).run(rows)
     return rows, result, recorded
@@ -87,7 +90,11 @@ def test_trained_tokens_are_the_sampled_tokens_over_random_episodes(name, reques
                                                      torch.tensor(turn.log_probs[:len(piece)]))
                 turns_checked += 1
             else:
-                mismatches += piece != fmt.observation_ids(next(observations))
+                observation = next(observations)
+                mismatches += piece != fmt.observation_ids(observation)
+                tok = fmt.tokenizer  # independent of the format: the text is in there
+                as_tokenized = tok.decode(tok(observation, add_special_tokens=False)["input_ids"])
+                mismatches += as_tokenized not in tok.decode(piece)
         model_runs = sum(v for *_, v in _segments(loss[:n_resp]))
         mask_errors += episode.trajectory.model_turns != model_runs
         mask_errors += batch["rollout_log_probs"][i][~batch["loss_mask"][i].bool()].abs().sum() > 0
@@ -122,7 +129,7 @@ def test_a_finished_episode_is_the_templates_rendering_of_its_conversation(name,
     fmt = _format(name, request)
     tok = fmt.tokenizer
     gen = CanonicalGenerator(tok, tok.eos_token_id)
-    rows = scripted_rows(200, seed=7, max_turns=4)
+    rows = scripted_rows(200, seed=7, max_turns=4, vocabulary=WORDS)
     options = RunnerOptions(max_turns=4, max_response_tokens=400, max_turn_tokens=40)
     result = EpisodeRunner(ScriptedEnv, gen, fmt, options).run(rows)
     checked = 0

@@ -43,8 +43,11 @@ def build_chat_tokenizer(folder, template: str = CHATML):
     return AutoTokenizer.from_pretrained(folder)
 
 
-def random_text(rng: random.Random, words: int = 4) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, words)))
+PLAIN_WORDS = [w for w in WORDS if "<" not in w]  # what the toy tokenizer can write
+
+
+def random_text(rng: random.Random, words: int = 4, vocabulary=WORDS) -> str:
+    return " ".join(rng.choice(vocabulary) for _ in range(rng.randint(1, words)))
 
 
 class ContextGenerator:
@@ -97,9 +100,11 @@ class ScriptedEnv:
                           tool_calls=1)
 
 
-def scripted_rows(n: int, seed: int, max_turns: int = 4, latency_ms: tuple = (0, 0)):
+def scripted_rows(n: int, seed: int, max_turns: int = 4, latency_ms: tuple = (0, 0),
+                  vocabulary=PLAIN_WORDS):
     rng = random.Random(seed)
-    return [{"prompt": random_text(rng, 6), "turns": rng.randint(1, max_turns),
-             "reward": 1.0, "observations": [random_text(rng) for _ in range(max_turns)],
+    return [{"prompt": random_text(rng, 6, vocabulary), "turns": rng.randint(1, max_turns),
+             "reward": 1.0,
+             "observations": [random_text(rng, 4, vocabulary) for _ in range(max_turns)],
              "latency_s": [rng.uniform(*latency_ms) / 1000 for _ in range(max_turns)]}
             for _ in range(n)]
