@@ -4,9 +4,9 @@ token ids and log-probs out).
 An engine here is anything with `generate(prompts: Batch, opts: RolloutConfig) ->
 Batch` taking left-padded `input_ids`/`attention_mask` and returning right-padded
 `responses` with a `response_mask` that ends at the first EOS, plus
-`rollout_log_probs` where the engine reports them: today's `HFRollout`
-(`hybridflow/workers/rollout_hf.py`) and the engines of the rollout role (`hf`,
-`vllm`) alike. The chat format's stop token must be the tokenizer's EOS, which is
+`rollout_log_probs` where the engine reports them: the engines of
+`hybridflow/workers/rollout/` (`hf`, `vllm`, or one registered by name; see
+`make_engine`). The chat format's stop token must be the tokenizer's EOS, which is
 where those engines stop.
 
 Stateless apart from the engine and the sampling options it was given.

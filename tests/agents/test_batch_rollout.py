@@ -15,9 +15,11 @@ def test_a_prompt_batch_becomes_a_rollout_batch(char_tokenizer):
     runner = EpisodeRunner(ScriptedEnv, ContextGenerator(ids, char_tokenizer.eos_token_id,
                                                          stop_probability=1.0),
                            PlainFormat(char_tokenizer))
-    out = play_batch(runner, prompts, char_tokenizer.pad_token_id, n=2, response_width=32)
+    out = play_batch(runner, prompts, char_tokenizer.pad_token_id, n=2, response_width=32,
+                     policy_version=3)
     assert set(AGENT_ROLLOUT_WRITES) <= set(out.keys())
     assert list(out["uid"]) == ["a", "a", "b", "b"]
     assert out["responses"].shape == (4, 32)
     assert out["scores"].tolist() == [1.0] * 4
     assert out.meta["metrics"]["agent/turns/mean"] == 1.5
+    assert out["policy_version"].tolist() == [3] * 4

@@ -1,7 +1,7 @@
-"""EngineGenerator drives a real Hugging Face model (today's HFRollout, a tiny Llama
-built from a config) through multi-turn episodes: the tokens the engine sampled are
-the tokens in the batch, and a teacher-forced forward over the batch gives the same
-log-probs as the engine reported for them (where the engine reports them)."""
+"""EngineGenerator drives a real Hugging Face model (the rollout role's `hf` engine
+on a tiny Llama built from a config) through multi-turn episodes: the tokens the
+engine sampled are the tokens in the batch, and a teacher-forced forward over the
+whole multi-turn batch gives the log-probs the engine reported for them."""
 import pytest
 import torch
 
@@ -9,6 +9,7 @@ from hybridflow.agents import EpisodeRunner, PlainFormat, RunnerOptions
 from hybridflow.agents.engine_generator import EngineGenerator, left_pad
 from hybridflow.workers.config import ModelConfig, RolloutConfig
 from hybridflow.workers.models import build_causal_lm
+from hybridflow.workers.rollout.hf import HFEngine
 from hybridflow.workers.sequences import forward_response
 from tests.support.agent_fakes import ScriptedEnv
 
@@ -23,12 +24,7 @@ def engine(char_tokenizer):
     cpu = torch.device("cpu")
     module = build_causal_lm(ModelConfig(hf_config=dict(TINY), device="cpu"), char_tokenizer,
                              cpu, 0)
-    try:  # the rollout role's `hf` engine (reports log-probs), once it has landed
-        from hybridflow.workers.rollout.hf import HFEngine
-        return HFEngine(module, char_tokenizer, cpu, shares_module=True)
-    except ImportError:  # until then, the actor's HFRollout
-        from hybridflow.workers.rollout_hf import HFRollout
-        return HFRollout(module, char_tokenizer, RolloutConfig(max_new_tokens=8), cpu)
+    return HFEngine(module, char_tokenizer, cpu, shares_module=True)
 
 
 def test_left_pad():
@@ -70,6 +66,6 @@ def test_episodes_with_a_real_model_train_on_the_tokens_it_sampled(engine, char_
         trained, _ = forward_response(engine.module, batch)
     log_probs = trained[batch["loss_mask"].bool()]
     assert torch.isfinite(log_probs).all() and (log_probs <= 0).all()
-    if generator.reports_log_probs:  # engines of the rollout role report them
-        reported = batch["rollout_log_probs"][batch["loss_mask"].bool()]
-        assert torch.allclose(log_probs, reported, atol=1e-4)
+    assert generator.reports_log_probs
+    reported = batch["rollout_log_probs"][batch["loss_mask"].bool()]
+    assert torch.allclose(log_probs, reported, atol=1e-4)
