@@ -3,7 +3,7 @@ still to be wired (see docs/agents.md, "Not wired yet").
 
 `play_batch` takes the prompt loader's batch (its per-row columns: `raw_prompt`,
 `uid`, `data_source`, `ground_truth`, `extra_info`, ...), plays one episode per row
-(`n` per row, rows repeated interleaved like `actor.generate`), and returns the
+(`n` per row, rows repeated interleaved like `rollout.generate`), and returns the
 trajectory columns (trajectory.py), `scores`/`token_level_scores` from the
 environment, `agent_status`, `policy_version`, the prompt's columns forwarded, and
 the `agent/*` metrics in `meta["metrics"]` (how workers report metrics).
