@@ -11,7 +11,8 @@ concurrently. See docs/agents.md.
     runner.py           EpisodeRunner: the concurrent generate/step loop
     engine_generator.py a rollout engine as the runner's generator
     batch_rollout.py    prompt batch -> rollout batch: the agent node's body
-    config.py           the `agent` config section and its pre-flight check (not wired yet)
+    config.py           the `agent` config section and its pre-flight check
+    worker.py           AgentRolloutWorker: the `agent` role, its node `agent.play`
 """
 from hybridflow.agents.batch_rollout import AGENT_ROLLOUT_WRITES, episode_rows, play_batch
 from hybridflow.agents.chat_format import ChatTemplateFormat, PlainFormat, make_chat_format

@@ -1,5 +1,5 @@
 """A batch of prompt rows in, a rollout batch out: the body of the agent rollout node
-still to be wired (see docs/agents.md, "Not wired yet").
+(`agent.play`, worker.py).
 
 `play_batch` takes the prompt loader's batch (its per-row columns: `raw_prompt`,
 `uid`, `data_source`, `ground_truth`, `extra_info`, ...), plays one episode per row

@@ -1,9 +1,8 @@
-"""The `agent` config section, ready for the run's schema, and its pre-flight check.
+"""The `agent` config section and its pre-flight check.
 
-Not part of the run's config yet (see docs/agents.md, "Not wired yet"): to wire it,
-add `agent: AgentConfig` to the schema in `hybridflow/config.py` and call
-`check_agent_section(cfg.agent)` from `hybridflow/preflight.py`; the agent rollout
-node then builds its runner with `section.runner_options()`.
+The section is the `agent` role's own (its worker class's `config_schema`, see
+worker.py): it exists in a run's config when `workers.agent` binds that class, and
+pre-flight calls `check_agent_section` through the class's `check_section`.
 
 Stateless.
 """
