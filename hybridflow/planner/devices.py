@@ -74,11 +74,14 @@ def get_device(name: str) -> Device:
 
 @dataclass(frozen=True)
 class Cluster:
-    """`nodes` machines with `gpus_per_node` identical devices each."""
+    """`nodes` machines with `gpus_per_node` identical devices each.
+
+    `device` is a device name (a built-in row or a user entry) or a `Device`.
+    """
 
     nodes: int
     gpus_per_node: int
-    device: str
+    device: str | Device
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:
@@ -86,11 +89,11 @@ class Cluster:
                 f"a cluster needs at least one node and one device per node, "
                 f"got nodes={self.nodes}, gpus_per_node={self.gpus_per_node}"
             )
-        get_device(self.device)  # fail early on a typo
+        self.spec  # fail early on a typo
 
     @property
     def spec(self) -> Device:
-        return get_device(self.device)
+        return self.device if isinstance(self.device, Device) else get_device(self.device)
 
     @property
     def devices(self) -> int:

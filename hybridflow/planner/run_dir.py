@@ -1,0 +1,111 @@
+"""A measured run as planner input: its graph, models, workload and placement, and what each
+node took.
+
+Reads RUN_DIR/graph.json (the graph file), config.yaml (the merged config),
+metrics.jsonl (mean response length, step time) and timeline.jsonl (start and
+end of every node of every step). The first step warms up (imports, allocator,
+lazy init) and is left out when the run has more. Keeps no state: one read
+gives a frozen `MeasuredRun`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+
+from .devices import Cluster
+from .models import ModelSpec
+from .problem import PlanningError, Workload
+
+WARMUP_STEPS = 1
+
+
+@dataclass(frozen=True)
+class MeasuredRun:
+    run_dir: str
+    plan: object  # the compiled graph (ExecutionPlan): .nodes
+    models: dict[str, ModelSpec]
+    workload: Workload
+    devices: int
+    groupings: tuple[tuple[str, ...], ...]
+    node_seconds: dict[str, float]  # mean over the steps kept
+    step_seconds: float  # mean wall time of the steps kept (the loop's perf/time_per_step)
+    steps: tuple[int, ...]
+
+    def cluster(self, device) -> Cluster:
+        """One node of the run's devices; `device` is a name or a Device."""
+        return Cluster(1, self.devices, device)
+
+
+def _jsonl(path: str) -> list[dict]:
+    if not os.path.isfile(path):
+        raise PlanningError(f"{path} does not exist: is this a run directory of "
+                            "`hybridflow run` (it writes timeline.jsonl and metrics.jsonl)?")
+    with open(path) as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def read_run(run_dir: str) -> MeasuredRun:
+    from omegaconf import OmegaConf
+
+    from hybridflow.auto_placement import run_models
+    from hybridflow.program import load_plan
+
+    config_path = os.path.join(run_dir, "config.yaml")
+    with open(os.path.join(run_dir, "graph.json")) as handle:
+        graph_file = json.load(handle)["file"]
+    plan = load_plan(graph_file, [], yaml_file=config_path)
+    cfg = OmegaConf.load(config_path)
+    timeline = _jsonl(os.path.join(run_dir, "timeline.jsonl"))
+    metrics = _jsonl(os.path.join(run_dir, "metrics.jsonl"))
+    steps = sorted({r["step"] for r in timeline})
+    kept = tuple(steps[WARMUP_STEPS:] if len(steps) > WARMUP_STEPS else steps)
+    models = run_models(cfg, plan)
+    return MeasuredRun(run_dir, plan, models, run_workload(cfg, metrics, kept),
+                       *run_pools(cfg, list(models)), node_means(timeline, kept),
+                       _mean([m["perf/time_per_step"] for m in metrics if m.get("step") in kept
+                              and "perf/time_per_step" in m]), kept)
+
+
+def node_means(timeline: list[dict], steps: tuple[int, ...]) -> dict[str, float]:
+    """Mean seconds per node over `steps` (a node a step runs twice counts its sum)."""
+    per_step: dict[str, dict[int, float]] = {}
+    for record in timeline:
+        if record["step"] in steps:
+            seconds = record["end"] - record["start"]
+            by_step = per_step.setdefault(record["node"], {})
+            by_step[record["step"]] = by_step.get(record["step"], 0.0) + seconds
+    return {node: _mean(list(v.values())) for node, v in per_step.items()}
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def run_workload(cfg, metrics: list[dict], steps: tuple[int, ...]) -> Workload:
+    """One step's work as the run's config and measured response lengths say."""
+    sequences = cfg.data.batch_size * cfg.rollout.n
+    prompt, response = cfg.data.max_prompt_length, cfg.rollout.max_new_tokens
+    lengths = [m["response_length/mean"] for m in metrics
+               if m.get("step") in steps and "response_length/mean" in m]
+    mean = min(float(response), _mean(lengths)) if lengths else 0.0
+    padded = prompt + response  # the torch workers pad every row to the batch's longest
+    return Workload(prompts=cfg.data.batch_size, samples_per_prompt=cfg.rollout.n,
+                    prompt_len=prompt, response_len=response, ppo_epochs=cfg.actor.ppo_epochs,
+                    mini_batches=max(1, math.ceil(sequences / cfg.actor.mini_batch_size)),
+                    micro_batch_tokens=cfg.actor.micro_batch_size * padded,
+                    response_mean=mean, padded_len=padded)
+
+
+def run_pools(cfg, roles: list[str]) -> tuple[int, tuple[tuple[str, ...], ...]]:
+    """(devices, colocation) of the run: the local runtime runs every role in one process."""
+    if cfg.runtime.name == "local":
+        return 1, (tuple(roles),)
+    pools = dict(cfg.placement.pools)
+    first = next(iter(pools))
+    groups: dict[str, list[str]] = {name: [] for name in pools}
+    for role in roles:
+        groups[cfg.placement.roles.get(role, first)].append(role)
+    devices = sum(p.nodes * p.devices_per_node for name, p in pools.items() if groups[name])
+    return devices, tuple(tuple(g) for g in groups.values() if g)
