@@ -6,10 +6,12 @@ colocation on `device` and returns the predicted seconds per node and per step.
 prediction meets the measurement, each from the nodes it governs, in an order
 where each fit only depends on the ones before:
 1. `node_call_overhead_s`: driver nodes (functions, rule roles) cost exactly that;
-2. `op_latency_s`: inference nodes (forward passes), whose time grows with it;
-3. `decode_step_overhead_s`: generate nodes, given the launches of step 2;
-4. `mfu_train`: train nodes, whose time falls as it grows;
+2. `mfu_forward`: inference nodes (forward passes), whose time falls as it grows;
+   on a tiny model it is the whole pass's effective rate, overheads included;
+3. `decode_step_overhead_s`: generate nodes, given the prefill rate of step 2;
+4. `mfu_train`: train nodes;
 5. `step_overhead_s`: the measured step minus the simulated makespan.
+The device's peaks and measured launch latency stay as they are.
 Each is a one-dimensional monotone solve (bisection in log space), so a
 synthetic timeline made with known constants gives them back. Stateless.
 """
@@ -24,7 +26,7 @@ from .run_dir import MeasuredRun
 from .search import plan_placement
 
 KIND_CONSTANT = (  # node kind -> the constant it calibrates, and the range searched
-    ("inference", "op_latency_s", 1e-8, 1.0),
+    ("inference", "mfu_forward", 1e-6, 10.0),
     ("generate", "decode_step_overhead_s", 1e-8, 10.0),
     ("train", "mfu_train", 1e-6, 10.0),
 )

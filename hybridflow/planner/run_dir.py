@@ -47,16 +47,18 @@ def _jsonl(path: str) -> list[dict]:
 
 
 def read_run(run_dir: str) -> MeasuredRun:
-    from omegaconf import OmegaConf
-
     from hybridflow.auto_placement import run_models
-    from hybridflow.program import load_plan
+    from hybridflow.program import prepare
 
     config_path = os.path.join(run_dir, "config.yaml")
-    with open(os.path.join(run_dir, "graph.json")) as handle:
+    graph_json = os.path.join(run_dir, "graph.json")
+    if not os.path.isfile(graph_json):
+        raise PlanningError(f"{graph_json} does not exist: is {run_dir} a run directory of "
+                            "`hybridflow run`?")
+    with open(graph_json) as handle:
         graph_file = json.load(handle)["file"]
-    plan = load_plan(graph_file, [], yaml_file=config_path)
-    cfg = OmegaConf.load(config_path)
+    loaded = prepare(graph_file, [], config_path, preflight=False)  # defaults + the saved config
+    plan, cfg = loaded.plan, loaded.cfg
     timeline = _jsonl(os.path.join(run_dir, "timeline.jsonl"))
     metrics = _jsonl(os.path.join(run_dir, "metrics.jsonl"))
     steps = sorted({r["step"] for r in timeline})
