@@ -35,8 +35,9 @@ RUN_B = ["trainer.steps=4", "trainer.val_every=0", "rollout.n=4", "data.batch_si
 
 
 def make_run(folder: str, name: str, overrides: list[str]) -> str:
-    command = [sys.executable, "-m", "hybridflow.cli", "run", os.path.join(REPO, "graphs", "grpo.py"),
-               *overrides, f"trainer.run_name={name}", f"trainer.runs_dir={folder}",
+    graph = os.path.join(REPO, "graphs", "grpo.py")
+    command = [sys.executable, "-m", "hybridflow.cli", "run", graph, *overrides,
+               f"trainer.run_name={name}", f"trainer.runs_dir={folder}",
                "trainer.progress=false"]
     subprocess.run(command, check=True, cwd=folder, env={**os.environ, "PYTHONPATH": REPO})
     return os.path.join(folder, name)

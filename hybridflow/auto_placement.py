@@ -55,7 +55,9 @@ def plan_auto_placement(cfg: DictConfig, plan: ExecutionPlan) -> tuple[dict, str
             Workload(prompts=cfg.data.batch_size, samples_per_prompt=cfg.rollout.n,
                      prompt_len=cfg.data.max_prompt_length,
                      response_len=cfg.rollout.max_new_tokens,
-                     ppo_epochs=cfg.actor.ppo_epochs))
+                     ppo_epochs=cfg.actor.ppo_epochs,
+                     mini_batches=max(1, -(-cfg.data.batch_size * cfg.rollout.n
+                                          // cfg.actor.mini_batch_size))))
     except (PlanningError, ValueError) as err:
         raise ConfigError(f"placement=auto: {err}") from None
     return result.best.to_placement_config(), result.explain()

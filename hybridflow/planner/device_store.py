@@ -17,7 +17,7 @@ import json
 import os
 from dataclasses import asdict, fields
 
-from .devices import Device
+from .device_spec import Device
 from .efficiency import Efficiency
 
 __all__ = ["device_path", "find_user_device", "load_device", "save_device",

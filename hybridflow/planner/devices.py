@@ -10,27 +10,12 @@ its path or by NAME for `~/.hybridflow/devices/NAME.json`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from .efficiency import GPU_EFFICIENCY, Efficiency
+from .device_spec import GB, GIB, TERA, Device
+from .efficiency import Efficiency
 
-GB = 1e9
-GIB = 1024**3
-TERA = 1e12
-
-
-@dataclass(frozen=True)
-class Device:
-    name: str
-    label: str  # for tables and drawings
-    bf16_flops: float  # peak dense bf16 FLOP/s
-    memory_bandwidth: float  # HBM bytes/s
-    memory_bytes: float  # device memory
-    intra_node_bandwidth: float  # bytes/s per device, one direction (NVLink)
-    inter_node_bandwidth: float  # bytes/s per device, one direction (IB/RoCE NIC)
-    host_bandwidth: float = 25 * GB  # bytes/s device <-> host memory (PCIe), for offload
-    efficiency: Efficiency = field(default=GPU_EFFICIENCY)
-
+__all__ = ["ALIASES", "DEVICES", "GB", "GIB", "TERA", "Cluster", "Device", "get_device"]
 
 DEVICES: dict[str, Device] = {
     d.name: d
@@ -89,7 +74,8 @@ class Cluster:
                 f"a cluster needs at least one node and one device per node, "
                 f"got nodes={self.nodes}, gpus_per_node={self.gpus_per_node}"
             )
-        self.spec  # fail early on a typo
+        if not isinstance(self.device, Device):
+            get_device(self.device)  # fail early on a typo
 
     @property
     def spec(self) -> Device:

@@ -19,15 +19,15 @@ class Efficiency:
     mfu_decode: float = 0.15  # decode when a batch is large enough to be compute-bound
     hbm_efficiency: float = 0.85  # fraction of peak memory bandwidth reached by decode
     link_efficiency: float = 0.7  # fraction of peak link bandwidth reached by collectives
-    intra_node_latency_s: float = 1e-05  # one small collective inside a node (NCCL, not fused)
+    intra_node_latency_s: float = 30e-6  # one small collective inside a node (NCCL, not fused)
     inter_node_latency_s: float = 6e-05  # one small collective across nodes
-    tp_efficiency_loss: float = 0.03  # compute/bandwidth efficiency lost per doubling of tp
+    tp_efficiency_loss: float = 0.10  # compute/bandwidth efficiency lost per doubling of tp
     decode_step_overhead_s: float = 0.002  # scheduler, sampling, launches per decode step
     engine_switch_s: float = 8.0  # rollout engine wake-up/sleep per step (weights, KV, graphs)
     node_call_overhead_s: float = 0.05  # driver dispatch and collect per node call
     step_overhead_s: float = 20.0  # per step: data, metrics, checkpoint-free bookkeeping
     op_latency_s: float = 0.0  # per operator launch of a pass (matters on CPUs, tiny models)
-    host_adam_params_per_s: float = 200000000.0  # CPU Adam throughput per device for offloaded states
+    host_adam_params_per_s: float = 2e8  # CPU Adam params/s per device, offloaded states
 
     def to_json(self) -> dict:
         return asdict(self)

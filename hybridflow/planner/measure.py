@@ -130,7 +130,7 @@ def eager_layer_costs() -> tuple[float, float, float]:
     with torch.no_grad():
         for rows in (16, 64):
             x = torch.randint(3, 80, (rows, TINY_TOKENS))
-            fwd = {n: _best_of(lambda m=m: m(x), 5) for n, m in models.items()}
+            fwd = {n: _best_of(lambda m=m, x=x: m(x), 5) for n, m in models.items()}
             per_layer[rows] = max((fwd[3] - fwd[1]) / 2, 1e-7)
         per_token = max((per_layer[64] - per_layer[16]) / (48 * TINY_TOKENS), 1e-10)
         call = max(per_layer[16] - 16 * TINY_TOKENS * per_token, 1e-7)
