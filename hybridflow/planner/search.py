@@ -243,7 +243,8 @@ def plan_placement(graph, cluster: Cluster, models: dict[str, ModelSpec], worklo
             colocated.reason = reason_lost(colocated, candidates[0])
     return PlannerResult(candidates[0], candidates[1:], colocated, rejected,
                          time.perf_counter() - began,
-                         search.simulated, problem.nodes, cluster, workload, dict(models))
+                         search.simulated, problem.nodes, cluster, workload, dict(models),
+                         problem.backend)
 
 
 def collect_rejections(search: Search) -> list[Shortfall]:
