@@ -71,13 +71,17 @@ def read_run(run_dir: str) -> MeasuredRun:
 
 
 def node_means(timeline: list[dict], steps: tuple[int, ...]) -> dict[str, float]:
-    """Mean seconds per node over `steps` (a node a step runs twice counts its sum)."""
-    per_step: dict[str, dict[int, float]] = {}
+    """Mean seconds per node over `steps`. A node a step runs twice counts its sum; a node
+    with one record per rank (Ray) counts its slowest rank."""
+    per_rank: dict[tuple[str, int, object], float] = {}
     for record in timeline:
         if record["step"] in steps:
-            seconds = record["end"] - record["start"]
-            by_step = per_step.setdefault(record["node"], {})
-            by_step[record["step"]] = by_step.get(record["step"], 0.0) + seconds
+            key = (record["node"], record["step"], record.get("rank"))
+            per_rank[key] = per_rank.get(key, 0.0) + record["end"] - record["start"]
+    per_step: dict[str, dict[int, float]] = {}
+    for (node, step, _), seconds in per_rank.items():
+        by_step = per_step.setdefault(node, {})
+        by_step[step] = max(by_step.get(step, 0.0), seconds)
     return {node: _mean(list(v.values())) for node, v in per_step.items()}
 
 

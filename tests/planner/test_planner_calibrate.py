@@ -51,6 +51,9 @@ def test_timeline_means_skip_nothing_they_are_not_told_to_and_sum_repeated_nodes
                 {"step": 2, "node": "a", "start": 2, "end": 3},
                 {"step": 3, "node": "a", "start": 0, "end": 4}]
     assert node_means(timeline, (2, 3)) == {"a": 3.0}
+    ranks = [{"step": 2, "node": "b", "rank": 0, "start": 0, "end": 1},
+             {"step": 2, "node": "b", "rank": 1, "start": 0, "end": 3}]
+    assert node_means(ranks, (2,)) == {"b": 3.0}  # Ray: the slowest rank
 
 
 def test_device_entries_round_trip_and_are_found_by_name(devices_dir):
