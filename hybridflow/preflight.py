@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 from hybridflow.compiler import ExecutionPlan
 from hybridflow.config import ConfigError
 from hybridflow.dispatch import is_data_parallel
+from hybridflow.kinds import Op
 
 __all__ = ["preflight", "check_paths", "check_role_paths", "check_batch_feeds_ranks"]
 
@@ -119,7 +120,7 @@ def check_batch_feeds_ranks(cfg: DictConfig, plan: ExecutionPlan) -> None:
     evenly over its ranks, and the local runtime trains on one rank only."""
     placement, prompts = plan.placement, cfg.data.batch_size
     for node in plan.nodes:
-        if node.op != "call" or not is_data_parallel(node.dispatch):
+        if node.op is not Op.CALL or not is_data_parallel(node.dispatch):
             continue
         pool = placement.roles[node.role]
         dp = placement.pools[pool].world_size // placement.tp_size(node.role)
@@ -128,7 +129,7 @@ def check_batch_feeds_ranks(cfg: DictConfig, plan: ExecutionPlan) -> None:
             raise ConfigError(f"data.batch_size={prompts} prompts cannot feed the {where}: "
                               f"some ranks would get no rows; set data.batch_size to at "
                               f"least {dp} or give the pool fewer devices")
-        if node.kind != "train":
+        if not node.kind.trains:
             continue
         ranks = placement.pools[pool].world_size
         if cfg.runtime.name == "local" and ranks > 1:
