@@ -55,7 +55,8 @@ _GRAPHS: dict[str, object] = {}
 def graph(name: str):
     if name not in _GRAPHS:
         from hybridflow.program import load_plan
-        _GRAPHS[name] = load_plan(os.path.join(REPO, "graphs", f"{name}.py"))
+        from hybridflow.weight_sync import planner_view
+        _GRAPHS[name] = planner_view(load_plan(os.path.join(REPO, "graphs", f"{name}.py")))
     return _GRAPHS[name]
 
 

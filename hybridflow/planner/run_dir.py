@@ -49,6 +49,7 @@ def _jsonl(path: str) -> list[dict]:
 def read_run(run_dir: str) -> MeasuredRun:
     from hybridflow.auto_placement import run_models
     from hybridflow.program import prepare
+    from hybridflow.weight_sync import planner_view
 
     config_path = os.path.join(run_dir, "config.yaml")
     graph_json = os.path.join(run_dir, "graph.json")
@@ -58,7 +59,7 @@ def read_run(run_dir: str) -> MeasuredRun:
     with open(graph_json) as handle:
         graph_file = json.load(handle)["file"]
     loaded = prepare(graph_file, [], config_path, preflight=False)  # defaults + the saved config
-    plan, cfg = loaded.plan, loaded.cfg
+    plan, cfg = planner_view(loaded.plan), loaded.cfg  # a folded rollout is the actor
     timeline = _jsonl(os.path.join(run_dir, "timeline.jsonl"))
     metrics = _jsonl(os.path.join(run_dir, "metrics.jsonl"))
     steps = sorted({r["step"] for r in timeline})

@@ -101,14 +101,14 @@ def test_plan_calibrate_saves_an_entry_that_predicts_the_run(tmp_path, devices_d
     from hybridflow.planner.run_dir import read_run
     folder = tmp_path / "run"
     write_run_dir(folder, dataclasses.replace(synthetic_run(get_device("cpu")), node_seconds={
-        "actor.generate": 0.2, "actor.logprob": 0.1, "reward.score": 0.005,
+        "rollout.generate": 0.2, "actor.logprob": 0.1, "reward.score": 0.005,
         "grpo_advantages": 0.005, "ref.logprob": 0.1, "actor.update": 0.3}, step_seconds=0.75))
     assert main(["plan", "--calibrate", str(folder), "--device", "cpu", "--save", "fit"]) == 0
-    assert "actor.generate" in capsys.readouterr().err
+    assert "rollout.generate" in capsys.readouterr().err
     run = read_run(str(folder))
     assert run.workload.response_mean == pytest.approx(3.4)
     prediction = predict_run(run, get_device("fit"))
-    for node in ("actor.generate", "actor.update"):
+    for node in ("rollout.generate", "actor.update"):
         assert prediction.node_seconds[node] == pytest.approx(run.node_seconds[node], rel=0.02)
     assert prediction.step_seconds == pytest.approx(0.75, rel=0.02)
     provenance = json.loads((devices_dir / "fit.json").read_text())["provenance"]
