@@ -114,10 +114,10 @@ class CostModel:
             return BF16_BYTES * (model.params / (tp * pp) if tp * pp > 1 else sharded)
         offload = self.backend.offload
         weights_grads = 0.0 if offload == "all" else 2 * BF16_BYTES
-        host = 0 if offload != "none" else HOST_STATE_BYTES
+        optimizer = HOST_STATE_BYTES if offload == "none" else 0.0  # else it lives on the host
         if tp * pp > 1:  # megatron: weights and grads per model shard, optimizer over dp
-            return weights_grads * model.params / (tp * pp) + host * sharded
-        return (weights_grads + host) * sharded
+            return weights_grads * model.params / (tp * pp) + optimizer * sharded
+        return (weights_grads + optimizer) * sharded
 
     def role_cost(self, role: str, devices: int, tp: int) -> RoleCost:
         key = (role, devices, tp)
