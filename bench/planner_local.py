@@ -10,8 +10,9 @@ Runs come from `hybridflow run graphs/grpo.py trainer.steps=3 trainer.val_every=
 
     python bench/planner_local.py --fit-run RUN_A --check-run RUN_B
     python bench/planner_local.py --make-runs      # runs both here first (about a minute)
+    python bench/planner_local.py --make-runs --runtime ray
 
-Writes bench/results/planner_local.json. Targets: within +-30% per node and per step.
+Writes bench/results/planner_local.json (planner_local_ray.json for Ray runs). Targets: within +-30% per node and per step.
 """
 from __future__ import annotations
 
@@ -34,9 +35,10 @@ RUN_B = ["trainer.steps=4", "trainer.val_every=0", "rollout.n=4", "data.batch_si
          "rollout.max_new_tokens=6"]
 
 
-def make_run(folder: str, name: str, overrides: list[str]) -> str:
+def make_run(folder: str, name: str, overrides: list[str], runtime: str) -> str:
     graph = os.path.join(REPO, "graphs", "grpo.py")
-    command = [sys.executable, "-m", "hybridflow.cli", "run", graph, *overrides,
+    command = [sys.executable, "-m", "hybridflow.cli", "run", graph, "--runtime", runtime,
+               *overrides,
                f"trainer.run_name={name}", f"trainer.runs_dir={folder}",
                "trainer.progress=false"]
     subprocess.run(command, check=True, cwd=folder, env={**os.environ, "PYTHONPATH": REPO})
@@ -68,13 +70,17 @@ def main() -> int:
     parser.add_argument("--fit-run", help="run directory the device is calibrated on")
     parser.add_argument("--check-run", help="run directory predicted from the calibrated entry")
     parser.add_argument("--make-runs", action="store_true", help="start both runs here first")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                      "results", "planner_local.json"))
+    parser.add_argument("--runtime", default="local", choices=("local", "ray"),
+                        help="runtime of the runs --make-runs starts")
+    parser.add_argument("--out", help="default: bench/results/planner_local[_ray].json")
     args = parser.parse_args()
+    suffix = "" if args.runtime == "local" else f"_{args.runtime}"
+    args.out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                        f"planner_local{suffix}.json")
     if args.make_runs:
         folder = tempfile.mkdtemp(prefix="planner-local-")
-        args.fit_run = make_run(folder, "fit", RUN_A)
-        args.check_run = make_run(folder, "check", RUN_B)
+        args.fit_run = make_run(folder, "fit", RUN_A, args.runtime)
+        args.check_run = make_run(folder, "check", RUN_B, args.runtime)
     if not args.fit_run:
         parser.error("give --fit-run RUN_DIR (and --check-run) or --make-runs")
     measured = measure()

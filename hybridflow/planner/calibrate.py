@@ -6,6 +6,8 @@ colocation on `device` and returns the predicted seconds per node and per step.
 prediction meets the measurement, each from the nodes it governs, in an order
 where each fit only depends on the ones before:
 1. `node_call_overhead_s`: driver nodes (functions, rule roles) cost exactly that;
+   the cheapest of them is taken, since a rule role's own work (scoring) and a
+   one-off stall only add to it;
 2. `mfu_forward`: inference nodes (forward passes), whose time falls as it grows;
    on a tiny model it is the whole pass's effective rate, overheads included;
 3. `decode_step_overhead_s`: generate nodes, given the prefill rate of step 2;
@@ -52,10 +54,11 @@ def calibrate(run: MeasuredRun, device: Device) -> Device:
     eff = device.efficiency
     driver = [s for n, s in run.node_seconds.items() if _on_driver(run, n, kinds)]
     if driver:
-        eff = dataclasses.replace(eff, node_call_overhead_s=sum(driver) / len(driver))
+        eff = dataclasses.replace(eff, node_call_overhead_s=min(driver))
     eff = dataclasses.replace(eff, step_overhead_s=0.0)
     for kind, name, low, high in KIND_CONSTANT:
-        nodes = [n for n, k in kinds.items() if k == kind and n in run.node_seconds]
+        nodes = [n for n, k in kinds.items() if k == kind and n in run.node_seconds
+                 and not _on_driver(run, n, kinds)]  # a rule role's score is a driver call
         if nodes:
             eff = _solve(run, device, eff, name, nodes, low, high)
     makespan = predict_run(run, dataclasses.replace(device, efficiency=eff)).step_seconds
