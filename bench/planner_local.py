@@ -12,7 +12,8 @@ Runs come from `hybridflow run graphs/grpo.py trainer.steps=3 trainer.val_every=
     python bench/planner_local.py --make-runs      # runs both here first (about a minute)
     python bench/planner_local.py --make-runs --runtime ray
 
-Writes bench/results/planner_local.json (planner_local_ray.json for Ray runs). Targets: within +-30% per node and per step.
+Writes bench/results/planner_local.json (planner_local_ray.json for Ray runs).
+Targets: within +-30% per node and per step.
 """
 from __future__ import annotations
 
