@@ -41,6 +41,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                              "and print it as a device entry; --save NAME keeps it")
     device.add_argument("--threads", type=int, default=1,
                         help="torch threads for --measure-device (a run's runtime.torch_threads)")
+    device.add_argument("--from-config", action="store_true",
+                        help="plan the graph's own run: models, workload and placement from its "
+                             "config (as `hybridflow run` would place it), on --device; "
+                             "prints each node's predicted seconds")
     device.add_argument("--calibrate", metavar="RUN_DIR",
                         help="fit --device's constants to a run's timeline.jsonl and config; "
                              "--save NAME keeps the fitted entry")
@@ -132,6 +136,10 @@ def run(args) -> int:
     try:
         extra = {"yaml_file": args.config} if args.config else {}
         from hybridflow.weight_sync import planner_view
+        if args.from_config:
+            result = _plan_from_config(args, extra)
+            print(json.dumps(result.to_json(), indent=2) if args.json else result.explain())
+            return 0
         plan = planner_view(load_plan(args.graph, list(args.overrides or []), **extra))
         roles = device_roles(plan)
         rule_roles = {r.strip() for r in args.rule_roles.split(",") if r.strip()}
@@ -151,6 +159,23 @@ def run(args) -> int:
         return 2
     print(json.dumps(result.to_json(), indent=2) if args.json else result.explain())
     return _write_outputs(result, args)
+
+
+def _plan_from_config(args, extra: dict):
+    """The run `hybridflow run GRAPH overrides` would start, planned on `--device`."""
+    from hybridflow.auto_placement import run_models
+    from hybridflow.planner import Cluster, plan_placement
+    from hybridflow.planner.run_dir import run_pools, run_workload
+    from hybridflow.program import prepare
+    from hybridflow.weight_sync import planner_view
+
+    loaded = prepare(args.graph, list(args.overrides or []), extra.get("yaml_file"),
+                     preflight=False)
+    plan = planner_view(loaded.plan)
+    models = run_models(loaded.cfg, plan)
+    devices, grouping = run_pools(loaded.cfg, list(models))
+    return plan_placement(plan, Cluster(1, devices, args.device), models,
+                          run_workload(loaded.cfg, [], ()), top_k=1, groupings=[grouping])
 
 
 def _write_outputs(result, args) -> int:

@@ -119,3 +119,16 @@ def test_plan_calibrate_on_a_folder_that_is_no_run_says_so(tmp_path, capsys):
     assert main(["plan", "--calibrate", str(tmp_path), "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert "graph.json does not exist" in err and "run directory" in err
+
+
+def test_plan_from_config_predicts_the_embedded_default_run(capsys):
+    """`--from-config` plans the run `hybridflow run graphs/grpo.py` would start: its tiny
+    model, 16 prompts x 8 samples, everything in one local process."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    graph = os.path.join(repo, "graphs", "grpo.py")
+    assert main(["plan", graph, "--from-config", "--device", "cpu", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["workload"]["prompts"] == 16 and data["workload"]["samples_per_prompt"] == 8
+    assert data["models"]["actor"]["params"] < 1e6  # the embedded toy model
+    assert data["best"]["label"] == "actor+ref[1: actor 1x1 ref 1x1]"
+    assert data["best"]["nodes"]["rollout.generate"]["seconds"] > 0
