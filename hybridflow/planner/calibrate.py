@@ -5,9 +5,9 @@ colocation on `device` and returns the predicted seconds per node and per step.
 `calibrate(run, device)` returns `device` with its constants fitted so the
 prediction meets the measurement, each from the nodes it governs, in an order
 where each fit only depends on the ones before:
-1. `node_call_overhead_s`: driver nodes (functions, rule roles) cost exactly that;
-   the cheapest of them is taken, since a rule role's own work (scoring) and a
-   one-off stall only add to it;
+1. `node_call_overhead_s`: function nodes cost exactly that (the cheapest is
+   taken: a one-off stall only adds to it); `rule_seconds_per_sequence`: what a
+   rule role's node (a reward function on the driver) takes beyond it, per sequence;
 2. `mfu_forward`: inference nodes (forward passes), whose time falls as it grows;
    on a tiny model it is the whole pass's effective rate, overheads included;
 3. `decode_step_overhead_s`: generate nodes, given the prefill rate of step 2;
@@ -52,9 +52,14 @@ def calibrate(run: MeasuredRun, device: Device) -> Device:
     fitted to `run`."""
     kinds = {n.name: n.kind for n in run.plan.nodes}
     eff = device.efficiency
-    driver = [s for n, s in run.node_seconds.items() if _on_driver(run, n, kinds)]
-    if driver:
-        eff = dataclasses.replace(eff, node_call_overhead_s=min(driver))
+    functions = [s for n, s in run.node_seconds.items() if kinds.get(n) == "function"]
+    if functions:
+        eff = dataclasses.replace(eff, node_call_overhead_s=min(functions))
+    rules = [s for n, s in run.node_seconds.items()
+             if _on_driver(run, n, kinds) and kinds.get(n) != "function"]
+    if rules:
+        extra = max(0.0, sum(rules) / len(rules) - eff.node_call_overhead_s)
+        eff = dataclasses.replace(eff, rule_seconds_per_sequence=extra / run.workload.sequences)
     eff = dataclasses.replace(eff, step_overhead_s=0.0)
     for kind, name, low, high in KIND_CONSTANT:
         nodes = [n for n, k in kinds.items() if k == kind and n in run.node_seconds

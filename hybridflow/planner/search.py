@@ -183,8 +183,13 @@ class Search:
 
 
 def driver_seconds(problem: Problem, node) -> float:
-    """Sources are free; functions and rule roles cost one driver round trip."""
-    return 0.0 if node.kind == "source" else problem.cluster.spec.efficiency.node_call_overhead_s
+    """Sources are free; functions cost one driver round trip; rule roles also their own work
+    per sequence."""
+    if node.kind == "source":
+        return 0.0
+    eff = problem.cluster.spec.efficiency
+    rule = eff.rule_seconds_per_sequence * problem.workload.sequences if node.role else 0.0
+    return eff.node_call_overhead_s + rule
 
 
 def node_seconds(problem: Problem, pools: tuple[PoolEval, ...]) -> list[float]:

@@ -17,7 +17,7 @@ TINY = ModelSpec("tiny", layers=2, hidden=64, heads=4, kv_heads=2, intermediate=
 WORK = Workload(prompts=16, samples_per_prompt=8, prompt_len=8, response_len=4,
                 mini_batches=2, micro_batch_tokens=768, response_mean=3.4, padded_len=12)
 TRUE = dict(mfu_forward=0.004, decode_step_overhead_s=0.03, mfu_train=0.01,
-            node_call_overhead_s=0.006, step_overhead_s=0.02)
+            node_call_overhead_s=0.006, step_overhead_s=0.02, rule_seconds_per_sequence=1e-4)
 
 
 @pytest.fixture
