@@ -5,8 +5,9 @@
 2. Calibrate the device on that run (`--calibrate`), then predict a second run
    with a different workload from the calibrated entry: the honest test, since
    the second run was not fitted.
-Runs come from `hybridflow run graphs/grpo.py trainer.steps=3 trainer.val_every=0`
-(and overrides); pass their directories, or let --make-runs start them.
+Runs come from `hybridflow run graphs/grpo.py trainer.steps=6 trainer.val_every=0`
+(and overrides); pass their directories, or let --make-runs start them. Each
+node's median over the steps after the first counts.
 
     python bench/planner_local.py --fit-run RUN_A --check-run RUN_B
     python bench/planner_local.py --make-runs      # runs both here first (about a minute)
@@ -31,8 +32,8 @@ from hybridflow.planner.calibrate import calibrate, predict_run  # noqa: E402 - 
 from hybridflow.planner.measure import device_from, measure  # noqa: E402
 from hybridflow.planner.run_dir import read_run  # noqa: E402
 
-RUN_A = ["trainer.steps=3", "trainer.val_every=0"]
-RUN_B = ["trainer.steps=4", "trainer.val_every=0", "rollout.n=4", "data.batch_size=32",
+RUN_A = ["trainer.steps=6", "trainer.val_every=0"]  # 5 steps kept: medians resist a stall
+RUN_B = ["trainer.steps=6", "trainer.val_every=0", "rollout.n=4", "data.batch_size=32",
          "rollout.max_new_tokens=6"]
 
 

@@ -4,14 +4,16 @@ node took.
 Reads RUN_DIR/graph.json (the graph file), config.yaml (the merged config),
 metrics.jsonl (mean response length, step time) and timeline.jsonl (start and
 end of every node of every step). The first step warms up (imports, allocator,
-lazy init) and is left out when the run has more. Keeps no state: one read
-gives a frozen `MeasuredRun`.
+lazy init) and is left out when the run has more; of the steps kept, each
+node's median counts, so one stalled step (a busy machine) does not skew it.
+Keeps no state: one read gives a frozen `MeasuredRun`.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import statistics
 from dataclasses import dataclass
 
 from .devices import Cluster
@@ -29,8 +31,8 @@ class MeasuredRun:
     workload: Workload
     devices: int
     groupings: tuple[tuple[str, ...], ...]
-    node_seconds: dict[str, float]  # mean over the steps kept
-    step_seconds: float  # mean wall time of the steps kept (the loop's perf/time_per_step)
+    node_seconds: dict[str, float]  # median over the steps kept
+    step_seconds: float  # median wall time of the steps kept (the loop's perf/time_per_step)
     steps: tuple[int, ...]
 
     def cluster(self, device) -> Cluster:
@@ -67,12 +69,12 @@ def read_run(run_dir: str) -> MeasuredRun:
     models = run_models(cfg, plan)
     return MeasuredRun(run_dir, plan, models, run_workload(cfg, metrics, kept),
                        *run_pools(cfg, list(models)), node_means(timeline, kept),
-                       _mean([m["perf/time_per_step"] for m in metrics if m.get("step") in kept
-                              and "perf/time_per_step" in m]), kept)
+                       _median([m["perf/time_per_step"] for m in metrics if m.get("step") in kept
+                                and "perf/time_per_step" in m]), kept)
 
 
 def node_means(timeline: list[dict], steps: tuple[int, ...]) -> dict[str, float]:
-    """Mean seconds per node over `steps`. A node a step runs twice counts its sum; a node
+    """Median seconds per node over `steps`. A node a step runs twice counts its sum; a node
     with one record per rank (Ray) counts its slowest rank."""
     per_rank: dict[tuple[str, int, object], float] = {}
     for record in timeline:
@@ -83,11 +85,15 @@ def node_means(timeline: list[dict], steps: tuple[int, ...]) -> dict[str, float]
     for (node, step, _), seconds in per_rank.items():
         by_step = per_step.setdefault(node, {})
         by_step[step] = max(by_step.get(step, 0.0), seconds)
-    return {node: _mean(list(v.values())) for node, v in per_step.items()}
+    return {node: statistics.median(v.values()) for node, v in per_step.items()}
 
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
 
 
 def run_workload(cfg, metrics: list[dict], steps: tuple[int, ...]) -> Workload:

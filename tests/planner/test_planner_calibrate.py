@@ -45,12 +45,13 @@ def test_calibration_recovers_the_constants_a_synthetic_timeline_was_made_with()
     assert calibrate(synthetic_run(truth), cpu).efficiency.mfu_decode == cpu.efficiency.mfu_decode
 
 
-def test_timeline_means_skip_nothing_they_are_not_told_to_and_sum_repeated_nodes():
-    timeline = [{"step": 1, "node": "a", "start": 0, "end": 5},
+def test_timeline_medians_keep_the_steps_asked_sum_repeated_nodes_and_ignore_a_stall():
+    timeline = [{"step": 1, "node": "a", "start": 0, "end": 50},  # warm-up, not asked for
                 {"step": 2, "node": "a", "start": 0, "end": 1},
-                {"step": 2, "node": "a", "start": 2, "end": 3},
-                {"step": 3, "node": "a", "start": 0, "end": 4}]
-    assert node_means(timeline, (2, 3)) == {"a": 3.0}
+                {"step": 2, "node": "a", "start": 2, "end": 3},  # twice in a step: 2 s
+                {"step": 3, "node": "a", "start": 0, "end": 3},
+                {"step": 4, "node": "a", "start": 0, "end": 40}]  # a stalled step
+    assert node_means(timeline, (2, 3, 4)) == {"a": 3.0}
     ranks = [{"step": 2, "node": "b", "rank": 0, "start": 0, "end": 1},
              {"step": 2, "node": "b", "rank": 1, "start": 0, "end": 3}]
     assert node_means(ranks, (2,)) == {"b": 3.0}  # Ray: the slowest rank
