@@ -52,12 +52,16 @@ BOUNDS = {
 _GRAPHS: dict[str, object] = {}
 
 
-def graph(name: str):
-    if name not in _GRAPHS:
+def graph(name: str, rollout_role: bool = False):
+    """The compiled graph; the rollout folded into the actor, or (`rollout_role`) a role of its
+    own, as a system with separate generation engines runs it."""
+    key = (name, rollout_role)
+    if key not in _GRAPHS:
         from hybridflow.program import load_plan
         from hybridflow.weight_sync import planner_view
-        _GRAPHS[name] = planner_view(load_plan(os.path.join(REPO, "graphs", f"{name}.py")))
-    return _GRAPHS[name]
+        plan = load_plan(os.path.join(REPO, "graphs", f"{name}.py"))
+        _GRAPHS[key] = plan if rollout_role else planner_view(plan)
+    return _GRAPHS[key]
 
 
 def with_efficiency(eff: Efficiency) -> None:
@@ -77,7 +81,8 @@ def predict(point: dict) -> dict:
     grouping = point.get("grouping")
     groupings = [tuple(tuple(g) for g in grouping)] if grouping else None
     try:
-        result = plan_placement(graph(point["graph"]), cluster, models, workload, top_k=1,
+        plan = graph(point["graph"], "rollout" in point["models"])
+        result = plan_placement(plan, cluster, models, workload, top_k=1,
                                 backend=backend, groupings=groupings,
                                 rollout_tp=point.get("rollout_tp") or 0)
     except ValueError as err:
