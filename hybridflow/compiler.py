@@ -14,6 +14,7 @@ import networkx as nx
 
 from hybridflow.dispatch import MethodSpec, get_dispatch_mode, worker_methods
 from hybridflow.graph import FnSpec, Graph, Node, fn_spec
+from hybridflow.loss import call_keys
 from hybridflow.placement import Placement
 
 __all__ = ["GraphError", "PlanNode", "ExecutionPlan", "compile_graph"]
@@ -170,9 +171,15 @@ class _Checker:
         except ValueError as err:
             self.fail(node, str(err))
         pool = self._pool_of(node)
+        try:  # a loss passed by the graph brings the keys it reads
+            reads, optional = call_keys(getattr(cls, node.method), spec.reads, spec.optional,
+                                        node.kwargs)
+        except ValueError as err:
+            self.fail(node, str(err))
+            reads, optional = spec.reads, spec.optional
         return PlanNode(node.name, spec.kind, "call", node.inputs, node.location,
                         role=node.role, method=node.method, pool=pool, dispatch=spec.dispatch,
-                        reads=spec.reads, optional=spec.optional,
+                        reads=reads, optional=optional,
                         writes=self._renamed(node, spec.writes), kwargs=node.kwargs,
                         forwards=spec.forwards, rename=node.rename)
 

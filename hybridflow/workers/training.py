@@ -131,9 +131,9 @@ class Trainer:
         return {k: v / max(1, steps) for k, v in totals.items()}
 
     def _step(self, mini: Batch, loss_fn, micro_batch_size: int, mask_key: str) -> dict:
-        from algorithms.losses import local_normalizers
         if len(mini):
-            tokens, seqs = local_normalizers(mini[mask_key])
+            mask = mini[mask_key]  # valid tokens, and sequences with at least one
+            tokens, seqs = mask.sum(), (mask.sum(dim=-1) > 0).sum()
         else:
             tokens = seqs = torch.zeros((), device=self.device)
         counts = self.all_reduce(torch.stack([tokens, seqs]).to(torch.float64))
