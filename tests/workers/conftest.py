@@ -12,6 +12,9 @@ TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
         "max_position_embeddings": 128, "tie_word_embeddings": False}
 
 
+PROMPTS = ["1+2=", "10+20=", "7*8=", "99-1="]
+
+
 def make_cfg(**sections) -> dict:
     cfg = {"model": {"hf_config": dict(TINY), "device": "cpu"},
            "actor": {"lr": 1e-3, "mini_batch_size": 8, "micro_batch_size": 2},
@@ -42,3 +45,15 @@ def actor_module():
 
 def empty_like(batch: Batch) -> Batch:
     return batch.take(np.arange(0))
+
+
+def rollout_for_update(actor, prompts=PROMPTS, n=2, seed=0) -> Batch:
+    """A generated batch with log-probs, random advantages and a nearby reference."""
+    torch.manual_seed(seed)
+    out = actor.generate(prompt_batch(actor.tokenizer, prompts), n=n)
+    out = out.union(actor.logprob(out))
+    gen = torch.Generator().manual_seed(seed)
+    out["advantages"] = torch.randn(out["responses"].shape, generator=gen)
+    out["ref_log_prob"] = out["old_log_probs"] + 0.1 * torch.randn(
+        out["responses"].shape, generator=gen)
+    return out
