@@ -3,8 +3,10 @@
 Reads the `model`, `actor` and `rollout` config sections. The rollout engine shares
 the training module (HF backend), so weights are fresh after every update with no
 copy; the vLLM backend receives them through `load_weights` before each generate.
-Data parallel over the ranks of its pool: DDP (default) or FSDP2 (GPU), see
-`training.Trainer` for how updates stay identical to a single-rank update.
+Data parallel over the ranks of its pool: DDP (default) or FSDP2 (`actor.strategy`,
+see `backends/`), and `training.Trainer` for how updates stay identical to a
+single-rank update. The loss is the graph's (`update(loss=...)`, `hybridflow/loss.py`);
+with `model.dtype=bf16` the trained weights stay float32 and the forwards run in bf16.
 With `actor.lora.rank > 0` only LoRA adapters train (see `lora.py`), and
 `base_policy()` lends the module with its adapters off to a colocated reference.
 """
@@ -77,7 +79,7 @@ class ActorWorker(Worker):
         """Write the current policy as a Hugging Face model directory (adapters merged
         into the base when `merged`, else peft's adapter files only); rank 0 writes."""
         from hybridflow.workers.lora import save_adapter
-        from hybridflow.workers.training import full_state_dict, save_weights
+        from hybridflow.workers.weights import full_state_dict, save_weights
         if self.ctx.rank != 0:
             return
         if self.lora and not merged:
@@ -121,7 +123,9 @@ class ActorWorker(Worker):
         """Log-prob of each response token under the current weights, [B, R] float32."""
         mbs = micro_batch_size or self.rollout_cfg.log_prob_micro_batch_size
         temp = self.rollout_cfg.temperature if temperature is None else temperature
-        logp, ent = response_logprobs(self.module, batch, mbs, self.device, temp, with_entropy)
+        with self.trainer.autocast():  # the update's compute dtype: first ratios are 1
+            logp, ent = response_logprobs(self.module, batch, mbs, self.device, temp,
+                                          with_entropy)
         metrics = {}
         if ent is not None and "response_mask" in batch and len(batch):
             metrics["actor/entropy"] = float(masked_mean(ent, batch["response_mask"].cpu()))

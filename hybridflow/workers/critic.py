@@ -45,8 +45,9 @@ class CriticWorker(Worker):
         """V(s_t) for each response token, [B, R] float32."""
         width = batch["responses"].shape[1]
         mbs = micro_batch_size or self.critic_cfg.micro_batch_size
-        parts = [response_values(self.module, batch.take(slice(i, i + mbs)).to(self.device))
-                 .cpu() for i in range(0, len(batch), mbs)]
+        with self.trainer.autocast():
+            parts = [response_values(self.module, batch.take(slice(i, i + mbs))
+                                     .to(self.device)).cpu() for i in range(0, len(batch), mbs)]
         values = torch.cat(parts) if parts else torch.zeros(0, width)
         return metrics_batch(Batch({"values": values}), {})
 

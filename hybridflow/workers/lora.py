@@ -126,7 +126,7 @@ def merge_checkpoint(adapter_dir: str, cfg, seed: int, out: str) -> None:
     from hybridflow.workers.config import ModelConfig, read_section
     from hybridflow.workers.models import build_causal_lm
     from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
-    from hybridflow.workers.training import save_weights
+    from hybridflow.workers.weights import save_weights
     model_cfg = read_section(cfg, "model", ModelConfig)
     tokenizer = load_tokenizer(tokenizer_spec(model_cfg))
     base = build_causal_lm(model_cfg, tokenizer, torch.device("cpu"), seed)
