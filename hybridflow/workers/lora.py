@@ -34,8 +34,10 @@ __all__ = [
 ADAPTER_FILE = "adapter_model.safetensors"
 
 
-def apply_lora(module: torch.nn.Module, lora) -> torch.nn.Module:
-    """Wrap `module` with LoRA adapters (peft) when `lora.rank > 0`; base weights freeze."""
+def apply_lora(module: torch.nn.Module, lora, seed: int = 0) -> torch.nn.Module:
+    """Wrap `module` with LoRA adapters (peft) when `lora.rank > 0`; base weights freeze.
+    The adapters' random init is seeded, so every data-parallel rank starts from the
+    same adapters (FSDP2 shards each rank's own copy; nothing is broadcast)."""
     if lora.rank <= 0:
         return module
     try:
@@ -44,9 +46,11 @@ def apply_lora(module: torch.nn.Module, lora) -> torch.nn.Module:
     except ImportError as err:
         raise ImportError("actor.lora.rank > 0 needs peft: pip install 'hybridflow[lora]'") \
             from err
-    return get_peft_model(module, PeftLoraConfig(
-        r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-        target_modules=list(lora.target_modules), task_type="CAUSAL_LM"))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return get_peft_model(module, PeftLoraConfig(
+            r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+            target_modules=list(lora.target_modules), task_type="CAUSAL_LM"))
 
 
 def is_lora(module) -> bool:
