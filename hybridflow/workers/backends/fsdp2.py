@@ -38,9 +38,8 @@ class FSDP2Backend(TrainingBackend):
         self.mesh = None
 
     def wrap(self, module: torch.nn.Module) -> torch.nn.Module:
-        import torch.distributed as dist
-        if not (dist.is_available() and dist.is_initialized()):
-            self.shards = False  # one process, no group: nothing to shard over
+        if self.world == 1:
+            self.shards = False  # one rank: nothing to shard over
             return module
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
