@@ -1,7 +1,10 @@
 """A loss written in the user's graph file is the loss the actor optimises, end to end
 on the local runtime: the same graph with the loss's sign flipped makes the policy
 stop at once or never stop, and the loss's own metric moves the way it says."""
-from tests.e2e.helpers import series
+import os
+import re
+
+from tests.e2e.helpers import REPO, series
 from hybridflow.commands.common import prepare
 from hybridflow.loop import Trainer
 from hybridflow.tracking import new_run_dir
@@ -67,3 +70,25 @@ def test_the_graph_files_loss_is_the_one_optimised(tmp_path):
     assert "actor/pg_loss" not in stop[-1]  # no default loss ran beside it
     lengths = series(stop, "response_length/mean"), series(run_on, "response_length/mean")
     assert lengths[0][-1] < lengths[1][-1], lengths
+
+
+def test_the_tutorials_reinforce_loss_trains(tmp_path):
+    text = open(os.path.join(REPO, "docs", "tutorial.md")).read()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", text, re.S)
+                 if b.startswith("# graphs/grpo_reinforce.py"))
+    path = tmp_path / "grpo_reinforce.py"
+    path.write_text(block)
+    loaded = prepare(str(path), [f"trainer.runs_dir={tmp_path}", "trainer.progress=false",
+                                 "trainer.steps=2", "trainer.val_every=0",
+                                 "data.batch_size=4", "rollout.n=4",
+                                 "actor.mini_batch_size=16"])
+    update = next(n for n in loaded.plan.nodes if n.method == "update")
+    assert "old_log_probs" not in update.reads  # the loss's keys, not the default's
+    run = new_run_dir(str(tmp_path), loaded.graph.name)
+    trainer = Trainer(loaded, run)
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    last = run.read_metrics()[-1]
+    assert "actor/pg_loss" in last and "actor/ppo_kl" not in last
