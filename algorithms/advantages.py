@@ -70,7 +70,8 @@ def _group_members(group: GroupIds, batch_size: int) -> list[list[int]]:
     return list(members.values())
 
 
-def _group_stats(scores: torch.Tensor, group: GroupIds) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _group_stats(scores: torch.Tensor,
+                 group: GroupIds) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-sample group mean, unbiased std and size, each [B].
 
     A group of one sample gets mean 0 and std 1, so its score passes through
@@ -114,7 +115,8 @@ def dr_grpo(scores: torch.Tensor, group: GroupIds, mask: torch.Tensor,
 
 
 @torch.no_grad()
-def rloo(scores: torch.Tensor, group: GroupIds, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def rloo(scores: torch.Tensor, group: GroupIds,
+         mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Leave-one-out baseline: `(s - mean_g) * n / (n - 1)` for a group of n > 1.
 
     This equals `s - mean of the other n - 1 scores`. scores: [B]; a group of
@@ -129,7 +131,8 @@ def rloo(scores: torch.Tensor, group: GroupIds, mask: torch.Tensor) -> tuple[tor
 
 
 @torch.no_grad()
-def reinforce_pp(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
+def reinforce_pp(rewards: torch.Tensor, mask: torch.Tensor,
+                 gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++: discounted return `G_t = r_t + gamma * G_next`, then whitened.
 
     rewards, mask: [B, T]. A masked token is skipped: the running return
@@ -162,7 +165,8 @@ def reinforce_pp_baseline(scores: torch.Tensor, group: GroupIds,
 
 
 @torch.no_grad()
-def remax(rewards: torch.Tensor, baseline: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def remax(rewards: torch.Tensor, baseline: torch.Tensor,
+          mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """ReMax: reward-to-go minus the greedy rollout's score.
 
     rewards, mask: [B, T]; baseline: [B] (score of the greedy response).

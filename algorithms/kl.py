@@ -40,7 +40,8 @@ def _estimate(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, base: str) -> 
     return torch.clamp(torch.exp(d) - d - 1.0, -10.0, 10.0)
 
 
-def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str = "k1") -> torch.Tensor:
+def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor,
+               kind: str = "k1") -> torch.Tensor:
     """Per-token KL estimate [B, T] of the given `kind` (see module docstring)."""
     if kind not in KL_KINDS:
         raise ValueError(f"unknown KL kind {kind!r}; valid kinds: {', '.join(KL_KINDS)}")
@@ -74,7 +75,8 @@ class AdaptiveKL:
 
     def __init__(self, init_beta: float, target: float, horizon: float):
         if target <= 0 or horizon <= 0:
-            raise ValueError(f"AdaptiveKL needs target > 0 and horizon > 0, got {target}, {horizon}")
+            raise ValueError(f"AdaptiveKL needs target > 0 and horizon > 0, "
+                             f"got {target}, {horizon}")
         self.beta = float(init_beta)
         self.target = float(target)
         self.horizon = float(horizon)
@@ -88,7 +90,8 @@ KLController = FixedKL | AdaptiveKL
 
 
 @torch.no_grad()
-def apply_kl_in_reward(token_rewards: torch.Tensor, log_prob: torch.Tensor, ref_log_prob: torch.Tensor,
+def apply_kl_in_reward(token_rewards: torch.Tensor, log_prob: torch.Tensor,
+                       ref_log_prob: torch.Tensor,
                        mask: torch.Tensor, controller: KLController,
                        kind: str = "k1") -> tuple[torch.Tensor, float]:
     """Penalise token rewards by the KL to the reference: `r - beta * kl * mask`.
@@ -98,7 +101,8 @@ def apply_kl_in_reward(token_rewards: torch.Tensor, log_prob: torch.Tensor, ref_
     the mean over sequences of each sequence's masked mean KL; sequences with
     no valid token are left out. Returns (penalised rewards [B, T], measured KL).
     """
-    kld = torch.where(mask.bool(), kl_penalty(log_prob, ref_log_prob, kind), torch.zeros_like(log_prob))
+    kld = torch.where(mask.bool(), kl_penalty(log_prob, ref_log_prob, kind),
+                      torch.zeros_like(log_prob))
     rewards = token_rewards - controller.beta * kld
     nonempty = mask.sum(dim=-1) > 0
     per_seq = masked_mean(kld, mask, dim=-1)

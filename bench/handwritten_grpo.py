@@ -44,11 +44,11 @@ class Settings:
 
 
 class HandwrittenGRPO:
-    def __init__(self, settings: Settings = Settings(), model_path: str = TOY_BASE):
+    def __init__(self, settings: Settings | None = None, model_path: str = TOY_BASE):
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
         from hybridflow.data import toy_rows  # the same toy problems, nothing else
-        s = self.s = settings
+        s = self.s = settings or Settings()
         self.tok = AutoTokenizer.from_pretrained(model_path)
         self.pad, self.eos = self.tok.pad_token_id, self.tok.eos_token_id
         self.policy = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)

@@ -81,7 +81,9 @@ def table(headers: list[str], rows: list[list]) -> str:
     cells = [[_fmt(c) for c in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h)
               for i, h in enumerate(headers)]
-    line = lambda items: "| " + " | ".join(s.rjust(w) for s, w in zip(items, widths)) + " |"
+
+    def line(items):
+        return "| " + " | ".join(s.rjust(w) for s, w in zip(items, widths)) + " |"
     out = [line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
     return "\n".join(out + [line(r) for r in cells])
 

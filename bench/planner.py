@@ -21,7 +21,8 @@ from types import SimpleNamespace
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, REPO)
 
-from hybridflow.planner import Cluster, ModelSpec, NoFeasiblePlacement, Workload, plan_placement
+from hybridflow.planner import (Cluster, ModelSpec,  # noqa: E402 - after the path
+                                NoFeasiblePlacement, Workload, plan_placement)
 
 SIZES = ("7b", "13b", "34b", "70b")
 DEVICE_COUNTS = (8, 16, 32, 64, 128)
@@ -39,7 +40,8 @@ def machine() -> dict:
     cpu = platform.processor() or "unknown"
     try:
         with open("/proc/cpuinfo") as handle:
-            cpu = next(line.split(":", 1)[1].strip() for line in handle if line.startswith("model name"))
+            cpu = next(line.split(":", 1)[1].strip() for line in handle
+                       if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
     return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
@@ -53,14 +55,16 @@ def bench_one(graph, size: str, devices: int, device: str) -> dict:
     try:
         result = plan_placement(graph, cluster, {r: spec for r in ROLES}, PAPER_WORKLOAD)
     except NoFeasiblePlacement as err:
-        return {"model": size, "devices": devices, "fits": False, "search_seconds": time.perf_counter() - began,
+        return {"model": size, "devices": devices, "fits": False,
+                "search_seconds": time.perf_counter() - began,
                 "reason": str(err).splitlines()[1].strip("- ")}
     colocated = result.colocated.step_seconds if result.colocated else None
     return {
         "model": size, "devices": devices, "fits": True,
         "best_step_seconds": round(result.best.step_seconds, 2),
         "colocated_step_seconds": round(colocated, 2) if colocated else None,
-        "speedup_vs_colocated": round(colocated / result.best.step_seconds, 3) if colocated else None,
+        "speedup_vs_colocated": (round(colocated / result.best.step_seconds, 3)
+                                 if colocated else None),
         "best_plan": result.best.label(),
         "best_is_colocated": result.best.colocated,
         "search_seconds": round(result.search_seconds, 4),
@@ -75,12 +79,14 @@ def five_roles_search_seconds(plan, device: str) -> float:
                            deps=("actor.generate",))
     graph = SimpleNamespace(nodes=[*plan.nodes[:2], cost, *plan.nodes[2:]])
     spec = ModelSpec.from_name("13b")
-    result = plan_placement(graph, Cluster(16, 8, device), {r: spec for r in (*ROLES, "cost")}, PAPER_WORKLOAD)
+    result = plan_placement(graph, Cluster(16, 8, device), {r: spec for r in (*ROLES, "cost")},
+                            PAPER_WORKLOAD)
     return result.search_seconds
 
 
 def table(rows: list[dict]) -> str:
-    lines = [f"{'model':<6}{'devices':>8}{'best s':>10}{'colocated s':>13}{'ratio':>8}{'search s':>10}  best plan"]
+    lines = [f"{'model':<6}{'devices':>8}{'best s':>10}{'colocated s':>13}{'ratio':>8}"
+             f"{'search s':>10}  best plan"]
     for r in rows:
         if not r["fits"]:
             lines.append(f"{r['model']:<6}{r['devices']:>8}{'-':>10}{'-':>13}{'-':>8}{r['search_seconds']:>10.3f}"
@@ -105,14 +111,16 @@ def main() -> int:
     five = five_roles_search_seconds(plan, args.device)
     info = machine()
     print(f"machine: {info['cpu']}, {info['cores']} cores, Python {info['python']}")
-    print(f"workload: PPO, roles {', '.join(ROLES)}, {PAPER_WORKLOAD.describe()}, device {args.device}")
+    print(f"workload: PPO, roles {', '.join(ROLES)}, {PAPER_WORKLOAD.describe()}, "
+          f"device {args.device}")
     print("ratio = colocated step / best step (colocated uses its own best rollout tp)\n")
     print(table(rows))
     print(f"\n5 roles (13B) on 128 devices: search {five:.3f} s")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as handle:
         json.dump({"machine": info, "device": args.device, "workload": vars(PAPER_WORKLOAD),
-                   "roles": list(ROLES), "rows": rows, "five_roles_128_devices_search_seconds": round(five, 4)},
+                   "roles": list(ROLES), "rows": rows,
+                   "five_roles_128_devices_search_seconds": round(five, 4)},
                   handle, indent=2)
     print(f"wrote {args.out}")
     return 0

@@ -29,8 +29,8 @@ import types
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
-from bench.harness import alternate, machine, median, peak_rss_bytes, set_threads, table, \
-    write_results
+from bench.harness import (alternate, machine, median, peak_rss_bytes,  # noqa: E402 - path
+                           set_threads, table, write_results)
 
 GRPO = os.path.join(ROOT, "graphs", "grpo.py")
 VAL_KEY = "val/toy_arith/greedy"
@@ -78,7 +78,8 @@ class RayStep:
         loaded = prepare(GRPO, [*SAME_MATH, "runtime.name=ray", "trainer.val_every=0",
                                 f"runtime.torch_threads={threads}"])
         self.cfg = loaded.cfg
-        self.loader, _ = Trainer._make_loaders(types.SimpleNamespace(cfg=loaded.cfg, plan=loaded.plan))
+        self.loader, _ = Trainer._make_loaders(types.SimpleNamespace(cfg=loaded.cfg,
+                                                                     plan=loaded.plan))
         self.runtime = RayRuntime(loaded.plan, loaded.cfg, seed=loaded.cfg.trainer.seed)
 
     def step(self) -> dict:

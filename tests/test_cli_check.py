@@ -1,14 +1,12 @@
 """`hybridflow check graph.py [key=value ...]` (hybridflow/commands/check.py and
 commands/common.py): compile only, print a summary, exit 1 with the message on any
-error; fast, and neither Ray nor model weights are loaded."""
+error; neither Ray nor model libraries are loaded (its speed: bench/check.py)."""
 from __future__ import annotations
 
 import os
-import resource
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
@@ -17,38 +15,7 @@ from hybridflow.commands.common import GraphFileError, load_graph_module, prepar
 from hybridflow.config import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-ROLES = '''
-from hybridflow.dispatch import DP, RANK_ZERO, method
-
-SEQ = ("input_ids", "attention_mask")
-
-
-class Actor:
-    @method(dispatch=DP, reads=SEQ, writes=("responses", "response_mask") + SEQ,
-            kind="generate", overwrites=SEQ, forwards=True)
-    def generate(self, batch, n=1): ...
-
-    @method(dispatch=DP, reads=SEQ + ("responses",), writes=("old_log_probs",))
-    def logprob(self, batch): ...
-
-    @method(dispatch=DP, reads=SEQ + ("responses", "response_mask", "old_log_probs",
-                                      "advantages"), writes=(), kind="train")
-    def update(self, batch): ...
-
-
-class Critic:
-    @method(dispatch=DP, reads=SEQ + ("responses",), writes=("values",))
-    def values(self, batch): ...
-
-    @method(dispatch=DP, reads=("values", "returns"), writes=(), kind="train")
-    def update(self, batch): ...
-
-
-class Scorer:
-    @method(dispatch=RANK_ZERO, reads=("responses", "ground_truth"), writes=("scores",))
-    def score(self, batch): ...
-'''
+FAKES = os.path.join(REPO, "tests", "support", "fakes.py")
 
 PPO = '''
 from hybridflow import Graph
@@ -72,19 +39,18 @@ def build(cfg):
     score = g.call("scorer.score", rollout)
     adv = g.fn(gae, rollout, values, score, gamma=cfg.algorithm.gamma)
     g.call("actor.update", rollout, old, adv)
-    g.call("critic.update", values, adv)
+    g.call("critic.update", rollout, values, adv)
     return g
 '''
 
 
 @pytest.fixture
 def files(tmp_path):
-    """A PPO-shaped graph file and fake roles bound by `workers.<role>=file.py:Class`."""
-    (tmp_path / "roles.py").write_text(ROLES)
+    """A PPO-shaped graph file and the shared fake roles (tests/support/fakes.py, which
+    carry the real workers' contracts) bound by `workers.<role>=file.py:Class`."""
     (tmp_path / "ppo.py").write_text(PPO)
-    roles = tmp_path / "roles.py"
-    overrides = [f"workers.actor={roles}:Actor", f"workers.critic={roles}:Critic",
-                 f"workers.scorer={roles}:Scorer"]
+    overrides = [f"workers.actor={FAKES}:FakeActor", f"workers.critic={FAKES}:FakeCritic",
+                 f"workers.scorer={FAKES}:FakeReward"]
     return tmp_path, str(tmp_path / "ppo.py"), overrides
 
 
@@ -129,7 +95,8 @@ def test_check_with_a_placement_on_two_pools(files, capsys):
     assert "scorer@rm" in out and "pool rm: 1 device(s), colocated roles: scorer" in out
 
 
-def test_check_in_a_subprocess_is_fast_and_starts_no_ray(files):
+def test_check_in_a_subprocess_imports_neither_ray_nor_model_libraries(files):
+    """How fast `check` is belongs to bench/check.py; here, what it must not load."""
     _, graph, overrides = files
     script = textwrap.dedent(f"""
         import sys
@@ -142,19 +109,10 @@ def test_check_in_a_subprocess_is_fast_and_starts_no_ray(files):
         assert not heavy, heavy
         print("light")
     """)
-    # The budget is 3 s of the child's CPU time (user + sys): on a machine this small
-    # and this shared (2 cores, other test runs), wall time measures the neighbours.
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
-                          text=True, timeout=60)
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                          text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "light" in proc.stdout
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    assert cpu < 3.0, f"hybridflow check used {cpu:.1f}s of CPU ({wall:.1f}s wall)"
-    assert wall < 15.0, f"hybridflow check took {wall:.1f}s"
 
 
 def test_console_entry_point_exit_codes(files, tmp_path):
@@ -283,8 +241,8 @@ def test_missing_yaml(files, capsys, tmp_path):
 
 @pytest.mark.parametrize("spec, words", [
     ("{dir}/absent.py:Actor", "worker file"),
-    ("{dir}/roles.py:Nope", "has no attribute 'Nope'"),
-    ("{dir}/roles.py", "must be 'module:Class'"),
+    ("{fakes}:Nope", "has no attribute 'Nope'"),
+    ("{fakes}", "must be 'module:Class'"),
     ("no_such_module_xyz:Actor", "cannot import worker module 'no_such_module_xyz'"),
     ("{dir}/broken.py:Actor", "failed to import: NameError"),
 ])
@@ -292,7 +250,7 @@ def test_bad_worker_binding(files, capsys, spec, words):
     tmp_path, graph, overrides = files
     (tmp_path / "broken.py").write_text("undefined_name\n")
     code, _, err = check(capsys, graph, *overrides,
-                         f"workers.actor={spec.format(dir=tmp_path)}")
+                         f"workers.actor={spec.format(dir=tmp_path, fakes=FAKES)}")
     assert code == 1 and words in err, err
 
 

@@ -20,8 +20,8 @@ def test_lora_folds_the_reference_into_the_actor():
     assert "folded: ref is served by actor's worker" in plan.summary()
     assert "ref→actor@main" in plan.summary()
     assert prepare(GRPO, []).plan.placement.folded == {}
-    assert prepare(GRPO, ["actor.lora.rank=8", f"ref.path={os.path.dirname(GRPO)}/assets/toy_base"]).plan.placement.folded \
-        == {}
+    own_reference = f"ref.path={os.path.dirname(GRPO)}/assets/toy_base"
+    assert prepare(GRPO, ["actor.lora.rank=8", own_reference]).plan.placement.folded == {}
 
 
 def test_an_unplaced_reference_follows_its_host_to_its_pool():

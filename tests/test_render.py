@@ -10,50 +10,14 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from hybridflow.compiler import compile_graph
-from hybridflow.dispatch import DP, RANK_ZERO, method
 from hybridflow.graph import Graph, node_fn
 from hybridflow.placement import Placement, PoolSpec
 from hybridflow import render
 from hybridflow.render import RenderError, edge_keys, render_graph, render_timeline
+from tests.support.fakes import FAKE_ROLES
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None,
                                reason="Graphviz `dot` is not installed (apt-get install graphviz)")
-SEQ = ("input_ids", "attention_mask", "position_ids")
-
-
-# --------------------------------------------------------------- fake workers
-class FakeActor:
-    @method(dispatch=DP, reads=SEQ, writes=("responses", "response_mask") + SEQ,
-            kind="generate", overwrites=SEQ, forwards=True)
-    def generate(self, batch, n=1, temperature=1.0): ...
-
-    @method(dispatch=DP, reads=SEQ + ("responses",), writes=("old_log_probs",))
-    def logprob(self, batch, micro_batch_size=8): ...
-
-    @method(dispatch=DP, reads=SEQ + ("responses", "response_mask", "old_log_probs",
-                                      "advantages"),
-            optional=("ref_log_prob",), writes=("actor_metrics",), kind="train")
-    def update(self, batch): ...
-
-
-class FakeRef:
-    @method(dispatch=DP, reads=SEQ + ("responses",), writes=("ref_log_prob",))
-    def logprob(self, batch): ...
-
-
-class FakeCritic:
-    @method(dispatch=DP, reads=SEQ + ("responses",), writes=("values",))
-    def values(self, batch): ...
-
-    @method(dispatch=DP, reads=SEQ + ("responses", "response_mask", "values", "returns"),
-            writes=("critic_metrics",), kind="train")
-    def update(self, batch): ...
-
-
-class FakeReward:
-    @method(dispatch=RANK_ZERO, reads=("responses", "ground_truth"),
-            writes=("token_level_scores",))
-    def score(self, batch): ...
 
 
 @node_fn(reads=("token_level_scores", "values", "response_mask"),
@@ -66,7 +30,7 @@ def gae(batch, gamma=1.0, lam=0.95): ...
 def group_advantages(batch): ...
 
 
-BINDINGS = {"actor": FakeActor, "ref": FakeRef, "critic": FakeCritic, "reward": FakeReward}
+BINDINGS = FAKE_ROLES
 
 
 def ppo_graph() -> Graph:
@@ -127,7 +91,7 @@ def test_edge_keys_are_the_keys_the_consumer_reads_from_that_producer():
     assert read == ["response_mask"]
     assert "uid" in passed and "input_ids" in passed
     assert edge_keys(plan, "values", "advantages") == (["values"], [])
-    assert edge_keys(plan, "reward", "advantages") == (["token_level_scores"], [])
+    assert edge_keys(plan, "reward", "advantages") == (["token_level_scores"], ["scores"])
     assert edge_keys(plan, "ref_logprob", "update_actor")[0] == ["ref_log_prob"]
 
 
@@ -221,7 +185,8 @@ def fake_records():
     rows = []
     for step, t in ((1, 0.0), (2, 10.0)):
         rows += [
-            {"step": step, "node": "prompts", "role": None, "pool": None, "start": t, "end": t + .1},
+            {"step": step, "node": "prompts", "role": None, "pool": None,
+             "start": t, "end": t + .1},
             {"step": step, "node": "generate", "role": "actor", "pool": "main",
              "start": t + .1, "end": t + 3},
             {"step": step, "node": "values", "role": "critic", "pool": "critic_pool",

@@ -36,7 +36,8 @@ def split_score(result: float | dict) -> tuple[float, dict[str, Any]]:
     """(score, extra values to log) from a scorer's float or dict result."""
     if isinstance(result, dict):
         if "score" not in result:
-            raise ValueError(f"a scorer returning a dict must include 'score'; got keys {sorted(result)}")
+            raise ValueError(f"a scorer returning a dict must include 'score'; "
+                             f"got keys {sorted(result)}")
         return float(result["score"]), {k: v for k, v in result.items() if k != "score"}
     return float(result), {}
 
@@ -54,7 +55,8 @@ def _import_file(file: Path):
         spec.loader.exec_module(module)
     except Exception as err:
         del sys.modules[name]
-        raise ImportError(f"importing scorer file {file} failed: {type(err).__name__}: {err}") from err
+        raise ImportError(f"importing scorer file {file} failed: "
+                          f"{type(err).__name__}: {err}") from err
     return module
 
 

@@ -40,7 +40,8 @@ def ground_truth_answer(ground_truth: str) -> str:
     return _normalise(str(ground_truth).split("####")[-1].strip())
 
 
-def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
+def compute_score(data_source: str, solution_str: str, ground_truth: str,
+                  extra_info: dict | None = None,
                   method: str = "strict", format_score: float = 0.0, score: float = 1.0) -> float:
     """`score` if the extracted answer equals the ground truth, `format_score` if
     an answer was found but is wrong, 0.0 if none was found."""

@@ -35,7 +35,8 @@ def make_problem(a: int, b: int, index: int) -> dict:
 
 
 def _sample_rows(pairs: list[Pair], n: int, rng: random.Random) -> list[dict]:
-    """n rows drawn from `pairs`: whole shuffled passes, so n <= len(pairs) gives distinct problems."""
+    """n rows drawn from `pairs`: whole shuffled passes, so n <= len(pairs) gives distinct
+    problems."""
     if n < 0:
         raise ValueError(f"number of problems must be >= 0, got {n}")
     rows: list[dict] = []
@@ -52,7 +53,8 @@ def make_problems(n: int, seed: int, max_operand: int = 9) -> list[dict]:
     return _sample_rows(all_pairs(max_operand), n, random.Random(seed))
 
 
-def split_pairs(seed: int = 0, max_operand: int = 9, test_fraction: float = 0.2) -> tuple[list[Pair], list[Pair]]:
+def split_pairs(seed: int = 0, max_operand: int = 9,
+                test_fraction: float = 0.2) -> tuple[list[Pair], list[Pair]]:
     """Partition the distinct pairs into (train_pairs, test_pairs), deterministic in `seed`.
 
     The test share is round(test_fraction * pairs), at least 1, and the train
@@ -60,7 +62,8 @@ def split_pairs(seed: int = 0, max_operand: int = 9, test_fraction: float = 0.2)
     """
     pairs = all_pairs(max_operand)
     if len(pairs) < 2:
-        raise ValueError(f"max_operand={max_operand} gives {len(pairs)} distinct problem(s): nothing to hold out")
+        raise ValueError(f"max_operand={max_operand} gives {len(pairs)} distinct problem(s): "
+                         "nothing to hold out")
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
     random.Random(f"split-{seed}").shuffle(pairs)
@@ -91,6 +94,7 @@ def extract_answer(solution_str: str) -> str:
     return solution_str[:cut].strip()
 
 
-def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
+def compute_score(data_source: str, solution_str: str, ground_truth: str,
+                  extra_info: dict | None = None) -> float:
     """1.0 if the extracted answer equals the ground truth exactly, else 0.0."""
     return 1.0 if extract_answer(solution_str) == str(ground_truth).strip() else 0.0

@@ -2,20 +2,23 @@
 
     result = plan_placement(plan, Cluster(2, 8, "h100-80g"),
                             {"actor": ModelSpec.from_name("7b"), ...},
-                            Workload(prompts=1024, samples_per_prompt=1, prompt_len=1024, response_len=1024))
+                            Workload(prompts=1024, samples_per_prompt=1, prompt_len=1024,
+                                     response_len=1024))
     print(result.explain())
     config["placement"] = result.best.to_placement_config()
 
 Modules: devices (device table, Cluster), models (ModelSpec), problem (graph
 view, Workload), cost (memory and time of one role), pool (colocated roles),
-schedule (step simulation), search (enumeration and pruning), result,
-explain (table, paragraph, JSON) and render (graphviz).
+schedule (step simulation), search (enumeration and pruning), ranking (the
+result as data), explain (table, paragraph, JSON), render (graphviz) and result
+(PlannerResult: the ranking with its words and drawing, on top of both).
 """
 from .cost import Layout
 from .devices import DEVICES, Cluster, Device, get_device
 from .models import KNOWN_SIZES, ModelSpec
 from .problem import NodeInfo, PlanningError, Workload
-from .result import Candidate, PlannerResult, PoolPlan
+from .ranking import Candidate, PoolPlan
+from .result import PlannerResult
 from .search import NoFeasiblePlacement, plan_placement
 
 __all__ = [

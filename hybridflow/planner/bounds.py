@@ -36,7 +36,8 @@ class GroupBounds:
     def _minima(names: list[str], opts) -> tuple[list[float], float]:
         if isinstance(opts, Shortfall):
             return [INF] * len(names), INF
-        return [min(ev.node_seconds[n] for ev in opts) for n in names], min(ev.busy_seconds for ev in opts)
+        fastest = [min(ev.node_seconds[n] for ev in opts) for n in names]
+        return fastest, min(ev.busy_seconds for ev in opts)
 
     def at(self, size: int) -> tuple[list[float], float]:
         return self.exact[self.sizes.index(size)]
@@ -48,7 +49,8 @@ class GroupBounds:
 
 def partial_bound(schedule, base_times: list[float], tables: list[GroupBounds],
                   chosen: tuple[int, ...], cap: int) -> float:
-    """Bound for allocations starting with sizes `chosen`; later groups get at most `cap` devices."""
+    """Bound for allocations starting with sizes `chosen`; later groups get at most `cap`
+    devices."""
     times = list(base_times)
     busy = []
     for index, table in enumerate(tables):

@@ -186,7 +186,8 @@ class CostModel:
         model, work = self.problem.models[role], self.workload
         seqs_per_rank = math.ceil(work.sequences / devices)
         steps = work.ppo_epochs * work.mini_batches if train else 1
-        count, seqs = self._micro_batches(math.ceil(seqs_per_rank / (work.mini_batches if train else 1)))
+        per_mini = math.ceil(seqs_per_rank / (work.mini_batches if train else 1))
+        count, seqs = self._micro_batches(per_mini)
         tokens = seqs * work.seq_len
         micro = self._micro_batch_seconds(role, devices, tokens, train)
         optimizer = 0.0
@@ -205,7 +206,8 @@ class CostModel:
             compute = flops / (self.device.bf16_flops * MFU_FORWARD)
         collectives = FSDP_COLLECTIVES_TRAIN if train else FSDP_COLLECTIVES_FORWARD
         bandwidth, latency = self._dp_link(devices)
-        gathers = collectives * allgather_seconds(BF16_BYTES * model.params, devices, bandwidth, latency)
+        gathers = collectives * allgather_seconds(BF16_BYTES * model.params, devices, bandwidth,
+                                                  latency)
         return max(compute, gathers)  # FSDP prefetch overlaps gathers with compute
 
     def _activation_bytes(self, role: str, tokens: int, train: bool) -> float:
@@ -224,7 +226,8 @@ class CostModel:
     def generate_fixed_bytes(self, role: str, tp: int) -> float:
         """Rollout weights plus prefill workspace: needed before any KV cache."""
         model = self.problem.models[role]
-        workspace = PREFILL_CHUNK_TOKENS * (model.hidden * ACTIVATION_BYTES_FORWARD + model.vocab * LOGIT_BYTES)
+        workspace = PREFILL_CHUNK_TOKENS * (model.hidden * ACTIVATION_BYTES_FORWARD
+                                            + model.vocab * LOGIT_BYTES)
         return (BF16_BYTES * model.params + workspace) / tp
 
     def kv_bytes_per_sequence(self, role: str, tp: int) -> float:
@@ -232,17 +235,21 @@ class CostModel:
         # KV heads are split by tp; beyond kv_heads they are replicated.
         return self.workload.seq_len * model.kv_bytes_per_token / min(tp, model.kv_heads)
 
-    def generate_cost(self, role: str, devices: int, tp: int, free_bytes: float) -> GenerateCost | None:
-        """Rollout time given the memory left by the pool's static state; None if no sequence fits."""
+    def generate_cost(self, role: str, devices: int, tp: int,
+                      free_bytes: float) -> GenerateCost | None:
+        """Rollout time given the memory left by the pool's static state; None if no sequence
+        fits."""
         kv = self.kv_bytes_per_sequence(role, tp)
         room = free_bytes - self.generate_fixed_bytes(role, tp)
         batch_cap = min(MAX_DECODE_BATCH, int(room // kv)) if room > 0 else 0
         key = (role, devices, tp, batch_cap)
         if key not in self._generate:
-            self._generate[key] = self._generate_cost(role, devices, Layout(devices // tp, tp), batch_cap)
+            self._generate[key] = self._generate_cost(role, devices, Layout(devices // tp, tp),
+                                                      batch_cap)
         return self._generate[key]
 
-    def _generate_cost(self, role: str, devices: int, layout: Layout, batch_cap: int) -> GenerateCost | None:
+    def _generate_cost(self, role: str, devices: int, layout: Layout,
+                       batch_cap: int) -> GenerateCost | None:
         if batch_cap < 1:
             return None
         # Waves of equal size: the fewest the KV cache allows, as a continuous
@@ -257,7 +264,8 @@ class CostModel:
         shard = BF16_BYTES * self.problem.models[role].params / layout.tp
         reshard = allgather_seconds(shard, layout.dp, bandwidth, latency)
         seconds += ENGINE_SWITCH_S + reshard + NODE_CALL_OVERHEAD_S
-        transient = self.generate_fixed_bytes(role, layout.tp) + batch * self.kv_bytes_per_sequence(role, layout.tp)
+        transient = (self.generate_fixed_bytes(role, layout.tp)
+                     + batch * self.kv_bytes_per_sequence(role, layout.tp))
         return GenerateCost(seconds, batch, waves, transient)
 
     def _wave_seconds(self, role: str, layout: Layout, batch: int) -> float:
@@ -274,6 +282,7 @@ class CostModel:
         memory_bound = read / (self.device.memory_bandwidth * HBM_EFFICIENCY)
         compute_bound = forward_flops_per_token(model, int(context)) * batch / (
             tp * self.device.bf16_flops * MFU_DECODE)
-        comm = TP_ALLREDUCES_DECODE * model.layers * self._tp_allreduce(batch * model.hidden * BF16_BYTES, tp)
+        allreduce = self._tp_allreduce(batch * model.hidden * BF16_BYTES, tp)
+        comm = TP_ALLREDUCES_DECODE * model.layers * allreduce
         step = max(memory_bound, compute_bound) + comm + DECODE_STEP_OVERHEAD_S
         return prefill + work.response_len * step

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .devices import GIB
-from .result import Candidate, PlannerResult
+from .ranking import Candidate, Ranking
 
 IDLE_NOTE_FRACTION = 0.4  # mention a pool in a reason when it idles at least this much
 
@@ -15,16 +15,20 @@ def reason_lost(candidate: Candidate, best: Candidate) -> str:
     pct = 100 * delta / best.step_seconds
     parts = [f"{delta:.1f} s (+{pct:.1f}%) slower than the best"]
     mine, theirs = candidate.node_seconds, best.node_seconds
-    worst_diff, worst = max(((mine[n] - theirs[n], n) for n in candidate.critical_path if n in theirs),
+    worst_diff, worst = max(((mine[n] - theirs[n], n)
+                             for n in candidate.critical_path if n in theirs),
                             default=(0.0, None))
     if worst is not None and worst_diff > 0.05 * delta:
-        devices = candidate.pool_of_name(candidate.timings[worst].pool).devices if candidate.timings[worst].pool else 0
-        parts.append(f"{worst} takes {mine[worst]:.1f} s on {devices} device(s) vs {theirs[worst]:.1f} s")
+        pool = candidate.timings[worst].pool
+        devices = candidate.pool_of_name(pool).devices if pool else 0
+        parts.append(f"{worst} takes {mine[worst]:.1f} s on {devices} device(s) "
+                     f"vs {theirs[worst]:.1f} s")
     else:  # no node is slower: the loss is in running them one after another
         busiest = max(candidate.pools, key=lambda p: p.busy_seconds)
         parts.append(f"its nodes are no slower but run in sequence: pool {busiest.name} is busy "
                      f"{busiest.busy_seconds:.1f} s, while the best's busiest pool is busy "
-                     f"{max(p.busy_seconds for p in best.pools):.1f} s with its pools working concurrently")
+                     f"{max(p.busy_seconds for p in best.pools):.1f} s "
+                     "with its pools working concurrently")
         scaling = weakest_scaling(candidate, best)
         if scaling:
             parts.append(scaling)
@@ -61,7 +65,7 @@ def idle_pools(candidate: Candidate) -> list[str]:
     return out
 
 
-def table(result: PlannerResult) -> str:
+def table(result: Ranking) -> str:
     rows = [("#", "pools [devices: role dp x tp]", "step s", "vs best", "peak GiB/dev")]
     best = result.best.step_seconds
     for rank, cand in enumerate(result.ranked, 1):
@@ -76,23 +80,27 @@ def table(result: PlannerResult) -> str:
 def node_table(candidate: Candidate) -> str:
     lines = ["node                  pool                      start s    end s   seconds"]
     for name, t in candidate.timings.items():
-        lines.append(f"{name:<21} {t.pool or 'driver':<24} {t.start:8.1f} {t.end:8.1f} {t.seconds:9.2f}")
+        lines.append(f"{name:<21} {t.pool or 'driver':<24} {t.start:8.1f} {t.end:8.1f} "
+                     f"{t.seconds:9.2f}")
     return "\n".join(lines)
 
 
-def paragraph(result: PlannerResult) -> str:
+def paragraph(result: Ranking) -> str:
     best, cluster = result.best, result.cluster
     device = cluster.spec.label
     if best.colocated:
         pool = best.pools[0]
-        where = f"colocate {', '.join(pool.roles)} in one pool on all {pool.devices} {device} devices"
+        where = (f"colocate {', '.join(pool.roles)} in one pool on all {pool.devices} {device} "
+                 "devices")
     else:
         where = "split the roles into " + "; ".join(
             f"{'+'.join(p.roles)} on {p.devices}" for p in best.pools) + f" {device} devices"
-    layouts = ", ".join(f"{r} dp={l.dp} tp={l.tp}" for p in best.pools for r, l in p.layouts.items())
+    layouts = ", ".join(f"{r} dp={lay.dp} tp={lay.tp}"
+                        for p in best.pools for r, lay in p.layouts.items())
     text = [(f"Best plan: {where} ({layouts}); predicted step {best.step_seconds:.1f} s, "
              f"critical path {' -> '.join(best.critical_path)}.")]
-    gen = [f"{r} decodes {b} sequences at once per replica" for p in best.pools for r, b in p.decode_batch.items()]
+    gen = [f"{r} decodes {b} sequences at once per replica"
+           for p in best.pools for r, b in p.decode_batch.items()]
     if gen:
         text.append(" ".join(gen).capitalize() + ".")
     if result.colocated is not None and not best.colocated:
@@ -110,18 +118,19 @@ def paragraph(result: PlannerResult) -> str:
     return " ".join(text)
 
 
-def explain(result: PlannerResult) -> str:
+def explain(result: Ranking) -> str:
     head = (f"Placement of a {len(result.nodes)}-node graph on {result.cluster.describe()}; "
             f"workload {result.workload.describe()}; models "
             + ", ".join(f"{r}={m.name}" for r, m in result.models.items()))
-    parts = [head, "", table(result), "", paragraph(result), "", "Best plan, per node:", node_table(result.best)]
+    parts = [head, "", table(result), "", paragraph(result), "", "Best plan, per node:",
+             node_table(result.best)]
     if result.rejected:
         parts += ["", "Rejected (does not fit in memory):"]
         parts += [f"  - {s.reason(result.cluster.spec.label)}" for s in result.rejected[:8]]
     return "\n".join(parts)
 
 
-def result_json(result: PlannerResult) -> dict:
+def result_json(result: Ranking) -> dict:
     label = result.cluster.spec.label
     return {
         "cluster": {"nodes": result.cluster.nodes, "gpus_per_node": result.cluster.gpus_per_node,
@@ -131,8 +140,10 @@ def result_json(result: PlannerResult) -> dict:
         "best": result.best.to_json(),
         "candidates": [c.to_json() for c in result.candidates],
         "colocated": result.colocated.to_json() if result.colocated else None,
-        "rejected": [{"roles": list(s.roles), "devices": s.devices, "need_gib": round(s.need / GIB, 2),
-                      "usable_gib": round(s.usable / GIB, 2), "reason": s.reason(label)} for s in result.rejected],
+        "rejected": [{"roles": list(s.roles), "devices": s.devices,
+                      "need_gib": round(s.need / GIB, 2),
+                      "usable_gib": round(s.usable / GIB, 2), "reason": s.reason(label)}
+                     for s in result.rejected],
         "search_seconds": round(result.search_seconds, 4),
         "plans_simulated": result.plans_simulated,
     }

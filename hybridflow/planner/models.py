@@ -26,7 +26,8 @@ class ModelSpec:
 
     @property
     def lora_params(self) -> int:
-        """Adapter parameters at `lora_rank` on the attention projections (A: in x r, B: r x out)."""
+        """Adapter parameters at `lora_rank` on the attention projections (A: in x r,
+        B: r x out)."""
         kv = self.kv_heads * self.head_dim
         return self.lora_rank * self.layers * (6 * self.hidden + 2 * kv)
 
@@ -34,7 +35,8 @@ class ModelSpec:
         if min(self.layers, self.hidden, self.heads, self.kv_heads, self.vocab) < 1:
             raise ValueError(f"model {self.name!r} has a non-positive dimension: {self}")
         if self.hidden % self.heads:
-            raise ValueError(f"model {self.name!r}: hidden {self.hidden} not divisible by heads {self.heads}")
+            raise ValueError(f"model {self.name!r}: hidden {self.hidden} not divisible by "
+                             f"heads {self.heads}")
 
     @property
     def head_dim(self) -> int:
@@ -56,7 +58,8 @@ class ModelSpec:
         return 2 * self.layers * self.kv_heads * self.head_dim * BF16_BYTES
 
     def describe(self) -> str:
-        return f"{self.name} ({self.params / 1e9:.1f}B params, {self.layers} layers, hidden {self.hidden})"
+        return (f"{self.name} ({self.params / 1e9:.1f}B params, {self.layers} layers, "
+                f"hidden {self.hidden})")
 
     @classmethod
     def from_name(cls, name: str) -> ModelSpec:
@@ -74,7 +77,8 @@ class ModelSpec:
         required = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
         missing = [k for k in required if k not in config]
         if missing:
-            raise ValueError(f"model config lacks {', '.join(missing)}; is it a decoder-only causal LM config?")
+            raise ValueError(f"model config lacks {', '.join(missing)}; "
+                             "is it a decoder-only causal LM config?")
         hidden = int(config["hidden_size"])
         return cls(
             name=name or str(config.get("_name_or_path") or config.get("model_type") or "hf-model"),

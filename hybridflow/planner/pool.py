@@ -104,7 +104,8 @@ def _combine(cost: CostModel, roles, devices, parts: tuple[RoleCost, ...]) -> Po
     capacity = cost.device.memory_bytes
     memory = MemoryUse(static, peak_bytes, peak_node, cost.usable, capacity)
     ordered = {n.name: seconds[n.name] for n in cost.problem.nodes if n.name in seconds}
-    return PoolEval(roles, devices, {p.role: p.layout for p in parts}, ordered, memory, decode_batch)
+    return PoolEval(roles, devices, {p.role: p.layout for p in parts}, ordered, memory,
+                    decode_batch)
 
 
 def _generate_shortfall(cost, roles, devices, parts, gen_part: RoleCost) -> Shortfall:
@@ -124,7 +125,8 @@ def _shortfall(cost, roles, devices, static: dict, transient: float, what: str) 
     return Shortfall(tuple(roles), devices, need, cost.usable, cost.device.memory_bytes, detail)
 
 
-def pool_options(cost: CostModel, roles: tuple[str, ...], devices: int) -> list[PoolEval] | Shortfall:
+def pool_options(cost: CostModel, roles: tuple[str, ...],
+                 devices: int) -> list[PoolEval] | Shortfall:
     """The Pareto-optimal layouts of a pool (no other layout is as fast on every node).
 
     Step time only grows with any node's time, and a pool's layouts change only
@@ -154,7 +156,8 @@ def _role_choices(cost: CostModel, role: str, devices: int) -> list[RoleCost]:
     """
     model = cost.problem.models[role]
     generates = cost.problem.generates(role)
-    options = [cost.role_cost(role, devices, tp) for tp in tp_options(cost.cluster, model, devices, generates)]
+    tps = tp_options(cost.cluster, model, devices, generates)
+    options = [cost.role_cost(role, devices, tp) for tp in tps]
     if generates:
         return options
 

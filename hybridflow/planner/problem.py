@@ -43,7 +43,8 @@ class Workload:
         for field in ("prompts", "samples_per_prompt", "prompt_len", "response_len",
                       "ppo_epochs", "mini_batches", "micro_batch_tokens"):
             if getattr(self, field) < 1:
-                raise PlanningError(f"workload {field} must be at least 1, got {getattr(self, field)}")
+                raise PlanningError(f"workload {field} must be at least 1, "
+                                    f"got {getattr(self, field)}")
 
     @property
     def sequences(self) -> int:
@@ -97,30 +98,35 @@ class Problem:
 def read_nodes(graph) -> tuple[NodeInfo, ...]:
     nodes = getattr(graph, "nodes", None)
     if nodes is None:
-        raise PlanningError("the planner needs a graph with a `.nodes` list (a compiled ExecutionPlan)")
+        raise PlanningError("the planner needs a graph with a `.nodes` list "
+                            "(a compiled ExecutionPlan)")
     seen: set[str] = set()
     out = []
     for node in nodes:
         info = NodeInfo(node.name, node.kind, node.role, tuple(node.deps))
         if info.kind not in NODE_KINDS:
-            raise PlanningError(f"node {info.name!r} has kind {info.kind!r}; expected one of {NODE_KINDS}")
+            raise PlanningError(f"node {info.name!r} has kind {info.kind!r}; "
+                                f"expected one of {NODE_KINDS}")
         if info.kind in DEVICE_KINDS and not info.role:
             raise PlanningError(f"node {info.name!r} of kind {info.kind!r} has no role")
         missing = [d for d in info.deps if d not in seen]
         if missing:
-            raise PlanningError(f"node {info.name!r} depends on {missing}, which do not come before it; "
+            raise PlanningError(f"node {info.name!r} depends on {missing}, "
+                                "which do not come before it; "
                                 "the planner needs nodes in topological order")
         seen.add(info.name)
         out.append(info)
     return tuple(out)
 
 
-def build_problem(graph, cluster: Cluster, models: dict[str, ModelSpec], workload: Workload) -> Problem:
+def build_problem(graph, cluster: Cluster, models: dict[str, ModelSpec],
+                  workload: Workload) -> Problem:
     nodes = read_nodes(graph)
     roles = list(dict.fromkeys(n.role for n in nodes if n.role))
     unknown = sorted(set(models) - set(roles))
     if unknown:
-        raise PlanningError(f"model sizes given for roles not in the graph: {unknown}; graph roles: {roles}")
+        raise PlanningError(f"model sizes given for roles not in the graph: {unknown}; "
+                            f"graph roles: {roles}")
     placed, driver = [], []
     for role in roles:
         kinds = {n.kind for n in nodes if n.role == role}

@@ -11,7 +11,7 @@ import shutil
 import graphviz
 
 from .devices import GIB
-from .result import Candidate, PlannerResult
+from .ranking import Candidate, Ranking
 
 FORMATS = ("svg", "png", "pdf")
 POOL_COLOURS = ("#e8f0fe", "#e6f4ea", "#fef7e0", "#fce8e6", "#f3e8fd", "#e0f7fa")
@@ -21,14 +21,16 @@ class RenderError(RuntimeError):
     pass
 
 
-def plan_to_dot(result: PlannerResult, rank: int = 0) -> graphviz.Digraph:
+def plan_to_dot(result: Ranking, rank: int = 0) -> graphviz.Digraph:
     candidate = result.ranked[rank]
     dot = graphviz.Digraph("plan", graph_attr={
-        "rankdir": "TB", "fontname": "Helvetica", "fontsize": "14", "labelloc": "t", "compound": "true",
+        "rankdir": "TB", "fontname": "Helvetica", "fontsize": "14", "labelloc": "t",
+        "compound": "true",
         "label": _title(result, candidate), "newrank": "true"})
-    dot.attr("node", shape="box", style="rounded,filled", fillcolor="white", fontname="Helvetica", fontsize="11")
+    dot.attr("node", shape="box", style="rounded,filled", fillcolor="white", fontname="Helvetica",
+             fontsize="11")
     dot.attr("edge", color="#5f6368")
-    for i, pool in enumerate(candidate.pools):
+    for i in range(len(candidate.pools)):
         _pool_cluster(dot, result, candidate, i)
     _driver_cluster(dot, result, candidate)
     on_path = set(zip(candidate.critical_path, candidate.critical_path[1:]))
@@ -39,16 +41,18 @@ def plan_to_dot(result: PlannerResult, rank: int = 0) -> graphviz.Digraph:
     return dot
 
 
-def _title(result: PlannerResult, candidate: Candidate) -> str:
+def _title(result: Ranking, candidate: Candidate) -> str:
     kind = "colocated" if candidate.colocated else f"{len(candidate.pools)} pools"
-    return (f"{kind}: predicted step {candidate.step_seconds:.1f} s on {result.cluster.describe()}\n"
+    return (f"{kind}: predicted step {candidate.step_seconds:.1f} s "
+            f"on {result.cluster.describe()}\n"
             f"{result.workload.describe()}  (red: critical path)")
 
 
-def _pool_cluster(dot: graphviz.Digraph, result: PlannerResult, candidate: Candidate, index: int) -> None:
+def _pool_cluster(dot: graphviz.Digraph, result: Ranking, candidate: Candidate, index: int) -> None:
     pool = candidate.pools[index]
     mem = pool.memory
-    label = (f"pool {pool.name}: {pool.nodes} node(s) x {pool.devices_per_node} {result.cluster.spec.label}\n"
+    label = (f"pool {pool.name}: {pool.nodes} node(s) x {pool.devices_per_node} "
+             f"{result.cluster.spec.label}\n"
              f"peak {mem.total / GIB:.1f} of {mem.capacity / GIB:.0f} GiB per device, "
              f"busy {pool.busy_seconds:.1f} s")
     with dot.subgraph(name=f"cluster_pool_{index}") as sub:
@@ -64,14 +68,16 @@ def _pool_cluster(dot: graphviz.Digraph, result: PlannerResult, candidate: Candi
                 where = f"dp={layout.dp} tp={layout.tp} (FSDP over {pool.devices} devices)"
             role_label = f"{role}: {where}\n{mem.static[role] / GIB:.1f} GiB resident{extra}"
             with sub.subgraph(name=f"cluster_role_{role}") as box:
-                box.attr(label=role_label, style="rounded,filled", fillcolor="white", color="#bdc1c6",
+                box.attr(label=role_label, style="rounded,filled", fillcolor="white",
+                         color="#bdc1c6",
                          fontsize="11")
                 for node in result.nodes:
                     if node.role == role:
-                        box.node(node.name, f"{node.name}\n{candidate.timings[node.name].seconds:.1f} s")
+                        box.node(node.name,
+                                 f"{node.name}\n{candidate.timings[node.name].seconds:.1f} s")
 
 
-def _driver_cluster(dot: graphviz.Digraph, result: PlannerResult, candidate: Candidate) -> None:
+def _driver_cluster(dot: graphviz.Digraph, result: Ranking, candidate: Candidate) -> None:
     with dot.subgraph(name="cluster_driver") as sub:
         sub.attr(label="driver (no device)", style="dashed", color="#9aa0a6", fontsize="12")
         for node in result.nodes:
@@ -81,8 +87,9 @@ def _driver_cluster(dot: graphviz.Digraph, result: PlannerResult, candidate: Can
                 sub.node(node.name, f"{node.name}\n{kind}", shape=shape, fillcolor="#f1f3f4")
 
 
-def render_plan(result: PlannerResult, path: str, rank: int = 0) -> str:
-    """Write the drawing to `path` (.svg, .png, .pdf, or .dot/.gv for the source); returns the path."""
+def render_plan(result: Ranking, path: str, rank: int = 0) -> str:
+    """Write the drawing to `path` (.svg, .png, .pdf, or .dot/.gv for the source); returns the
+    path."""
     dot = plan_to_dot(result, rank)
     stem, ext = os.path.splitext(path)
     fmt = ext.lstrip(".").lower()

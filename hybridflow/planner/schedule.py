@@ -66,7 +66,8 @@ class StepSchedule:
             bound = max(bound, first_start[pool] + least_busy)
         return bound
 
-    def timings(self, seconds: list[float], pool_names: list[str]) -> tuple[dict[str, NodeTiming], list[str]]:
+    def timings(self, seconds: list[float],
+                pool_names: list[str]) -> tuple[dict[str, NodeTiming], list[str]]:
         """Start and end of every node, and the critical path from first to last node."""
         end = [0.0] * len(self.nodes)
         start = [0.0] * len(self.nodes)
@@ -86,7 +87,8 @@ class StepSchedule:
         out = {}
         for i, node in enumerate(self.nodes):
             pool = self.pool[i]
-            out[node.name] = NodeTiming(node.name, None if pool == DRIVER else pool_names[pool], start[i], end[i])
+            out[node.name] = NodeTiming(node.name, None if pool == DRIVER else pool_names[pool],
+                                        start[i], end[i])
         path, i = [], max(range(len(end)), key=end.__getitem__) if end else -1
         while i >= 0:
             path.append(self.nodes[i].name)

@@ -30,7 +30,8 @@ from .devices import Cluster
 from .models import ModelSpec
 from .pool import PoolEval, Shortfall, pool_options
 from .problem import PlanningError, Problem, Workload, build_problem
-from .result import Candidate, PlannerResult, PoolPlan
+from .ranking import Candidate, PoolPlan
+from .result import PlannerResult
 from .schedule import StepSchedule
 
 
@@ -70,7 +71,8 @@ def allowed_pool_sizes(cluster: Cluster) -> list[int]:
     gpn, nodes = cluster.gpus_per_node, cluster.nodes
     inside = [d for d in range(1, gpn) if gpn % d == 0]
     step = -(-nodes // MAX_ALLOCATION_STEPS)
-    whole = {k for k in range(step, nodes + 1, step)} | {nodes - k for k in range(step, nodes, step)}
+    whole = ({k for k in range(step, nodes + 1, step)}
+             | {nodes - k for k in range(step, nodes, step)})
     return inside + [gpn * k for k in sorted(whole)]
 
 
@@ -199,7 +201,8 @@ def make_candidate(problem: Problem, pools: tuple[PoolEval, ...]) -> Candidate:
         nodes, per_node = (ev.devices // gpn, gpn) if ev.devices >= gpn else (1, ev.devices)
         plans.append(PoolPlan("_".join(ev.roles), ev.roles, ev.devices, nodes, per_node,
                               dict(ev.layouts), ev.memory, ev.busy_seconds, dict(ev.decode_batch)))
-    schedule = StepSchedule(problem.nodes, {r: i for i, ev in enumerate(pools) for r in ev.roles}, len(pools))
+    schedule = StepSchedule(problem.nodes, {r: i for i, ev in enumerate(pools) for r in ev.roles},
+                            len(pools))
     seconds = node_seconds(problem, pools)
     timings, path = schedule.timings(seconds, [p.name for p in plans])
     step = max((t.end for t in timings.values()), default=0.0)
@@ -231,7 +234,8 @@ def plan_placement(graph, cluster: Cluster, models: dict[str, ModelSpec], worklo
         colocated = make_candidate(problem, search.best[everything][1])
         if colocated.grouping != candidates[0].grouping:
             colocated.reason = reason_lost(colocated, candidates[0])
-    return PlannerResult(candidates[0], candidates[1:], colocated, rejected, time.perf_counter() - began,
+    return PlannerResult(candidates[0], candidates[1:], colocated, rejected,
+                         time.perf_counter() - began,
                          search.simulated, problem.nodes, cluster, workload, dict(models))
 
 

@@ -33,7 +33,8 @@ def test_whiten_needs_two_valid_tokens():
 
 
 @FAST
-@given(st.lists(st.floats(-100, 100), min_size=12, max_size=12), st.lists(st.booleans(), min_size=12, max_size=12))
+@given(st.lists(st.floats(-100, 100), min_size=12, max_size=12),
+       st.lists(st.booleans(), min_size=12, max_size=12))
 def test_whiten_gives_masked_mean_zero_and_variance_one(values, keep):
     x, mask = t(values).reshape(3, 4), torch.tensor(keep, dtype=F64).reshape(3, 4)
     mask[0, :2] = 1  # at least two valid tokens
@@ -79,9 +80,11 @@ def test_gae_with_holes_equals_gae_on_compacted_sequence(n_valid, seed):
     T = n_valid + 3
     keep = torch.zeros(T, dtype=torch.bool)
     keep[torch.randperm(T, generator=gen)[:n_valid]] = True
-    rewards, values = torch.randn(1, T, generator=gen, dtype=F64), torch.randn(1, T, generator=gen, dtype=F64)
+    rewards = torch.randn(1, T, generator=gen, dtype=F64)
+    values = torch.randn(1, T, generator=gen, dtype=F64)
     _, ret = adv.gae(rewards, values, keep[None].to(F64), gamma=0.9, lam=0.8)
-    _, ret_compact = adv.gae(rewards[:, keep], values[:, keep], torch.ones(1, n_valid, dtype=F64), 0.9, 0.8)
+    _, ret_compact = adv.gae(rewards[:, keep], values[:, keep], torch.ones(1, n_valid, dtype=F64),
+                             0.9, 0.8)
     assert torch.allclose(ret[:, keep], ret_compact)
     assert torch.equal(ret[:, ~keep], torch.zeros(1, T - n_valid, dtype=F64))
 
@@ -99,7 +102,8 @@ def test_grpo_hand_computed_with_equal_group_and_group_of_one():
 
 
 def test_dr_grpo_does_not_divide_by_std():
-    a, _ = adv.dr_grpo(t([1.0, 0.0, 1.0, 1.0, 5.0]), ["a", "a", "b", "b", "c"], torch.ones(5, 1, dtype=F64))
+    a, _ = adv.dr_grpo(t([1.0, 0.0, 1.0, 1.0, 5.0]), ["a", "a", "b", "b", "c"],
+                       torch.ones(5, 1, dtype=F64))
     assert torch.allclose(a[:, 0], t([0.5, -0.5, 0.0, 0.0, 5.0]))
 
 
@@ -144,7 +148,8 @@ def test_rloo_is_score_minus_mean_of_the_others():
 # ---------------------------------------------------------------- reinforce++
 
 def test_reinforce_pp_discounted_return():
-    a, ret = adv.reinforce_pp(t([[0.0, 0.0, 1.0], [0.0, 2.0, 0.0]]), t([[1, 1, 1], [1, 1, 0]]), gamma=0.5)
+    a, ret = adv.reinforce_pp(t([[0.0, 0.0, 1.0], [0.0, 2.0, 0.0]]), t([[1, 1, 1], [1, 1, 0]]),
+                              gamma=0.5)
     assert torch.allclose(ret, t([[0.25, 0.5, 1.0], [1.0, 2.0, 0.0]]))
     assert torch.allclose(a, adv.whiten(ret, t([[1, 1, 1], [1, 1, 0]])) * t([[1, 1, 1], [1, 1, 0]]))
 
@@ -168,7 +173,8 @@ def test_reinforce_pp_baseline_centres_by_group_then_whitens():
 # ---------------------------------------------------------------- remax
 
 def test_remax_reward_to_go_minus_baseline():
-    a, ret = adv.remax(t([[0.0, 1.0, 2.0], [3.0, 0.0, 0.0]]), t([0.5, 1.0]), t([[1, 1, 0], [0, 0, 0]]))
+    a, ret = adv.remax(t([[0.0, 1.0, 2.0], [3.0, 0.0, 0.0]]), t([0.5, 1.0]),
+                       t([[1, 1, 0], [0, 0, 0]]))
     assert torch.allclose(ret, t([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]))
     assert torch.allclose(a, t([[0.5, 0.5, 0.0], [0.0, 0.0, 0.0]]))
 
@@ -191,8 +197,11 @@ def test_registry_lookup_and_error():
 
 def test_bool_and_float_masks_agree():
     gen = torch.Generator().manual_seed(5)
-    rewards, values = torch.randn(3, 4, generator=gen, dtype=F64), torch.randn(3, 4, generator=gen, dtype=F64)
+    rewards = torch.randn(3, 4, generator=gen, dtype=F64)
+    values = torch.randn(3, 4, generator=gen, dtype=F64)
     mask = torch.tensor([[1, 1, 0, 1], [1, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.bool)
-    for (a, r), (a2, r2) in [(adv.gae(rewards, values, mask, 0.9, 0.95), adv.gae(rewards, values, mask.to(F64), 0.9, 0.95)),
-                             (adv.reinforce_pp(rewards, mask, 0.9), adv.reinforce_pp(rewards, mask.to(F64), 0.9))]:
+    for (a, r), (a2, r2) in [(adv.gae(rewards, values, mask, 0.9, 0.95),
+                              adv.gae(rewards, values, mask.to(F64), 0.9, 0.95)),
+                             (adv.reinforce_pp(rewards, mask, 0.9),
+                              adv.reinforce_pp(rewards, mask.to(F64), 0.9))]:
         assert torch.equal(a, a2) and torch.equal(r, r2)

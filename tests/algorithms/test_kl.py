@@ -29,7 +29,9 @@ def test_kl_kinds_hand_computed(kind, expected):
     assert torch.allclose(kl.kl_penalty(LP, REF, kind), t([expected]))
 
 
-@pytest.mark.parametrize("alias, kind", [("kl", "k1"), ("mse", "k2"), ("low_var_kl", "k3"), ("low_var_kl+", "k3+")])
+@pytest.mark.parametrize("alias, kind",
+                         [("kl", "k1"), ("mse", "k2"), ("low_var_kl", "k3"),
+                          ("low_var_kl+", "k3+")])
 def test_verl_names_are_aliases(alias, kind):
     assert torch.equal(kl.kl_penalty(LP, REF, alias), kl.kl_penalty(LP, REF, kind))
 
@@ -104,7 +106,8 @@ def test_apply_kl_in_reward_penalises_valid_tokens_and_measures_per_sequence_mea
     mask = t([[1, 1, 0], [1, 1, 1], [0, 0, 0]])  # a padded tail and an empty response
     ctrl = kl.AdaptiveKL(init_beta=0.5, target=1.0, horizon=6)
     penalised, measured = kl.apply_kl_in_reward(rewards, lp, ref, mask, ctrl, kind="k1")
-    assert torch.allclose(penalised, rewards - 0.5 * t([[1.0, 0.5, 0.0], [0.5, 0.0, 0.0], [0.0, 0.0, 0.0]]))
+    assert torch.allclose(penalised,
+                          rewards - 0.5 * t([[1.0, 0.5, 0.0], [0.5, 0.0, 0.0], [0.0, 0.0, 0.0]]))
     # per-sequence means 0.75 and 1/6; the empty sequence is left out
     assert measured == pytest.approx((0.75 + 0.5 / 3) / 2)
     # error = clip(0.458 - 1, -0.2, 0.2) = -0.2, n_steps = B = 3

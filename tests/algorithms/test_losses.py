@@ -33,7 +33,8 @@ def test_aggregate_hand_computed(mode, expected):
 
 
 def test_aggregate_sum_norm_by_a_given_constant():
-    assert losses.aggregate(VALUES, HOLES, "seq-mean-token-sum-norm", norm_constant=8).item() == pytest.approx(0.5)
+    loss = losses.aggregate(VALUES, HOLES, "seq-mean-token-sum-norm", norm_constant=8)
+    assert loss.item() == pytest.approx(0.5)
 
 
 def test_aggregate_ignores_non_finite_values_at_masked_positions():
@@ -62,7 +63,8 @@ def _shards(n_rows, cuts):
 
 
 @FAST
-@given(st.sampled_from(losses.AGG_MODES), st.lists(st.integers(0, 6), max_size=3), st.integers(0, 2**31 - 1))
+@given(st.sampled_from(losses.AGG_MODES), st.lists(st.integers(0, 6), max_size=3),
+       st.integers(0, 2**31 - 1))
 def test_aggregate_split_across_ranks_with_global_normalisers_sums_to_unsplit(mode, cuts, seed):
     gen = torch.Generator().manual_seed(seed)
     values = torch.randn(6, 5, generator=gen, dtype=F64)
@@ -71,7 +73,8 @@ def test_aggregate_split_across_ranks_with_global_normalisers_sums_to_unsplit(mo
     shards = _shards(6, cuts)
     counts = [losses.local_normalizers(mask[a:b]) for a, b in shards]  # the all-reduce
     tokens, seqs = sum(c[0] for c in counts), sum(c[1] for c in counts)
-    split = sum(losses.aggregate(values[a:b], mask[a:b], mode, global_tokens=tokens, global_seqs=seqs)
+    split = sum(losses.aggregate(values[a:b], mask[a:b], mode, global_tokens=tokens,
+                                 global_seqs=seqs)
                 for a, b in shards)
     assert torch.allclose(split, full)
 
@@ -80,7 +83,8 @@ def test_local_normalisers_alone_would_change_the_loss():
     # the reason global normalisers exist: shards of unequal token counts
     values, mask = t([[1.0, 1.0], [5.0, 0.0]]), t([[1, 1], [1, 0]])
     full = losses.aggregate(values, mask, "token-mean")
-    local_avg = (losses.aggregate(values[:1], mask[:1]) + losses.aggregate(values[1:], mask[1:])) / 2
+    local_avg = (losses.aggregate(values[:1], mask[:1])
+                 + losses.aggregate(values[1:], mask[1:])) / 2
     assert full.item() == pytest.approx(7 / 3) and local_avg.item() == pytest.approx(3.0)
 
 
@@ -101,7 +105,8 @@ def test_ppo_loss_hand_computed():
     assert loss.item() == pytest.approx((-1.2 + 1.5 + 3.0 - 0.5) / 4)
     assert m["pg_clipfrac"].item() == pytest.approx(0.25)  # token 0
     assert m["pg_clipfrac_lower"].item() == pytest.approx(0.25)  # token 2
-    assert m["ppo_kl"].item() == pytest.approx(-(2 * math.log(1.5) + math.log(5.0) + math.log(0.5)) / 4)
+    kl = -(2 * math.log(1.5) + math.log(5.0) + math.log(0.5)) / 4
+    assert m["ppo_kl"].item() == pytest.approx(kl)
     assert not any(v.requires_grad for v in m.values())
 
 
@@ -114,7 +119,8 @@ def test_ppo_clipped_tokens_get_no_gradient():
 
 def test_ppo_asymmetric_clip_range():
     new = t([[math.log(1.25)]])
-    loss, m = losses.ppo_policy_loss(new, torch.zeros(1, 1, dtype=F64), t([[1.0]]), torch.ones(1, 1),
+    loss, m = losses.ppo_policy_loss(new, torch.zeros(1, 1, dtype=F64), t([[1.0]]),
+                                     torch.ones(1, 1),
                                      clip_low=0.2, clip_high=0.28)
     assert loss.item() == pytest.approx(-1.25) and m["pg_clipfrac"].item() == 0.0  # 1.25 < 1.28
 
@@ -133,7 +139,8 @@ def test_ppo_dual_clip_never_exceeds_clip_c_times_abs_advantage(rows, clip_c):
     for j in range(len(rows)):  # a one-hot mask reads a single token's loss
         one_hot = torch.zeros_like(advantages)
         one_hot[0, j] = 1
-        loss, _ = losses.ppo_policy_loss(log_ratio, torch.zeros_like(log_ratio), advantages, one_hot, clip_c=clip_c)
+        loss, _ = losses.ppo_policy_loss(log_ratio, torch.zeros_like(log_ratio), advantages,
+                                         one_hot, clip_c=clip_c)
         assert loss.item() <= clip_c * abs(rows[j][0]) + 1e-9
 
 
@@ -144,7 +151,8 @@ def test_ppo_split_across_ranks_matches_unsplit():
     for mode in losses.AGG_MODES:
         full, _ = losses.ppo_policy_loss(new, old, a, mask, mode=mode)
         kw = dict(mode=mode, global_tokens=mask.sum(), global_seqs=3, norm_constant=6)
-        parts = [losses.ppo_policy_loss(new[s], old[s], a[s], mask[s], **kw)[0] for s in (slice(0, 1), slice(1, 4))]
+        parts = [losses.ppo_policy_loss(new[s], old[s], a[s], mask[s], **kw)[0]
+                 for s in (slice(0, 1), slice(1, 4))]
         assert torch.allclose(parts[0] + parts[1], full)
 
 
@@ -166,7 +174,8 @@ def test_gspo_straight_through_gradient_equals_sequence_level_gradient():
     new = (old + 0.1 * torch.randn(3, 5, generator=gen, dtype=F64)).requires_grad_()
     mask = t([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 1, 1, 0, 1]])
     seq_a = t([0.7, -1.3, 0.4])
-    loss, _ = losses.gspo_policy_loss(new, old, seq_a[:, None].expand(3, 5), mask, clip_low=10.0, clip_high=10.0)
+    loss, _ = losses.gspo_policy_loss(new, old, seq_a[:, None].expand(3, 5), mask, clip_low=10.0,
+                                      clip_high=10.0)
     loss.backward()
     # the GSPO objective itself: mean over sequences of -A_i * s_i(theta)
     new2 = new.detach().clone().requires_grad_()
@@ -178,7 +187,8 @@ def test_gspo_straight_through_gradient_equals_sequence_level_gradient():
 
 def test_gspo_clipped_sequence_gets_no_gradient():
     new = t([[0.5, 0.5]]).requires_grad_()  # ratio e^.5, far outside 1 + 4e-4
-    loss, m = losses.gspo_policy_loss(new, torch.zeros(1, 2, dtype=F64), t([[1.0, 1.0]]), torch.ones(1, 2))
+    loss, m = losses.gspo_policy_loss(new, torch.zeros(1, 2, dtype=F64), t([[1.0, 1.0]]),
+                                      torch.ones(1, 2))
     loss.backward()
     assert loss.item() == pytest.approx(-(1 + 4e-4)) and m["pg_clipfrac"].item() == 1.0
     assert torch.equal(new.grad, torch.zeros(1, 2, dtype=F64))
@@ -195,7 +205,8 @@ def test_cispo_keeps_gradient_with_a_clipped_constant_weight():
     weight = t([[1.2, 0.8, 1.1]])  # clamp(ratio, 0.8, 1.2)
     assert loss.item() == pytest.approx((-(weight * a * new.detach()).sum() / 3).item())
     assert torch.allclose(new.grad, -weight * a / 3)  # no token loses its gradient
-    assert m["pg_clipfrac"].item() == pytest.approx(2 / 3) and m["pg_clipfrac_lower"].item() == pytest.approx(1 / 3)
+    assert m["pg_clipfrac"].item() == pytest.approx(2 / 3)
+    assert m["pg_clipfrac_lower"].item() == pytest.approx(1 / 3)
 
 
 def test_policy_loss_registry():
@@ -209,7 +220,8 @@ def test_policy_loss_registry():
 def test_policy_losses_share_one_signature_and_metric_keys(name):
     gen = torch.Generator().manual_seed(3)
     new, old, a = (torch.randn(2, 3, generator=gen) for _ in range(3))
-    loss, m = losses.get_policy_loss(name)(new, old, a, torch.ones(2, 3), clip_low=0.2, clip_high=0.3,
+    loss, m = losses.get_policy_loss(name)(new, old, a, torch.ones(2, 3), clip_low=0.2,
+                                           clip_high=0.3,
                                           mode="token-mean", global_tokens=6)
     assert loss.dim() == 0 and set(m) == {"pg_clipfrac", "ppo_kl", "pg_clipfrac_lower"}
 
@@ -242,5 +254,6 @@ def test_entropy_chunking_matches_categorical_and_keeps_shape_and_gradient():
 
 
 def test_entropy_upcasts_half_precision_and_handles_empty_input():
-    assert losses.entropy_from_logits(torch.zeros(2, 8, dtype=torch.bfloat16)).dtype == torch.float32
+    half = torch.zeros(2, 8, dtype=torch.bfloat16)
+    assert losses.entropy_from_logits(half).dtype == torch.float32
     assert losses.entropy_from_logits(torch.zeros(0, 4, 8)).shape == (0, 4)

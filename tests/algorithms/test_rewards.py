@@ -97,7 +97,8 @@ def test_gsm8k_extraction(text, method, answer):
 
 def test_gsm8k_score_strict_flexible_and_format_score():
     assert gsm8k.compute_score("openai/gsm8k", "#### 1,234", "1234") == 1.0
-    assert gsm8k.compute_score("openai/gsm8k", "#### 1,234", "Natalia ... #### 1,234") == 1.0  # raw solution
+    raw_solution = "Natalia ... #### 1,234"
+    assert gsm8k.compute_score("openai/gsm8k", "#### 1,234", raw_solution) == 1.0
     assert gsm8k.compute_score("openai/gsm8k", "It is 18", "18") == 0.0
     assert gsm8k.compute_score("openai/gsm8k", "It is 18", "18", method="flexible") == 1.0
     assert gsm8k.compute_score("openai/gsm8k", "#### 17", "18", format_score=0.1) == 0.1
@@ -142,15 +143,19 @@ def _write(tmp_path, text, name="my_reward.py"):
 def test_load_scorer_loads_a_user_function(tmp_path):
     path = _write(tmp_path, "import dataclasses\n"
                             "@dataclasses.dataclass\nclass Detail:\n    n: int\n"
-                            "def length_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                            "def length_score(data_source, solution_str, ground_truth,\n"
+                            "                 extra_info=None):\n"
                             "    return {'score': float(len(solution_str)), 'n': Detail(1).n}\n")
     fn = rewards.load_scorer(path, "length_score")
-    assert fn(data_source="d", solution_str="abc", ground_truth="", extra_info=None) == {"score": 3.0, "n": 1}
+    result = fn(data_source="d", solution_str="abc", ground_truth="", extra_info=None)
+    assert result == {"score": 3.0, "n": 1}
 
 
 def test_load_scorer_accepts_keyword_only_and_kwargs_signatures(tmp_path):
-    path = _write(tmp_path, "def compute_score(*, data_source, solution_str, **rest):\n    return 1.0\n")
-    assert rewards.load_scorer(str(path))(data_source="", solution_str="", ground_truth="", extra_info=None) == 1.0
+    path = _write(tmp_path,
+                  "def compute_score(*, data_source, solution_str, **rest):\n    return 1.0\n")
+    scorer = rewards.load_scorer(str(path))
+    assert scorer(data_source="", solution_str="", ground_truth="", extra_info=None) == 1.0
 
 
 def test_load_scorer_missing_file(tmp_path):
@@ -159,13 +164,16 @@ def test_load_scorer_missing_file(tmp_path):
 
 
 def test_load_scorer_missing_function_lists_the_defined_ones(tmp_path):
-    path = _write(tmp_path, "from os.path import join\ndef score_a(x):\n    pass\ndef score_b(x):\n    pass\n")
-    with pytest.raises(AttributeError, match=r"defines no 'compute_score'; functions defined there: score_a, score_b$"):
+    path = _write(tmp_path, "from os.path import join\n"
+                            "def score_a(x):\n    pass\ndef score_b(x):\n    pass\n")
+    with pytest.raises(AttributeError, match=r"defines no 'compute_score'; "
+                                             r"functions defined there: score_a, score_b$"):
         rewards.load_scorer(path)
 
 
 @pytest.mark.parametrize("source, message", [
-    ("def compute_score(solution, truth):\n    return 0.0\n", r"signature \(solution, truth\).*must accept"),
+    ("def compute_score(solution, truth):\n    return 0.0\n",
+     r"signature \(solution, truth\).*must accept"),
     ("def compute_score(data_source, solution_str, ground_truth):\n    return 0.0\n", "extra_info"),
     ("compute_score = 3\n", r"is not callable \(it is a int\)"),
 ])

@@ -25,6 +25,7 @@ def test_dispatch_local_core_times_every_variant_and_writes_json(tmp_path):
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # starts its own Ray session
 def test_dispatch_ray_core_counts_driver_bytes(tmp_path):
     import ray
     from bench import dispatch
@@ -57,3 +58,14 @@ def test_handwritten_grpo_step_and_greedy_accuracy():
     metrics = loop.step()
     assert 0.0 <= metrics["score"] <= 1.0
     assert 0.0 <= loop.greedy_accuracy() <= 1.0
+
+
+def test_check_bench_reports_cpu_seconds_against_the_budget(tmp_path):
+    from bench import check
+    out = tmp_path / "check.json"
+    payload = check.run(graphs=("grpo",), reps=1, out=str(out), quiet=True)
+    (row,) = payload["rows"]
+    assert row["graph"] == "grpo" and row["cpu_s_median"] > 0
+    assert payload["targets"]["verdict"] in ("within budget", "over budget")
+    assert json.loads(out.read_text())["targets"]["cpu_budget_s"] == check.CPU_BUDGET_S
+    assert "budget" in check.report(payload)

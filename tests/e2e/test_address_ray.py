@@ -6,7 +6,7 @@ import os
 import pytest
 
 from hybridflow.cli import main
-from tests.e2e.helpers import graph_file
+from tests.support.e2e import graph_file
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

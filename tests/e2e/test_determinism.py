@@ -2,25 +2,15 @@
 import json
 import shutil
 
-from tests.e2e.helpers import train
-
-FAST = ("trainer.val_every=0", "data.batch_size=8", "rollout.n=4", "actor.mini_batch_size=32",
-        "actor.micro_batch_size=32")
-
-
-def _stable(metrics):
-    """Drop wall-clock figures, which differ between any two runs."""
-    return [{k: v for k, v in m.items()
-             if not k.startswith(("timing_s/", "perf/")) and "_s" not in k.split("/")[-1]
-             and "tokens_per_s" not in k}
-            for m in metrics]
+from tests.support.e2e import train
+from tests.support.runs import FAST, stable
 
 
 def test_two_runs_with_one_seed_give_identical_metrics(tmp_path):
     _, first = train("grpo", tmp_path / "a", "trainer.steps=3", *FAST)
     _, second = train("grpo", tmp_path / "b", "trainer.steps=3", *FAST)
     assert len(first) == 3
-    assert _stable(first) == _stable(second)
+    assert stable(first) == stable(second)
 
 
 def test_resumed_run_matches_an_uninterrupted_one(tmp_path):
@@ -29,7 +19,7 @@ def test_resumed_run_matches_an_uninterrupted_one(tmp_path):
     _, resumed = train("grpo", tmp_path / "part", "trainer.steps=4", *FAST,
                        resume=trainer.run.path)
     assert [m["step"] for m in resumed] == [1, 2, 3, 4]  # appended to the same file
-    assert _stable(resumed) == _stable(whole)
+    assert stable(resumed) == stable(whole)
 
 
 def test_resume_before_the_first_checkpoint_starts_the_records_over(tmp_path):
@@ -82,7 +72,7 @@ def test_the_last_step_is_saved_once(tmp_path, monkeypatch):
 
 def test_resume_alone_finds_a_run_by_its_run_name(tmp_path):
     from hybridflow.cli import main
-    from tests.e2e.helpers import graph_file
+    from tests.support.e2e import graph_file
     args = [graph_file("grpo"), f"trainer.runs_dir={tmp_path}", "trainer.run_name=mine",
             "trainer.progress=false", *FAST]
     assert main(["run", *args, "trainer.steps=1"]) == 0
@@ -98,4 +88,4 @@ def test_resumed_sft_draws_the_same_examples(tmp_path):
     trainer, _ = train("sft", tmp_path / "part", "trainer.steps=2", *sft)
     _, resumed = train("sft", tmp_path / "part", "trainer.steps=3", *sft,
                        resume=trainer.run.path)
-    assert _stable(resumed) == _stable(whole)
+    assert stable(resumed) == stable(whole)

@@ -2,16 +2,17 @@
 continues exactly where it stopped — worker generators are seeded per rank and saved."""
 import pytest
 
-from tests.e2e.helpers import train
-from tests.e2e.test_determinism import FAST, _stable
+from tests.support.e2e import train
+from tests.support.runs import FAST, stable
 
-pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]
+pytestmark = [pytest.mark.ray, pytest.mark.slow,  # three training runs on Ray (~35 s)
+              pytest.mark.usefixtures("ray_session")]
 
 RAY = (*FAST, "runtime.name=ray", "placement.pools.main.devices_per_node=2")
 
 
 def _no_runtime_timings(metrics):
-    return [{k: v for k, v in m.items() if not k.startswith("runtime/")} for m in _stable(metrics)]
+    return [{k: v for k, v in m.items() if not k.startswith("runtime/")} for m in stable(metrics)]
 
 
 def test_ray_runs_are_reproducible_and_resume_exactly(tmp_path):

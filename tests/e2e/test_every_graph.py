@@ -7,7 +7,7 @@ import os
 import pytest
 
 from hybridflow.cli import main
-from tests.e2e.helpers import REPO, series, train
+from tests.support.e2e import REPO, series, train
 
 GRAPHS = sorted(os.path.splitext(os.path.basename(p))[0]
                 for p in glob.glob(os.path.join(REPO, "graphs", "*.py"))

@@ -13,7 +13,7 @@ import pytest
 
 from hybridflow.checkpoint import latest_checkpoint, load_trainer_state
 from hybridflow.cli import main
-from tests.e2e.helpers import REPO, graph_file
+from tests.support.e2e import REPO, graph_file
 
 # 8 rows a step (4 prompts x 2 samples); no validation, so the scorer sees train rows only
 SMALL = ("trainer.val_every=0", "data.batch_size=4", "rollout.n=2", "actor.mini_batch_size=8",

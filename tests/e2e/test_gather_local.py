@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.e2e.helpers import series, train
+from tests.support.e2e import series, train
 
 # every response scores 0 on sums under 10 (a uniform group, dropped), else 0 or 1
 SCORER = '''

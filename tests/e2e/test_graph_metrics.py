@@ -5,7 +5,7 @@ from __future__ import annotations
 from hybridflow.commands.common import prepare
 from hybridflow.loop import Trainer
 from hybridflow.tracking import new_run_dir
-from tests.e2e.helpers import graph_file
+from tests.support.e2e import graph_file
 
 
 def test_remax_reports_the_samples_score_not_the_greedy_baselines(tmp_path):

@@ -7,9 +7,10 @@ import os
 import pytest
 
 from hybridflow.cli import main
-from tests.e2e.helpers import graph_file
+from tests.support.e2e import graph_file
 
-pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]
+pytestmark = [pytest.mark.ray, pytest.mark.slow,  # a run killed and resumed on Ray (~25 s)
+              pytest.mark.usefixtures("ray_session")]
 
 SCORER = '''
 import os
@@ -36,7 +37,8 @@ def test_killed_worker_stops_the_run_and_resume_finishes_it(tmp_path, capsys):
                                     kill_at=rows_per_step * 3 + 1))  # during step 4
     args = [graph_file("grpo"), "--runtime", "ray", f"trainer.runs_dir={tmp_path}/runs",
             "trainer.run_name=killed", "trainer.steps=6", "trainer.save_every=2",
-            "trainer.val_every=0", "trainer.progress=false", "data.batch_size=4", "rollout.n=2", "actor.micro_batch_size=8",
+            "trainer.val_every=0", "trainer.progress=false", "data.batch_size=4", "rollout.n=2",
+            "actor.micro_batch_size=8",
             "actor.mini_batch_size=8", f"reward.function_path={scorer}",
             "runtime.call_timeout_s=60"]
     assert main(["run", *args]) == 1

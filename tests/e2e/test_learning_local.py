@@ -2,7 +2,7 @@
 import json
 import os
 
-from tests.e2e.helpers import series, train
+from tests.support.e2e import series, train
 
 VAL = "val/toy_arith/greedy"
 

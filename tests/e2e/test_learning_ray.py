@@ -2,7 +2,7 @@
 placements (all roles colocated; critic on a pool of its own), metrics are written."""
 import pytest
 
-from tests.e2e.helpers import graph_file, series, train
+from tests.support.e2e import graph_file, series, train
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]
 
@@ -18,6 +18,7 @@ def _rises(metrics):
     return accuracy[0], accuracy[-1]
 
 
+@pytest.mark.slow  # a training run on Ray
 def test_grpo_on_two_colocated_ranks_learns(tmp_path):
     trainer, metrics = train("grpo", tmp_path, *RAY, "placement.pools.main.devices_per_node=2")
     first, last = _rises(metrics)
@@ -27,6 +28,7 @@ def test_grpo_on_two_colocated_ranks_learns(tmp_path):
     assert trainer.run.status()["state"] == "finished"
 
 
+@pytest.mark.slow  # a training run on Ray
 def test_ppo_with_critic_on_its_own_pool_learns(tmp_path):
     _, metrics = train("ppo", tmp_path, *RAY, "trainer.val_every=0", "trainer.steps=20",
                        "actor.lr=4e-4",
@@ -39,6 +41,7 @@ def test_ppo_with_critic_on_its_own_pool_learns(tmp_path):
     assert "critic/vf_loss" in metrics[-1] and "timing_s/critic.update" in metrics[-1]
 
 
+# The fast tier's Ray test: one short run on the Ray runtime, end to end.
 def test_ray_step_reports_throughput(tmp_path):
     _, metrics = train("grpo", tmp_path, "runtime.name=ray", "trainer.steps=1",
                        "trainer.val_every=0", "data.batch_size=4", "rollout.n=2",
@@ -46,6 +49,7 @@ def test_ray_step_reports_throughput(tmp_path):
     assert metrics[-1]["perf/throughput"] > 0
 
 
+@pytest.mark.slow  # a training run on Ray
 def test_real_ppo_step_keeps_tensors_off_the_driver(tmp_path):
     """Only the prompt feed and control cross the driver: GAE and the KL-in-reward
     node run on a worker. With longer responses the share only falls."""
@@ -68,6 +72,7 @@ def test_real_ppo_step_keeps_tensors_off_the_driver(tmp_path):
     assert share < 0.01, (result.driver_bytes, share)
 
 
+@pytest.mark.slow  # a training run on Ray
 def test_auto_placement_runs_on_ray(tmp_path, capsys):
     trainer, metrics = train("ppo", tmp_path, "runtime.name=ray", "placement=auto",
                              "placement.cluster.devices_per_node=4", "trainer.steps=2",

@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 from graphs.common import TOY_BASE
 from hybridflow.commands.export import export_role
 from hybridflow.workers.models import model_bytes
-from tests.e2e.helpers import series, train
+from tests.support.e2e import series, train
 
 PeftModel = pytest.importorskip("peft").PeftModel
 

@@ -2,7 +2,7 @@
 import os
 import re
 
-from tests.e2e.helpers import REPO, series
+from tests.support.e2e import REPO, series
 from hybridflow.commands.common import prepare
 from hybridflow.loop import Trainer
 from hybridflow.tracking import new_run_dir

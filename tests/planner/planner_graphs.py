@@ -20,10 +20,12 @@ class TinyGraph:
 
 
 def ppo_graph(extra_scores: tuple[str, ...] = ()) -> TinyGraph:
-    """prompts -> actor.generate -> {actor, ref, critic, reward (+extra)} -> advantages -> updates."""
+    """prompts -> actor.generate -> {actor, ref, critic, reward (+extra)} -> advantages
+    -> updates."""
     scorers = ["actor.logprob", "ref.logprob", "critic.values", "reward.score"]
     scorers += [f"{role}.score" for role in extra_scores]
-    nodes = [Node("prompts", "source", None), Node("actor.generate", "generate", "actor", ("prompts",))]
+    nodes = [Node("prompts", "source", None),
+             Node("actor.generate", "generate", "actor", ("prompts",))]
     nodes += [Node(name, "inference", name.split(".")[0], ("actor.generate",)) for name in scorers]
     nodes += [Node("advantages", "function", None, tuple(scorers)),
               Node("critic.update", "train", "critic", ("advantages",)),
@@ -54,4 +56,5 @@ SMALL_WORKLOAD = Workload(prompts=64, samples_per_prompt=4, prompt_len=256, resp
 
 
 def a100(devices: int, per_node: int = 8) -> Cluster:
-    return Cluster(nodes=max(1, devices // per_node), gpus_per_node=min(devices, per_node), device="a100-80g")
+    return Cluster(nodes=max(1, devices // per_node), gpus_per_node=min(devices, per_node),
+                   device="a100-80g")

@@ -23,7 +23,8 @@ def tiny_graph(monkeypatch):
 
 
 def test_plan_prints_a_table_and_passes_overrides(tiny_graph, capsys):
-    code = main(["plan", "graphs/ppo.py", "--nodes", "2", "--device", "h100", "--model", "7b", "rollout.n=4"])
+    code = main(["plan", "graphs/ppo.py", "--nodes", "2", "--device", "h100", "--model", "7b",
+                 "rollout.n=4"])
     out = capsys.readouterr().out
     assert code == 0
     assert "on 2 node(s) x 8 H100-80G" in out and "Best plan:" in out
@@ -32,7 +33,8 @@ def test_plan_prints_a_table_and_passes_overrides(tiny_graph, capsys):
 
 
 def test_plan_json_with_per_role_sizes(capsys):
-    code = main(["plan", "g.py", "--model", "13b", "--model", "critic=7b,reward=7b", "--json", "--top-k", "2"])
+    code = main(["plan", "g.py", "--model", "13b", "--model", "critic=7b,reward=7b", "--json",
+                 "--top-k", "2"])
     data = json.loads(capsys.readouterr().out)
     assert code == 0
     assert data["models"]["actor"]["name"] == "13b" and data["models"]["critic"]["name"] == "7b"

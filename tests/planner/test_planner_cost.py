@@ -28,7 +28,8 @@ def test_only_generating_roles_choose_a_tensor_parallel_size():
     assert tp_options(cluster, ModelSpec.from_name("7b"), 16, generates=True) == [1, 2, 4, 8]
     # Qwen2.5-0.5B has 14 heads: tp must divide them; tp never leaves a node.
     assert tp_options(cluster, ModelSpec.from_name("0.5b"), 16, generates=True) == [1, 2]
-    assert tp_options(Cluster(1, 4, "h100"), ModelSpec.from_name("7b"), 4, generates=True) == [1, 2, 4]
+    assert tp_options(Cluster(1, 4, "h100"), ModelSpec.from_name("7b"), 4, generates=True) == [1, 2,
+                                                                                               4]
 
 
 def test_generation_gets_faster_with_more_kv_memory_and_fails_without_room():
@@ -37,15 +38,18 @@ def test_generation_gets_faster_with_more_kv_memory_and_fails_without_room():
     roomy = cost.generate_cost("actor", 8, 2, free_bytes=60 * GIB)
     assert roomy.batch > tight.batch and roomy.waves < tight.waves
     assert roomy.seconds < tight.seconds
-    assert cost.generate_cost("actor", 8, 2, free_bytes=cost.generate_fixed_bytes("actor", 2)) is None
+    no_room = cost.generate_fixed_bytes("actor", 2)
+    assert cost.generate_cost("actor", 8, 2, free_bytes=no_room) is None
 
 
 def test_training_scales_until_weight_gathers_dominate():
-    """Few sequences per device leave FSDP gathers exposed: doubling devices stops halving time."""
-    small, mid, large = (cost_model(devices=n).role_cost("critic", n, 1).node_seconds["critic.update"]
-                         for n in (16, 32, 128))
+    """Few sequences per device leave FSDP gathers exposed: doubling devices stops halving
+    time."""
+    def update_seconds(n: int) -> float:
+        return cost_model(devices=n).role_cost("critic", n, 1).node_seconds["critic.update"]
+    small, mid, large = (update_seconds(n) for n in (16, 32, 128))
     assert mid == pytest.approx(small / 2, rel=0.05)  # compute-bound: near-linear
-    large_64 = cost_model(devices=64).role_cost("critic", 64, 1).node_seconds["critic.update"]
+    large_64 = update_seconds(64)
     assert large > 0.6 * large_64  # comm-bound at 128: far from halving
 
 

@@ -12,7 +12,8 @@ from hybridflow.planner.render import RenderError, plan_to_dot
 
 @pytest.fixture(scope="module")
 def split_result():
-    return plan_placement(ppo_graph(), a100(128), same_size("34b", ("actor", "ref", "critic", "reward")),
+    return plan_placement(ppo_graph(), a100(128),
+                          same_size("34b", ("actor", "ref", "critic", "reward")),
                           PAPER_WORKLOAD, top_k=3)
 
 
@@ -30,7 +31,8 @@ def test_json_is_serialisable_and_complete(split_result):
     assert data["best"]["step_seconds"] == pytest.approx(split_result.best.step_seconds, abs=1e-3)
     assert len(data["candidates"]) == 2 and all(c["reason"] for c in data["candidates"])
     assert set(data["best"]["nodes"]) == {n.name for n in ppo_graph().nodes}
-    assert data["best"]["pools"][0]["memory"]["total_gib"] <= data["best"]["pools"][0]["memory"]["usable_gib"]
+    memory = data["best"]["pools"][0]["memory"]
+    assert memory["total_gib"] <= memory["usable_gib"]
     assert data["colocated"]["label"].startswith("actor+ref+critic+reward[128")
 
 
@@ -46,7 +48,8 @@ def test_placement_config_is_accepted_by_the_runtime_schema(split_result):
 
 
 def test_rule_roles_run_on_the_driver_and_are_left_out_of_the_config():
-    result = plan_placement(grpo_graph(), Cluster(1, 8, "h100"), same_size("7b", ("actor", "ref")), PAPER_WORKLOAD)
+    result = plan_placement(grpo_graph(), Cluster(1, 8, "h100"), same_size("7b", ("actor", "ref")),
+                            PAPER_WORKLOAD)
     assert result.best.timings["reward.score"].pool is None
     assert "reward" not in result.best.to_placement_config()["roles"]
     assert "reward need no device" in result.explain()
@@ -54,9 +57,11 @@ def test_rule_roles_run_on_the_driver_and_are_left_out_of_the_config():
 
 def test_bad_inputs_are_actionable_errors():
     with pytest.raises(PlanningError, match="needs a model size"):
-        plan_placement(grpo_graph(), Cluster(1, 8, "h100"), same_size("7b", ("ref",)), PAPER_WORKLOAD)
+        plan_placement(grpo_graph(), Cluster(1, 8, "h100"), same_size("7b", ("ref",)),
+                       PAPER_WORKLOAD)
     with pytest.raises(PlanningError, match="roles not in the graph"):
-        plan_placement(grpo_graph(), Cluster(1, 8, "h100"), same_size("7b", ("actor", "critic")), PAPER_WORKLOAD)
+        plan_placement(grpo_graph(), Cluster(1, 8, "h100"), same_size("7b", ("actor", "critic")),
+                       PAPER_WORKLOAD)
     out_of_order = TinyGraph([Node("b", "function", None, ("a",)), Node("a", "source", None)])
     with pytest.raises(PlanningError, match="topological order"):
         plan_placement(out_of_order, Cluster(1, 8, "h100"), {}, PAPER_WORKLOAD)
@@ -65,7 +70,8 @@ def test_bad_inputs_are_actionable_errors():
 def test_drawing_shows_pools_roles_devices_and_layouts(split_result, tmp_path):
     source = plan_to_dot(split_result).source
     for pool in split_result.best.pools:
-        assert f"pool {pool.name}: {pool.nodes} node(s) x {pool.devices_per_node} A100-80G" in source
+        label = f"pool {pool.name}: {pool.nodes} node(s) x {pool.devices_per_node} A100-80G"
+        assert label in source
     assert "rollout dp=8 x tp=8, FSDP over 64 devices" in source
     assert "critic: dp=64 tp=1" in source and "driver (no device)" in source
     path = tmp_path / "plan.dot"

@@ -10,7 +10,8 @@ LLAMA2_7B_CONFIG = {
 }
 
 
-@pytest.mark.parametrize("name, billions", [("7b", 6.74), ("13b", 13.0), ("34b", 33.7), ("70b", 69.0)])
+@pytest.mark.parametrize("name, billions",
+                         [("7b", 6.74), ("13b", 13.0), ("34b", 33.7), ("70b", 69.0)])
 def test_size_names_have_published_parameter_counts(name, billions):
     assert ModelSpec.from_name(name).params / 1e9 == pytest.approx(billions, rel=0.01)
 

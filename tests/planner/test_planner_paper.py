@@ -18,7 +18,8 @@ ROLES = ("actor", "ref", "critic", "reward")
 
 
 def plan(size, devices, top_k=3):
-    return plan_placement(ppo_graph(), a100(devices), same_size(size, ROLES), PAPER_WORKLOAD, top_k=top_k)
+    return plan_placement(ppo_graph(), a100(devices), same_size(size, ROLES), PAPER_WORKLOAD,
+                          top_k=top_k)
 
 
 def assert_fits(result):
@@ -27,7 +28,8 @@ def assert_fits(result):
             assert pool.memory.total <= pool.memory.usable, (candidate.label(), pool.memory)
 
 
-@pytest.mark.parametrize("size, devices", [("7b", 8), ("7b", 16), ("13b", 16), ("13b", 32), ("34b", 32),
+@pytest.mark.parametrize("size, devices",
+                         [("7b", 8), ("7b", 16), ("13b", 16), ("13b", 32), ("34b", 32),
                                            ("34b", 64), ("70b", 64)])
 def test_colocating_all_roles_wins_on_small_clusters(size, devices):
     result = plan(size, devices)
@@ -58,7 +60,8 @@ def test_the_split_advantage_grows_with_cluster_size():
 
 
 def test_a_faster_plan_that_does_not_fit_is_never_chosen(monkeypatch):
-    """13B on 8 A100: with unlimited memory a larger decode batch would be faster; it needs >80 GiB."""
+    """13B on 8 A100: with unlimited memory a larger decode batch would be faster; it needs
+    >80 GiB."""
     real = plan("13b", 8)
     monkeypatch.setattr(cost_module, "MEMORY_USABLE_FRACTION", 100.0)  # memory no object
     unlimited = plan("13b", 8)
@@ -80,7 +83,8 @@ def test_rejected_pools_carry_their_numbers():
 
 
 def test_nothing_fits_raises_with_the_numbers():
-    with pytest.raises(NoFeasiblePlacement, match=r"no placement fits on 1 node\(s\) x 8 A100-80G") as err:
+    with pytest.raises(NoFeasiblePlacement,
+                       match=r"no placement fits on 1 node\(s\) x 8 A100-80G") as err:
         plan("70b", 8)
     assert "GiB per device >" in str(err.value)
     assert err.value.rejected

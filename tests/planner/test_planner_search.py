@@ -1,6 +1,5 @@
 """Search enumerates groupings, allocations and layouts, prunes soundly, and is fast."""
 import itertools
-import time
 
 import pytest
 from planner_graphs import PAPER_WORKLOAD, SMALL_WORKLOAD, grpo_graph, ppo_graph, same_size
@@ -9,7 +8,8 @@ from hybridflow.planner import Cluster, ModelSpec, Workload, plan_placement
 from hybridflow.planner.cost import CostModel, tp_options
 from hybridflow.planner.pool import Shortfall, evaluate_pool
 from hybridflow.planner.problem import build_problem
-from hybridflow.planner.search import allocations, allowed_pool_sizes, fits_on_nodes, make_candidate, set_partitions
+from hybridflow.planner.search import (allocations, allowed_pool_sizes, fits_on_nodes,
+                                       make_candidate, set_partitions)
 
 
 @pytest.mark.parametrize("n, bell", [(1, 1), (2, 2), (3, 5), (4, 15), (5, 52)])
@@ -32,18 +32,21 @@ def test_allocations_use_whole_nodes_or_divisors_of_a_node():
 
 
 def brute_force(graph, cluster, models, workload):
-    """Every grouping x every allocation x every per-role tp, each simulated; no pruning or caching."""
+    """Every grouping x every allocation x every per-role tp, each simulated; no pruning or
+    caching."""
     problem = build_problem(graph, cluster, models, workload)
     cost, roles = CostModel(problem), problem.placed_roles
     best_per_grouping = {}
     for labels in itertools.product(range(len(roles)), repeat=len(roles)):
         if any(labels[i] > max(labels[:i], default=-1) + 1 for i in range(len(labels))):
             continue  # not in canonical (restricted growth) form: a duplicate grouping
-        groups = tuple(tuple(r for r, g in zip(roles, labels) if g == k) for k in range(max(labels) + 1))
+        groups = tuple(tuple(r for r, g in zip(roles, labels) if g == k)
+                       for k in range(max(labels) + 1))
         for sizes in itertools.product(allowed_pool_sizes(cluster), repeat=len(groups)):
             if sum(sizes) != cluster.devices or not fits_on_nodes(sizes, cluster):
                 continue
-            tp_choices = [itertools.product(*(tp_options(cluster, models[r], n, problem.generates(r)) for r in g))
+            tp_choices = [itertools.product(*(tp_options(cluster, models[r], n,
+                                                         problem.generates(r)) for r in g))
                           for g, n in zip(groups, sizes)]
             for tps in itertools.product(*tp_choices):
                 pools = tuple(evaluate_pool(cost, g, n, t) for g, n, t in zip(groups, sizes, tps))
@@ -58,21 +61,26 @@ def brute_force(graph, cluster, models, workload):
 
 SMALL_CASES = [
     ("ppo 7b on 8 A100", ppo_graph(), Cluster(1, 8, "a100-80g"), same_size("7b"), PAPER_WORKLOAD),
-    ("ppo 13b on 8 A100, memory-tight", ppo_graph(), Cluster(1, 8, "a100-80g"), same_size("13b"), PAPER_WORKLOAD),
+    ("ppo 13b on 8 A100, memory-tight", ppo_graph(), Cluster(1, 8, "a100-80g"), same_size("13b"),
+     PAPER_WORKLOAD),
     ("ppo 7b on 2x4 H100", ppo_graph(), Cluster(2, 4, "h100-80g"), same_size("7b"), PAPER_WORKLOAD),
-    ("ppo 1.5b on 4 H200", ppo_graph(), Cluster(1, 4, "h200-141g"), same_size("1.5b"), SMALL_WORKLOAD),
+    ("ppo 1.5b on 4 H200", ppo_graph(), Cluster(1, 4, "h200-141g"), same_size("1.5b"),
+     SMALL_WORKLOAD),
     ("ppo mixed sizes on 8", ppo_graph(), Cluster(1, 8, "a100-80g"),
-     {"actor": ModelSpec.from_name("13b"), "ref": ModelSpec.from_name("13b"), "critic": ModelSpec.from_name("3b")},
+     {"actor": ModelSpec.from_name("13b"), "ref": ModelSpec.from_name("13b"),
+      "critic": ModelSpec.from_name("3b")},
      PAPER_WORKLOAD),
     ("reward model, rule-free ref", ppo_graph(), Cluster(4, 2, "a100-80g"),
      same_size("7b", ("actor", "critic", "reward")), SMALL_WORKLOAD),
-    ("grpo 7b on 2x2", grpo_graph(), Cluster(2, 2, "h100-80g"), same_size("7b", ("actor", "ref")), SMALL_WORKLOAD),
+    ("grpo 7b on 2x2", grpo_graph(), Cluster(2, 2, "h100-80g"), same_size("7b", ("actor", "ref")),
+     SMALL_WORKLOAD),
     ("ppo 0.5b on 4 cpus", ppo_graph(), Cluster(1, 4, "cpu"), same_size("0.5b"),
      Workload(8, 2, 64, 64, micro_batch_tokens=512)),
 ]
 
 
-@pytest.mark.parametrize("label, graph, cluster, models, workload", SMALL_CASES, ids=[c[0] for c in SMALL_CASES])
+@pytest.mark.parametrize("label, graph, cluster, models, workload", SMALL_CASES,
+                         ids=[c[0] for c in SMALL_CASES])
 def test_search_agrees_with_brute_force(label, graph, cluster, models, workload):
     expected = brute_force(graph, cluster, models, workload)
     result = plan_placement(graph, cluster, models, workload, top_k=3)
@@ -90,18 +98,19 @@ def test_pruning_is_exact_on_a_larger_space():
     assert [c.step_seconds for c in result.ranked] == pytest.approx(expected[:4], rel=1e-9)
 
 
-def test_five_roles_on_128_devices_search_in_under_10_seconds():
+def test_five_roles_on_128_devices_are_planned_by_simulating_few_plans():
+    """Pruning, counted in plans simulated (deterministic); the search's seconds are
+    bench/planner.py's figure, not an assertion."""
     graph = ppo_graph(extra_scores=("cost",))
     models = same_size("13b", ("actor", "ref", "critic", "reward", "cost"))
-    began = time.perf_counter()
     result = plan_placement(graph, Cluster(16, 8, "a100-80g"), models, PAPER_WORKLOAD)
-    assert time.perf_counter() - began < 10
-    assert result.search_seconds < 10
     assert sum(p.devices for p in result.best.pools) == 128
+    assert 0 < result.plans_simulated < 100
 
 
 def test_runners_up_are_ranked_and_say_why_they_lost():
-    result = plan_placement(ppo_graph(), Cluster(2, 8, "a100-80g"), same_size("7b"), PAPER_WORKLOAD, top_k=4)
+    result = plan_placement(ppo_graph(), Cluster(2, 8, "a100-80g"), same_size("7b"), PAPER_WORKLOAD,
+                            top_k=4)
     steps = [c.step_seconds for c in result.ranked]
     assert steps == sorted(steps) and len(result.candidates) == 3
     assert len({c.grouping for c in result.ranked}) == 4  # one plan per grouping

@@ -17,7 +17,8 @@ def graph_file(name: str) -> str:
     return os.path.join(REPO, "graphs", f"{name}.py")
 
 
-def train(name: str, tmp_path, *overrides: str, resume: str | None = None) -> tuple[Trainer, list[dict]]:
+def train(name: str, tmp_path, *overrides: str,
+          resume: str | None = None) -> tuple[Trainer, list[dict]]:
     """Run graphs/<name>.py with overrides; returns the trainer and its metric lines."""
     loaded = prepare(graph_file(name), [f"trainer.runs_dir={tmp_path}", "trainer.progress=false",
                                         *overrides])
