@@ -12,6 +12,8 @@ import torch.multiprocessing as mp
 from conftest import make_cfg, rollout_for_update
 from hybridflow.workers import ActorWorker, WorkerContext
 
+pytestmark = pytest.mark.slow  # two gloo ranks train three times (~30 s)
+
 BASE = {"lr": 1e-2, "ppo_epochs": 2, "use_kl_loss": True, "entropy_coeff": 0.01,
         "mini_batch_size": 8, "micro_batch_size": 2}
 CONFIGS = {
