@@ -4,7 +4,7 @@ A training method (`actor.update`, `critic.update`, `actor.sft`) owns the loop
 (epochs, mini-batches, micro-batches, data parallelism, the optimizer); the graph
 passes the math as an argument::
 
-    g.call("actor.update", rollout, old, adv, loss=ops.ppo_loss(cfg.actor))
+    g.call("actor.update", rollout, old, adv, loss=ops.policy_loss(cfg.actor))
 
 A loss is a callable `loss(micro, out) -> (loss, metrics)` declared with
 `@loss_fn(reads=...)`: `micro` is the micro-batch (the keys it declared, plus the
