@@ -2,7 +2,7 @@
 over two colocated ranks (gloo) learns the toy task like the DDP run does."""
 import pytest
 
-from tests.e2e.helpers import series, train
+from tests.support.e2e import series, train
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_session")]
 

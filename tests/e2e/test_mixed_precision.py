@@ -4,7 +4,7 @@ does; with bf16 weights updated in bf16 it took 30 steps), because the actor tra
 float32 master weights and only computes in bf16."""
 import pytest
 
-from tests.e2e.helpers import series, train
+from tests.support.e2e import series, train
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,7 @@ stop at once or never stop, and the loss's own metric moves the way it says."""
 import os
 import re
 
-from tests.e2e.helpers import REPO, series
+from tests.support.e2e import REPO, series
 from hybridflow.commands.common import prepare
 from hybridflow.loop import Trainer
 from hybridflow.tracking import new_run_dir
