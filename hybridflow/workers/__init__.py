@@ -1,4 +1,5 @@
-"""Role workers: actor (rollout, log-probs, update with the graph's loss, SFT), reference, critic, reward.
+"""Role workers: actor (rollout, log-probs, update with the graph's loss, SFT), reference,
+critic, reward.
 
 See docs/workers.md for each method's keys, kwargs and config.
 """

@@ -77,15 +77,17 @@ class ActorWorker(Worker):
 
     def export(self, directory: str, merged: bool = True) -> None:
         """Write the current policy as a Hugging Face model directory (adapters merged
-        into the base when `merged`, else peft's adapter files only); rank 0 writes."""
+        into the base when `merged`, else peft's adapter files only). Every rank calls
+        it (the gather is collective under FSDP2); rank 0 writes."""
         from hybridflow.workers.lora import save_adapter
-        from hybridflow.workers.weights import full_state_dict, save_weights
+        from hybridflow.workers.weights import save_weights
+        weights = self.trainer.backend.full_state_dict(self.module)
         if self.ctx.rank != 0:
             return
         if self.lora and not merged:
-            save_adapter(self.module, directory, full_state_dict(self.module))
+            save_adapter(self.module, directory, weights)
         else:
-            weights = merged_state_dict(self.module) if self.lora else None
+            weights = merged_state_dict(self.module, weights) if self.lora else weights
             base = self.module.get_base_model() if self.lora else self.module
             save_weights(base, directory, weights)
         self.tokenizer.save_pretrained(directory)

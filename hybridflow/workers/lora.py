@@ -101,16 +101,24 @@ def load_adapter(module, directory: str) -> None:
 
 
 @torch.no_grad()
-def merged_state_dict(module) -> dict[str, torch.Tensor]:
-    """Plain HF weight names -> base weight + scaled B·A, without touching `module`."""
+def merged_state_dict(module, weights: dict | None = None) -> dict[str, torch.Tensor]:
+    """Plain HF weight names -> base weight + scaled B·A, without touching `module`.
+    `weights` may be the module's full (unsharded) state dict, e.g. gathered under
+    FSDP2; by default the module's own."""
     from peft.tuners.lora import LoraLayer
+    weights = module.state_dict() if weights is None else weights
     merged: dict[str, torch.Tensor] = {}
     for name, layer in module.named_modules():
         if isinstance(layer, LoraLayer) and "default" in layer.lora_A:
-            weight = layer.get_base_layer().weight
-            merged[f"{name}.base_layer.weight"] = weight + layer.get_delta_weight("default")
+            base = weights[f"{name}.base_layer.weight"]
+            delta = weights[f"{name}.lora_B.default.weight"].to(torch.float32) @ \
+                weights[f"{name}.lora_A.default.weight"].to(torch.float32)
+            if getattr(layer, "fan_in_fan_out", False):
+                delta = delta.T
+            merged[f"{name}.base_layer.weight"] = \
+                (base.float() + delta * layer.scaling["default"]).to(base.dtype)
     out = {}
-    for name, tensor in module.state_dict().items():
+    for name, tensor in weights.items():
         if "lora_" in name:
             continue
         plain = name.removeprefix("base_model.model.").replace(".base_layer.", ".")

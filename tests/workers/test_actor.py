@@ -4,7 +4,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from conftest import PROMPTS, empty_like, make_cfg, prompt_batch, rollout_for_update
+from tests.support.workers import (PROMPTS, empty_like, make_cfg, prompt_batch,
+                                   rollout_for_update)
 from hybridflow.batch import Batch
 from hybridflow.workers import ActorWorker
 

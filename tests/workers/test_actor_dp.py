@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from conftest import make_cfg, rollout_for_update
+from tests.support.workers import make_cfg, rollout_for_update
 from hybridflow.workers import ActorWorker, WorkerContext
 
 CONFIGS = {

@@ -1,7 +1,7 @@
 """FSDP2 on the CPU (`fully_shard` over a 2-process gloo mesh): an update on 2 sharded
 ranks equals the update on 1 rank with the same global batch, a sharded checkpoint
 resumes to the same weights an uninterrupted run reaches, and LoRA trains its
-adapters under FSDP2 like on one rank."""
+adapters under FSDP2 like on one rank, and the exported (merged) model is the same."""
 import os
 import socket
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from conftest import make_cfg, rollout_for_update
+from tests.support.workers import make_cfg, rollout_for_update
 from hybridflow.workers import ActorWorker, WorkerContext
 
 pytestmark = pytest.mark.slow  # two gloo ranks train three times (~30 s)
@@ -44,6 +44,7 @@ def _rank_main(rank: int, world: int, port: int, batch, out_dir: str):
         shard = batch.split(world)[rank]
         metrics = actor.update(shard).meta["metrics"]
         results[name] = (_full_weights(actor), metrics)
+        actor.export(os.path.join(out_dir, f"sharded_{name}"))  # every rank gathers
     # resume: save after one update, run a second, reload, run the second again
     actor = ActorWorker(CONFIGS["full"], ctx)
     shard = batch.split(world)[rank]
@@ -71,13 +72,14 @@ def fsdp_results(tmp_path_factory):
         batch = rollout_for_update(actor, n=2) if batch is None else batch
         metrics = actor.update(batch).meta["metrics"]
         single[name] = (_full_weights(actor), metrics)
+        actor.export(str(out / f"single_{name}"))
     mp.spawn(_rank_main, args=(2, _free_port(), batch, str(out)), nprocs=2, join=True)
-    return single, torch.load(out / "rank0.pt", weights_only=False)
+    return single, torch.load(out / "rank0.pt", weights_only=False), out
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_two_sharded_ranks_update_like_one_rank(fsdp_results, name):
-    single, sharded = fsdp_results
+    single, sharded, _ = fsdp_results
     weights, metrics = single[name]
     dp_weights, dp_metrics = sharded[name]
     assert set(dp_weights) == set(weights)
@@ -90,7 +92,18 @@ def test_two_sharded_ranks_update_like_one_rank(fsdp_results, name):
 
 
 def test_sharded_checkpoint_resumes_to_the_uninterrupted_weights(fsdp_results):
-    _, sharded = fsdp_results
+    _, sharded, _ = fsdp_results
     straight, resumed = sharded["resume"]
     for key, value in straight.items():
         assert torch.equal(resumed[key], value), key
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_sharded_export_writes_the_single_rank_model(fsdp_results, name):
+    from safetensors.torch import load_file
+    _, _, out = fsdp_results
+    single = load_file(out / f"single_{name}" / "model.safetensors")
+    sharded = load_file(out / f"sharded_{name}" / "model.safetensors")
+    assert set(sharded) == set(single) and not any("lora_" in k for k in single)
+    for key, value in single.items():
+        assert torch.allclose(sharded[key], value, atol=1e-5, rtol=0), key

@@ -4,7 +4,7 @@ under actor/, the keys it declares reach it, and a malformed loss is a clear err
 import pytest
 import torch
 
-from conftest import make_cfg, rollout_for_update
+from tests.support.workers import make_cfg, rollout_for_update
 from hybridflow.batch import Batch
 from hybridflow.loss import loss_fn
 from hybridflow.workers import ActorWorker

@@ -5,7 +5,7 @@ and the actor's log-probs use the update's compute dtype."""
 import pytest
 import torch
 
-from conftest import make_cfg, rollout_for_update
+from tests.support.workers import make_cfg, rollout_for_update
 from hybridflow.workers import ActorWorker
 from hybridflow.workers.backends import BACKENDS, make_backend
 from hybridflow.workers.backends.ddp import DDPBackend

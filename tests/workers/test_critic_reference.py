@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from conftest import empty_like, make_cfg, rollout_for_update
+from tests.support.workers import empty_like, make_cfg, rollout_for_update
 from hybridflow.workers import ActorWorker, CriticWorker, ReferenceWorker
 
 

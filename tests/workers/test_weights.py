@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from conftest import TINY
+from tests.support.workers import TINY
 from hybridflow.workers import weights
 
 
