@@ -55,7 +55,7 @@ SAME_MATH = ["actor.use_kl_loss=false"]
 
 # ----------------------------------------------------------------- variants
 def local_trainer(threads: int, overrides=()):
-    from hybridflow.commands.common import prepare
+    from hybridflow.program import prepare
     from hybridflow.loop import Trainer
     from hybridflow.tracking import RunDir
     loaded = prepare(GRPO, [*SAME_MATH, "trainer.val_samples=1", "trainer.progress=false",
@@ -69,7 +69,7 @@ class RayStep:
     def __init__(self, threads: int):
         import ray
 
-        from hybridflow.commands.common import prepare
+        from hybridflow.program import prepare
         from hybridflow.loop import Trainer
         from hybridflow.runtime.ray import RayRuntime
         if not ray.is_initialized():

@@ -1,23 +1,39 @@
 """PPO: a critic estimates values, GAE turns token rewards into advantages, and the
 reward carries a KL penalty to the reference policy (or the actor's loss does, with
 `actor.use_kl_loss=true algorithm.kl_in_reward=false`)."""
+from dataclasses import dataclass
+
+from algorithms.kl import KL_KINDS
 from hybridflow import Graph
+from hybridflow.constraints import above, at_least, checked, one_of, probability
 
 from graphs import ops
 from graphs.common import embedded_defaults
 
 
+@dataclass
+class PPOOptions:
+    """The `algorithm` section of this graph."""
+    gamma: float = checked(1.0, probability)  # discount of the token rewards
+    lam: float = checked(1.0, probability)    # GAE's lambda
+    kl_in_reward: bool = True                 # false: no KL penalty in the reward
+    kl_kind: str = checked("k1", one_of(*KL_KINDS, what="KL kind"))
+    kl_coef: float = checked(0.001, at_least(0))           # the penalty's beta (initial)
+    kl_target: float | None = checked(None, above(0))      # set: adapt beta towards it
+
+
+ALGORITHM = PPOOptions
+
+
 def defaults() -> dict:
-    return embedded_defaults(**{"rollout": {"n": 4},
-            "algorithm": {"gamma": 1.0, "lam": 1.0, "kl_in_reward": True,
-                          "kl_kind": "k1", "kl_coef": 0.001, "kl_target": None}})
+    return embedded_defaults(rollout={"n": 4})
 
 
 def build(cfg) -> Graph:
     a = cfg.algorithm
     g = Graph("ppo")
     prompts = g.source("prompts")
-    rollout = g.call("actor.generate", prompts, n=cfg.rollout.n)
+    rollout = g.call("rollout.generate", prompts, n=cfg.rollout.n)
     old = g.call("actor.logprob", rollout)
     ref = g.call("ref.logprob", rollout)
     values = g.call("critic.values", rollout)

@@ -1,21 +1,36 @@
 """REINFORCE++: token rewards with a KL penalty, discounted returns whitened over the
 batch; `algorithm.baseline=true` subtracts each prompt's mean score instead."""
+from dataclasses import dataclass
+
+from algorithms.kl import KL_KINDS
 from hybridflow import Graph
+from hybridflow.constraints import at_least, checked, one_of, probability
 
 from graphs import ops
 from graphs.common import embedded_defaults
 
 
+@dataclass
+class ReinforcePPOptions:
+    """The `algorithm` section of this graph."""
+    baseline: bool = False                    # true: subtract each prompt's mean score
+    gamma: float = checked(1.0, probability)  # discount of the token rewards
+    kl_kind: str = checked("k2", one_of(*KL_KINDS, what="KL kind"))
+    kl_coef: float = checked(0.001, at_least(0))  # the KL penalty's beta in the reward
+
+
+ALGORITHM = ReinforcePPOptions
+
+
 def defaults() -> dict:
-    return embedded_defaults(**{"rollout": {"n": 8},
-            "algorithm": {"baseline": False, "gamma": 1.0, "kl_kind": "k2", "kl_coef": 0.001}})
+    return embedded_defaults(rollout={"n": 8})
 
 
 def build(cfg) -> Graph:
     a = cfg.algorithm
     g = Graph("reinforce_pp")
     prompts = g.source("prompts")
-    rollout = g.call("actor.generate", prompts, n=cfg.rollout.n)
+    rollout = g.call("rollout.generate", prompts, n=cfg.rollout.n)
     old = g.call("actor.logprob", rollout)
     ref = g.call("ref.logprob", rollout)
     score = g.call("reward.score", rollout)

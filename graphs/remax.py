@@ -1,13 +1,23 @@
 """ReMax: the baseline of each sampled response is the score of the greedy response
 to the same prompt, produced by a second, greedy generate node."""
+from dataclasses import dataclass
+
 from hybridflow import Graph
 
 from graphs import ops
 from graphs.common import embedded_defaults
 
 
+@dataclass
+class ReMaxOptions:
+    """The `algorithm` section of this graph: it has no knobs, so any key is a typo."""
+
+
+ALGORITHM = ReMaxOptions
+
+
 def defaults() -> dict:
-    return embedded_defaults(**{"rollout": {"n": 4}})
+    return embedded_defaults(rollout={"n": 4})
 
 
 def build(cfg) -> Graph:
@@ -15,12 +25,12 @@ def build(cfg) -> Graph:
     prompts = g.source("prompts")
     # the greedy baseline first: where two nodes report one metric (critic/score/mean,
     # response_length/mean), the later node's value is logged, and that should be the samples'
-    greedy = g.call("actor.generate", prompts, n=1, do_sample=False, name="greedy")
+    greedy = g.call("rollout.generate", prompts, n=1, do_sample=False, name="greedy")
     baseline = g.call("reward.score", greedy, name="baseline",
                       rename={"scores": "baseline_scores",
                               "token_level_scores": "baseline_token_scores"})
     baseline = g.fn(ops.repeat_baseline, baseline, n=cfg.rollout.n)  # one per sample
-    rollout = g.call("actor.generate", prompts, n=cfg.rollout.n)
+    rollout = g.call("rollout.generate", prompts, n=cfg.rollout.n)
     old = g.call("actor.logprob", rollout)
     score = g.call("reward.score", rollout)
     rewards = g.fn(ops.scores_to_rewards, score)

@@ -1,18 +1,28 @@
 """RLOO: each sample's baseline is the mean score of the other samples of its prompt."""
+from dataclasses import dataclass
+
 from hybridflow import Graph
 
 from graphs import ops
 from graphs.common import embedded_defaults
 
 
+@dataclass
+class RLOOOptions:
+    """The `algorithm` section of this graph: it has no knobs, so any key is a typo."""
+
+
+ALGORITHM = RLOOOptions
+
+
 def defaults() -> dict:
-    return embedded_defaults(**{"rollout": {"n": 8}})
+    return embedded_defaults(rollout={"n": 8})
 
 
 def build(cfg) -> Graph:
     g = Graph("rloo")
     prompts = g.source("prompts")
-    rollout = g.call("actor.generate", prompts, n=cfg.rollout.n)
+    rollout = g.call("rollout.generate", prompts, n=cfg.rollout.n)
     old = g.call("actor.logprob", rollout)
     score = g.call("reward.score", rollout)
     adv = g.fn(ops.rloo_advantages, rollout, score)

@@ -13,10 +13,12 @@ exact-match accuracy is low, and RL — which only ever trains on the train pair
 has to teach it to stop, a habit that carries over to the held-out pairs.
 """
 import random
+from dataclasses import dataclass
 
 import torch
 
 from hybridflow import Batch, Graph, node_fn
+from hybridflow.constraints import checked, probability
 
 from graphs import ops
 from graphs.common import embedded_defaults
@@ -68,11 +70,20 @@ class SFTExamples:
                       "loss_mask": loss})
 
 
+@dataclass
+class SFTOptions:
+    """The `algorithm` section of this graph."""
+    stop_fraction: float = checked(0.3, probability)  # training answers that end with EOS
+
+
+ALGORITHM = SFTOptions
+
+
 def defaults() -> dict:
     out = embedded_defaults(trainer={"steps": 300, "val_every": 50},
                             data={"toy": {"train_on_test": True}},
                             actor={"lr": 3e-3, "mini_batch_size": 16, "micro_batch_size": 16},
-                            rollout={"n": 1}, algorithm={"stop_fraction": 0.3})
+                            rollout={"n": 1})
     out.pop("model", None)  # SFT starts from random weights (the model section's config)
     return out
 

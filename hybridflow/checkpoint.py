@@ -1,19 +1,22 @@
 """Checkpoints: atomic, complete, and safe to load.
 
 checkpoints/step_000040/
-  manifest.json        written last: files, sizes, step; a directory without it is
-                       an interrupted write and is never loaded
+  manifest.json        written last: step, and every file's size and sha256; a
+                       directory without it is an interrupted write and is never
+                       loaded, and a file whose size or digest differs is refused
   trainer_state.json   step, data-loader position, Python and numpy RNG state
   rng_torch.safetensors  the driver's torch RNG state
   <role>/              whatever the role's workers save (safetensors weights,
                        optimizer and scheduler via weights_only torch.save)
 
 A checkpoint is written under a temporary name and renamed into place, so a crash
-mid-write leaves the previous checkpoint untouched. Loading never unpickles
+mid-write leaves the previous checkpoint untouched; a write that fails (a full disk)
+removes its temporary directory. Loading never unpickles
 arbitrary objects: JSON, safetensors, and `torch.load(weights_only=True)` only.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -25,7 +28,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 __all__ = ["CheckpointError", "save_checkpoint", "latest_checkpoint", "load_trainer_state",
-           "capture_rng", "restore_rng"]
+           "verify_checkpoint", "capture_rng", "restore_rng"]
 
 _PREFIX = "step_"
 
@@ -56,13 +59,23 @@ def _from_json(value):
     return tuple(_from_json(v) for v in value) if isinstance(value, list) else value
 
 
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def _manifest(path: str, step: int) -> dict:
-    files = {}
+    files, sha256 = {}, {}
     for root, _, names in os.walk(path):
         for name in names:
             full = os.path.join(root, name)
-            files[os.path.relpath(full, path)] = os.path.getsize(full)
-    return {"step": step, "time": time.time(), "files": files}
+            rel = os.path.relpath(full, path)
+            files[rel] = os.path.getsize(full)
+            sha256[rel] = file_sha256(full)
+    return {"step": step, "time": time.time(), "files": files, "sha256": sha256}
 
 
 def save_checkpoint(ckpt_root: str, step: int, save_roles, trainer_state: dict,
@@ -73,6 +86,19 @@ def save_checkpoint(ckpt_root: str, step: int, save_roles, trainer_state: dict,
     final = os.path.join(ckpt_root, f"{_PREFIX}{step:06d}")
     tmp = os.path.join(ckpt_root, f".tmp-{_PREFIX}{step:06d}")
     shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        _write(tmp, step, save_roles, trainer_state)
+        if os.path.exists(final):  # re-saving a step (e.g. the final save): replace it
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+    except BaseException:  # a full disk, a signal: leave no half-written directory
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _retain(ckpt_root, keep)
+    return final
+
+
+def _write(tmp: str, step: int, save_roles, trainer_state: dict) -> None:
     os.makedirs(tmp)
     save_roles(tmp)
     with open(os.path.join(tmp, "trainer_state.json"), "w") as fh:
@@ -81,11 +107,6 @@ def save_checkpoint(ckpt_root: str, step: int, save_roles, trainer_state: dict,
     manifest = _manifest(tmp, step)  # before creating manifest.json, so it is not listed
     with open(os.path.join(tmp, "manifest.json"), "w") as fh:
         json.dump(manifest, fh, indent=1)
-    if os.path.exists(final):  # re-saving a step (e.g. the final save): replace it
-        shutil.rmtree(final)
-    os.rename(tmp, final)
-    _retain(ckpt_root, keep)
-    return final
 
 
 def _complete(ckpt_root: str) -> list[str]:
@@ -108,17 +129,36 @@ def latest_checkpoint(ckpt_root: str) -> str | None:
     return done[-1] if done else None
 
 
-def load_trainer_state(path: str) -> tuple[dict, torch.Tensor]:
+def verify_checkpoint(path: str) -> dict:
+    """Check every file the manifest lists (size, then sha256 where recorded: older
+    checkpoints have sizes only); returns the manifest. Raises CheckpointError
+    naming the first damaged file."""
     manifest = os.path.join(path, "manifest.json")
     if not os.path.isfile(manifest):
         raise CheckpointError(f"{path} is not a complete checkpoint (no manifest.json)")
-    with open(manifest) as fh:
-        files = json.load(fh)["files"]
-    for rel, size in files.items():
+    try:
+        with open(manifest) as fh:
+            record = json.load(fh)
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"checkpoint {path} is damaged: manifest.json is not "
+                              f"readable JSON ({err}); delete {path} to resume from the "
+                              f"checkpoint before it") from None
+    digests = record.get("sha256", {})
+    for rel, size in record["files"].items():
         full = os.path.join(path, rel)
         if not os.path.isfile(full) or os.path.getsize(full) != size:
-            raise CheckpointError(f"checkpoint {path} is damaged: {rel} is missing or "
-                                  f"has the wrong size")
+            problem = "is missing or has the wrong size"
+        elif rel in digests and file_sha256(full) != digests[rel]:
+            problem = "does not match its sha256 in manifest.json (changed since it was saved)"
+        else:
+            continue
+        raise CheckpointError(f"checkpoint {path} is damaged: {rel} {problem}; delete "
+                              f"{path} to resume from the checkpoint before it")
+    return record
+
+
+def load_trainer_state(path: str) -> tuple[dict, torch.Tensor]:
+    verify_checkpoint(path)
     with open(os.path.join(path, "trainer_state.json")) as fh:
         state = json.load(fh)
     return state, load_file(os.path.join(path, "rng_torch.safetensors"))["state"]

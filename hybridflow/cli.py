@@ -1,5 +1,7 @@
-"""`hybridflow run | check | render | plan | data`: one module per command in
-hybridflow/commands/, each with add_parser(subparsers) and run(args) -> exit code."""
+"""`hybridflow run | check | render | plan | data | export | status`: one module per
+command in hybridflow/commands/, each with add_parser(subparsers) and run(args) -> exit
+code. Errors a user can cause become one line and an exit code here
+(commands/errors.py); user code calling sys.exit cannot end the process silently."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +12,7 @@ from hybridflow.commands.args import IntermixedParser
 
 __all__ = ["main"]
 
-_COMMANDS = ("run", "check", "render", "plan", "data", "export")
+_COMMANDS = ("run", "check", "render", "plan", "data", "export", "status")
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict]:
@@ -38,8 +40,12 @@ def _unavailable(err: Exception) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser, handlers = build_parser()
-    args = parser.parse_args(argv)
-    return int(handlers[args.command](args) or 0)
+    args = parser.parse_args(argv)  # argparse exits 2 itself on bad arguments
+    try:
+        return int(handlers[args.command](args) or 0)
+    except (KeyboardInterrupt, SystemExit, Exception) as err:  # noqa: BLE001 - sorted below
+        from hybridflow.commands.errors import report
+        return report(args.command, err)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,10 @@ One function reads top to bottom (`Trainer.fit`): draw a batch for every source
 node, run the compiled plan on the runtime, log metrics, validate every
 `trainer.val_every` steps, checkpoint every `trainer.save_every` steps and at the
 end. Nothing here knows which algorithm the graph implements.
+
+status.json is rewritten after every step (state `running`, the step just done), so
+it tells how far a run got even after a SIGKILL. A signal guard (run_signals.py)
+lets the step and a checkpoint finish before a signal stops the loop.
 """
 from __future__ import annotations
 
@@ -16,11 +20,13 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from hybridflow.checkpoint import latest_checkpoint, load_trainer_state, restore_rng, save_checkpoint
-from hybridflow.commands.common import LoadedGraph, placement_from_config, role_bindings
-from hybridflow.compiler import ExecutionPlan, compile_graph
-from hybridflow.data import PromptDataset, PromptLoader, toy_rows
+from hybridflow.checkpoint import (latest_checkpoint, load_trainer_state, restore_rng,
+                                   save_checkpoint)
+from hybridflow.compiler import ExecutionPlan
+from hybridflow.data import PromptDataset, PromptLoader, row_checker, toy_rows
 from hybridflow.graph import Graph
+from hybridflow.program import LoadedGraph, compile_program
+from hybridflow.run_signals import Interrupted, NoSignals
 from hybridflow.tracking import MetricSinks, RunDir
 
 __all__ = ["Trainer", "NumericsError", "default_validation_graph", "seed_everything"]
@@ -49,10 +55,13 @@ def default_validation_graph(cfg: DictConfig) -> Graph:
     return g
 
 
-def make_runtime(plan: ExecutionPlan, cfg: DictConfig, extra_plans=()):
-    """The configured runtime, with workers for every role of `plan` and `extra_plans`."""
+def make_runtime(plan: ExecutionPlan, cfg, extra_plans=()):
+    """The configured runtime, with workers for every role of `plan` and `extra_plans`;
+    `cfg` is what the workers receive: the run's typed values (`LoadedGraph.values`)."""
     if cfg.runtime.name == "ray":
         from hybridflow.runtime.ray import RayRuntime
+        from hybridflow.user_files import pickle_user_files_by_value_for_ray
+        pickle_user_files_by_value_for_ray()  # fn nodes and classes of the user's files
         return RayRuntime(plan, cfg, seed=cfg.trainer.seed, extra_plans=extra_plans)
     from hybridflow.runtime.local import LocalRuntime
     return LocalRuntime(plan, cfg, seed=cfg.trainer.seed, extra_plans=extra_plans)
@@ -79,15 +88,17 @@ class Trainer:
         self.train_loader, self.val_loader = self._make_loaders()
         self.val_plan = self._compile_validation() if cfg.trainer.val_every > 0 else None
         self.step, self.saved_step = 0, None
-        self.sinks = MetricSinks(run, cfg.trainer.tensorboard, cfg.trainer.wandb, run.path)
-        self.runtime = make_runtime(self.plan, cfg,
+        self.resumed_from, self.notes = None, []  # what a resume loaded; what it trimmed
+        self.sinks = None
+        self.runtime = make_runtime(self.plan, loaded.values,
                                     [self.val_plan] if self.val_plan is not None else [])
-        if resume_from:
-            try:
+        try:  # the caller gets no trainer to close on failure: stop the workers here
+            if resume_from:
                 self._resume(resume_from)
-            except BaseException:  # the caller gets no trainer to close: stop the workers
-                self.close()
-                raise
+            self.sinks = MetricSinks(run, cfg.trainer.tensorboard, cfg.trainer.wandb, run.path)
+        except BaseException:
+            self.close()
+            raise
 
     # ------------------------------------------------------------------ setup
     def _make_loaders(self) -> tuple[PromptLoader, PromptLoader | None]:
@@ -95,16 +106,17 @@ class Trainer:
         cfg = self.cfg
         tok = load_tokenizer(tokenizer_spec(cfg.model))
         limit, drop = cfg.data.max_prompt_length, cfg.data.filter_overlong
+        check = row_checker(self.plan, cfg)  # values the scorer needs, checked at load
         if cfg.data.train_files:
-            train = PromptDataset.from_file(cfg.data.train_files, tok, limit, drop)
-            val = (PromptDataset.from_file(cfg.data.val_files, tok, limit, drop)
+            train = PromptDataset.from_file(cfg.data.train_files, tok, limit, drop, check)
+            val = (PromptDataset.from_file(cfg.data.val_files, tok, limit, drop, check)
                    if cfg.data.val_files else None)
         else:
             toy = cfg.data.toy
             train_rows, val_rows = toy_rows(cfg.trainer.seed, toy.max_operand, toy.test_fraction,
                                              toy.train_on_test)
-            train = PromptDataset(train_rows, tok, limit, drop, name="toy train")
-            val = PromptDataset(val_rows, tok, limit, drop, name="toy test")
+            train = PromptDataset(train_rows, tok, limit, drop, name="toy train", check_row=check)
+            val = PromptDataset(val_rows, tok, limit, drop, name="toy test", check_row=check)
         pad = tok.pad_token_id
         gathers = any(n.op == "gather" for n in self.plan.nodes)  # rounds concatenate
         train_loader = PromptLoader(train, cfg.data.batch_size, pad, cfg.data.shuffle,
@@ -116,36 +128,59 @@ class Trainer:
         if self.val_loader is None:
             return None
         build = getattr(self.module, "validation", None) or default_validation_graph
-        graph = build(self.cfg)
-        return compile_graph(graph, role_bindings(self.cfg), placement_from_config(self.cfg, graph))
+        return compile_program(self.cfg, build(self.cfg))
 
     def sources(self) -> list[str]:
         return [n.name for n in self.plan.nodes if n.op == "source"]
 
     # ------------------------------------------------------------------- loop
-    def fit(self, on_step=None) -> dict:
-        cfg, last = self.cfg.trainer, {}
-        self.run.set_status("running", step=self.step)
+    def fit(self, on_step=None, signals=None) -> dict:
+        """Train to `trainer.steps`. With a `SignalGuard`, a signal lets the running
+        step finish, saves a checkpoint and raises `Interrupted`."""
+        cfg, last, signals = self.cfg.trainer, {}, signals or NoSignals()
+        self._set_running()
         if self.val_plan is not None and self.step == 0:
-            last.update(self.validate())
-            self.sinks.log(0, last)
+            with signals.deferred():
+                last.update(self.validate())
+                self.sinks.log(0, last)
         while self.step < cfg.steps:
-            self.step += 1
-            metrics = self.train_step()
-            if self.step == 1:  # once a run (a resumed run keeps this line), after
-                metrics.update(self.held_bytes())  # an update allocated optimizer state
-            if self.val_plan is not None and self.step % cfg.val_every == 0:
-                metrics.update(self.validate())
-            self.sinks.log(self.step, metrics)
-            last = metrics
-            if cfg.save_every and self.step % cfg.save_every == 0:
-                self.save()
-            if on_step:
-                on_step(self.step, metrics)
+            self._stop_if_signalled(signals)
+            with signals.deferred():
+                last = self._one_step(on_step)
+        self._stop_if_signalled(signals)
         if self.saved_step != self.step:
-            self.save()
-        self.run.set_status("finished", step=self.step)
+            with signals.deferred():
+                self.save()
+        self.run.set_status("finished", step=self.step, steps=cfg.steps)
         return last
+
+    def _one_step(self, on_step) -> dict:
+        cfg = self.cfg.trainer
+        self.step += 1
+        metrics = self.train_step()
+        if self.step == 1:  # once a run (a resumed run keeps this line), after
+            metrics.update(self.held_bytes())  # an update allocated optimizer state
+        if self.val_plan is not None and self.step % cfg.val_every == 0:
+            metrics.update(self.validate())
+        self.sinks.log(self.step, metrics)
+        if cfg.save_every and self.step % cfg.save_every == 0:
+            self.save()
+        self._set_running()
+        if on_step:
+            on_step(self.step, metrics)
+        return metrics
+
+    def _set_running(self) -> None:
+        self.run.set_status("running", step=self.step, steps=self.cfg.trainer.steps,
+                            checkpoint=self.saved_step, resumed_from=self.resumed_from)
+
+    def _stop_if_signalled(self, signals) -> None:
+        """Between steps: on a pending signal, save (unless this step is saved) and stop."""
+        if signals.pending is None:
+            return
+        with signals.deferred():
+            path = self.save() if self.saved_step != self.step else self.last_saved
+        raise Interrupted(signals.pending, saved=path)
 
     def held_bytes(self) -> dict:
         """`engine/weight_bytes` and `engine/optimizer_bytes`: the tensors every worker
@@ -215,12 +250,16 @@ class Trainer:
         self.saved_step = self.step
         return path
 
+    @property
+    def last_saved(self) -> str | None:
+        return latest_checkpoint(self.run.checkpoints)
+
     def _resume(self, run_path: str) -> None:
         path = latest_checkpoint(self.run.checkpoints)
         if path is None:  # nothing saved yet: start from the beginning
-            self.run.truncate_metrics(-1)
+            self.notes += self.run.truncate_metrics(-1)
             return
-        state, torch_rng = load_trainer_state(path)
+        state, torch_rng = load_trainer_state(path)  # verifies every file's sha256
         for role in self.trained_roles():
             self.runtime.call_role(role, "load_checkpoint", f"{path}/{role}")
         self.train_loader.load_state_dict(state["loader"])
@@ -228,11 +267,16 @@ class Trainer:
             if node.name in state.get("nodes", {}):
                 node.fn.load_state_dict(state["nodes"][node.name])
         restore_rng(state["rng"], torch_rng)
+        from hybridflow.weight_sync import resync_plan
+        if (sync := resync_plan(self.plan)) is not None:  # a rollout with its own weights
+            self.runtime.run_step({}, plan=sync)            # gets the restored actor's
         self.step = self.saved_step = int(state["step"])
-        self.run.truncate_metrics(self.step)
+        self.resumed_from = path
+        self.notes += self.run.truncate_metrics(self.step)
 
     def close(self) -> None:
-        self.sinks.close()
+        if self.sinks is not None:
+            self.sinks.close()
         self.runtime.shutdown()
 
 

@@ -80,7 +80,8 @@ class Placement:
     def to_config(self) -> dict:
         return {"pools": {n: {"nodes": p.nodes, "devices_per_node": p.devices_per_node}
                           for n, p in self.pools.items()},
-                "roles": dict(self.roles), "parallel": {r: dict(p) for r, p in self.parallel.items()}}
+                "roles": dict(self.roles),
+                "parallel": {r: dict(p) for r, p in self.parallel.items()}}
 
 
 def _fields(section, known: tuple[str, ...], where: str) -> dict[str, int]:

@@ -2,7 +2,9 @@
 made by `prepare` after the graph compiles and before any worker starts.
 
 - every path the config names exists and is what it should be: model and tokenizer
-  directories (nothing is downloaded at run time), data files, the reward function;
+  directories (nothing is downloaded at run time), data files, the reward function,
+  and the paths in the sections of roles bound in `workers` (`path` and `*model_path`
+  keys name model directories, other `*_path` keys files or directories);
 - the batch can feed the data-parallel ranks of every role, and each trained role's
   mini-batch divides evenly over its ranks;
 - the local runtime is not asked to train a role on more than one rank.
@@ -20,8 +22,9 @@ from omegaconf import DictConfig
 from hybridflow.compiler import ExecutionPlan
 from hybridflow.config import ConfigError
 from hybridflow.dispatch import is_data_parallel
+from hybridflow.kinds import Op
 
-__all__ = ["preflight", "check_paths", "check_batch_feeds_ranks"]
+__all__ = ["preflight", "check_paths", "check_role_paths", "check_batch_feeds_ranks"]
 
 _MODEL_KEYS = ("model.path", "ref.path", "critic.path", "reward.model_path")
 
@@ -62,6 +65,32 @@ def check_paths(cfg: DictConfig) -> None:
     _check_data_files(cfg)
     if cfg.reward.function_path:
         _check_scorer(str(cfg.reward.function_path), str(cfg.reward.function_name))
+    check_role_paths(cfg)
+
+
+def _path_keys(section, prefix: str):
+    """(dotted key, value) of each path-like key of a section, nested ones too."""
+    for key, value in section.items():
+        if isinstance(value, dict):
+            yield from _path_keys(value, f"{prefix}{key}.")
+        elif (key == "path" or str(key).endswith("_path")) and value:
+            yield f"{prefix}{key}", str(value)
+
+
+def check_role_paths(cfg: DictConfig) -> None:
+    """The paths in the own sections of roles bound in `workers` (e.g. `teacher.path`)."""
+    from omegaconf import OmegaConf
+
+    from hybridflow.config import RUN_SECTIONS
+    for role in cfg.workers or {}:
+        if role in RUN_SECTIONS or role not in cfg or not isinstance(cfg[role], DictConfig):
+            continue
+        for key, value in _path_keys(OmegaConf.to_container(cfg[role], resolve=True),
+                                     f"{role}."):
+            if key.endswith((".path", "model_path")):
+                _model_dir(key, value)
+            elif not os.path.exists(value):
+                raise ConfigError(f"{key}={value!r} does not exist")
 
 
 def _check_data_files(cfg: DictConfig) -> None:
@@ -91,7 +120,7 @@ def check_batch_feeds_ranks(cfg: DictConfig, plan: ExecutionPlan) -> None:
     evenly over its ranks, and the local runtime trains on one rank only."""
     placement, prompts = plan.placement, cfg.data.batch_size
     for node in plan.nodes:
-        if node.op != "call" or not is_data_parallel(node.dispatch):
+        if node.op is not Op.CALL or not is_data_parallel(node.dispatch):
             continue
         pool = placement.roles[node.role]
         dp = placement.pools[pool].world_size // placement.tp_size(node.role)
@@ -100,7 +129,7 @@ def check_batch_feeds_ranks(cfg: DictConfig, plan: ExecutionPlan) -> None:
             raise ConfigError(f"data.batch_size={prompts} prompts cannot feed the {where}: "
                               f"some ranks would get no rows; set data.batch_size to at "
                               f"least {dp} or give the pool fewer devices")
-        if node.kind != "train":
+        if not node.kind.trains:
             continue
         ranks = placement.pools[pool].world_size
         if cfg.runtime.name == "local" and ranks > 1:

@@ -2,28 +2,84 @@
 
 runs/<graph>-<time>/
   config.yaml       the merged config
+  graph.json        the graph's name, file and the file's sha256 (checked on resume)
   metrics.jsonl     one line per step (appended to on resume)
   timeline.jsonl    per-node start/end of each step, for `hybridflow render --timeline`
-  status.json       running / finished / failed, with the reason
+  status.json       starting / running (with the current step) / finished / failed /
+                    interrupted
+  error.log         the traceback of every failure, appended
+  lock.json         the owner (pid, host, start) while a process runs; run_lock.py
   checkpoints/      see hybridflow/checkpoint.py
+
+Every whole-file write (status.json, graph.json, the trimmed metrics on resume) goes
+to a temporary file that is renamed into place, and the temporary file is removed
+when the write fails, so a reader sees the old content or the new, never half.
 """
 from __future__ import annotations
 
+import contextlib
 import glob
+import itertools
 import json
 import math
 import os
+import socket
 import time
 
 from omegaconf import DictConfig, OmegaConf
 
-__all__ = ["RunDir", "new_run_dir", "newest_run_dir", "MetricSinks"]
+__all__ = ["RunDir", "RunDirError", "new_run_dir", "newest_run_dir", "MetricSinks",
+           "write_atomic", "read_jsonl"]
+
+
+class RunDirError(ValueError):
+    """A run directory whose files cannot be read as hybridflow wrote them."""
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write `text` to a temporary file beside `path`, then rename it into place;
+    on failure (a full disk) the temporary file is removed and the old file stays."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+
+
+def read_jsonl(path: str) -> tuple[list[dict], str | None]:
+    """The records of a JSON-lines file, and a note when its last line was torn (what
+    a crash or a full disk leaves): that line is dropped. A bad line before the last
+    is damage no crash makes: RunDirError naming the file and line."""
+    try:
+        with open(path) as fh:
+            lines = fh.read().splitlines()
+    except FileNotFoundError:
+        return [], None
+    numbered = [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
+    records = []
+    for i, (number, line) in enumerate(numbered):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            if i == len(numbered) - 1:
+                return records, (f"{path}:{number}: dropped a torn last line (a crash or a "
+                                 f"full disk cut it short: {err})")
+            raise RunDirError(f"{path}:{number} is not a JSON record ({err}); fix or delete "
+                              f"that line") from None
+    return records, None
 
 
 class RunDir:
-    def __init__(self, path: str):
+    def __init__(self, path: str, create: bool = True):
         self.path = path
-        os.makedirs(path, exist_ok=True)
+        if create:
+            os.makedirs(path, exist_ok=True)
 
     def file(self, name: str) -> str:
         return os.path.join(self.path, name)
@@ -33,51 +89,69 @@ class RunDir:
         return self.file("checkpoints")
 
     def save_config(self, cfg: DictConfig) -> None:
-        OmegaConf.save(cfg, self.file("config.yaml"))
+        write_atomic(self.file("config.yaml"), OmegaConf.to_yaml(cfg))
 
     def set_status(self, state: str, **info) -> None:
-        record = {"state": state, "time": time.time(), **info}
-        tmp = self.file("status.json.tmp")
-        with open(tmp, "w") as fh:
-            json.dump(record, fh, indent=1)
-        os.replace(tmp, self.file("status.json"))
+        """Replace status.json atomically: the state, the current step, who writes it."""
+        record = {"state": state, "time": time.time(), "pid": os.getpid(),
+                  "host": socket.gethostname(), **info}
+        write_atomic(self.file("status.json"), json.dumps(record, indent=1))
 
     def status(self) -> dict:
         try:
             with open(self.file("status.json")) as fh:
                 return json.load(fh)
-        except FileNotFoundError:
+        except (FileNotFoundError, json.JSONDecodeError):
             return {}
 
-    def read_metrics(self) -> list[dict]:
-        try:
-            with open(self.file("metrics.jsonl")) as fh:
-                return [json.loads(line) for line in fh if line.strip()]
-        except FileNotFoundError:
-            return []
+    def log_error(self, text: str) -> str:
+        """Append a failure's traceback to error.log; returns the file's path."""
+        path = self.file("error.log")
+        with open(path, "a") as fh:
+            fh.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}\n{text}\n")
+        return path
 
-    def truncate_metrics(self, last_step: int) -> None:
+    def save_graph_identity(self, identity: dict) -> None:
+        write_atomic(self.file("graph.json"), json.dumps(identity, indent=1))
+
+    def graph_identity(self) -> dict | None:
+        """graph.json, or None for a run made before it was written."""
+        try:
+            with open(self.file("graph.json")) as fh:
+                return json.load(fh)
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+    def read_metrics(self) -> list[dict]:
+        return read_jsonl(self.file("metrics.jsonl"))[0]
+
+    def truncate_metrics(self, last_step: int) -> list[str]:
         """On resume, drop the metric and timeline lines of steps after the checkpoint
-        (they will be redone); -1 drops them all, step 0's validation included."""
+        (they will be redone); -1 drops them all, step 0's validation included.
+        Returns a note for each file whose torn last line was dropped."""
+        notes = []
         for name in ("metrics.jsonl", "timeline.jsonl"):
-            try:
-                with open(self.file(name)) as fh:
-                    lines = [json.loads(line) for line in fh if line.strip()]
-            except FileNotFoundError:
+            if not os.path.exists(self.file(name)):
                 continue
-            with open(self.file(name), "w") as fh:
-                for m in lines:
-                    if m.get("step", 0) <= last_step:
-                        fh.write(json.dumps(m) + "\n")
+            records, note = read_jsonl(self.file(name))
+            notes += [note] if note else []
+            kept = "".join(json.dumps(m) + "\n" for m in records
+                           if m.get("step", 0) <= last_step)
+            write_atomic(self.file(name), kept)
+        return notes
 
 
 def new_run_dir(runs_dir: str, graph_name: str, run_name: str | None = None) -> RunDir:
+    """A fresh directory: mkdir is atomic, so two runs started at once never share one."""
     base = run_name or f"{graph_name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    path, i = os.path.join(runs_dir, base), 1
-    while os.path.exists(path):
-        i += 1
-        path = os.path.join(runs_dir, f"{base}-{i}")
-    return RunDir(path)
+    os.makedirs(runs_dir, exist_ok=True)
+    for i in itertools.count(1):
+        path = os.path.join(runs_dir, base if i == 1 else f"{base}-{i}")
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            continue
+        return RunDir(path)
 
 
 def newest_run_dir(runs_dir: str, graph_name: str) -> RunDir:
@@ -140,8 +214,11 @@ class MetricSinks:
         self.timeline.flush()
 
     def close(self) -> None:
-        self.metrics.close()
-        self.timeline.close()
+        # every line was flushed when logged: a close that fails (a full disk) has
+        # nothing left to lose, and must not hide the error that stopped the run
+        for fh in (self.metrics, self.timeline):
+            with contextlib.suppress(OSError):
+                fh.close()
         if self.tb:
             self.tb.close()
         if self.wb:

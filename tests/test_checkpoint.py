@@ -51,3 +51,51 @@ def test_manifest_lists_every_file_but_itself(tmp_path):
     files = json.load(open(os.path.join(path, "manifest.json")))["files"]
     assert "manifest.json" not in files
     assert {"trainer_state.json", "rng_torch.safetensors", "actor/optim_rank0.pt"} <= set(files)
+
+
+def test_a_file_damaged_in_place_is_refused_naming_it(tmp_path):
+    """Same size, different bytes (bit rot, a bad copy): the sha256 in the manifest
+    catches what a size check cannot."""
+    path = save_checkpoint(str(tmp_path), 1, _save_roles, {})
+    target = os.path.join(path, "actor", "optim_rank0.pt")
+    data = bytearray(open(target, "rb").read())
+    data[-10] ^= 0xFF
+    with open(target, "wb") as fh:
+        fh.write(bytes(data))
+    with pytest.raises(CheckpointError, match=r"actor/optim_rank0.pt does not match its sha256"):
+        load_trainer_state(path)
+
+
+def test_manifest_records_a_sha256_for_every_file(tmp_path):
+    path = save_checkpoint(str(tmp_path), 2, _save_roles, {})
+    manifest = json.load(open(os.path.join(path, "manifest.json")))
+    assert set(manifest["sha256"]) == set(manifest["files"])
+    assert all(len(h) == 64 for h in manifest["sha256"].values())
+
+
+def test_a_checkpoint_without_digests_still_loads_on_sizes(tmp_path):
+    """Checkpoints written before digests were recorded are checked on sizes."""
+    path = save_checkpoint(str(tmp_path), 3, _save_roles, {})
+    manifest_path = os.path.join(path, "manifest.json")
+    manifest = json.load(open(manifest_path))
+    del manifest["sha256"]
+    json.dump(manifest, open(manifest_path, "w"))
+    state, _ = load_trainer_state(path)
+    assert state["step"] == 3
+
+
+def test_a_failed_write_leaves_no_temporary_directory(tmp_path):
+    """A full disk mid-save: the error propagates, the partial directory is removed,
+    and the previous checkpoint stays the latest."""
+    import errno
+    root = str(tmp_path)
+    first = save_checkpoint(root, 1, _save_roles, {})
+
+    def disk_full(path):
+        _save_roles(path)
+        raise OSError(errno.ENOSPC, "No space left on device", f"{path}/actor/model.safetensors")
+
+    with pytest.raises(OSError, match="No space left"):
+        save_checkpoint(root, 2, disk_full, {})
+    assert sorted(os.listdir(root)) == ["step_000001"]
+    assert latest_checkpoint(root) == first

@@ -1,5 +1,5 @@
 """`hybridflow check graph.py [key=value ...]` (hybridflow/commands/check.py and
-commands/common.py): compile only, print a summary, exit 1 with the message on any
+hybridflow/program.py): compile only, print a summary, exit 1 with the message on any
 error; neither Ray nor model libraries are loaded (its speed: bench/check.py)."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from hybridflow.cli import main
-from hybridflow.commands.common import GraphFileError, load_graph_module, prepare
+from hybridflow.program import GraphFileError, load_graph_module, prepare
 from hybridflow.config import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -257,7 +257,7 @@ def test_bad_worker_binding(files, capsys, spec, words):
 def test_unknown_pool_field(files, capsys):
     _, graph, overrides = files
     code, _, err = check(capsys, graph, *overrides, "placement.pools.main.device_per_node=2")
-    assert code == 1 and "did you mean 'devices_per_node'" in err
+    assert code == 1 and "did you mean 'placement.pools.main.devices_per_node'" in err
 
 
 def test_prepare_raises_typed_errors(tmp_path):

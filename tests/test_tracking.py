@@ -34,3 +34,57 @@ def test_missing_tracking_package_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # import fails
     with pytest.raises(RuntimeError, match=r"trainer.wandb=true needs the 'wandb' package"):
         MetricSinks(RunDir(str(tmp_path)), wandb=True)
+
+
+def test_a_torn_last_metrics_line_is_trimmed_with_a_note(tmp_path):
+    """What a crash or a full disk leaves: the last line cut short. Resume drops it
+    (and says so) instead of failing on the JSON."""
+    run = RunDir(str(tmp_path))
+    with open(run.file("metrics.jsonl"), "w") as fh:
+        fh.write('{"step": 1, "a": 1.0}\n{"step": 2, "a": 2.0}\n{"step": 3, "a": 3.')
+    assert [m["step"] for m in run.read_metrics()] == [1, 2]
+    notes = run.truncate_metrics(2)
+    assert len(notes) == 1 and "metrics.jsonl:3: dropped a torn last line" in notes[0]
+    assert open(run.file("metrics.jsonl")).read() == (
+        '{"step": 1, "a": 1.0}\n{"step": 2, "a": 2.0}\n')
+
+
+def test_a_bad_line_before_the_last_is_an_error_naming_the_line(tmp_path):
+    from hybridflow.tracking import RunDirError
+    run = RunDir(str(tmp_path))
+    with open(run.file("metrics.jsonl"), "w") as fh:
+        fh.write('{"step": 1}\n{"step": 2,,}\n{"step": 3}\n')
+    with pytest.raises(RunDirError, match=r"metrics.jsonl:2 is not a JSON record"):
+        run.truncate_metrics(3)
+
+
+def test_a_status_write_on_a_full_disk_leaves_the_old_status_and_no_temporary(
+        tmp_path, monkeypatch):
+    import errno
+    run = RunDir(str(tmp_path))
+    run.set_status("running", step=3)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space left"):
+        run.set_status("failed", step=3)
+    assert run.status()["state"] == "running" and run.status()["step"] == 3
+    assert sorted(os.listdir(tmp_path)) == ["status.json"]
+
+
+def test_status_names_the_writing_process(tmp_path):
+    import socket
+    run = RunDir(str(tmp_path))
+    run.set_status("running", step=7)
+    status = run.status()
+    assert status["pid"] == os.getpid() and status["host"] == socket.gethostname()
+    assert status["step"] == 7
+
+
+def test_new_run_dirs_never_share_a_directory(tmp_path):
+    from hybridflow.tracking import new_run_dir
+    first = new_run_dir(str(tmp_path), "g", "exp")
+    second = new_run_dir(str(tmp_path), "g", "exp")
+    assert first.path != second.path and second.path.endswith("exp-2")

@@ -4,9 +4,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hybridflow.commands.common import GraphFileError, prepare
+from hybridflow.program import GraphFileError, prepare
 from hybridflow.compiler import GraphError
 from hybridflow.config import ConfigError
+from hybridflow.provenance import provenance_lines
 
 __all__ = ["add_parser", "run"]
 
@@ -31,5 +32,6 @@ def run(args) -> int:
         from omegaconf import OmegaConf
         print(OmegaConf.to_yaml(loaded.cfg))
     print(loaded.plan.summary())
+    print("\n".join(provenance_lines(loaded.cfg, loaded.plan)))
     print("ok")
     return 0

@@ -1,6 +1,8 @@
 """`hybridflow export RUN_DIR OUT [--role actor]`: copy a role's weights from the
 run's last checkpoint into a Hugging Face model directory (loadable with
-`from_pretrained`, and as `model.path` of another run). Optimizer state stays behind.
+`from_pretrained`, and as `model.path` of another run): the weights, the model's
+config and the tokenizer files; optimizer state and RNG state stay behind. The
+checkpoint's files are verified against its manifest (sha256) first.
 A LoRA checkpoint (adapters only) is merged into the run's base model, unless
 `--adapter-only` copies peft's adapter files as they are."""
 from __future__ import annotations
@@ -10,9 +12,11 @@ import os
 import shutil
 import sys
 
-from hybridflow.checkpoint import latest_checkpoint
+from hybridflow.checkpoint import CheckpointError, latest_checkpoint, verify_checkpoint
 
-__all__ = ["add_parser", "run", "export_role"]
+__all__ = ["add_parser", "run", "export_role", "is_model_file"]
+
+_TRAINING_STATE = ("optim_", "rng_", "scheduler_")  # per-rank state of a run, not the model
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -33,6 +37,10 @@ def export_role(run_dir: str, out: str, role: str = "actor", merge: bool = True)
     if not os.path.isdir(source):
         raise FileNotFoundError(f"checkpoint {ckpt} has no role '{role}' "
                                 f"(it has {sorted(os.listdir(ckpt))})")
+    verify_checkpoint(ckpt)
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise NotADirectoryError(f"OUT {out!r} is a file; give a directory (it is created "
+                                 f"if missing)")
     os.makedirs(out, exist_ok=True)
     if merge and os.path.isfile(os.path.join(source, "adapter_config.json")):
         from omegaconf import OmegaConf
@@ -42,16 +50,22 @@ def export_role(run_dir: str, out: str, role: str = "actor", merge: bool = True)
         merge_checkpoint(source, cfg, int(cfg.trainer.seed), out)
         return ckpt
     for name in os.listdir(source):
-        if not name.startswith("optim_"):
+        if is_model_file(name):
             shutil.copy2(os.path.join(source, name), os.path.join(out, name))
     return ckpt
+
+
+def is_model_file(name: str) -> bool:
+    """What a Hugging Face model directory holds: not a run's optimizer, scheduler or
+    RNG state (rng_rank0.safetensors would pass for weights by its extension)."""
+    return not name.startswith(_TRAINING_STATE)
 
 
 def run(args) -> int:
     try:
         ckpt = export_role(args.run_dir, args.out, args.role,
                            merge=not getattr(args, "adapter_only", False))
-    except FileNotFoundError as err:
+    except (FileNotFoundError, NotADirectoryError, CheckpointError) as err:
         print(f"hybridflow export: {err}", file=sys.stderr)
         return 1
     print(f"exported role '{args.role}' from {ckpt} to {args.out}")

@@ -23,15 +23,18 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "plan", help="choose colocation, pool sizes and parallelism for a graph, and explain why",
         description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("graph", help="graph file exporting build(cfg)")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for the graph")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="config overrides for the graph")
     parser.add_argument("-c", "--config", help="YAML config file, merged before overrides")
     cluster = parser.add_argument_group("cluster")
     cluster.add_argument("--nodes", type=int, default=1)
     cluster.add_argument("--gpus-per-node", type=int, default=8)
-    cluster.add_argument("--device", default="a100-80g", help="a100-80g, a100-40g, h100-80g, h200-141g or cpu")
+    cluster.add_argument("--device", default="a100-80g",
+                         help="a100-80g, a100-40g, h100-80g, h200-141g or cpu")
     models = parser.add_argument_group("models")
     models.add_argument("--model", action="append", default=None,
-                        help="size for all roles (7b) or per role (actor=7b,critic=13b); repeatable")
+                        help="size for all roles (7b) or per role (actor=7b,critic=13b); "
+                             "repeatable")
     models.add_argument("--rule-roles", default="reward",
                         help="comma-separated roles a bare --model size skips (rule functions)")
     work = parser.add_argument_group("workload (one step)")
@@ -41,12 +44,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     work.add_argument("--response-len", type=int, default=1024)
     work.add_argument("--epochs", type=int, default=1, help="PPO epochs over the batch")
     work.add_argument("--mini-batches", type=int, default=4, help="optimizer steps per epoch")
-    work.add_argument("--micro-batch-tokens", type=int, default=8192, help="tokens per device per pass")
+    work.add_argument("--micro-batch-tokens", type=int, default=8192,
+                      help="tokens per device per pass")
     out = parser.add_argument_group("output")
     out.add_argument("--top-k", type=int, default=5, help="plans to rank")
     out.add_argument("--json", action="store_true", help="print JSON instead of the table")
     out.add_argument("--render", metavar="PATH", help="draw the best plan (.svg/.png/.pdf/.dot)")
-    out.add_argument("--save", metavar="PATH", help="write the best plan as a config's placement section (YAML)")
+    out.add_argument("--save", metavar="PATH",
+                     help="write the best plan as a config's placement section (YAML)")
     parser.set_defaults(run=run)
     return parser
 
@@ -59,7 +64,8 @@ def load_model_spec(value: str):
         if not os.path.isfile(path):
             raise ValueError(f"model config {path!r} does not exist")
         with open(path) as handle:
-            return ModelSpec.from_hf_config(json.load(handle), name=os.path.basename(os.path.dirname(path)) or None)
+            name = os.path.basename(os.path.dirname(path)) or None
+            return ModelSpec.from_hf_config(json.load(handle), name=name)
     return ModelSpec.from_name(value)
 
 
@@ -73,7 +79,8 @@ def parse_models(values: list[str] | None, roles: list[str], rule_roles: set[str
                 spec = load_model_spec(item)
                 models.update({r: spec for r in roles if r not in rule_roles})
             elif role not in roles:
-                raise ValueError(f"--model names role {role!r}, which the graph does not have; roles: {roles}")
+                raise ValueError(f"--model names role {role!r}, which the graph does not "
+                                 f"have; roles: {roles}")
             else:
                 models[role] = load_model_spec(size)
     return models
@@ -85,12 +92,14 @@ def device_roles(plan) -> list[str]:
 
 
 def run(args) -> int:
-    from hybridflow.commands.common import load_plan
-    from hybridflow.planner import Cluster, NoFeasiblePlacement, PlanningError, Workload, plan_placement
+    from hybridflow.program import load_plan
+    from hybridflow.planner import (Cluster, NoFeasiblePlacement, PlanningError, Workload,
+                                    plan_placement)
 
     try:
         extra = {"yaml_file": args.config} if args.config else {}
-        plan = load_plan(args.graph, list(args.overrides or []), **extra)
+        from hybridflow.weight_sync import planner_view
+        plan = planner_view(load_plan(args.graph, list(args.overrides or []), **extra))
         roles = device_roles(plan)
         rule_roles = {r.strip() for r in args.rule_roles.split(",") if r.strip()}
         models = parse_models(args.model, roles, rule_roles)
@@ -113,7 +122,8 @@ def _write_outputs(result, args) -> int:
         import yaml
 
         with open(args.save, "w") as handle:
-            yaml.safe_dump({"placement": result.best.to_placement_config()}, handle, sort_keys=False)
+            yaml.safe_dump({"placement": result.best.to_placement_config()}, handle,
+                           sort_keys=False)
         print(f"placement written to {args.save}", file=sys.stderr)
     if args.render:
         from hybridflow.planner.render import RenderError

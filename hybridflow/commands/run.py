@@ -1,17 +1,34 @@
 """`hybridflow run graph.py [key=value ...] [--config f.yaml] [--runtime local|ray]
-[--address ADDR] [--resume [RUN_DIR]]`: train, writing everything to a run directory."""
+[--address ADDR] [--resume [RUN_DIR]]`: train, writing everything to a run directory.
+
+The process owns the run directory while it trains (run_lock.py); SIGTERM and
+SIGHUP stop it like Ctrl-C (run_signals.py); every way it ends is recorded in
+status.json (run_lifecycle.py), and a resume is checked before anything is written."""
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+import tempfile
 import traceback
 
-from hybridflow.commands.common import GraphFileError, prepare
+from omegaconf import OmegaConf
+
+from hybridflow.commands.errors import failure_reason
 from hybridflow.compiler import GraphError
 from hybridflow.config import ConfigError
 from hybridflow.data import DataError
-from hybridflow.tracking import RunDir, new_run_dir, newest_run_dir
+from hybridflow.program import GraphFileError, prepare
+from hybridflow.run_lifecycle import (
+    check_resumed_config,
+    check_same_graph,
+    explicit_keys,
+    graph_identity,
+    record_end,
+)
+from hybridflow.run_lock import RunLock
+from hybridflow.run_signals import Interrupted, SignalGuard
+from hybridflow.tracking import RunDir, RunDirError, new_run_dir, newest_run_dir
 
 __all__ = ["add_parser", "run"]
 _NEWEST = "__newest__"
@@ -32,6 +49,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def _overrides(args) -> list[str]:
     extra = list(args.overrides)
+    if args.address and args.runtime == "local":
+        raise ConfigError(f"--runtime local and --address {args.address} contradict each "
+                          f"other: --address joins a Ray cluster; drop one of them")
     if args.runtime:
         extra.append(f"runtime.name={args.runtime}")
     if args.address:
@@ -46,42 +66,88 @@ def _run_dir(args, loaded) -> RunDir:
         if not os.path.isfile(os.path.join(path, "config.yaml")):
             raise FileNotFoundError(f"--resume: no run named {trainer.run_name!r} in "
                                     f"{trainer.runs_dir!r}")
-        return RunDir(path)
+        return RunDir(path, create=False)
     if args.resume == _NEWEST:
         return newest_run_dir(trainer.runs_dir, loaded.graph.name)
     if args.resume:
         if not os.path.isfile(os.path.join(args.resume, "config.yaml")):
             raise FileNotFoundError(f"--resume {args.resume}: not a run directory "
                                     f"(no config.yaml)")
-        return RunDir(args.resume)
-    return new_run_dir(trainer.runs_dir, loaded.graph.name, trainer.run_name)
+        return RunDir(args.resume, create=False)
+    try:
+        return new_run_dir(trainer.runs_dir, loaded.graph.name, trainer.run_name)
+    except OSError as err:
+        raise RunDirError(f"trainer.runs_dir={trainer.runs_dir!r}: cannot create a run "
+                          f"directory in it: {err.strerror} ({err.filename})") from None
 
 
 def run(args) -> int:
+    with SignalGuard() as signals:  # SIGTERM and SIGHUP stop a run like Ctrl-C
+        try:  # everything that can be checked before a worker starts
+            loaded = prepare(args.graph, _overrides(args), args.config)
+            run_dir = _run_dir(args, loaded)
+        except (GraphError, ConfigError, GraphFileError, DataError, FileNotFoundError) as err:
+            print(f"hybridflow run: {err}", file=sys.stderr)
+            return 1
+        lock = RunLock(run_dir.path)
+        lock.acquire(say=_say)  # before anything in the directory is read for a resume
+        try:
+            return _locked_run(args, loaded, run_dir, signals)
+        finally:
+            lock.release()
+
+
+def _say(text: str) -> None:
+    print(f"hybridflow run: {text}", file=sys.stderr)
+
+
+def _resumed_config(args, loaded, run_dir: RunDir):
+    """The run's own config plus this command line's keys, checked against the run
+    before anything is written; returns the loaded graph to resume with."""
+    for note in check_same_graph(run_dir, graph_identity(loaded.graph.name, args.graph)):
+        _say(note)
+    saved = OmegaConf.load(run_dir.file("config.yaml"))
+    with tempfile.TemporaryDirectory() as scratch:  # never written into the run
+        base = os.path.join(scratch, "config.yaml")  # the run's config, then --config's
+        OmegaConf.save(OmegaConf.merge(saved, OmegaConf.load(args.config)) if args.config
+                       else saved, base)
+        resumed = prepare(args.graph, _overrides(args), base)
+    for note in check_resumed_config(run_dir, saved, resumed.cfg,
+                                     explicit_keys(_overrides(args), args.config)):
+        _say(note)
+    return resumed
+
+
+def _locked_run(args, loaded, run_dir: RunDir, signals) -> int:
     from hybridflow.loop import Trainer  # imports torch: keep `check` fast
-    try:  # everything that can be checked before a worker starts
-        loaded = prepare(args.graph, _overrides(args), args.config)
-        run_dir = _run_dir(args, loaded)
-        if args.resume:  # a resumed run keeps its own config
-            loaded = prepare(args.graph, [*_overrides(args)],
-                             run_dir.file("config.yaml") if not args.config else args.config)
-    except (GraphError, ConfigError, GraphFileError, DataError, FileNotFoundError) as err:
-        print(f"hybridflow run: {err}", file=sys.stderr)
-        return 1
-    run_dir.save_config(loaded.cfg)
-    try:  # datasets are read, then the workers start
+    if args.resume:
+        loaded = _resumed_config(args, loaded, run_dir)
+    else:
+        run_dir.save_graph_identity(graph_identity(loaded.graph.name, args.graph))
+        run_dir.save_config(loaded.cfg)
+        run_dir.set_status("starting", step=0, steps=loaded.cfg.trainer.steps)
+    try:  # datasets are read, then the workers start (and a resume loads its checkpoint)
         trainer = Trainer(loaded, run_dir, resume_from=run_dir.path if args.resume else None)
-    except Exception as err:  # noqa: BLE001 - recorded, then reported
-        return _failed(run_dir, "could not start", err, step=0)
+    except (Exception, SystemExit, KeyboardInterrupt) as err:  # noqa: BLE001 - recorded
+        return _start_failed(run_dir, err, resumed=bool(args.resume))
+    signals.reclaim()  # a Ray runtime's start replaced the SIGTERM handler
+    if args.resume:  # only now, with the checkpoint loaded, the run takes the new config
+        run_dir.save_config(loaded.cfg)
+        for note in trainer.notes:
+            _say(note)
+        _say(f"resumed from {trainer.resumed_from} (step {trainer.step})"
+             if trainer.resumed_from else f"no checkpoint in {run_dir.path}: starting at step 0")
     print(f"run directory: {run_dir.path}")
     progress = _Progress(loaded.cfg.trainer.steps, trainer.step, loaded.cfg.trainer.progress)
     try:
-        final = trainer.fit(on_step=progress.update)
-    except KeyboardInterrupt:
-        run_dir.set_status("interrupted", step=trainer.step)
-        print("\ninterrupted; resume with --resume " + run_dir.path, file=sys.stderr)
-        return 130
-    except Exception as err:  # noqa: BLE001 - recorded, then reported
+        final = trainer.fit(on_step=progress.update, signals=signals)
+    except KeyboardInterrupt as err:
+        progress.close()  # before the message, so the bar does not redraw under it
+        return _interrupted(run_dir, trainer, err, args.graph)
+    except (Exception, SystemExit) as err:  # noqa: BLE001 - recorded, then reported
+        progress.close()
+        if signals.pending is not None:  # the step failed because the signal hit workers too
+            return _interrupted(run_dir, trainer, Interrupted(signals.pending), args.graph, err)
         return _failed(run_dir, f"stopped at step {trainer.step}", err, step=trainer.step)
     finally:
         progress.close()
@@ -90,27 +156,56 @@ def run(args) -> int:
     return 0
 
 
-def failure_reason(err: BaseException) -> str:
-    """One line a user can act on: a node failure's summary, or the error's first line."""
-    summary = getattr(err, "summary", None)
-    if summary:
-        return summary
-    lines = str(err).strip().splitlines()
-    text = lines[0] if lines else ""
-    ours = type(err).__module__.split(".")[0] in ("hybridflow", "algorithms")
-    known = ours or isinstance(err, (FileNotFoundError, ValueError))
-    return text if known and text else f"{type(err).__name__}: {text}".rstrip(": ")
+def _start_failed(run_dir: RunDir, err: BaseException, resumed: bool) -> int:
+    """A new run records the failure in status.json; a failed resume leaves the run's
+    status as it was (the run did not change) and logs to error.log only."""
+    if isinstance(err, KeyboardInterrupt):
+        if not resumed:
+            record_end(run_dir, "interrupted", 0, signal=getattr(err, "signal_name", "SIGINT"))
+        print(f"\nhybridflow run: interrupted during start-up "
+              f"({getattr(err, 'signal_name', 'SIGINT')})", file=sys.stderr)
+        return getattr(err, "exit_code", 130)
+    if not resumed:
+        return _failed(run_dir, "could not start", err, step=0)
+    notes = []
+    try:
+        run_dir.log_error("".join(traceback.format_exception(err)))
+    except OSError as write_err:
+        notes.append(f"could not write {run_dir.file('error.log')}: {write_err.strerror}")
+    print(f"hybridflow run: could not resume: {failure_reason(err)}\n"
+          f"(details: {run_dir.file('error.log')}; the run directory is unchanged)",
+          file=sys.stderr)
+    for note in notes:
+        _say(note)
+    return 1
+
+
+def _interrupted(run_dir: RunDir, trainer, err: KeyboardInterrupt, graph: str,
+                 cause: BaseException | None = None) -> int:
+    name = getattr(err, "signal_name", "SIGINT")
+    saved = getattr(err, "saved", None) or trainer.last_saved
+    notes = record_end(run_dir, "interrupted", trainer.step, cause, signal=name,
+                       checkpoint=saved, steps=trainer.cfg.trainer.steps)
+    where = f"checkpoint {saved}" if saved else "no checkpoint yet"
+    print(f"\nhybridflow run: {name}: stopped at step {trainer.step} ({where}); resume "
+          f"with: hybridflow run {graph} --resume {run_dir.path}", file=sys.stderr)
+    for note in notes:
+        _say(note)
+    return getattr(err, "exit_code", 130)
 
 
 def _failed(run_dir: RunDir, what: str, err: BaseException, step: int) -> int:
-    """Record why the run stopped in status.json (with the traceback) and print one line."""
+    """Record why the run stopped (status.json, and the traceback in error.log) and
+    print one line; a record the disk refuses is named, not raised."""
     reason = failure_reason(err)
     reason = reason.removeprefix(f"step {step}: ")  # NumericsError names the step itself
-    run_dir.set_status("failed", step=step, reason=reason, node=getattr(err, "node", None),
-                       rank=getattr(err, "rank", None), error=type(err).__name__,
-                       traceback=traceback.format_exc())
-    print(f"hybridflow run: {what}: {reason}\n(details: {run_dir.file('status.json')})",
+    notes = record_end(run_dir, "failed", step, err, reason=reason,
+                       node=getattr(err, "node", None), rank=getattr(err, "rank", None),
+                       error=type(err).__name__)
+    print(f"hybridflow run: {what}: {reason}\n(details: {run_dir.file('error.log')})",
           file=sys.stderr)
+    for note in notes:
+        _say(note)
     return 1
 
 

@@ -10,65 +10,48 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from hybridflow.config import RuntimeConfig
 from hybridflow.placement import Placement, PoolSpec
 from hybridflow.runtime.ray_worker import FusedWorker, failure_detail
+from hybridflow.workers.config import read_section
 
-__all__ = ["RuntimeSettings", "WorkerGroup", "connect", "launch_group", "start_groups",
-           "stop_group"]
+__all__ = ["RayConnectError", "RuntimeSettings", "WorkerGroup", "connect", "launch_group",
+           "start_groups", "stop_group"]
 
 
-@dataclass(frozen=True)
-class RuntimeSettings:
-    """The `runtime` config section, read once."""
-    address: str | None = None
-    num_cpus: int | None = None
-    num_gpus: int | None = None
-    call_timeout_s: float = 600.0
-    torch_threads: int = 1
-    start_timeout_s: float | None = None  # starting actors and building roles (models)
+@dataclass
+class RuntimeSettings(RuntimeConfig):
+    """The `runtime` section, read once: the fields and defaults of
+    `hybridflow.config.RuntimeConfig`, and what the Ray runtime derives from them."""
 
     @classmethod
     def from_config(cls, cfg) -> "RuntimeSettings":
-        section = _get(cfg, "runtime", None)
-        if section is None:
-            return cls()
-        values = {name: _get(section, name, getattr(cls, name))
-                  for name in ("address", "num_cpus", "num_gpus", "call_timeout_s",
-                               "torch_threads", "start_timeout_s")}
-        return cls(**values)
+        """From the run's typed values, a DictConfig or a dict; a missing section or
+        key keeps RuntimeConfig's default."""
+        section = read_section(cfg, "runtime", RuntimeConfig)
+        return cls(**{f.name: getattr(section, f.name) for f in fields(RuntimeConfig)})
 
     @property
     def start_timeout(self) -> float:
-        """Starting workers loads models: never less than 5 minutes unless set."""
-        if self.start_timeout_s is not None:
-            return float(self.start_timeout_s)
-        return max(float(self.call_timeout_s), 300.0)
-
-
-def _get(obj, name: str, default):
-    if obj is None:
-        return default
-    if isinstance(obj, dict):
-        return obj.get(name, default)
-    try:
-        value = obj.get(name, default) if hasattr(obj, "get") else getattr(obj, name, default)
-    except Exception:  # noqa: BLE001 - omegaconf raises on missing keys in struct mode
-        value = default
-    return default if value is None and default is not None else value
+        """Starting actors and building roles (loading models)."""
+        return float(self.start_timeout_s)
 
 
 def connect(settings: RuntimeSettings, placement: Placement) -> bool:
     """Join or start a Ray session; True when this call started it."""
+    from hybridflow.user_code import register_with_ray
+    register_with_ray()  # worker classes from the user's files travel by value
     if ray.is_initialized():
         return False
     if settings.address:
+        _check_reachable(settings.address, settings.connect_timeout_s)
         ray.init(address=settings.address, log_to_driver=True)
         return False
     devices = sum(p.world_size for p in placement.pools.values())
@@ -76,8 +59,38 @@ def connect(settings: RuntimeSettings, placement: Placement) -> bool:
     if num_gpus is None and not _has_cuda():
         num_gpus = devices  # logical GPUs: workers use them as CPU devices
     num_cpus = settings.num_cpus or max(devices + 2, os.cpu_count() or 1)
-    ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False)
+    from hybridflow.runtime.ray_session import start_local_ray
+    start_local_ray(settings.listen_all, num_cpus=num_cpus, num_gpus=num_gpus,
+                    include_dashboard=False)
     return True
+
+
+class RayConnectError(ConnectionError):
+    """runtime.address names no Ray cluster this machine can reach."""
+
+
+def _check_reachable(address: str, timeout_s: float) -> None:
+    """Ray retries an unreachable address for minutes without a word: try the GCS
+    port first, within `timeout_s`, and say what was tried. 'auto' (the cluster
+    started on this machine by `ray start`) is Ray's own quick check."""
+    import socket
+    if address == "auto":
+        return
+    target = address.removeprefix("ray://")
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        raise RayConnectError(f"runtime.address={address!r} is not 'auto', 'HOST:PORT' "
+                              f"or 'ray://HOST:PORT'")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            pass
+    except OSError as err:
+        raise RayConnectError(
+            f"cannot reach the Ray cluster at runtime.address={address!r}: a TCP "
+            f"connection to {host}:{port} failed within runtime.connect_timeout_s="
+            f"{timeout_s:g}s ({err.strerror or err}). Is `ray start --head` running "
+            f"there, and is the port open from here? Without --address the run starts "
+            f"its own Ray") from None
 
 
 def _has_cuda() -> bool:

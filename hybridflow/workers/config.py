@@ -2,8 +2,13 @@
 
 Each dataclass is one section of the run's structured config (`model`, `actor`,
 `rollout`, `ref`, `critic`, `reward`); `hybridflow/config.py` composes them.
-A worker turns the run config into these values once, in its constructor, with
-`read_section`, and passes the values down; nothing else reads the raw config.
+`hybridflow.program.prepare` builds the run config once and converts it to typed
+values once (`config.run_values`); a worker receives those values and takes its
+sections with `read_section` (which returns an already-typed section as it is, and
+still converts a dict for workers built by hand in tests).
+
+Each field declares its allowed values with `checked(default, rule)` (see
+`hybridflow/constraints.py`); `build_config` checks them all before launch.
 
 Batch sizes count *rows* (responses, i.e. prompts x n) over the whole worker
 group: a mini-batch of 16 on 2 data-parallel ranks is 8 rows on each.
@@ -13,6 +18,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional
+
+from hybridflow.constraints import (Rule, above, at_least, checked, in_range, one_of,
+                                    pair_in_range, probability)
 
 __all__ = ["ModelConfig", "LoraConfig", "ActorConfig", "RolloutConfig", "RefConfig",
            "CriticConfig", "RewardConfig", "read_section", "DEFAULT_HF_CONFIG"]
@@ -26,91 +34,114 @@ DEFAULT_HF_CONFIG: dict[str, Any] = {
 }
 
 
+_DEVICE = Rule(lambda v: v in ("auto", "cpu", "cuda") or str(v).startswith("cuda:"),
+               "be 'auto', 'cpu', 'cuda' or 'cuda:<index>'")
+_STRATEGY = one_of("ddp", "fsdp2", what="training strategy")
+_LR_SCHEDULE = one_of("constant", "cosine", what="lr schedule")
+
+
+def _engine_problem(name: Any) -> str | None:
+    """Why `name` is no rollout engine (None: it is one). The registry lives with the
+    engines (hybridflow/workers/rollout/engine.py); imported here only when checking."""
+    from hybridflow.workers.rollout.engine import check_engine_name
+    try:
+        check_engine_name(str(name))
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+_ENGINE = Rule(lambda v: _engine_problem(v) is None, "be a registered rollout engine",
+               message=lambda key, value: _engine_problem(value))
+
+
 @dataclass
 class ModelConfig:
     path: Optional[str] = None            # local HF model dir; None builds from hf_config
     hf_config: dict = field(default_factory=lambda: dict(DEFAULT_HF_CONFIG))
     tokenizer: str = "char"               # "char" (built in code) or a local dir
     dtype: str = "float32"                # "float32" | "bfloat16"
-    device: str = "auto"                  # "auto" | "cpu" | "cuda"
+    device: str = checked("auto", _DEVICE)
     gradient_checkpointing: bool = False
 
 
 @dataclass
 class LoraConfig:
-    rank: int = 0                         # 0 = off
-    alpha: int = 16
-    dropout: float = 0.0
+    rank: int = checked(0, at_least(0))   # 0 = off
+    alpha: int = checked(16, above(0))
+    dropout: float = checked(0.0, in_range(0, 1, open_high=True))
     target_modules: list = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj",
                                                            "o_proj"])
 
 
 @dataclass
 class ActorConfig:
-    lr: float = 1e-6
-    weight_decay: float = 0.01
-    betas: list = field(default_factory=lambda: [0.9, 0.999])
-    warmup_steps: int = 0
-    lr_schedule: str = "constant"         # "constant" | "cosine"
-    min_lr_ratio: float = 0.0             # cosine floor, as a fraction of lr
-    total_steps: int = 1000               # optimizer steps the cosine schedule spans
-    ppo_epochs: int = 1
-    mini_batch_size: int = 256            # rows per optimizer step, whole group
-    micro_batch_size: int = 8             # rows per forward/backward, per rank
-    grad_clip: float = 1.0
-    policy_loss: str = "ppo"
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    clip_c: float = 3.0
+    lr: float = checked(1e-6, at_least(0))
+    weight_decay: float = checked(0.01, at_least(0))
+    betas: list = checked(rule=pair_in_range(0, 1), factory=lambda: [0.9, 0.999])
+    warmup_steps: int = checked(0, at_least(0))
+    lr_schedule: str = checked("constant", _LR_SCHEDULE)
+    min_lr_ratio: float = checked(0.0, probability)  # cosine floor, as a fraction of lr
+    total_steps: int = checked(1000, at_least(1))    # optimizer steps the cosine spans
+    ppo_epochs: int = checked(1, at_least(1))
+    mini_batch_size: int = checked(256, at_least(1))  # rows per optimizer step, whole group
+    micro_batch_size: int = checked(8, at_least(1))   # rows per forward/backward, per rank
+    grad_clip: float = checked(1.0, above(0))
+    policy_loss: str = "ppo"              # a name in algorithms/losses.py (config.py checks)
+    clip_low: float = checked(0.2, at_least(0))
+    clip_high: float = checked(0.2, at_least(0))
+    clip_c: float = checked(3.0, above(1))  # dual-clip bound: a lower bound above 1
     loss_agg_mode: str = "token-mean"
     use_kl_loss: bool = False
-    kl_loss_coef: float = 0.001
+    kl_loss_coef: float = checked(0.001, at_least(0))
     kl_loss_type: str = "low_var_kl"
     entropy_coeff: float = 0.0
     shuffle: bool = False
-    strategy: str = "ddp"                 # "ddp" | "fsdp2" (GPU only)
+    strategy: str = checked("ddp", _STRATEGY)  # "fsdp2" on GPUs only
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass
 class RolloutConfig:
-    backend: str = "hf"                   # "hf" | "vllm"
-    n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1                       # -1 = off
-    max_new_tokens: int = 16
+    backend: str = checked("hf", _ENGINE)  # "hf" | "vllm" | registered | "module:factory"
+    n: int = checked(1, at_least(1))
+    temperature: float = checked(1.0, above(0))
+    top_p: float = checked(1.0, in_range(0, 1, open_low=True))
+    top_k: int = checked(-1, at_least(-1))  # -1 (or 0) = off
+    max_new_tokens: int = checked(16, at_least(1))
     do_sample: bool = True
-    micro_batch_size: int = 64            # rows per HF generate call
-    log_prob_micro_batch_size: int = 16   # rows per forward in actor.logprob
-    gpu_memory_utilization: float = 0.5   # vllm only
+    micro_batch_size: int = checked(64, at_least(1))            # rows per HF generate call
+    log_prob_micro_batch_size: int = checked(16, at_least(1))   # rows per forward in logprob
+    gpu_memory_utilization: float = checked(0.5, in_range(0, 1, open_low=True))  # vllm only
     enable_sleep_mode: bool = True        # vllm only
+    max_model_len: int = checked(0, at_least(0))  # vllm only; 0 = the model's max positions
+    weight_bucket_mb: float = checked(256.0, above(0))  # weights reach an engine in buckets
 
 
 @dataclass
 class RefConfig:
-    micro_batch_size: int = 16
+    micro_batch_size: int = checked(16, at_least(1))
     path: Optional[str] = None            # None: the initial policy (model section)
 
 
 @dataclass
 class CriticConfig:
     path: Optional[str] = None            # None: backbone from the model section
-    lr: float = 1e-5
-    weight_decay: float = 0.01
-    betas: list = field(default_factory=lambda: [0.9, 0.999])
-    warmup_steps: int = 0
-    lr_schedule: str = "constant"
-    min_lr_ratio: float = 0.0
-    total_steps: int = 1000
-    cliprange_value: float = 0.5
+    lr: float = checked(1e-5, at_least(0))
+    weight_decay: float = checked(0.01, at_least(0))
+    betas: list = checked(rule=pair_in_range(0, 1), factory=lambda: [0.9, 0.999])
+    warmup_steps: int = checked(0, at_least(0))
+    lr_schedule: str = checked("constant", _LR_SCHEDULE)
+    min_lr_ratio: float = checked(0.0, probability)
+    total_steps: int = checked(1000, at_least(1))
+    cliprange_value: float = checked(0.5, at_least(0))
     loss_agg_mode: str = "token-mean"
-    ppo_epochs: int = 1
-    mini_batch_size: int = 256
-    micro_batch_size: int = 8
-    grad_clip: float = 1.0
+    ppo_epochs: int = checked(1, at_least(1))
+    mini_batch_size: int = checked(256, at_least(1))
+    micro_batch_size: int = checked(8, at_least(1))
+    grad_clip: float = checked(1.0, above(0))
     shuffle: bool = False
-    strategy: str = "ddp"
+    strategy: str = checked("ddp", _STRATEGY)
 
 
 @dataclass
@@ -118,9 +149,13 @@ class RewardConfig:
     function_path: Optional[str] = None   # a .py file or module holding a user scorer
     function_name: str = "compute_score"
     model_path: Optional[str] = None      # local reward model dir (sequence classification)
-    micro_batch_size: int = 16            # reward model rows per forward
-    num_workers: int = 0                  # >0: rule scoring in a process pool
-    timeout_s: float = 30.0               # per sample, process pool only
+    micro_batch_size: int = checked(16, at_least(1))  # reward model rows per forward
+    num_workers: int = checked(0, at_least(0))        # >0: rule scoring in a process pool
+    timeout_s: float = checked(30.0, above(0))        # per sample, in this process or the pool
+    kwargs: dict[str, Any] = field(default_factory=dict)  # to the scorer, by keyword
+    # name -> {function_path, function_name, weight, kwargs}: a weighted sum of named
+    # scorers (function_path null: the built-in one); replaces the single scorer above
+    scorers: dict[str, Any] = field(default_factory=dict)
 
 
 def _as_plain(value: Any) -> Any:

@@ -5,7 +5,7 @@ import os
 
 import torch
 
-from hybridflow.commands.common import prepare
+from hybridflow.program import prepare
 from hybridflow.loop import Trainer
 from hybridflow.tracking import RunDir, new_run_dir
 

@@ -1,0 +1,93 @@
+"""Turning an error a user can cause into one line and an exit code.
+
+`report(command, err)` is the one place that knows the error classes users meet:
+the checks' own errors (graph file, config, graph, data, checkpoint, lock, resume),
+file-system errors (named by their file), an interrupt, and `SystemExit` raised by
+user code (a graph file, a scorer, a function node calling `sys.exit`), which must
+not end the process silently. Anything else is a bug in hybridflow and keeps its
+traceback.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+
+__all__ = ["user_errors", "report", "one_line", "exit_origin", "failure_reason"]
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_LIBRARIES = tuple({os.path.abspath(sysconfig.get_paths()[k]) for k in ("stdlib", "purelib",
+                                                                        "platlib")})
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """The error classes whose message is written for the user."""
+    from hybridflow.checkpoint import CheckpointError
+    from hybridflow.compiler import GraphError
+    from hybridflow.config import ConfigError
+    from hybridflow.data import DataError
+    from hybridflow.run_lifecycle import ResumeError
+    from hybridflow.run_lock import RunLockError
+    from hybridflow.tracking import RunDirError
+    from hybridflow.user_files import GraphFileError
+    return (GraphError, ConfigError, GraphFileError, DataError, CheckpointError,
+            RunLockError, RunDirError, ResumeError, OSError)
+
+
+def _is_user_file(path: str) -> bool:
+    path = os.path.abspath(path)
+    return (not path.startswith(_PACKAGE + os.sep) and not path.startswith(_LIBRARIES)
+            and not path.startswith("<"))
+
+
+def exit_origin(err: BaseException) -> str:
+    """'function() at file.py:12' of the innermost frame in user code, or ''."""
+    found, tb = "", err.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if _is_user_file(code.co_filename):
+            found = f"{code.co_name}() at {code.co_filename}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return found
+
+
+def one_line(err: BaseException) -> str:
+    """The message of a known error, on one line where it was written on one."""
+    if isinstance(err, SystemExit):
+        where = exit_origin(err)
+        if not where:
+            return f"a library called sys.exit({err.code!r}) (its traceback is in the log)"
+        return (f"{where} called sys.exit({err.code!r}); user code must raise an "
+                f"exception to stop a run, not end the process")
+    if isinstance(err, OSError) and err.filename is not None:
+        target = f"{err.filename!r}" + (f" -> {err.filename2!r}" if err.filename2 else "")
+        return f"{target}: {err.strerror or type(err).__name__}"
+    text = str(err).strip()
+    return text or type(err).__name__
+
+
+def failure_reason(err: BaseException) -> str:
+    """One line a user can act on: a node failure's summary, or the error's first line."""
+    summary = getattr(err, "summary", None)
+    if summary:
+        return summary
+    if isinstance(err, (SystemExit, OSError)):
+        return one_line(err)
+    lines = str(err).strip().splitlines()
+    text = lines[0] if lines else ""
+    ours = type(err).__module__.split(".")[0] in ("hybridflow", "algorithms")
+    known = ours or isinstance(err, (FileNotFoundError, ValueError))
+    return text if known and text else f"{type(err).__name__}: {text}".rstrip(": ")
+
+
+def report(command: str, err: BaseException) -> int:
+    """Print `hybridflow COMMAND: message` and return the exit code; re-raise errors
+    that are hybridflow's own bugs (their traceback is what a fix needs)."""
+    if isinstance(err, KeyboardInterrupt):
+        name = getattr(err, "signal_name", "SIGINT")
+        print(f"\nhybridflow {command}: interrupted ({name})", file=sys.stderr)
+        return getattr(err, "exit_code", 130)
+    if not isinstance(err, (SystemExit, *user_errors())):
+        raise err
+    print(f"hybridflow {command}: {one_line(err)}", file=sys.stderr)
+    return 1

@@ -1,0 +1,90 @@
+"""Stopping a run on a signal, at a point where its state is consistent.
+
+SIGINT (Ctrl-C), SIGTERM (what schedulers and preemption send) and SIGHUP (the
+terminal closed) are handled alike. While a step or a checkpoint runs, stopping at
+once would leave weights, the data loader and the RNGs out of step with each other,
+so the first signal is only recorded: the step finishes, the loop saves a checkpoint
+and raises `Interrupted`. A second signal raises `Interrupted` at once (the last
+checkpoint stays the one to resume from). Outside a step (start-up, validation
+between steps is inside one) a signal raises at once.
+
+State kept by a `SignalGuard`: `deferring` (a step or save is running), `pending`
+(the signal received while deferring, or None) and the handlers it replaced, which
+it puts back on exit (`reclaim()` takes the signals back from a library that
+installed its own, as `ray.init` does for SIGTERM). Only the main thread can install
+handlers; elsewhere the guard installs nothing and signals keep their default
+behaviour.
+"""
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+from typing import Self
+
+__all__ = ["Interrupted", "SignalGuard", "HANDLED"]
+
+HANDLED = tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None))
+                if s is not None)
+
+
+class Interrupted(KeyboardInterrupt):
+    """A run stopped by a signal; `exit_code` follows the shell's 128 + signal number."""
+
+    def __init__(self, signum: int, saved: str | None = None):
+        self.signum, self.saved = signum, saved
+        self.signal_name = signal.Signals(signum).name
+        self.exit_code = 128 + signum
+        super().__init__(self.signal_name)
+
+
+class SignalGuard:
+    def __init__(self, say=None):
+        self.say = say or (lambda text: print(text, file=sys.stderr, flush=True))
+        self.deferring = False
+        self.pending: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> Self:
+        if threading.current_thread() is threading.main_thread():
+            for signum in HANDLED:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def reclaim(self) -> None:
+        """Install the handlers again: `ray.init` replaces the driver's SIGTERM handler
+        with one that exits at once (call this once the runtime has started)."""
+        for signum in self._previous:
+            signal.signal(signum, self._handle)
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.deferring and self.pending is None:
+            self.pending = signum
+            self.say(f"\n{signal.Signals(signum).name}: stopping after this step, with a "
+                     f"checkpoint; send it again to stop at once")
+            return
+        raise Interrupted(signum)
+
+    @contextlib.contextmanager
+    def deferred(self):
+        """A block a signal does not cut short (unless sent twice)."""
+        outer, self.deferring = self.deferring, True
+        try:
+            yield
+        finally:
+            self.deferring = outer
+
+
+class NoSignals:
+    """The guard of a loop run without one (tests, notebooks): defers nothing."""
+    pending = None
+
+    @contextlib.contextmanager
+    def deferred(self):
+        yield

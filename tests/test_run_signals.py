@@ -1,0 +1,38 @@
+"""The signal guard (hybridflow/run_signals.py): a first signal inside a step is only
+recorded, a second one (or one outside a step) stops at once, handlers come back on
+exit, and signals taken by a library (ray.init's SIGTERM handler) are taken back."""
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from hybridflow.run_signals import Interrupted, SignalGuard
+
+
+def test_a_signal_inside_a_step_is_deferred_and_a_second_one_stops_at_once():
+    said = []
+    with SignalGuard(say=said.append) as guard:
+        with guard.deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert guard.pending == signal.SIGTERM  # the step goes on
+            with pytest.raises(Interrupted) as stop:
+                os.kill(os.getpid(), signal.SIGTERM)
+    assert stop.value.exit_code == 143 and stop.value.signal_name == "SIGTERM"
+    assert "SIGTERM: stopping after this step" in said[0]
+
+
+def test_a_signal_outside_a_step_stops_at_once_and_is_a_keyboard_interrupt():
+    with SignalGuard(say=lambda text: None), pytest.raises(KeyboardInterrupt) as stop:
+        os.kill(os.getpid(), signal.SIGHUP)
+    assert stop.value.exit_code == 129
+
+
+def test_handlers_are_restored_and_taken_back_from_a_library():
+    before = signal.getsignal(signal.SIGTERM)
+    with SignalGuard() as guard:
+        signal.signal(signal.SIGTERM, lambda signum, frame: None)  # as ray.init does
+        guard.reclaim()
+        assert signal.getsignal(signal.SIGTERM) == guard._handle
+    assert signal.getsignal(signal.SIGTERM) == before
