@@ -5,7 +5,7 @@ import os
 import re
 
 from tests.support.e2e import REPO, series
-from hybridflow.commands.common import prepare
+from hybridflow.program import prepare
 from hybridflow.loop import Trainer
 from hybridflow.tracking import new_run_dir
 
