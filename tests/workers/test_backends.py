@@ -71,3 +71,20 @@ def test_bf16_log_probs_are_computed_in_bf16():
         high = bf16.logprob(data)["old_log_probs"]
     assert low.dtype == torch.float32 and not torch.equal(low, high)
     assert torch.allclose(low, high, atol=0.2)
+
+
+def test_bf16_critic_trains_float32_master_weights():
+    from hybridflow.workers import CriticWorker
+    critic = CriticWorker(make_cfg(model={"dtype": "bfloat16"},
+                                   critic={"mini_batch_size": 8, "micro_batch_size": 4}))
+    assert {p.dtype for p in critic.module.parameters()} == {torch.float32}
+    data = rollout_for_update(ActorWorker(make_cfg())).take(slice(0, 8))
+    data = data.union(critic.values(data))
+    data["returns"] = torch.ones_like(data["values"])
+    before = critic.values(data)["values"]
+    for _ in range(3):
+        metrics = critic.update(data).meta["metrics"]
+    after = critic.values(data)["values"]
+    mask = data["response_mask"].bool()
+    assert (after - 1).abs()[mask].mean() < (before - 1).abs()[mask].mean()  # fits returns
+    assert "critic/vf_loss" in metrics
