@@ -1,6 +1,4 @@
-"""Shared by the worker tests: a tiny model config, toy prompt batches and a rollout to
-train on. A module (not a conftest) so that processes spawned for data-parallel ranks
-import it by its full name."""
+"""Helpers of the worker tests: a tiny model config and toy prompt batches."""
 import numpy as np
 import torch
 
@@ -11,9 +9,6 @@ torch.set_num_threads(1)
 TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "model_type": "llama",
         "max_position_embeddings": 128, "tie_word_embeddings": False}
-
-
-PROMPTS = ["1+2=", "10+20=", "7*8=", "99-1="]
 
 
 def make_cfg(**sections) -> dict:
@@ -37,8 +32,13 @@ def empty_like(batch: Batch) -> Batch:
     return batch.take(np.arange(0))
 
 
+PROMPTS = ["1+2=", "10+20=", "7*8=", "99-1="]
+
+
 def rollout_for_update(actor, prompts=PROMPTS, n=2, seed=0) -> Batch:
-    """A generated batch with log-probs, random advantages and a nearby reference."""
+    """A generated batch with log-probs, random advantages and a nearby reference.
+    Here, not in a test module, so that processes spawned for data-parallel ranks
+    import it by its full name and no test imports another."""
     torch.manual_seed(seed)
     out = actor.generate(prompt_batch(actor.tokenizer, prompts), n=n)
     out = out.union(actor.logprob(out))

@@ -1,8 +1,7 @@
-"""Fixtures for the worker tests; the helpers live in tests/support/workers.py."""
+"""Fixtures of the worker tests (helpers live in tests/support/workers.py)."""
 import pytest
 
-from tests.support.workers import (PROMPTS, TINY, empty_like, make_cfg,  # noqa: F401
-                                   prompt_batch, rollout_for_update)
+from tests.support.workers import make_cfg
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import make_cfg, prompt_batch
+from tests.support.workers import make_cfg, prompt_batch
 from hybridflow.workers.base import WorkerContext
 from hybridflow.workers.config import ModelConfig, RolloutConfig, read_section
 from hybridflow.workers.rollout.engine import UNKNOWN_VERSION, EngineSpec
