@@ -7,7 +7,9 @@ a training node (`g.call("actor.update", ..., loss=ops.policy_loss(cfg.actor))`)
 declared with `@loss_fn` (the keys it reads). The math itself lives in
 `algorithms/`; these adapters only pick columns and name the outputs. On import this
 module registers the default losses of `actor.update`, `actor.sft` and
-`critic.update` (today's config-chosen losses) for graphs that pass none.
+`critic.update` (today's config-chosen losses) for graphs that pass none, and the
+names those losses read from config (policy loss, KL kind, aggregation mode), which
+`build_config` checks before launch.
 """
 from __future__ import annotations
 
@@ -15,10 +17,11 @@ import torch
 
 from algorithms import advantages as adv
 from algorithms.kl import KL_KINDS, AdaptiveKL, FixedKL, apply_kl_in_reward, kl_penalty
-from algorithms.losses import AGG_MODES, aggregate, get_policy_loss, value_loss
+from algorithms.losses import AGG_MODES, POLICY_LOSSES, aggregate, get_policy_loss, value_loss
 from algorithms.masked import masked_mean
 from hybridflow import Batch, node_fn
 from hybridflow.loss import loss_fn, register_default_loss
+from hybridflow.workers.config import register_setting_names
 
 __all__ = ["grpo_advantages", "rloo_advantages", "reinforce_pp_advantages",
            "reinforce_pp_baseline_advantages", "remax_advantages", "gae_advantages",
@@ -297,3 +300,7 @@ def critic_value_loss(critic) -> ValueLoss:
 register_default_loss("actor.update", policy_loss)
 register_default_loss("actor.sft", lambda actor: sft_loss)
 register_default_loss("critic.update", critic_value_loss)
+# the names those losses take from config, checked by the engine before launch
+register_setting_names("policy loss", sorted(POLICY_LOSSES))
+register_setting_names("KL kind", KL_KINDS)
+register_setting_names("loss aggregation mode", AGG_MODES)

@@ -114,7 +114,7 @@ class Trainer:
         else:
             toy = cfg.data.toy
             train_rows, val_rows = toy_rows(cfg.trainer.seed, toy.max_operand, toy.test_fraction,
-                                             toy.train_on_test)
+                                             toy.train_on_test, toy.maker)
             train = PromptDataset(train_rows, tok, limit, drop, name="toy train", check_row=check)
             val = PromptDataset(val_rows, tok, limit, drop, name="toy test", check_row=check)
         pad = tok.pad_token_id
