@@ -88,10 +88,19 @@ def gae_advantages(batch: Batch, gamma: float = 1.0, lam: float = 1.0) -> Batch:
     return _out(advantages=a, returns=r)
 
 
+def _with_reward_metric(out: Batch, per_response: torch.Tensor, **metrics) -> Batch:
+    """`out` with `critic/rewards/mean`: the mean reward of a response as the update
+    will optimise it, after this node's shaping (what the progress bar shows)."""
+    mean = float(per_response.float().mean()) if len(per_response) else 0.0
+    out.meta["metrics"] = {"critic/rewards/mean": mean, **metrics}
+    return out
+
+
 @node_fn(reads=("token_level_scores",), writes=("token_level_rewards",), rows=True)
 def scores_to_rewards(batch: Batch) -> Batch:
     """Token rewards are the scores themselves (no KL penalty in the reward)."""
-    return _out(token_level_rewards=batch["token_level_scores"])
+    scores = batch["token_level_scores"]
+    return _with_reward_metric(_out(token_level_rewards=scores), scores.sum(-1))
 
 
 def kl_in_reward(kind: str = "k1", beta: float = 0.001, target: float | None = None,
@@ -122,10 +131,10 @@ class KLInReward:
         rewards, kl = apply_kl_in_reward(batch["token_level_scores"], batch["old_log_probs"],
                                          batch["ref_log_prob"], batch["response_mask"],
                                          self.controller, self.kind)
-        out = _out(token_level_rewards=rewards)
-        out.meta["metrics"] = {"actor/reward_kl_penalty": kl,
-                               "actor/reward_kl_penalty_coeff": float(beta)}
-        return out
+        per_response = (rewards * batch["response_mask"]).sum(-1)
+        return _with_reward_metric(_out(token_level_rewards=rewards), per_response,
+                                   **{"actor/reward_kl_penalty": kl,
+                                      "actor/reward_kl_penalty_coeff": float(beta)})
 
 
 class AdaptiveKLInReward(KLInReward):
@@ -165,10 +174,10 @@ def overlong_penalty(batch: Batch, max_length: int, buffer: int, factor: float =
     length = batch["response_length"].float()
     expected = max_length - buffer
     penalty = ((expected - length) / max(buffer, 1) * factor).clamp(max=0.0)
-    out = _out(scores=batch["scores"].float() + penalty)
-    out.meta = {"metrics": {"dapo/overlong_frac": float((length > expected).float().mean())
-                            if len(length) else 0.0}}
-    return out
+    scores = batch["scores"].float() + penalty
+    overlong = float((length > expected).float().mean()) if len(length) else 0.0
+    return _with_reward_metric(_out(scores=scores), scores,
+                               **{"dapo/overlong_frac": overlong})
 
 
 # ---- supervised targets from a rollout (docs/functions.md)
