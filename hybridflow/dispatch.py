@@ -128,6 +128,8 @@ def worker_methods(cls) -> dict[str, MethodSpec]:
 def merge_metrics(dicts: list[dict], weights: list[float] | None = None) -> dict:
     """Mean of each numeric metric over ranks, weighted by `weights` (the rows each
     rank saw, so uneven shards average exactly) or equal when not given."""
+    if not any(dicts):  # most nodes report none
+        return {}
     weights = list(weights) if weights and sum(weights) > 0 else [1.0] * len(dicts)
     keys = {k for d in dicts for k in d}
     out = {}
