@@ -104,7 +104,8 @@ class NodeIO:
     def finish(self, out: Batch) -> Batch:
         """Apply renames, keep declared columns, and record who wrote each column, so
         that consumers can tell a forwarded column from an overwritten one."""
-        out = as_node_batch(out)
+        if type(out) is not Batch:
+            out = as_node_batch(out)
         for old, new in self.rename:
             if old in out:
                 out[new] = out[old]

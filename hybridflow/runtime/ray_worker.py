@@ -348,5 +348,6 @@ class FusedWorker:
         return {"rows": len(out) if batch else 0,
                 "keys": out.keys() if batch else [],
                 "nbytes": estimated_bytes(out) if batch and self.counts_bytes else 0,
-                "metrics": metrics_of(out), "groups": groups, "skipped": skipped,
+                "metrics": dict(out.meta.get("metrics", {})) if batch else metrics_of(out),
+                "groups": groups, "skipped": skipped,
                 "start": start, "end": time.time(), "pid": self.pid, "rank": self.rank}

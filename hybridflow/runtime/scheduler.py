@@ -161,9 +161,11 @@ class StepScheduler:
     def _finish_step(self) -> None:
         merged = {}
         for node in self.plan.nodes:
-            merged.update(self.result.node_metrics.get(node.name, {}))
-        timing = {k: v for k, v in self.result.metrics.items() if k.startswith("timing_s/")}
-        self.result.metrics = {**merged, **timing}
+            metrics = self.result.node_metrics.get(node.name)
+            if metrics:
+                merged.update(metrics)
+        # result.metrics holds only the timing_s/ entries `_record_node` wrote so far
+        self.result.metrics = {**merged, **self.result.metrics}
         self.result.outputs = dict(self.outputs)
         self.result.timeline.sort(key=lambda e: (e["start"], e["pool"] or "", e["rank"] or 0))
 
