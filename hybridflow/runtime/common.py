@@ -115,8 +115,11 @@ class NodeIO:
         if missing and len(out):
             raise ValueError(f"{self.node.where()} returned no column(s) {missing}; "
                              f"its declaration says it writes {list(self.writes)}")
-        tensors = {k: v for k, v in tensors.items() if k in keep}
-        non_tensors = {k: v for k, v in non_tensors.items() if k in keep}
+        # copies of the column dicts: the method's own Batch may be kept and changed
+        tensors = dict(tensors) if keep.issuperset(tensors) else \
+            {k: v for k, v in tensors.items() if k in keep}
+        non_tensors = dict(non_tensors) if keep.issuperset(non_tensors) else \
+            {k: v for k, v in non_tensors.items() if k in keep}
         writer_of = self.writer_of
         meta = {"metrics": out.meta.get("metrics", {}),
                 "_writers": {k: writer_of[k] for k in (*tensors, *non_tensors)}}

@@ -331,13 +331,11 @@ class StepScheduler:
                 return False
             inputs, lineage = planned
         refs, homes = [None] * slots.slots, [None] * slots.slots
-        for rank, s in enumerate(slots.rank_slots):
-            if s is None:
-                continue
-            slot = slots.collector_slot(rank)
-            shard = self._run(node, node.pool, rank, inputs[s], slot)
+        pool = node.pool
+        for rank, s, slot in slots.runs:
+            shard = self._run(node, pool, rank, inputs[s], slot)
             if slot is not None:
-                refs[slot], homes[slot] = shard, (node.pool, rank)
+                refs[slot], homes[slot] = shard, (pool, rank)
         self.outputs[node.name] = NodeOutput(node.name, refs, homes, lineage)
         return True
 
