@@ -62,6 +62,7 @@ class PlanAnalysis:
     unread: dict[str, tuple[str, ...]] = field(default_factory=dict)  # deps for order only
     homes: dict[str, list] = field(default_factory=dict)  # put batch -> its slots' homes
     io: dict[str, NodeIO] = field(default_factory=dict)   # nodes the driver runs
+    keeps: dict[str, bool] = field(default_factory=dict)  # node -> row_effect.keeps_partition
     node_ids: dict[str, Any] = field(default_factory=dict)  # the executor's, per node
     upstream: dict[str, ExecutionPlan] = field(default_factory=dict)  # re-run by gathers
     layouts: dict[str, tuple] = field(default_factory=dict)  # call -> (mode, layout, slots)
@@ -85,7 +86,8 @@ def analyse(plan: ExecutionPlan) -> PlanAnalysis:
     unread = {n.name: tuple(d for d in n.deps if d not in suppliers[n.name])
               for n in plan.nodes}
     return PlanAnalysis(suppliers, {k: tuple(sorted(v)) for k, v in group_keys.items()},
-                        {n.name: n for n in plan.nodes}, unread)
+                        {n.name: n for n in plan.nodes}, unread,
+                        keeps={n.name: n.row_effect.keeps_partition for n in plan.nodes})
 
 
 class PlanCache:

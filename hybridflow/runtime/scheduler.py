@@ -52,6 +52,9 @@ from hybridflow.runtime.ray_worker import DepInput, Piece, ShardTask, group_hash
 
 __all__ = ["StepScheduler", "run_step", "keeps_state"]
 
+# read on every node of every step: an Enum class attribute costs ~0.1 µs in 3.11
+_SOURCE, _GATHER, _FN = Op.SOURCE, Op.GATHER, Op.FN
+
 
 def keeps_state(node: PlanNode) -> bool:
     """A function node with state across steps (e.g. an adaptive KL coefficient) runs
@@ -171,13 +174,15 @@ class StepScheduler:
 
     # ---------------------------------------------------------------- submit
     def _try_submit(self, node: PlanNode) -> bool:
-        if node.op is Op.SOURCE:
+        op = node.op
+        if op is _SOURCE:
             return self._submit_source(node)
-        if any(d not in self.outputs for d in node.deps):
-            return False
-        if node.op is Op.GATHER:
+        for dep in node.deps:
+            if dep not in self.outputs:
+                return False
+        if op is _GATHER:
             return self._submit_gather(node)
-        if node.op is Op.FN:
+        if op is _FN:
             home = self._home_of_first(node)
             if home is not None and (node.group_by or node.rows):
                 return self._submit_sharded_fn(node)
@@ -326,7 +331,8 @@ class StepScheduler:
         if slots.slots == 1:  # every rank that runs takes the whole input, at once
             inputs, lineage = [self._whole_inputs(node)], node.name
         else:
-            planned = slot_inputs(node, self._suppliers(node), slots.slots)
+            planned = slot_inputs(node, self._suppliers(node), slots.slots,
+                                  self.analysis.keeps[node.name])
             if planned is None:
                 return False
             inputs, lineage = planned
@@ -372,7 +378,7 @@ class StepScheduler:
         slots = len(first.refs)
         deps = self._suppliers(node)
         planned = grouped_inputs(node, deps, slots) if node.group_by else \
-            slot_inputs(node, deps, slots)
+            slot_inputs(node, deps, slots, self.analysis.keeps[node.name])
         if planned is None:
             return False
         inputs, lineage = planned
