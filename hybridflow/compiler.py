@@ -16,6 +16,7 @@ from hybridflow.dispatch import MethodSpec, get_dispatch_mode, worker_methods
 from hybridflow.graph import FnSpec, Graph, Node, fn_spec
 from hybridflow.kinds import NodeKind, Op, RowEffect
 from hybridflow.placement import Placement
+from hybridflow.weight_sync import insert_weight_sync
 
 __all__ = ["GraphError", "PlanNode", "ExecutionPlan", "compile_graph"]
 
@@ -319,7 +320,8 @@ class _Checker:
         consumed = {d for n in nodes.values() for d in n.deps}
         for name in order:
             node = nodes[name]
-            if name not in consumed and not node.kind.trains:
+            monitor = getattr(self.graph.nodes.get(name), "monitor", False)
+            if name not in consumed and not node.kind.trains and not monitor:
                 self.warnings.append(f"{node.where()}: its output is consumed by no node")
 
 
@@ -362,5 +364,5 @@ def compile_graph(graph: Graph, bindings: dict[str, type], placement: Placement)
         check.warn_unused(order, nodes)
     if check.problems:
         raise GraphError(graph.name, check.problems)
-    return ExecutionPlan(graph.name, [nodes[n] for n in order], placement, dict(bindings),
-                         _stages(order, nodes), check.warnings)
+    return insert_weight_sync(ExecutionPlan(graph.name, [nodes[n] for n in order], placement,
+                                            dict(bindings), _stages(order, nodes), check.warnings))

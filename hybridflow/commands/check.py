@@ -7,6 +7,7 @@ import sys
 from hybridflow.program import GraphFileError, prepare
 from hybridflow.compiler import GraphError
 from hybridflow.config import ConfigError
+from hybridflow.provenance import provenance_lines
 
 __all__ = ["add_parser", "run"]
 
@@ -31,5 +32,6 @@ def run(args) -> int:
         from omegaconf import OmegaConf
         print(OmegaConf.to_yaml(loaded.cfg))
     print(loaded.plan.summary())
+    print("\n".join(provenance_lines(loaded.cfg, loaded.plan)))
     print("ok")
     return 0

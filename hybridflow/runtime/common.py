@@ -26,8 +26,8 @@ class NodeFailure(RuntimeError):
         self.node, self.rank, self.detail = node.name, rank, detail
         if node.role:
             who = f"role '{node.role}' rank {rank}"
-        elif rank is not None:
-            who = f"pool '{pool or node.pool}' rank {rank} (a function node on a worker)"
+        elif rank is not None:  # a function node that ran on a worker
+            who = f"the worker of pool '{pool or node.pool}' rank {rank}"
         else:
             who = "the driver"
         self.headline = f"{node.where()} failed on {who}"

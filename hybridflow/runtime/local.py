@@ -25,10 +25,13 @@ from typing import Any, Callable
 
 from hybridflow.batch import Batch
 from hybridflow.compiler import ExecutionPlan, PlanNode
+from hybridflow.config import RuntimeConfig
+from hybridflow.deadline import call_with_deadline
 from hybridflow.runtime.common import NodeFailure, StepResult
 from hybridflow.runtime.executor import PlanCache, TaskRecord
 from hybridflow.runtime.ray_worker import FusedWorker, WorkerError
 from hybridflow.runtime.scheduler import run_step
+from hybridflow.workers.config import read_section
 
 __all__ = ["LocalRuntime", "Held", "Ran", "NodeBatches"]
 
@@ -113,6 +116,8 @@ class LocalRuntime:
                  make_context: Callable = _make_context, extra_plans=()):
         """`extra_plans` (e.g. validation) run on the same workers; their roles start too."""
         self.plan, self.cfg, self.make_context = plan, cfg, make_context
+        # user code (methods, function nodes) is bounded here as Ray bounds it
+        self.call_timeout_s = read_section(cfg, "runtime", RuntimeConfig).call_timeout_s
         self.broken: str | None = None
         self.plans = PlanCache()
         self.ranks: dict[str, list[dict]] = {}
@@ -166,9 +171,10 @@ class LocalRuntime:
     def submit(self, node: PlanNode, method: str, pool: str, rank: int, returns: int,
                task, args: list) -> list:
         values = [a.value if type(a) is Held else a for a in args]
-        worker = self.workers_of[pool][rank]
+        run = getattr(self.workers_of[pool][rank], method)
         try:
-            out = getattr(worker, method)(task, *values)
+            out = call_with_deadline(lambda: run(task, *values), self.call_timeout_s,
+                                     node.where(), "runtime.call_timeout_s")
         except WorkerError as err:  # in plan order, so this is the first failure
             raise NodeFailure(node, rank, err.detail, pool) from None
         return [Held(v) for v in out]

@@ -81,6 +81,9 @@ class ShippedNode:
 
     def __init__(self, node: PlanNode):
         from ray import cloudpickle
+
+        from hybridflow.user_code import register_with_ray
+        register_with_ray()  # the user's graph file and its helpers travel by value
         self.name = node.name
         self.blob = cloudpickle.dumps(node)
         self.digest = hashlib.blake2b(self.blob, digest_size=16).digest()

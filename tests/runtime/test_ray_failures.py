@@ -63,7 +63,8 @@ def test_worker_exception_names_node_role_rank_and_traceback(shared):
 
 
 def test_a_failing_function_node_names_the_worker_it_ran_on(shared):
-    """A whole-batch function runs on the worker holding its input, not the driver."""
+    """A whole-batch function runs on the worker holding its first input: the
+    failure names that worker (it used to say "the driver")."""
     runtime = shared
     g = fakes.Graph("bad_fn")
     p = g.source("prompts", keys=("input_ids", "uid"))
@@ -73,7 +74,7 @@ def test_a_failing_function_node_names_the_worker_it_ran_on(shared):
     def broken(batch):
         raise KeyError("no such column")
     g.fn(broken, score)
-    with pytest.raises(NodeFailure, match="failed on pool 'wide' rank 0") as err:
+    with pytest.raises(NodeFailure, match="failed on the worker of pool 'wide' rank 0") as err:
         runtime.run_step(feeds(), plan=fakes.echo_plan(g, devices=2, tp=1))
     assert (err.value.node, err.value.rank) == ("broken", 0) and "KeyError" in str(err.value)
 

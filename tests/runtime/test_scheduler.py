@@ -118,7 +118,7 @@ def test_a_failing_worker_method_names_node_role_and_rank(executor):
 
 
 @pytest.mark.parametrize("fn, where, rank", [
-    (fakes.broken_sum, "pool 'wide' rank 0", 0),  # whole-batch: on its input's first worker
+    (fakes.broken_sum, "the worker of pool 'wide' rank 0", 0),  # whole-batch: on its input's first worker
     (fakes.StatefulBroken(), "the driver", None)])
 def test_a_failing_function_node_names_where_it_ran(executor, fn, where, rank):
     g = fakes.Graph("bad_fn")
