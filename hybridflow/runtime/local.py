@@ -26,7 +26,7 @@ from typing import Any, Callable
 from hybridflow.batch import Batch
 from hybridflow.compiler import ExecutionPlan, PlanNode
 from hybridflow.config import RuntimeConfig
-from hybridflow.deadline import call_with_deadline
+from hybridflow.deadline import call_with_deadline, handler_held
 from hybridflow.runtime.common import NodeFailure, StepResult
 from hybridflow.runtime.executor import PlanCache, TaskRecord
 from hybridflow.runtime.ray_worker import FusedWorker, WorkerError
@@ -199,7 +199,8 @@ class LocalRuntime:
                  draw: Callable[[str], Batch] | None = None) -> StepResult:
         """Run every node once. `feeds` gives each source node's batch; `draw(source)`
         gives more, for gather nodes that need another round. Outputs are Batches."""
-        result = run_step(self, plan or self.plan, feeds, draw)
+        with handler_held():  # each task's deadline then only sets a timer
+            result = run_step(self, plan or self.plan, feeds, draw)
         result.outputs = NodeBatches(result.outputs, result.node_metrics)
         return result
 

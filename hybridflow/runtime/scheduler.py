@@ -41,6 +41,7 @@ from typing import Callable
 
 from hybridflow.batch import Batch
 from hybridflow.compiler import ExecutionPlan, PlanNode
+from hybridflow.deadline import call_with_deadline
 from hybridflow.dispatch import DispatchMode, Layout, SlotLayout, get_dispatch_mode, merge_metrics
 from hybridflow.kinds import Op
 from hybridflow.runtime.common import (NodeFailure, NodeIO, StepResult, finish_gather,
@@ -272,9 +273,12 @@ class StepScheduler:
             shards, fetched = self.ex.resolve(self.outputs[dep].refs)
             self.result.driver_bytes += fetched
             inputs[dep] = shards[0] if len(shards) == 1 else Batch.concat(shards)
-        try:
-            io = self._io(node)
-            out = io.finish(run_fn_node(node, io.assemble(inputs)))
+        io = self._io(node)
+        try:  # bounded as a worker task is where the executor bounds those (locally)
+            out = io.finish(call_with_deadline(
+                lambda: run_fn_node(node, io.assemble(inputs)),
+                getattr(self.ex, "call_timeout_s", None), node.where(),
+                "runtime.call_timeout_s"))
         except Exception as err:  # re-raised with the node named
             raise NodeFailure(node, None, traceback.format_exc()) from err
         self._put(node, out)
