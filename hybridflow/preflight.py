@@ -5,6 +5,8 @@ made by `prepare` after the graph compiles and before any worker starts.
   directories (nothing is downloaded at run time), data files, the reward function,
   and the paths in the sections of roles bound in `workers` (`path` and `*model_path`
   keys name model directories, other `*_path` keys files or directories);
+- a bound worker class's own check of its section (`check_section`), e.g. the
+  agent role's environment loads;
 - the batch can feed the data-parallel ranks of every role, and each trained role's
   mini-batch divides evenly over its ranks;
 - the local runtime is not asked to train a role on more than one rank.
@@ -24,14 +26,26 @@ from hybridflow.config import ConfigError
 from hybridflow.dispatch import is_data_parallel
 from hybridflow.kinds import Op
 
-__all__ = ["preflight", "check_paths", "check_role_paths", "check_batch_feeds_ranks"]
+__all__ = ["preflight", "check_paths", "check_role_paths", "check_role_sections",
+           "check_batch_feeds_ranks"]
 
 _MODEL_KEYS = ("model.path", "ref.path", "critic.path", "reward.model_path")
 
 
 def preflight(cfg: DictConfig, plan: ExecutionPlan) -> None:
     check_paths(cfg)
+    check_role_sections(cfg, plan)
     check_batch_feeds_ranks(cfg, plan)
+
+
+def check_role_sections(cfg: DictConfig, plan: ExecutionPlan) -> None:
+    """A bound worker class may check its own section before launch with a
+    `check_section(section)` classmethod raising ConfigError (e.g. the agent role
+    loads its environment)."""
+    for role, cls in plan.bindings.items():
+        check = getattr(cls, "check_section", None)
+        if callable(check) and role in cfg:
+            check(cfg[role])
 
 
 def _model_dir(key: str, spec: str) -> None:

@@ -274,11 +274,11 @@ class StepScheduler:
             self.result.driver_bytes += fetched
             inputs[dep] = shards[0] if len(shards) == 1 else Batch.concat(shards)
         io = self._io(node)
-        try:  # bounded as a worker task is where the executor bounds those (locally)
-            out = io.finish(call_with_deadline(
-                lambda: run_fn_node(node, io.assemble(inputs)),
-                getattr(self.ex, "call_timeout_s", None), node.where(),
-                "runtime.call_timeout_s"))
+        try:
+            batch = io.assemble(inputs)
+            out = call_with_deadline(lambda: run_fn_node(node, batch), self.ex.call_timeout_s,
+                                     node.where(), "runtime.call_timeout_s")
+            out = io.finish(out)
         except Exception as err:  # re-raised with the node named
             raise NodeFailure(node, None, traceback.format_exc()) from err
         self._put(node, out)

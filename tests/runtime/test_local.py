@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-import runtime_fakes as fakes
+from tests.support import runtime_fakes as fakes
 from hybridflow.compiler import GraphError, compile_graph
 from hybridflow.runtime.common import NodeFailure
 from hybridflow.runtime.local import LocalRuntime

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
-import runtime_fakes as fakes
+from tests.support import runtime_fakes as fakes
 
 from hybridflow import Batch, Graph, node_fn
 from hybridflow.runtime.common import NodeFailure

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import runtime_fakes as fakes
+from tests.support import runtime_fakes as fakes
 from hybridflow.batch import Batch
 from hybridflow.runtime.local import LocalRuntime
 from hybridflow.runtime.ray import RayRuntime

@@ -8,7 +8,7 @@ import time
 import pytest
 import ray
 
-import runtime_fakes as fakes
+from tests.support import runtime_fakes as fakes
 from hybridflow.runtime.common import NodeFailure
 from hybridflow.runtime.ray import RayRuntime
 

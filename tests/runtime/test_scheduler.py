@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-import runtime_fakes as fakes
+from tests.support import runtime_fakes as fakes
 from hybridflow.placement import Placement
 from hybridflow.runtime.common import NodeFailure
 from hybridflow.runtime.local import LocalRuntime
@@ -118,7 +118,8 @@ def test_a_failing_worker_method_names_node_role_and_rank(executor):
 
 
 @pytest.mark.parametrize("fn, where, rank", [
-    (fakes.broken_sum, "the worker of pool 'wide' rank 0", 0),  # whole-batch: on its input's first worker
+    # whole-batch: on its input's first worker
+    (fakes.broken_sum, "the worker of pool 'wide' rank 0", 0),
     (fakes.StatefulBroken(), "the driver", None)])
 def test_a_failing_function_node_names_where_it_ran(executor, fn, where, rank):
     g = fakes.Graph("bad_fn")

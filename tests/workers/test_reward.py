@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, LlamaConfig
 
-from conftest import TINY, empty_like, make_cfg
+from tests.support.workers import TINY, empty_like, make_cfg
 from hybridflow.batch import Batch
 from hybridflow.workers import RewardWorker
 from hybridflow.workers.reward_pool import ScoringError

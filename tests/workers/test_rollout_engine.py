@@ -3,7 +3,7 @@ by a test in a few lines and run in a graph, and the `hf` engine's log-probs."""
 import pytest
 import torch
 
-from conftest import make_cfg, prompt_batch
+from tests.support.workers import make_cfg, prompt_batch
 from hybridflow.batch import Batch
 from hybridflow.compiler import compile_graph
 from hybridflow.graph import Graph

@@ -5,7 +5,7 @@ sampled it."""
 import pytest
 import torch
 
-from conftest import make_cfg, prompt_batch
+from tests.support.workers import make_cfg, prompt_batch
 from hybridflow.batch import Batch
 from hybridflow.workers import ActorWorker, RolloutWorker
 from hybridflow.workers.base import WorkerContext
