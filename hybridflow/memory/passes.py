@@ -1,0 +1,155 @@
+"""Bytes of one pass of one role on one device: training state, activations of a
+micro-batch, logits, KV cache. Pure arithmetic over `ModelSize`; stateless.
+
+Where the constants come from (transformers 5.x, torch 2.x, HF Llama/Qwen2 layers,
+sdpa attention; bench/memory.py checks them against measured peaks):
+
+- **Saved activations** of a forward that will be backpropagated, per token and
+  per layer, in the model's dtype: `4 * intermediate` (the MLP keeps gate, up,
+  silu(gate) and their product), `10.5 * hidden` (the two RMSNorms keep their input
+  and output; q, k, v after the projections and after rotary; sdpa's output and its
+  contiguous copy; the residual stream), and `width` more elements for the padding
+  mask sdpa keeps per layer (`[rows, 1, width, width]`). Measured with autograd's
+  saved-tensor hooks: 4i + 10.4h + width on every shape tried, independent of the
+  number of KV heads.
+- **Logits.** The response log-probs read `[rows, R + 1, vocab]` logits (the model
+  computes only those: `logits_to_keep`). Training holds four float32 copies at the
+  start of the backward (the logits, the log-softmax's gradient, the gather's
+  scattered gradient and the slice's padded gradient), plus the model-dtype logits
+  when that is not float32, and one more for a temperature other than 1. An
+  inference pass holds two (the logits and logsumexp's exp), plus the model-dtype
+  logits. A value head has one output per token: no vocab term.
+- **Training state.** The trainer builds the model in `model.dtype` and gives every
+  trainable parameter to torch's AdamW: gradients and both moments are in the
+  parameter's own dtype (no float32 master copy: bf16 trains in pure bf16), plus a
+  float32 `step` per tensor. Gradients are live during every micro-batch after the
+  first (accumulation), so the update's peak counts them in full. The optimizer
+  step adds temporaries: one copy of the largest tensor (single-tensor AdamW, the
+  CPU default) or of all trainable bytes (foreach AdamW, the CUDA default).
+- **KV cache** of `generate`: `rows * (prompt + response) * layers * 2 * kv_heads *
+  head_dim * dtype bytes`, plus one layer's keys again (the cache grows by
+  concatenation), and the sampling logits `[rows, vocab]` (float32, a few copies).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hybridflow.memory.model_size import ModelSize
+
+__all__ = ["MicroBatch", "training_state", "saved_activations", "logits_bytes",
+           "kv_cache_bytes", "train_pass", "inference_pass", "generate_pass",
+           "batch_bytes", "ACT_HIDDEN", "ACT_INTERMEDIATE"]
+
+ACT_HIDDEN = 10.5        # hidden-sized tensors kept per token per layer
+ACT_INTERMEDIATE = 4     # intermediate-sized tensors kept per token per layer
+FP32 = 4
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """One forward's rows and widths: `[rows, prompt + response]` tokens, padded."""
+    rows: int
+    prompt: int
+    response: int
+    full_logits: bool = False  # logits over every position (SFT), not only the response
+
+    @property
+    def width(self) -> int:
+        return self.prompt + self.response
+
+    @property
+    def logit_positions(self) -> int:
+        return self.width if self.full_logits else self.response + 1
+
+
+def training_state(size: ModelSize, cuda: bool = False, shards: int = 1,
+                   ddp_buckets: bool = False) -> dict[str, int]:
+    """Gradients, AdamW moments and the optimizer step's temporaries of a trained
+    model (weights are resident and counted apart). `shards`: FSDP's data-parallel
+    degree (each rank keeps 1/shards); `ddp_buckets`: DDP over >1 rank keeps a
+    second copy of the gradients in its communication buckets."""
+    grads = size.trainable_bytes // shards
+    moments = 2 * size.trainable_bytes // shards + FP32 * size.trainable_tensors
+    step_tmp = grads if cuda else 2 * size.largest_trainable_bytes
+    out = {"gradients": grads, "optimizer": moments, "optimizer step": step_tmp}
+    if ddp_buckets:
+        out["ddp buckets"] = grads
+    return out
+
+
+def saved_activations(size: ModelSize, micro: MicroBatch, checkpointing: bool = False) -> int:
+    """What a forward keeps for its backward, over all layers."""
+    arch = size.arch
+    per_token_layer = ACT_INTERMEDIATE * arch.intermediate + ACT_HIDDEN * arch.hidden \
+        + micro.width
+    tokens = micro.rows * micro.width
+    if checkpointing:  # keeps each layer's input; one layer is recomputed at a time
+        return int(tokens * size.dtype_bytes * (arch.layers * arch.hidden + per_token_layer))
+    return int(tokens * arch.layers * per_token_layer * size.dtype_bytes)
+
+
+def logits_bytes(size: ModelSize, micro: MicroBatch, train: bool,
+                 temperature: float = 1.0) -> int:
+    """The vocab-wide tensors alive at the peak of a log-prob pass."""
+    elems = micro.rows * micro.logit_positions * size.arch.vocab
+    fp32_copies = 4 if train else 2
+    if temperature != 1.0:
+        fp32_copies += 1
+    model_dtype = size.dtype_bytes if size.dtype_bytes != FP32 else 0
+    return elems * (fp32_copies * FP32 + model_dtype)
+
+
+def kv_cache_bytes(size: ModelSize, rows: int, length: int) -> int:
+    """Keys and values of every layer for `rows` sequences of `length` tokens."""
+    arch = size.arch
+    return rows * length * arch.layers * 2 * arch.kv_heads * arch.head_dim * size.dtype_bytes
+
+
+def layer_transients(size: ModelSize, micro: MicroBatch) -> int:
+    """One layer's temporaries in a forward without gradient (inference, prefill)."""
+    arch = size.arch
+    return micro.rows * micro.width * (2 * arch.intermediate + 4 * arch.hidden) \
+        * size.dtype_bytes
+
+
+def batch_bytes(rows: int, prompt: int, response: int) -> int:
+    """A rank's shard of the step's batch: int64 ids, mask and positions over the
+    full width, int64 responses and mask and ~5 float32 columns over the response."""
+    width = prompt + response
+    return rows * (3 * 8 * width + (2 * 8 + 5 * FP32) * response)
+
+
+def train_pass(size: ModelSize, micro: MicroBatch, vocab_head: bool = True,
+               temperature: float = 1.0, checkpointing: bool = False,
+               **state) -> dict[str, int]:
+    """Transient bytes of an update (forward, backward, optimizer step) beyond the
+    resident weights and moments; `state` goes to `training_state`."""
+    train = training_state(size, **state)
+    forward = {"activations": saved_activations(size, micro, checkpointing)}
+    if vocab_head:
+        forward["logits"] = logits_bytes(size, micro, train=True, temperature=temperature)
+    step = train.pop("optimizer step")
+    # the step's temporaries come after the backward has freed the activations
+    phase = forward if sum(forward.values()) >= step else {"optimizer step": step}
+    return {"gradients": train["gradients"], **phase,
+            **({"ddp buckets": train["ddp buckets"]} if "ddp buckets" in train else {})}
+
+
+def inference_pass(size: ModelSize, micro: MicroBatch, vocab_head: bool = True,
+                   temperature: float = 1.0) -> dict[str, int]:
+    """Transient bytes of a forward without gradient (log-probs, values, scores)."""
+    out = {"activations": layer_transients(size, micro)}
+    if vocab_head:
+        out["logits"] = logits_bytes(size, micro, train=False, temperature=temperature)
+    return out
+
+
+def generate_pass(size: ModelSize, rows: int, prompt: int, response: int) -> dict[str, int]:
+    """Transient bytes of HF `generate` for `rows` sequences: the KV cache at full
+    length, one layer of it again while it grows, prefill and sampling temporaries."""
+    length = prompt + response
+    cache = kv_cache_bytes(size, rows, length)
+    growth = cache // (2 * size.arch.layers)
+    prefill = layer_transients(size, MicroBatch(rows, prompt, 0))
+    sampling = 4 * rows * size.arch.vocab * FP32
+    return {"kv cache": cache + growth, "activations": prefill + sampling}
