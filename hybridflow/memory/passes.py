@@ -11,7 +11,10 @@ sdpa attention; bench/memory.py checks them against measured peaks):
   contiguous copy; the residual stream), and `width` more elements for the padding
   mask sdpa keeps per layer (`[rows, 1, width, width]`). Measured with autograd's
   saved-tensor hooks: 4i + 10.4h + width on every shape tried, independent of the
-  number of KV heads.
+  number of KV heads. In bf16 the RMSNorms also keep float32 copies (+2.2h). With
+  LoRA (adapters on q/k/v/o, the default) the frozen MLP projections and norm
+  weights keep less (3i + 7.3h), and in bf16 peft's float32 adapter inputs add back
+  (3i + 16.5h). `ACT_PER_TOKEN_LAYER` holds the four fits.
 - **Logits.** The response log-probs read `[rows, R + 1, vocab]` logits (the model
   computes only those: `logits_to_keep`). Training holds four float32 copies at the
   start of the backward (the logits, the log-softmax's gradient, the gather's
@@ -38,10 +41,12 @@ from hybridflow.memory.model_size import ModelSize
 
 __all__ = ["MicroBatch", "training_state", "saved_activations", "logits_bytes",
            "kv_cache_bytes", "train_pass", "inference_pass", "generate_pass",
-           "batch_bytes", "ACT_HIDDEN", "ACT_INTERMEDIATE"]
+           "batch_bytes", "ACT_PER_TOKEN_LAYER"]
 
-ACT_HIDDEN = 10.5        # hidden-sized tensors kept per token per layer
-ACT_INTERMEDIATE = 4     # intermediate-sized tensors kept per token per layer
+# (hidden-sized, intermediate-sized) tensors a layer keeps per token for the backward,
+# by (adapters only train, 16-bit dtype); fitted with saved-tensor hooks, see above
+ACT_PER_TOKEN_LAYER = {(False, False): (10.5, 4), (False, True): (12.7, 4),
+                       (True, False): (7.3, 3), (True, True): (16.5, 3)}
 FP32 = 4
 
 
@@ -80,8 +85,9 @@ def training_state(size: ModelSize, cuda: bool = False, shards: int = 1,
 def saved_activations(size: ModelSize, micro: MicroBatch, checkpointing: bool = False) -> int:
     """What a forward keeps for its backward, over all layers."""
     arch = size.arch
-    per_token_layer = ACT_INTERMEDIATE * arch.intermediate + ACT_HIDDEN * arch.hidden \
-        + micro.width
+    adapters_only = size.trainable < size.params
+    hidden, inter = ACT_PER_TOKEN_LAYER[(adapters_only, size.dtype_bytes < FP32)]
+    per_token_layer = inter * arch.intermediate + hidden * arch.hidden + micro.width
     tokens = micro.rows * micro.width
     if checkpointing:  # keeps each layer's input; one layer is recomputed at a time
         return int(tokens * size.dtype_bytes * (arch.layers * arch.hidden + per_token_layer))

@@ -148,3 +148,143 @@ _PASS_KIND = {"update": "train", "logprob": "inference", "generate": "generate"}
 
 def actor_pass_kind(name: str) -> str:
     return _PASS_KIND.get(name, name)
+
+
+def _calls(plan) -> dict[str, list]:
+    """role -> its call nodes in the plan."""
+    out: dict[str, list] = {}
+    for node in plan.nodes:
+        if node.op == "call" and node.role:
+            out.setdefault(node.role, []).append(node)
+    return out
+
+
+def _rows_per_rank(cfg, plan, role: str, generate_n: int) -> int:
+    prompts, _ = _data(cfg)
+    placement = plan.placement
+    pool = placement.pools.get(placement.roles.get(role, ""))
+    world = pool.world_size if pool else 1
+    layout = placement.parallel.get(role, {})
+    dp = int(layout.get("dp") or max(1, world // int(layout.get("tp", 1))))
+    return max(1, math.ceil(prompts * generate_n / dp))
+
+
+def _generate_n(s, calls: dict[str, list]) -> int:
+    for node in calls.get("actor", []):
+        if node.kind == "generate" and node.kwargs.get("n") is not None:
+            return int(node.kwargs["n"])
+    return s["rollout"].n
+
+
+def roles_memory(cfg, plan, capacity: float | None = None, cuda: bool = False,
+                 ) -> list[RoleMemory]:
+    """Each role of the plan on one device of its pool (roles this module does not
+    know, e.g. a user's worker class, come back with a note and no bytes)."""
+    s = _sections(cfg)
+    calls = _calls(plan)
+    n = _generate_n(s, calls)
+    _, prompt = _data(cfg)
+    out = []
+    for role in sorted(calls):
+        rows = _rows_per_rank(cfg, plan, role, n)
+        memory = RoleMemory(role, plan.placement.roles.get(role, "?"))
+        if role in plan.placement.folded:
+            memory.notes.append(f"served by {plan.placement.folded[role]}'s model "
+                                "(adapters off): no weights of its own")
+        if role not in MODELED_ROLES or not _default_binding(plan, role):
+            memory.notes.append("not modeled (a worker class of its own)")
+        else:
+            _fill(memory, cfg, s, calls[role], rows, prompt, capacity, cuda,
+                  folded=role in plan.placement.folded)
+        out.append(memory)
+    return out
+
+
+def _default_binding(plan, role: str) -> bool:
+    from hybridflow.workers import DEFAULT_ROLES
+    return plan.bindings.get(role) is DEFAULT_ROLES.get(role)
+
+
+def _fill(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int,
+          capacity: float | None, cuda: bool, folded: bool) -> None:
+    role, response = memory.role, s["rollout"].max_new_tokens
+    if role == "actor":
+        size = role_model_size(cfg, lora=s["actor"].lora)
+        memory.resident = {"weights": size.weight_bytes,
+                           "optimizer": training_state(size)["optimizer"]}
+        for node in nodes:
+            name = f"actor.{node.method}"
+            if node.kind == "generate" and s["rollout"].backend == "vllm":
+                memory.passes[name] = _vllm_pass(s, capacity, memory)
+            else:
+                memory.passes[name] = _actor_pass(size, s, node.kind, rows, prompt, cuda,
+                                                  node.method)
+        return
+    if role == "ref":
+        size = role_model_size(cfg, path=s["ref"].path, lora=s["actor"].lora if folded
+                               else None)
+        if not folded:
+            memory.resident = {"weights": size.weight_bytes}
+        micro = MicroBatch(min(rows, s["ref"].micro_batch_size), prompt, response)
+        for node in nodes:
+            memory.passes[f"ref.{node.method}"] = {
+                **inference_pass(size, micro, temperature=s["rollout"].temperature),
+                "batch": batch_bytes(rows, prompt, response)}
+        return
+    if role == "critic":
+        size = role_model_size(cfg, head="value", path=s["critic"].path)
+        memory.resident = {"weights": size.weight_bytes,
+                           "optimizer": training_state(size)["optimizer"]}
+        micro = MicroBatch(min(rows, s["critic"].micro_batch_size), prompt, response)
+        for node in nodes:
+            parts = train_pass(size, micro, vocab_head=False, cuda=cuda,
+                               checkpointing=s["model"].gradient_checkpointing) \
+                if node.kind == "train" else inference_pass(size, micro, vocab_head=False)
+            memory.passes[f"critic.{node.method}"] = {
+                **parts, "batch": (2 if node.kind == "train" else 1)
+                * batch_bytes(rows, prompt, response)}
+        return
+    _fill_reward(memory, cfg, s, nodes, rows, prompt)
+
+
+def _fill_reward(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int) -> None:
+    path = s["reward"].model_path
+    if not path:
+        memory.notes.append("rule-based scores: no model")
+        return
+    import os
+    if not os.path.isdir(path):
+        memory.notes.append(f"reward.model_path {path!r} is not a directory here: "
+                            "its model is not counted")
+        return
+    size = role_model_size(cfg, head="reward", path=path)
+    memory.resident = {"weights": size.weight_bytes}
+    response = s["rollout"].max_new_tokens
+    micro = MicroBatch(min(rows, s["reward"].micro_batch_size), prompt, response)
+    for node in nodes:
+        memory.passes[f"reward.{node.method}"] = {
+            **inference_pass(size, micro, vocab_head=False),
+            "batch": batch_bytes(rows, prompt, response)}
+
+
+def _vllm_pass(s, capacity: float | None, memory: RoleMemory) -> dict[str, int]:
+    """vLLM reserves a fraction of the device for its weights and KV cache while it
+    generates; with sleep mode it gives it back for the rest of the step."""
+    util = s["rollout"].gpu_memory_utilization
+    if capacity is None:
+        memory.notes.append("vLLM reserves rollout.gpu_memory_utilization of a device "
+                            "whose size is unknown here: not counted")
+        return {}
+    reserved = int(util * capacity)
+    if not s["rollout"].enable_sleep_mode:
+        memory.resident["vllm reservation"] = reserved
+        return {}
+    return {"vllm reservation": reserved}
+
+
+def pools_memory(roles: list[RoleMemory], capacity: float | None) -> list[PoolMemory]:
+    """Colocated roles grouped by pool (one device of each)."""
+    pools: dict[str, list[RoleMemory]] = {}
+    for memory in roles:
+        pools.setdefault(memory.pool, []).append(memory)
+    return [PoolMemory(name, members, capacity) for name, members in pools.items()]
