@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench import workload  # noqa: E402
+from bench import workload
 
 GIB = 1024 ** 3
 # Qwen2.5-0.5B's shapes (494M parameters with tied embeddings)

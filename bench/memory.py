@@ -36,7 +36,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench import workload  # noqa: E402
+from bench import workload
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "memory.json")
 MIB = 2 ** 20

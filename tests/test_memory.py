@@ -14,7 +14,7 @@ import torch
 
 from hybridflow.cli import main
 from hybridflow.memory import (Architecture, MicroBatch, ModelSize, kv_cache_bytes,
-                               model_size, model_size_of, training_state)
+                               model_size, training_state)
 from hybridflow.memory.passes import saved_activations
 from hybridflow.memory.roles import PoolMemory, RoleMemory
 from hybridflow.workers.config import LoraConfig
@@ -138,8 +138,8 @@ def test_check_memory_prints_roles_pools_and_ok(capsys):
 
 
 def test_check_memory_says_which_role_does_not_fit(capsys):
-    big = ["model.path=null", "model.hf_config.hidden_size=4096", "model.hf_config.intermediate_size=11008",
-           "model.hf_config.num_hidden_layers=32", "model.hf_config.num_attention_heads=32",
+    big = ["model.path=null", "model.hf_config.hidden_size=4096",
+           "model.hf_config.intermediate_size=11008", "model.hf_config.num_hidden_layers=32", "model.hf_config.num_attention_heads=32",
            "model.hf_config.num_key_value_heads=32", "placement.cluster.device=a100-40g"]
     code = main(["check", os.path.join(REPO, "graphs", "grpo.py"), "--memory", *big])
     captured = capsys.readouterr()

@@ -18,10 +18,11 @@ sdpa attention; bench/memory.py checks them against measured peaks):
 - **Logits.** The response log-probs read `[rows, R + 1, vocab]` logits (the model
   computes only those: `logits_to_keep`). Training holds four float32 copies at the
   start of the backward (the logits, the log-softmax's gradient, the gather's
-  scattered gradient and the slice's padded gradient), plus the model-dtype logits
-  when that is not float32, and one more for a temperature other than 1. An
-  inference pass holds two (the logits and logsumexp's exp), plus the model-dtype
-  logits. A value head has one output per token: no vocab term.
+  scattered gradient and the slice's padded gradient), one more for a temperature
+  other than 1; a bf16 model's own logits are freed by then (measured). An
+  inference pass holds two (the logits and logsumexp's exp); the layers'
+  temporaries are gone by then, so it is the larger of the two, not their sum.
+  A value head has one output per token: no vocab term.
 - **Training state.** The trainer builds the model in `model.dtype` and gives every
   trainable parameter to torch's AdamW: gradients and both moments are in the
   parameter's own dtype (no float32 master copy: bf16 trains in pure bf16), plus a
@@ -31,7 +32,9 @@ sdpa attention; bench/memory.py checks them against measured peaks):
   CPU default) or of all trainable bytes (foreach AdamW, the CUDA default).
 - **KV cache** of `generate`: `rows * (prompt + response) * layers * 2 * kv_heads *
   head_dim * dtype bytes`, plus one layer's keys again (the cache grows by
-  concatenation), and the sampling logits `[rows, vocab]` (float32, a few copies).
+  concatenation), and the sampling's float32 `[rows, vocab]` tensors (four: logits,
+  processed scores, probabilities, a copy); the peak is the last decoding step
+  unless the prefill's temporaries are larger.
 """
 from __future__ import annotations
 
@@ -96,13 +99,12 @@ def saved_activations(size: ModelSize, micro: MicroBatch, checkpointing: bool = 
 
 def logits_bytes(size: ModelSize, micro: MicroBatch, train: bool,
                  temperature: float = 1.0) -> int:
-    """The vocab-wide tensors alive at the peak of a log-prob pass."""
+    """The vocab-wide float32 tensors alive at the peak of a log-prob pass."""
     elems = micro.rows * micro.logit_positions * size.arch.vocab
     fp32_copies = 4 if train else 2
     if temperature != 1.0:
         fp32_copies += 1
-    model_dtype = size.dtype_bytes if size.dtype_bytes != FP32 else 0
-    return elems * (fp32_copies * FP32 + model_dtype)
+    return elems * fp32_copies * FP32
 
 
 def kv_cache_bytes(size: ModelSize, rows: int, length: int) -> int:
@@ -143,19 +145,22 @@ def train_pass(size: ModelSize, micro: MicroBatch, vocab_head: bool = True,
 
 def inference_pass(size: ModelSize, micro: MicroBatch, vocab_head: bool = True,
                    temperature: float = 1.0) -> dict[str, int]:
-    """Transient bytes of a forward without gradient (log-probs, values, scores)."""
-    out = {"activations": layer_transients(size, micro)}
-    if vocab_head:
-        out["logits"] = logits_bytes(size, micro, train=False, temperature=temperature)
-    return out
+    """Transient bytes of a forward without gradient (log-probs, values, scores):
+    the larger of one layer's temporaries and the logits, which never coexist."""
+    layer = layer_transients(size, micro)
+    logits = logits_bytes(size, micro, train=False, temperature=temperature) \
+        if vocab_head else 0
+    return {"logits": logits} if logits >= layer else {"activations": layer}
 
 
 def generate_pass(size: ModelSize, rows: int, prompt: int, response: int) -> dict[str, int]:
-    """Transient bytes of HF `generate` for `rows` sequences: the KV cache at full
-    length, one layer of it again while it grows, prefill and sampling temporaries."""
-    length = prompt + response
-    cache = kv_cache_bytes(size, rows, length)
-    growth = cache // (2 * size.arch.layers)
-    prefill = layer_transients(size, MicroBatch(rows, prompt, 0))
-    sampling = 4 * rows * size.arch.vocab * FP32
-    return {"kv cache": cache + growth, "activations": prefill + sampling}
+    """Transient bytes of HF `generate` for `rows` sequences: the larger of the
+    prefill (the prompt's KV cache and one layer's temporaries) and the last decoding
+    step (the full KV cache, one layer of it again while it grows by concatenation,
+    and the sampling's float32 `[rows, vocab]` tensors)."""
+    cache = kv_cache_bytes(size, rows, prompt + response)
+    prefill = {"kv cache": kv_cache_bytes(size, rows, prompt),
+               "activations": layer_transients(size, MicroBatch(rows, prompt, 0))}
+    decode = {"kv cache": cache + cache // (2 * size.arch.layers),
+              "sampling": 4 * rows * size.arch.vocab * FP32}
+    return decode if sum(decode.values()) >= sum(prefill.values()) else prefill

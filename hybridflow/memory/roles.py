@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import torch
 
 from hybridflow.memory.model_size import ModelSize, model_size
 from hybridflow.memory.passes import (MicroBatch, batch_bytes, generate_pass,
