@@ -138,9 +138,10 @@ def test_check_memory_prints_roles_pools_and_ok(capsys):
 
 
 def test_check_memory_says_which_role_does_not_fit(capsys):
-    big = ["model.path=null", "model.hf_config.hidden_size=4096",
-           "model.hf_config.intermediate_size=11008", "model.hf_config.num_hidden_layers=32", "model.hf_config.num_attention_heads=32",
-           "model.hf_config.num_key_value_heads=32", "placement.cluster.device=a100-40g"]
+    big = ["model.path=null", "placement.cluster.device=a100-40g"] + [
+        f"model.hf_config.{key}={value}" for key, value in (
+            ("hidden_size", 4096), ("intermediate_size", 11008), ("num_hidden_layers", 32),
+            ("num_attention_heads", 32), ("num_key_value_heads", 32))]  # ~6.5B in fp32
     code = main(["check", os.path.join(REPO, "graphs", "grpo.py"), "--memory", *big])
     captured = capsys.readouterr()
     assert code == 1
