@@ -157,3 +157,22 @@ def test_check_without_memory_does_not_import_the_memory_model():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": REPO}, timeout=300)
     assert out.stdout.strip().endswith("lazy"), out.stdout + out.stderr
+
+
+def _actor_memory(*overrides):
+    from hybridflow.memory.report import plan_memory
+    from hybridflow.program import prepare
+    loaded = prepare(os.path.join(REPO, "graphs", "grpo.py"), list(overrides), preflight=False)
+    report = plan_memory(loaded.cfg, loaded.plan)
+    return next(r for r in report.roles if r.role == "actor")
+
+
+def test_fsdp2_shards_the_actor_state_and_ddp_adds_buckets():
+    four = ["placement.pools.main.devices_per_node=4", "placement.cluster.device=h100"]
+    ddp = _actor_memory(*four)
+    fsdp = _actor_memory(*four, "actor.strategy=fsdp2")
+    assert fsdp.resident["weights"] == ddp.resident["weights"] // 4
+    assert "ddp buckets" in ddp.passes["actor.update"]
+    assert "ddp buckets" not in fsdp.passes["actor.update"]
+    single = _actor_memory("placement.cluster.device=h100")
+    assert "ddp buckets" not in single.passes["actor.update"]

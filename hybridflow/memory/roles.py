@@ -119,25 +119,29 @@ def actor_pass_memory(cfg, kind: str, rows: int, cuda: bool = False) -> dict[str
     out = {"weights": size.weight_bytes}
     if kind == "train":  # AdamW allocates its moments at the first step
         out["optimizer"] = training_state(size)["optimizer"]
-    out.update(_actor_pass(size, s, kind, rows, prompt, cuda))
+    out.update(_actor_pass(size, s, kind, rows, prompt,
+                           {"cuda": cuda, "shards": 1, "ddp_buckets": False}))
     return out
 
 
-def _actor_pass(size: ModelSize, s, kind: str, rows: int, prompt: int,
-                cuda: bool, method: str = "") -> dict[str, int]:
+def _actor_pass(size: ModelSize, s, kind: str, rows: int, prompt: int, state: dict,
+                node=None) -> dict[str, int]:
     response = s["rollout"].max_new_tokens
     temperature = s["rollout"].temperature
+    method = node.method if node is not None else ""
+    given = (node.kwargs.get("micro_batch_size") if node is not None else None)
     if kind == "generate":
         micro = min(rows, s["rollout"].micro_batch_size)
         return {**generate_pass(size, micro, prompt, response),
                 "batch": batch_bytes(rows, prompt, response)}
     if kind == "train":
-        micro = MicroBatch(min(rows, s["actor"].micro_batch_size), prompt, response,
-                           full_logits=method == "sft")
-        return {**train_pass(size, micro, temperature=temperature, cuda=cuda,
-                             checkpointing=s["model"].gradient_checkpointing),
+        micro = MicroBatch(min(rows, given or s["actor"].micro_batch_size), prompt,
+                           response, full_logits=method == "sft")
+        return {**train_pass(size, micro, temperature=temperature,
+                             checkpointing=s["model"].gradient_checkpointing, **state),
                 "batch": 2 * batch_bytes(rows, prompt, response)}  # + the mini-batch copy
-    micro = MicroBatch(min(rows, s["rollout"].log_prob_micro_batch_size), prompt, response)
+    micro = MicroBatch(min(rows, given or s["rollout"].log_prob_micro_batch_size), prompt,
+                       response)
     return {**inference_pass(size, micro, temperature=temperature),
             "batch": batch_bytes(rows, prompt, response)}
 
@@ -158,14 +162,12 @@ def _calls(plan) -> dict[str, list]:
     return out
 
 
-def _rows_per_rank(cfg, plan, role: str, generate_n: int) -> int:
-    prompts, _ = _data(cfg)
+def _data_parallel(plan, role: str) -> int:
     placement = plan.placement
     pool = placement.pools.get(placement.roles.get(role, ""))
     world = pool.world_size if pool else 1
     layout = placement.parallel.get(role, {})
-    dp = int(layout.get("dp") or max(1, world // int(layout.get("tp", 1))))
-    return max(1, math.ceil(prompts * generate_n / dp))
+    return int(layout.get("dp") or max(1, world // int(layout.get("tp", 1))))
 
 
 def _generate_n(s, calls: dict[str, list]) -> int:
@@ -185,7 +187,8 @@ def roles_memory(cfg, plan, capacity: float | None = None, cuda: bool = False,
     _, prompt = _data(cfg)
     out = []
     for role in sorted(calls):
-        rows = _rows_per_rank(cfg, plan, role, n)
+        dp = _data_parallel(plan, role)
+        rows = max(1, math.ceil(_data(cfg)[0] * n / dp))
         memory = RoleMemory(role, plan.placement.roles.get(role, "?"))
         if role in plan.placement.folded:
             memory.notes.append(f"served by {plan.placement.folded[role]}'s model "
@@ -193,8 +196,8 @@ def roles_memory(cfg, plan, capacity: float | None = None, cuda: bool = False,
         if role not in MODELED_ROLES or not _default_binding(plan, role):
             memory.notes.append("not modeled (a worker class of its own)")
         else:
-            _fill(memory, cfg, s, calls[role], rows, prompt, capacity, cuda,
-                  folded=role in plan.placement.folded)
+            _fill(memory, cfg, s, calls[role], rows, prompt, capacity,
+                  folded=role in plan.placement.folded, state=_layout(s, role, dp, cuda))
         out.append(memory)
     return out
 
@@ -204,20 +207,37 @@ def _default_binding(plan, role: str) -> bool:
     return plan.bindings.get(role) is DEFAULT_ROLES.get(role)
 
 
+def _layout(s, role: str, dp: int, cuda: bool) -> dict:
+    """How a trained role keeps its state: FSDP2 shards weights, gradients and
+    moments over the data-parallel ranks; DDP over several ranks adds its gradient
+    buckets."""
+    section = s.get(role)
+    strategy = getattr(section, "strategy", "ddp")
+    return {"cuda": cuda, "shards": dp if strategy == "fsdp2" else 1,
+            "ddp_buckets": strategy == "ddp" and dp > 1}
+
+
+def _resident(size: ModelSize, state: dict, trained: bool = True) -> dict[str, int]:
+    """Weights (a shard of them under FSDP2) and, for a trained role, AdamW's moments."""
+    out = {"weights": size.weight_bytes // state["shards"]}
+    if trained:
+        out["optimizer"] = training_state(size, **state)["optimizer"]
+    return out
+
+
 def _fill(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int,
-          capacity: float | None, cuda: bool, folded: bool) -> None:
+          capacity: float | None, folded: bool, state: dict) -> None:
     role, response = memory.role, s["rollout"].max_new_tokens
     if role == "actor":
         size = role_model_size(cfg, lora=s["actor"].lora)
-        memory.resident = {"weights": size.weight_bytes,
-                           "optimizer": training_state(size)["optimizer"]}
+        memory.resident = _resident(size, state)
         for node in nodes:
             name = f"actor.{node.method}"
             if node.kind == "generate" and s["rollout"].backend == "vllm":
                 memory.passes[name] = _vllm_pass(s, capacity, memory)
             else:
-                memory.passes[name] = _actor_pass(size, s, node.kind, rows, prompt, cuda,
-                                                  node.method)
+                memory.passes[name] = _actor_pass(size, s, node.kind, rows, prompt, state,
+                                                  node)
         return
     if role == "ref":
         size = role_model_size(cfg, path=s["ref"].path, lora=s["actor"].lora if folded
@@ -232,12 +252,11 @@ def _fill(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int,
         return
     if role == "critic":
         size = role_model_size(cfg, head="value", path=s["critic"].path)
-        memory.resident = {"weights": size.weight_bytes,
-                           "optimizer": training_state(size)["optimizer"]}
+        memory.resident = _resident(size, state)
         micro = MicroBatch(min(rows, s["critic"].micro_batch_size), prompt, response)
         for node in nodes:
-            parts = train_pass(size, micro, vocab_head=False, cuda=cuda,
-                               checkpointing=s["model"].gradient_checkpointing) \
+            parts = train_pass(size, micro, vocab_head=False,
+                               checkpointing=s["model"].gradient_checkpointing, **state) \
                 if node.kind == "train" else inference_pass(size, micro, vocab_head=False)
             memory.passes[f"critic.{node.method}"] = {
                 **parts, "batch": (2 if node.kind == "train" else 1)
