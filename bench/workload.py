@@ -80,7 +80,9 @@ def response_lengths(rows: int, max_response: int = 256, median: float = 96.0,
 
 def make_prompts(prompts: int = 32, min_prompt: int = 24, max_prompt: int = 64,
                  seed: int = 0) -> dict[str, torch.Tensor]:
-    """Left-padded prompt ids and mask, [prompts, max_prompt], lengths uniform."""
+    """Left-padded prompt ids and mask, [prompts, max_prompt], lengths uniform in
+    [min_prompt, max_prompt] (min_prompt capped at max_prompt)."""
+    min_prompt = min(min_prompt, max_prompt)
     gen = torch.Generator().manual_seed(seed + 1)
     lengths = torch.randint(min_prompt, max_prompt + 1, (prompts,), generator=gen)
     ids = torch.randint(3, VOCAB, (prompts, max_prompt), generator=gen)
