@@ -196,8 +196,11 @@ def roles_memory(cfg, plan, capacity: float | None = None, cuda: bool = False,
         if role not in MODELED_ROLES or not _default_binding(plan, role):
             memory.notes.append("not modeled (a worker class of its own)")
         else:
-            _fill(memory, cfg, s, calls[role], rows, prompt, capacity,
-                  folded=role in plan.placement.folded, state=_layout(s, role, dp, cuda))
+            try:
+                _fill(memory, cfg, s, calls[role], rows, prompt, capacity,
+                      folded=role in plan.placement.folded, state=_layout(s, role, dp, cuda))
+            except (OSError, ValueError) as err:  # e.g. a model path of another machine
+                memory.notes.append(f"not counted: {err}")
         out.append(memory)
     return out
 
