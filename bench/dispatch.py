@@ -107,9 +107,9 @@ def measure_ray_driver_bytes(runtime, plan, feeds) -> dict:
     task description sent and every meta received."""
     from ray import cloudpickle
 
-    from hybridflow.runtime import ray_step
+    from hybridflow.runtime import scheduler
     sent, received = [], []
-    task_fn, arrived_fn = ray_step.StepScheduler._task, ray_step.StepScheduler._arrived
+    task_fn, arrived_fn = scheduler.StepScheduler._task, scheduler.StepScheduler._arrived
 
     def task(self, *args, **kwargs):
         out = task_fn(self, *args, **kwargs)
@@ -120,11 +120,11 @@ def measure_ray_driver_bytes(runtime, plan, feeds) -> dict:
         received.append(len(pickle.dumps(record.meta, protocol=5)))
         return arrived_fn(self, ref, record)
 
-    ray_step.StepScheduler._task, ray_step.StepScheduler._arrived = task, arrived
+    scheduler.StepScheduler._task, scheduler.StepScheduler._arrived = task, arrived
     try:
         result = runtime.run_step(feeds, plan=plan)
     finally:
-        ray_step.StepScheduler._task, ray_step.StepScheduler._arrived = task_fn, arrived_fn
+        scheduler.StepScheduler._task, scheduler.StepScheduler._arrived = task_fn, arrived_fn
     return {"payload": result.driver_bytes, "control": sum(sent) + sum(received),
             "tasks": len(sent)}
 

@@ -33,7 +33,8 @@ PAPER_WORKLOAD = Workload(prompts=1024, samples_per_prompt=1, prompt_len=1024, r
 def ppo_plan():
     """The compiled `graphs/ppo.py` itself (no workers start, no weights load)."""
     from hybridflow.program import load_plan
-    return load_plan(os.path.join(REPO, "graphs", "ppo.py"))
+    from hybridflow.weight_sync import planner_view
+    return planner_view(load_plan(os.path.join(REPO, "graphs", "ppo.py")))
 
 
 def machine() -> dict:
@@ -76,7 +77,7 @@ def five_roles_search_seconds(plan, device: str) -> float:
     """The performance target: 5 roles on 128 devices (PPO plus a cost model scoring
     the rollout, as a fifth role)."""
     cost = SimpleNamespace(name="cost.score", kind="inference", role="cost",
-                           deps=("actor.generate",))
+                           deps=(plan.nodes[1].name,))
     graph = SimpleNamespace(nodes=[*plan.nodes[:2], cost, *plan.nodes[2:]])
     spec = ModelSpec.from_name("13b")
     result = plan_placement(graph, Cluster(16, 8, device), {r: spec for r in (*ROLES, "cost")},

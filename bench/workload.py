@@ -95,7 +95,7 @@ def make_rollout(prompts: int = 32, n: int = 4, max_response: int = 256,
     """A `Batch` shaped exactly like the actor's generate output for `prompts` x `n`
     rows, with the columns the later passes read (random values, right shapes)."""
     from hybridflow.batch import Batch
-    from hybridflow.workers.rollout_hf import assemble_rollout
+    from hybridflow.workers.rollout import assemble_rollout
     rows = prompts * n
     prompt = make_prompts(prompts, max_prompt=max_prompt, seed=seed)
     repeated = Batch({k: v.repeat_interleave(n, dim=0) for k, v in prompt.items()})

@@ -31,7 +31,7 @@ def build(cfg) -> Graph:
     a = cfg.algorithm
     g = Graph("dapo")
     prompts = g.source("prompts")
-    rollout = g.call("actor.generate", prompts, n=cfg.rollout.n)
+    rollout = g.call("rollout.generate", prompts, n=cfg.rollout.n)
     raw = g.call("reward.score", rollout)
     score = g.fn(ops.overlong_penalty, rollout, raw, max_length=cfg.rollout.max_new_tokens,
                  buffer=a.overlong_buffer, factor=a.overlong_factor)

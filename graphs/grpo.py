@@ -26,7 +26,7 @@ def defaults() -> dict:
 def build(cfg) -> Graph:
     g = Graph("grpo")
     prompts = g.source("prompts")
-    rollout = g.call("actor.generate", prompts, n=cfg.rollout.n)
+    rollout = g.call("rollout.generate", prompts, n=cfg.rollout.n)
     old = g.call("actor.logprob", rollout)
     score = g.call("reward.score", rollout)
     adv = g.fn(ops.grpo_advantages, rollout, score, norm_by_std=cfg.algorithm.norm_by_std)

@@ -6,13 +6,16 @@ and writes, and whether it may run on shards). The math itself lives in
 """
 from __future__ import annotations
 
+import torch
+
 from algorithms import advantages as adv
 from algorithms.kl import KL_KINDS, AdaptiveKL, FixedKL, apply_kl_in_reward
 from hybridflow import Batch, node_fn
 
 __all__ = ["grpo_advantages", "rloo_advantages", "reinforce_pp_advantages",
            "reinforce_pp_baseline_advantages", "remax_advantages", "gae_advantages",
-           "KLInReward", "AdaptiveKLInReward", "kl_in_reward", "scores_to_rewards"]
+           "KLInReward", "AdaptiveKLInReward", "kl_in_reward", "scores_to_rewards",
+           "response_loss_mask"]
 
 
 def _out(**tensors) -> Batch:
@@ -154,3 +157,15 @@ def overlong_penalty(batch: Batch, max_length: int, buffer: int, factor: float =
     out.meta = {"metrics": {"dapo/overlong_frac": float((length > expected).float().mean())
                             if len(length) else 0.0}}
     return out
+
+
+# ---- supervised targets from a rollout (docs/functions.md)
+@node_fn(reads=("prompts", "input_ids", "response_mask"), writes=("loss_mask",), rows=True)
+def response_loss_mask(batch: Batch) -> Batch:
+    """`loss_mask` [B, P + R] for `actor.sft` from `actor.generate`'s output: 1 on the
+    response tokens (EOS included) of `input_ids` = [prompt | response], 0 on the
+    prompt and padding. E.g. fine-tune on the responses a filter kept."""
+    prompt_width = batch["prompts"].shape[1]
+    mask = torch.zeros_like(batch["input_ids"], dtype=torch.long)
+    mask[:, prompt_width:] = batch["response_mask"].long()
+    return _out(loss_mask=mask)

@@ -33,7 +33,7 @@ def build(cfg) -> Graph:
     a = cfg.algorithm
     g = Graph("ppo")
     prompts = g.source("prompts")
-    rollout = g.call("actor.generate", prompts, n=cfg.rollout.n)
+    rollout = g.call("rollout.generate", prompts, n=cfg.rollout.n)
     old = g.call("actor.logprob", rollout)
     ref = g.call("ref.logprob", rollout)
     values = g.call("critic.values", rollout)

@@ -30,7 +30,7 @@ def build(cfg) -> Graph:
     a = cfg.algorithm
     g = Graph("reinforce_pp")
     prompts = g.source("prompts")
-    rollout = g.call("actor.generate", prompts, n=cfg.rollout.n)
+    rollout = g.call("rollout.generate", prompts, n=cfg.rollout.n)
     old = g.call("actor.logprob", rollout)
     ref = g.call("ref.logprob", rollout)
     score = g.call("reward.score", rollout)

@@ -25,12 +25,12 @@ def build(cfg) -> Graph:
     prompts = g.source("prompts")
     # the greedy baseline first: where two nodes report one metric (critic/score/mean,
     # response_length/mean), the later node's value is logged, and that should be the samples'
-    greedy = g.call("actor.generate", prompts, n=1, do_sample=False, name="greedy")
+    greedy = g.call("rollout.generate", prompts, n=1, do_sample=False, name="greedy")
     baseline = g.call("reward.score", greedy, name="baseline",
                       rename={"scores": "baseline_scores",
                               "token_level_scores": "baseline_token_scores"})
     baseline = g.fn(ops.repeat_baseline, baseline, n=cfg.rollout.n)  # one per sample
-    rollout = g.call("actor.generate", prompts, n=cfg.rollout.n)
+    rollout = g.call("rollout.generate", prompts, n=cfg.rollout.n)
     old = g.call("actor.logprob", rollout)
     score = g.call("reward.score", rollout)
     rewards = g.fn(ops.scores_to_rewards, score)

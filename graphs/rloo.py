@@ -22,7 +22,7 @@ def defaults() -> dict:
 def build(cfg) -> Graph:
     g = Graph("rloo")
     prompts = g.source("prompts")
-    rollout = g.call("actor.generate", prompts, n=cfg.rollout.n)
+    rollout = g.call("rollout.generate", prompts, n=cfg.rollout.n)
     old = g.call("actor.logprob", rollout)
     score = g.call("reward.score", rollout)
     adv = g.fn(ops.rloo_advantages, rollout, score)

@@ -46,7 +46,9 @@ def _models(cfg: DictConfig, plan: ExecutionPlan) -> dict:
 def plan_auto_placement(cfg: DictConfig, plan: ExecutionPlan) -> tuple[dict, str]:
     """The planner's best placement section for this run, and its explanation."""
     from hybridflow.planner import Cluster, PlanningError, Workload, plan_placement
+    from hybridflow.weight_sync import planner_view
     cluster_cfg = cfg.placement.cluster
+    plan = planner_view(plan)  # a colocated rollout is planned as the actor
     try:
         result = plan_placement(
             plan, Cluster(cluster_cfg.nodes, cluster_cfg.devices_per_node, cluster_cfg.device),

@@ -14,7 +14,9 @@ import networkx as nx
 
 from hybridflow.dispatch import MethodSpec, get_dispatch_mode, worker_methods
 from hybridflow.graph import FnSpec, Graph, Node, fn_spec
+from hybridflow.kinds import NodeKind, Op, RowEffect
 from hybridflow.placement import Placement
+from hybridflow.weight_sync import insert_weight_sync
 
 __all__ = ["GraphError", "PlanNode", "ExecutionPlan", "compile_graph"]
 
@@ -31,8 +33,8 @@ class GraphError(ValueError):
 @dataclass
 class PlanNode:
     name: str
-    kind: str                      # source | generate | inference | train | function
-    op: str                        # source | call | fn
+    kind: NodeKind                 # what the work is (a string converts)
+    op: Op                         # how the graph made it: source | call | fn | gather
     deps: tuple[str, ...]
     location: str
     role: str | None = None
@@ -50,6 +52,15 @@ class PlanNode:
     rename: dict[str, str] = field(default_factory=dict)
     input_keys: dict[str, str] = field(default_factory=dict)   # key -> writer node
     output_keys: dict[str, str] = field(default_factory=dict)  # key -> writer node
+
+    def __post_init__(self):
+        self.kind = NodeKind.of(self.kind, "node kind")
+        self.op = Op.of(self.op, "node op")
+
+    @property
+    def row_effect(self) -> RowEffect:
+        """What the node does to its input rows (a gather collects rounds)."""
+        return RowEffect.GATHERS if self.op is Op.GATHER else self.kind.row_effect
 
     def where(self) -> str:
         return f"node '{self.name}' ({self.location})"
@@ -119,13 +130,13 @@ class _Checker:
 
     # ---- step 1: resolve each node's declaration
     def resolve(self, node: Node) -> PlanNode | None:
-        if node.op == "source":
+        if node.op is Op.SOURCE:
             keys = {k: node.name for k in node.provides}
-            return PlanNode(node.name, "source", "source", node.inputs, node.location,
+            return PlanNode(node.name, NodeKind.SOURCE, Op.SOURCE, node.inputs, node.location,
                             writes=node.provides, output_keys=keys)
-        if node.op == "fn":
+        if node.op is Op.FN:
             return self._resolve_fn(node)
-        if node.op == "gather":
+        if node.op is Op.GATHER:
             return self._resolve_gather(node)
         return self._resolve_call(node)
 
@@ -136,7 +147,7 @@ class _Checker:
                             "declaration")
             return None
         self._check_kwargs(node, spec.params, spec.accepts_any_kwargs)
-        return PlanNode(node.name, "function", "fn", node.inputs, node.location,
+        return PlanNode(node.name, NodeKind.FUNCTION, Op.FN, node.inputs, node.location,
                         reads=spec.reads, optional=spec.optional,
                         writes=self._renamed(node, spec.writes), kwargs=node.kwargs,
                         fn=node.fn, group_by=node.group_by or spec.group_by, rows=spec.rows,
@@ -150,7 +161,7 @@ class _Checker:
             self.fail(node, f"gather needs max_rounds >= 0, got {rounds!r}")
         if len(node.inputs) != 1:
             self.fail(node, f"gather takes exactly one input node, got {len(node.inputs)}")
-        return PlanNode(node.name, "function", "gather", node.inputs, node.location,
+        return PlanNode(node.name, NodeKind.FUNCTION, Op.GATHER, node.inputs, node.location,
                         kwargs=dict(node.kwargs), forwards=True)
 
     def _resolve_call(self, node: Node) -> PlanNode | None:
@@ -167,11 +178,14 @@ class _Checker:
             return None
         self._check_kwargs(node, spec.params, spec.accepts_any_kwargs)
         try:
-            get_dispatch_mode(spec.dispatch)
+            if not get_dispatch_mode(spec.dispatch).rows:
+                self.fail(node, f"{node.target} has dispatch mode '{spec.dispatch}', which "
+                                f"takes one value per rank, not a batch's rows: call it with "
+                                f"runtime.call_role(...), not as a graph node")
         except ValueError as err:
             self.fail(node, str(err))
         pool = self._pool_of(node)
-        return PlanNode(node.name, spec.kind, "call", node.inputs, node.location,
+        return PlanNode(node.name, spec.kind, Op.CALL, node.inputs, node.location,
                         role=node.role, method=node.method, pool=pool, dispatch=spec.dispatch,
                         reads=spec.reads, optional=spec.optional,
                         writes=self._renamed(node, spec.writes), kwargs=node.kwargs,
@@ -240,7 +254,7 @@ class _Checker:
     def flow_keys(self, order: list[str], nodes: dict[str, PlanNode]) -> None:
         for name in order:
             node = nodes[name]
-            if node.op == "source":
+            if node.op is Op.SOURCE:
                 continue
             node.input_keys = self._merge_inputs(node, nodes)
             for key in node.reads:
@@ -260,7 +274,7 @@ class _Checker:
             node.output_keys = out
 
     def _overwrites(self, node: PlanNode) -> tuple[str, ...]:
-        if node.op == "call":
+        if node.op is Op.CALL:
             spec = worker_methods(self.bindings[node.role])[node.method]
             names = spec.overwrites
         else:
@@ -301,12 +315,13 @@ class _Checker:
 
     # ---- step 4: warnings
     def warn_unused(self, order: list[str], nodes: dict[str, PlanNode]) -> None:
-        if not any(n.kind == "train" for n in nodes.values()):
+        if not any(n.kind.trains for n in nodes.values()):
             self.warnings.append("the graph has no training node: nothing will learn")
         consumed = {d for n in nodes.values() for d in n.deps}
         for name in order:
             node = nodes[name]
-            if name not in consumed and node.kind not in ("train",):
+            monitor = getattr(self.graph.nodes.get(name), "monitor", False)
+            if name not in consumed and not node.kind.trains and not monitor:
                 self.warnings.append(f"{node.where()}: its output is consumed by no node")
 
 
@@ -349,5 +364,5 @@ def compile_graph(graph: Graph, bindings: dict[str, type], placement: Placement)
         check.warn_unused(order, nodes)
     if check.problems:
         raise GraphError(graph.name, check.problems)
-    return ExecutionPlan(graph.name, [nodes[n] for n in order], placement, dict(bindings),
-                         _stages(order, nodes), check.warnings)
+    return insert_weight_sync(ExecutionPlan(graph.name, [nodes[n] for n in order], placement,
+                                            dict(bindings), _stages(order, nodes), check.warnings))

@@ -72,6 +72,8 @@ class RuntimeConfig:
     num_gpus: Optional[int] = checked(None, at_least(0))  # logical GPUs (CPU-only may declare)
     call_timeout_s: float = checked(600.0, above(0))   # a slower worker call is a failure
     start_timeout_s: float = checked(300.0, above(0))  # actor start and model loading (Ray)
+    connect_timeout_s: float = checked(30.0, above(0))  # reaching `address` (then Ray's retries)
+    listen_all: bool = False            # a Ray the run starts listens on all interfaces
     torch_threads: int = checked(1, at_least(1))
 
 

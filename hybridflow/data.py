@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,7 +19,9 @@ import torch
 from hybridflow.batch import Batch
 
 __all__ = ["DataError", "PromptDataset", "PromptLoader", "check_data_file", "read_rows",
-           "write_rows", "toy_rows", "tokenize_prompts"]
+           "write_rows", "toy_rows", "tokenize_prompts", "row_checker"]
+
+RowCheck = Callable[[str, object], None]  # (data_source, ground_truth) -> ValueError/TypeError
 
 
 class DataError(ValueError):
@@ -105,15 +108,42 @@ class PromptRow:
     extra_info: dict
 
 
+def row_checker(plan, cfg) -> RowCheck | None:
+    """The checks of data values that the plan's roles will need (a worker class's
+    `data_row_check(cfg)`, e.g. the reward scorer's data_source and ground_truth),
+    for the roles the plan calls; None when no role checks anything."""
+    roles = dict.fromkeys(n.role for n in plan.nodes if n.op == "call")
+    checks = []
+    for role in roles:
+        make = getattr(plan.bindings.get(role), "data_row_check", None)
+        check = make(cfg) if callable(make) else None
+        if check is not None:
+            checks.append(check)
+    if not checks:
+        return None
+
+    def check_all(data_source: str, ground_truth: object) -> None:
+        for check in checks:
+            check(data_source, ground_truth)
+    return check_all
+
+
 class PromptDataset:
     """Validated, tokenized prompt rows. Prompts over the limit are dropped (and
-    counted) when `filter_overlong`, otherwise they are an error naming the row."""
+    counted) when `filter_overlong`, otherwise they are an error naming the row.
+    `check_row` checks the values a role will read (see `row_checker`)."""
 
     def __init__(self, rows: list[dict], tokenizer, max_prompt_length: int,
-                 filter_overlong: bool = True, name: str = "<rows>"):
+                 filter_overlong: bool = True, name: str = "<rows>",
+                 check_row: RowCheck | None = None):
         self.name, self.rows, self.dropped = name, [], 0
         for i, row in enumerate(rows):
             parsed = self._parse(row, tokenizer, f"{name} row {i}")
+            if check_row is not None:
+                try:
+                    check_row(parsed.data_source, parsed.ground_truth)
+                except (ValueError, TypeError) as err:
+                    raise DataError(f"{name} row {i}: {err}") from None
             if len(parsed.token_ids) > max_prompt_length:
                 if not filter_overlong:
                     raise DataError(f"{name} row {i}: prompt has {len(parsed.token_ids)} tokens, "
@@ -147,8 +177,10 @@ class PromptDataset:
         return len(self.rows)
 
     @classmethod
-    def from_file(cls, path: str, tokenizer, max_prompt_length: int, filter_overlong=True):
-        return cls(read_rows(path), tokenizer, max_prompt_length, filter_overlong, name=path)
+    def from_file(cls, path: str, tokenizer, max_prompt_length: int, filter_overlong=True,
+                  check_row: RowCheck | None = None):
+        return cls(read_rows(path), tokenizer, max_prompt_length, filter_overlong, name=path,
+                   check_row=check_row)
 
 
 def tokenize_prompts(rows: list[PromptRow], pad_id: int, uids: list[str],

@@ -2,7 +2,7 @@
 
 A graph is a list of nodes; each node names its inputs (earlier nodes) and knows
 where in the user's file it was created, so every later error can point there.
-Three node kinds are built here:
+Four node ops (`hybridflow.kinds.Op`) are built here:
 
 - source: a batch from the data loader (`g.source("prompts")`).
 - call:   a role's method on its worker group (`g.call("actor.generate", prompts)`).
@@ -10,20 +10,25 @@ Three node kinds are built here:
           `@method` declaration, which the compiler looks up once roles are bound.
 - fn:     a pure function over batches (`g.fn(compute_advantages, rollout, score)`),
           declared with `@node_fn(reads=..., writes=...)`.
+- gather: rows of a node collected over repeated draws (`g.gather(node, until=...)`).
 
 A node's input batch is the union of its input nodes' outputs. Inputs may also be
 given by node name (a string), which lets a node refer to one defined later; the
 compiler rejects the cycles this can make. `rename={"old": "new"}` renames keys of a
 node's output, e.g. to keep a baseline's scores apart from the policy's.
+`monitor=True` marks a node that only observes (logs metrics): nothing needs to
+consume its output, so the compiler does not warn about it.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from hybridflow.dispatch import _kwarg_names, keys_of
+from hybridflow.kinds import Op
 
 __all__ = ["Graph", "Node", "FnSpec", "node_fn", "fn_spec", "DEFAULT_SOURCE_KEYS"]
 
@@ -56,14 +61,33 @@ class FnSpec:
 
 def node_fn(*, reads=(), writes=(), optional=(), overwrites=(), group_by=None, rows=False,
             forwards=False):
-    """Declare a function node: `fn(batch, **kwargs) -> Batch` of the written keys."""
+    """Declare a function node: `fn(batch, **kwargs) -> Batch` of the written keys.
+    On a class, every instance is the node and `__call__(self, batch, **kwargs)` its
+    body (a callable that keeps state; see docs/functions.md)."""
     def wrap(fn: Callable) -> Callable:
-        params, var_kw = _kwarg_names(fn, skip=1)
+        is_class = isinstance(fn, type)
+        params, var_kw = _kwarg_names(fn.__call__ if is_class else fn, skip=2 if is_class else 1)
         setattr(fn, _FN_ATTR, FnSpec(keys_of(reads), keys_of(writes), keys_of(optional),
                                      keys_of(overwrites), group_by, rows, params, var_kw,
                                      forwards))
+        if is_class:
+            _name_instances(fn)
         return fn
     return wrap
+
+
+def _name_instances(cls: type) -> None:
+    """Each instance gets `__name__` (the node's default name): the class's in
+    snake case, unless its __init__ set one."""
+    init, name = cls.__init__, "".join(f"_{c.lower()}" if c.isupper() and i else c.lower()
+                                       for i, c in enumerate(cls.__name__))
+
+    @functools.wraps(init)
+    def named_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        if "__name__" not in vars(self):
+            self.__name__ = name
+    cls.__init__ = named_init
 
 
 def fn_spec(fn: Callable) -> FnSpec | None:
@@ -73,7 +97,7 @@ def fn_spec(fn: Callable) -> FnSpec | None:
 @dataclass
 class Node:
     name: str
-    op: str                       # "source" | "call" | "fn"
+    op: Op                        # source | call | fn | gather (a string converts)
     inputs: tuple[str, ...]
     kwargs: dict[str, Any]
     location: str                 # "file.py:line" where the user created it
@@ -83,12 +107,16 @@ class Node:
     provides: tuple[str, ...] = ()  # source nodes only
     group_by: str | None = None     # fn nodes: overrides the declaration
     rename: dict[str, str] = field(default_factory=dict)  # output key -> new name
+    monitor: bool = False           # only observes (metrics): no consumer is expected
+
+    def __post_init__(self):
+        self.op = Op.of(self.op, "node op")
 
     @property
     def target(self) -> str:
-        if self.op == "call":
+        if self.op is Op.CALL:
             return f"{self.role}.{self.method}"
-        if self.op == "fn":
+        if self.op is Op.FN:
             return getattr(self.fn, "__name__", repr(self.fn))
         return f"source:{self.name}"
 
@@ -123,27 +151,30 @@ class Graph:
         self.problems: list[str] = []  # builder-time errors, reported by the compiler
 
     def source(self, name: str = "prompts", keys=DEFAULT_SOURCE_KEYS) -> NodeHandle:
-        return self._add(Node(name, "source", (), {}, _caller_location(),
+        return self._add(Node(name, Op.SOURCE, (), {}, _caller_location(),
                               provides=tuple(keys)))
 
     def call(self, target: str, *inputs: NodeHandle | str, name: str | None = None,
-             rename: dict[str, str] | None = None, **kwargs) -> NodeHandle:
+             rename: dict[str, str] | None = None, monitor: bool = False,
+             **kwargs) -> NodeHandle:
         location = _caller_location()
         role, dot, meth = target.partition(".")
         if not dot or not role or not meth:
             self.problems.append(f"{location}: call target {target!r} must be 'role.method'")
             role, meth = role or "?", meth or "?"
-        node = Node(name or f"{role}.{meth}", "call", self._input_names(inputs, location),
-                    dict(kwargs), location, role=role, method=meth, rename=dict(rename or {}))
+        node = Node(name or f"{role}.{meth}", Op.CALL, self._input_names(inputs, location),
+                    dict(kwargs), location, role=role, method=meth, rename=dict(rename or {}),
+                    monitor=monitor)
         return self._add(node)
 
     def fn(self, func: Callable, *inputs: NodeHandle | str, name: str | None = None,
            group_by: str | None = None, rename: dict[str, str] | None = None,
-           **kwargs) -> NodeHandle:
+           monitor: bool = False, **kwargs) -> NodeHandle:
         location = _caller_location()
         default = getattr(func, "__name__", "fn")
-        node = Node(name or default, "fn", self._input_names(inputs, location), dict(kwargs),
-                    location, fn=func, group_by=group_by, rename=dict(rename or {}))
+        node = Node(name or default, Op.FN, self._input_names(inputs, location), dict(kwargs),
+                    location, fn=func, group_by=group_by, rename=dict(rename or {}),
+                    monitor=monitor)
         return self._add(node)
 
     def gather(self, node: NodeHandle | str, *, until: int, max_rounds: int,
@@ -156,7 +187,7 @@ class Graph:
         DAPO's dynamic sampling, expressed in the graph instead of a forked trainer.
         """
         location = _caller_location()
-        node_obj = Node(name or "gather", "gather", self._input_names([node], location),
+        node_obj = Node(name or "gather", Op.GATHER, self._input_names([node], location),
                         {"until": until, "max_rounds": max_rounds}, location)
         return self._add(node_obj)
 

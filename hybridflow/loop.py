@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 from hybridflow.checkpoint import (latest_checkpoint, load_trainer_state, restore_rng,
                                    save_checkpoint)
 from hybridflow.compiler import ExecutionPlan
-from hybridflow.data import PromptDataset, PromptLoader, toy_rows
+from hybridflow.data import PromptDataset, PromptLoader, row_checker, toy_rows
 from hybridflow.graph import Graph
 from hybridflow.program import LoadedGraph, compile_program
 from hybridflow.run_signals import Interrupted, NoSignals
@@ -106,16 +106,17 @@ class Trainer:
         cfg = self.cfg
         tok = load_tokenizer(tokenizer_spec(cfg.model))
         limit, drop = cfg.data.max_prompt_length, cfg.data.filter_overlong
+        check = row_checker(self.plan, cfg)  # values the scorer needs, checked at load
         if cfg.data.train_files:
-            train = PromptDataset.from_file(cfg.data.train_files, tok, limit, drop)
-            val = (PromptDataset.from_file(cfg.data.val_files, tok, limit, drop)
+            train = PromptDataset.from_file(cfg.data.train_files, tok, limit, drop, check)
+            val = (PromptDataset.from_file(cfg.data.val_files, tok, limit, drop, check)
                    if cfg.data.val_files else None)
         else:
             toy = cfg.data.toy
             train_rows, val_rows = toy_rows(cfg.trainer.seed, toy.max_operand, toy.test_fraction,
                                              toy.train_on_test)
-            train = PromptDataset(train_rows, tok, limit, drop, name="toy train")
-            val = PromptDataset(val_rows, tok, limit, drop, name="toy test")
+            train = PromptDataset(train_rows, tok, limit, drop, name="toy train", check_row=check)
+            val = PromptDataset(val_rows, tok, limit, drop, name="toy test", check_row=check)
         pad = tok.pad_token_id
         gathers = any(n.op == "gather" for n in self.plan.nodes)  # rounds concatenate
         train_loader = PromptLoader(train, cfg.data.batch_size, pad, cfg.data.shuffle,
@@ -266,6 +267,9 @@ class Trainer:
             if node.name in state.get("nodes", {}):
                 node.fn.load_state_dict(state["nodes"][node.name])
         restore_rng(state["rng"], torch_rng)
+        from hybridflow.weight_sync import resync_plan
+        if (sync := resync_plan(self.plan)) is not None:  # a rollout with its own weights
+            self.runtime.run_step({}, plan=sync)            # gets the restored actor's
         self.step = self.saved_step = int(state["step"])
         self.resumed_from = path
         self.notes += self.run.truncate_metrics(self.step)

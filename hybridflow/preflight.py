@@ -5,6 +5,8 @@ made by `prepare` after the graph compiles and before any worker starts.
   directories (nothing is downloaded at run time), data files, the reward function,
   and the paths in the sections of roles bound in `workers` (`path` and `*model_path`
   keys name model directories, other `*_path` keys files or directories);
+- a bound worker class's own check of its section (`check_section`), e.g. the
+  agent role's environment loads;
 - the batch can feed the data-parallel ranks of every role, and each trained role's
   mini-batch divides evenly over its ranks;
 - the local runtime is not asked to train a role on more than one rank.
@@ -22,15 +24,28 @@ from omegaconf import DictConfig
 from hybridflow.compiler import ExecutionPlan
 from hybridflow.config import ConfigError
 from hybridflow.dispatch import is_data_parallel
+from hybridflow.kinds import Op
 
-__all__ = ["preflight", "check_paths", "check_role_paths", "check_batch_feeds_ranks"]
+__all__ = ["preflight", "check_paths", "check_role_paths", "check_role_sections",
+           "check_batch_feeds_ranks"]
 
 _MODEL_KEYS = ("model.path", "ref.path", "critic.path", "reward.model_path")
 
 
 def preflight(cfg: DictConfig, plan: ExecutionPlan) -> None:
     check_paths(cfg)
+    check_role_sections(cfg, plan)
     check_batch_feeds_ranks(cfg, plan)
+
+
+def check_role_sections(cfg: DictConfig, plan: ExecutionPlan) -> None:
+    """A bound worker class may check its own section before launch with a
+    `check_section(section)` classmethod raising ConfigError (e.g. the agent role
+    loads its environment)."""
+    for role, cls in plan.bindings.items():
+        check = getattr(cls, "check_section", None)
+        if callable(check) and role in cfg:
+            check(cfg[role])
 
 
 def _model_dir(key: str, spec: str) -> None:
@@ -119,7 +134,7 @@ def check_batch_feeds_ranks(cfg: DictConfig, plan: ExecutionPlan) -> None:
     evenly over its ranks, and the local runtime trains on one rank only."""
     placement, prompts = plan.placement, cfg.data.batch_size
     for node in plan.nodes:
-        if node.op != "call" or not is_data_parallel(node.dispatch):
+        if node.op is not Op.CALL or not is_data_parallel(node.dispatch):
             continue
         pool = placement.roles[node.role]
         dp = placement.pools[pool].world_size // placement.tp_size(node.role)
@@ -128,7 +143,7 @@ def check_batch_feeds_ranks(cfg: DictConfig, plan: ExecutionPlan) -> None:
             raise ConfigError(f"data.batch_size={prompts} prompts cannot feed the {where}: "
                               f"some ranks would get no rows; set data.batch_size to at "
                               f"least {dp} or give the pool fewer devices")
-        if node.kind != "train":
+        if not node.kind.trains:
             continue
         ranks = placement.pools[pool].world_size
         if cfg.runtime.name == "local" and ranks > 1:

@@ -26,7 +26,7 @@ from pathlib import Path
 import graphviz
 
 from hybridflow.compiler import ExecutionPlan, PlanNode
-from hybridflow.dispatch import NODE_KINDS
+from hybridflow.kinds import NodeKind, Op
 
 __all__ = ["RenderError", "KIND_SHAPES", "role_colors", "edge_keys", "plan_to_dot",
            "render_graph", "render_timeline", "timeline_svg"]
@@ -35,11 +35,11 @@ FORMATS = ("svg", "png", "pdf", "dot")
 FONT = "Helvetica"
 # kind -> (graphviz shape, extra style); chosen to be told apart at a glance.
 KIND_SHAPES = {
-    "source": ("cylinder", ""),
-    "generate": ("hexagon", ""),
-    "inference": ("box", "rounded"),
-    "train": ("box3d", ""),
-    "function": ("ellipse", ""),
+    NodeKind.SOURCE: ("cylinder", ""),
+    NodeKind.GENERATE: ("hexagon", ""),
+    NodeKind.INFERENCE: ("box", "rounded"),
+    NodeKind.TRAIN: ("box3d", ""),
+    NodeKind.FUNCTION: ("ellipse", ""),
 }
 # Colour-blind-friendly pastels; a role keeps its colour from plan to plan.
 PALETTE = ("#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462",
@@ -91,8 +91,8 @@ def edge_keys(plan: ExecutionPlan, producer: str, consumer: str) -> tuple[list[s
 
 
 def _node_label(node: PlanNode, host: str | None = None) -> str:
-    target = f"{node.role}.{node.method}" if node.op == "call" else \
-        getattr(node.fn, "__name__", "") if node.op == "fn" else ""
+    target = f"{node.role}.{node.method}" if node.op is Op.CALL else \
+        getattr(node.fn, "__name__", "") if node.op is Op.FN else ""
     rows = [f'<B>{html.escape(node.name)}</B>']
     if target and target != node.name:
         rows.append(f'<FONT POINT-SIZE="10">{html.escape(target)}</FONT>')
@@ -169,7 +169,7 @@ def _host_box(box, host: str, nodes: list[PlanNode], folded: dict[str, str],
 def _legend(dot: graphviz.Digraph, plan: ExecutionPlan, colors: dict[str, str]) -> None:
     """A boxed key in one row below the graph: the kinds used, then the role colours."""
     items = [(f"legend_kind_{k}", k, *KIND_SHAPES[k], DRIVER_FILL)
-             for k in NODE_KINDS if any(n.kind == k for n in plan.nodes)]
+             for k in NodeKind if any(n.kind is k for n in plan.nodes)]
     items += [(f"legend_role_{r}", f"role {r}", "box", "", c) for r, c in colors.items()]
     items.append(("legend_role_driver", "driver", "box", "", DRIVER_FILL))
     with dot.subgraph(name="cluster_legend") as leg:
@@ -327,12 +327,13 @@ def timeline_svg(records: list[dict], step: int | None = None) -> str:
         height = (max(lanes) + 1) * LANE_HEIGHT + 8
         out.append(f'<g class="row" data-pool="{html.escape(names[pool])}">'
                    f'<rect x="0" y="{y}" width="{WIDTH}" height="{height}" fill="#eeeeee" '
-                   f'fill-opacity="0.5" stroke="#dddddd"/><text x="8" y="{y + 18}" font-weight="bold">'
+                   f'fill-opacity="0.5" stroke="#dddddd"/>'
+                   f'<text x="8" y="{y + 18}" font-weight="bold">'
                    f'{html.escape(names[pool])}</text>')
         for i, (bar, lane) in enumerate(zip(bars, lanes)):
             x = left + (bar["start"] - t0) * scale
             w = max((bar["end"] - bar["start"]) * scale, 2)
-            later = [b["start"] for b, l in zip(bars[i + 1:], lanes[i + 1:]) if l == lane]
+            later = [b["start"] for b, other in zip(bars[i + 1:], lanes[i + 1:]) if other == lane]
             room = (min(later, default=t0 + span) - bar["start"]) * scale + RIGHT
             out.append(_bar_svg(bar, x, w, y + 4 + lane * LANE_HEIGHT, room,
                                 colors.get(bar.get("role"), "#ffffff"), len(out)))

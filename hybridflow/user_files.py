@@ -4,7 +4,8 @@ so that their errors name the file and line. Nothing else is ever imported from 
 path the user did not name.
 
 State: each file is imported once, under a private module name kept in
-`sys.modules` (its functions are pickled by value for Ray workers).
+`sys.modules` (its functions, and those of the files beside it that it imports,
+are pickled by value for Ray workers: see user_code.py).
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import sys
 from types import ModuleType
 
 from hybridflow.constraints import ConfigError
+from hybridflow.user_code import exec_user_file as _exec_user_file
+from hybridflow.user_code import register_with_ray
 
 __all__ = ["GraphFileError", "load_graph_module", "import_object", "call_graph_file",
            "pickle_user_files_by_value_for_ray"]
@@ -23,25 +26,6 @@ __all__ = ["GraphFileError", "load_graph_module", "import_object", "call_graph_f
 
 class GraphFileError(ValueError):
     """The graph file is missing, does not import, or does not export build(cfg)."""
-
-
-def _exec_user_file(path: str, name: str, error: type[ValueError], what: str) -> ModuleType:
-    """Import a user's file (and only that file) under a private module name; its
-    functions are pickled by value for Ray workers, which cannot import that name."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException as err:  # sys.exit too: never leave a half-imported module cached
-        del sys.modules[name]
-        if not isinstance(err, Exception):
-            raise
-        raise error(f"{what} {path!r} failed to import: {type(err).__name__}: {err}") from err
-    _pickle_by_value(module)
-    return module
 
 
 def load_graph_module(path: str) -> ModuleType:
@@ -58,31 +42,10 @@ def load_graph_module(path: str) -> ModuleType:
     return module
 
 
-_USER_MODULES: list[ModuleType] = []  # every user file imported, for pickling by value
-
-
-def _pickle_by_value(module: ModuleType) -> None:
-    """Ray workers cannot import a user file by its generated module name, so its
-    functions and classes (fn nodes, worker classes) are shipped by value."""
-    _USER_MODULES.append(module)
-    try:
-        import cloudpickle
-        cloudpickle.register_pickle_by_value(module)
-    except (ImportError, ValueError):
-        pass
-    if "ray" in sys.modules:
-        pickle_user_files_by_value_for_ray()
-
-
 def pickle_user_files_by_value_for_ray() -> None:
-    """Register every user file with Ray's own cloudpickle (Ray pickles with it, not
-    with the `cloudpickle` package); imports Ray, so only runs that use it call this."""
-    from ray import cloudpickle as ray_cloudpickle
-    for module in _USER_MODULES:
-        try:
-            ray_cloudpickle.register_pickle_by_value(module)
-        except ValueError:  # not in sys.modules any more (a failed import)
-            pass
+    """Register every user file (and the files beside it that it imported) with Ray's
+    own cloudpickle; imports Ray, so only runs that use it call this."""
+    register_with_ray()
 
 
 def import_object(spec: str):

@@ -10,8 +10,9 @@ import uuid
 import pytest
 
 from hybridflow.compiler import ExecutionPlan, GraphError, compile_graph
-from hybridflow.dispatch import DP, RANK_ZERO, method
+from hybridflow.dispatch import DP, ONE_PER_WORKER, RANK_ZERO, method
 from hybridflow.graph import Graph, node_fn
+from hybridflow.kinds import NodeKind, Op, RowEffect
 from hybridflow.placement import Placement, PoolSpec
 
 SEQ = ("input_ids", "attention_mask")
@@ -271,7 +272,7 @@ def test_input_from_another_graph():
 def test_duplicate_node_names():
     g = Graph("g")
     prompts = g.source()
-    rollout, first = g.call("actor.generate", prompts), here()
+    rollout = g.call("actor.generate", prompts)
     g.call("actor.logprob", rollout)
     _, second = g.call("actor.logprob", rollout), here()
     message = rejected(g, "node name 'actor.logprob' is already used", second,
@@ -317,6 +318,26 @@ def test_unknown_dispatch_mode():
     _, loc = g.call("odd.run", g.source()), here()
     rejected(g, "node 'odd.run'", loc, "unknown dispatch mode 'scatter_gather'",
              bindings={**BINDINGS, "odd": Odd})
+
+
+def test_a_mode_that_takes_one_value_per_rank_is_not_a_graph_node():
+    class PerRank:
+        @method(dispatch=ONE_PER_WORKER)
+        def run(self, batch): ...
+
+    g = Graph("g")
+    _, loc = g.call("per.run", g.source()), here()
+    rejected(g, "node 'per.run'", loc, "dispatch mode 'one_per_worker'",
+             "one value per rank", "call_role", bindings={**BINDINGS, "per": PerRank})
+
+
+def test_plan_nodes_carry_typed_ops_kinds_and_row_effects():
+    plan = compile_(grpo_graph())
+    kinds = {n.name: (n.op, n.kind, n.row_effect) for n in plan.nodes}
+    assert kinds["prompts"] == (Op.SOURCE, NodeKind.SOURCE, RowEffect.CHANGES)
+    assert kinds["actor.generate"] == (Op.CALL, NodeKind.GENERATE, RowEffect.REPEATS)
+    assert kinds["actor.update"] == (Op.CALL, NodeKind.TRAIN, RowEffect.KEEPS)
+    assert kinds["group_advantages"][:2] == (Op.FN, NodeKind.FUNCTION)
 
 
 def test_every_problem_is_reported_at_once():
@@ -502,7 +523,7 @@ def test_rename_keeps_two_writers_of_one_key_apart():
 
 def test_renamed_overwrite_is_still_an_overwrite():
     g = Graph("g")
-    rollout = g.call("actor.generate", g.source(), rename={"input_ids": "full_ids"})
+    g.call("actor.generate", g.source(), rename={"input_ids": "full_ids"})
     plan = compile_(g)
     assert "full_ids" in plan.node("actor.generate").writes
 

@@ -3,7 +3,14 @@ import json
 
 import pytest
 
-from hybridflow.data import DataError, PromptDataset, PromptLoader, read_rows, toy_rows, write_rows
+from hybridflow.data import (
+    DataError,
+    PromptDataset,
+    PromptLoader,
+    read_rows,
+    toy_rows,
+    write_rows,
+)
 from hybridflow.workers.tokenizer import load_tokenizer
 
 TOK = load_tokenizer("char")
@@ -91,3 +98,47 @@ def test_batch_larger_than_dataset_is_refused():
 def test_held_out_pairs_never_in_train():
     train, test = toy_rows(1, 9, 0.25)
     assert not {r["prompt"] for r in train} & {r["prompt"] for r in test}
+
+
+# ---- values the reward scorer needs, checked when the data is loaded
+def _reward_checker(**reward):
+    from hybridflow.workers.reward import RewardWorker
+    return RewardWorker.data_row_check({"reward": reward})
+
+
+@pytest.mark.parametrize("row, words", [
+    (_row(data_source="toy_arithmetic"), ["row 1", "data_source 'toy_arithmetic'", "toy_arith"]),
+    ({**_row(), "reward_model": {"ground_truth": None}}, ["row 1", "ground_truth is null"]),
+    ({**_row(), "reward_model": {"ground_truth": ["3", "03"]}}, ["row 1", "ground_truth", "list"]),
+])
+def test_values_the_built_in_scorer_cannot_use_are_refused_at_load(tmp_path, row, words):
+    path = _write_jsonl(tmp_path / "train.jsonl", [json.dumps(_row()), json.dumps(row)])
+    with pytest.raises(DataError) as err:
+        PromptDataset.from_file(path, TOK, 16, check_row=_reward_checker())
+    for word in [path, *words]:
+        assert word in str(err.value)
+
+
+def test_a_user_scorer_may_take_any_data_source_and_a_list_but_not_a_null(tmp_path):
+    rows = [_row(data_source="mine"), {**_row(), "reward_model": {"ground_truth": ["3"]}}]
+    check = _reward_checker(function_path="my_reward.py")
+    assert len(PromptDataset(rows, TOK, 16, check_row=check)) == 2
+    with pytest.raises(DataError, match="row 0: .*ground_truth is null"):
+        PromptDataset([{**_row(), "reward_model": {"ground_truth": None}}], TOK, 16,
+                      check_row=check)
+
+
+def test_a_reward_model_reads_no_ground_truth():
+    assert _reward_checker(model_path="/models/rm") is None
+
+
+def test_row_checks_come_from_the_roles_the_plan_calls():
+    import os
+
+    from hybridflow.program import prepare
+    from hybridflow.data import row_checker
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    grpo = prepare(os.path.join(repo, "graphs", "grpo.py"), preflight=False)
+    sft = prepare(os.path.join(repo, "graphs", "sft.py"), preflight=False)
+    assert row_checker(grpo.plan, grpo.cfg) is not None
+    assert row_checker(sft.plan, sft.cfg) is None  # no reward.score: nothing to check

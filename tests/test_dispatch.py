@@ -1,4 +1,4 @@
-"""Method declarations and dispatch/collect modes (hybridflow/dispatch.py)."""
+"""Method declarations, dispatch modes and their slot layouts (hybridflow/dispatch.py)."""
 from __future__ import annotations
 
 import uuid
@@ -8,8 +8,9 @@ import torch
 
 from hybridflow.batch import Batch
 from hybridflow.dispatch import (BROADCAST, DP, DP_TP, ONE_PER_WORKER, RANK_ZERO, SKIP, Layout,
-                                 get_dispatch_mode, merge_metrics, method, method_spec,
-                                 register_dispatch_mode, worker_methods)
+                                 SlotLayout, get_dispatch_mode, merge_metrics, method,
+                                 method_spec, register_dispatch_mode, worker_methods)
+from hybridflow.kinds import NodeKind
 
 
 def rows(n: int) -> Batch:
@@ -41,7 +42,8 @@ class Worker:
 def test_method_records_its_contract():
     spec = method_spec(Worker, "infer")
     assert (spec.name, spec.dispatch, spec.reads, spec.writes, spec.kind) == \
-        ("infer", DP, ("x",), ("y",), "inference")
+        ("infer", DP, ("x",), ("y",), NodeKind.INFERENCE)
+    assert spec.kind is NodeKind.INFERENCE  # the string is converted on entry
     assert spec.params == ("micro_batch_size", "temperature") and not spec.accepts_any_kwargs
     assert method_spec(Worker, "train").accepts_any_kwargs
     assert method_spec(Worker(), "infer") == spec  # from an instance too
@@ -63,12 +65,15 @@ def test_method_rejects_unknown_kind():
 
 
 # ------------------------------------------------------------------ modes
-def test_broadcast_sends_the_same_value_and_collects_a_list():
+def test_broadcast_gives_every_rank_all_rows_and_keeps_rank_zeros_result():
     mode, layout = get_dispatch_mode(BROADCAST), Layout(3)
-    b = rows(4)
-    args = mode.dispatch(b, layout)
-    assert len(args) == 3 and all(a is b for a in args)
-    assert mode.collect(["a", "b", "c"], layout) == ["a", "b", "c"]
+    assert mode.slot_layout(layout) == SlotLayout(1, (0, 0, 0), (0,))
+    args = mode.dispatch(rows(4), layout)
+    assert len(args) == 3 and all(a is args[0] for a in args)
+    assert args[0]["x"].tolist() == [0, 1, 2, 3]
+    outs = fake_worker_outputs(args, metrics=lambda r: {"rank": float(r)})
+    out = mode.collect(outs, layout)
+    assert out["y"].tolist() == [0, 10, 20, 30] and out.meta["metrics"] == {"rank": 0.0}
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
@@ -124,15 +129,17 @@ def test_one_per_worker_takes_a_list_of_world_size():
 
 def test_rank_zero_runs_on_rank_zero_only():
     mode, layout = get_dispatch_mode(RANK_ZERO), Layout(4)
-    b = rows(2)
-    args = mode.dispatch(b, layout)
-    assert args[0] is b and all(a is SKIP for a in args[1:])
-    assert mode.collect(["r0", None, None, None], layout) == "r0"
+    assert mode.slot_layout(layout) == SlotLayout(1, (0, None, None, None), (0,))
+    args = mode.dispatch(rows(2), layout)
+    assert args[0]["x"].tolist() == [0, 1] and all(a is SKIP for a in args[1:])
+    out = mode.collect(fake_worker_outputs(args[:1]) + [None] * 3, layout)
+    assert out["y"].tolist() == [0, 10]
 
 
 def test_dp_tp_gives_replicas_one_shard_and_collects_one_per_group():
     mode, layout = get_dispatch_mode(DP_TP), Layout(world_size=6, tp_size=2)
     assert layout.dp_size == 3
+    assert mode.slot_layout(layout) == SlotLayout(3, (0, 0, 1, 1, 2, 2), (0, 2, 4))
     shards = mode.dispatch(rows(7), layout)
     assert len(shards) == 6
     for group in range(3):  # ranks 2g and 2g+1 hold the same shard
@@ -157,7 +164,28 @@ def test_layout_rejects_world_size_not_divisible_by_tp():
 
 
 # ------------------------------------------------------------------ user modes
-def test_user_registered_mode_dispatches_and_collects():
+def test_user_registered_slot_layout_dispatches_and_collects():
+    name = f"last_two_{uuid.uuid4().hex[:6]}"
+
+    def slots(layout):  # rows split over the last two ranks; the others idle
+        w = layout.world_size
+        return SlotLayout(2, (None,) * (w - 2) + (0, 1), (w - 2, w - 1))
+
+    register_dispatch_mode(name, slots=slots)
+    mode = get_dispatch_mode(name)
+    assert mode.name == name and mode.slot_layout(Layout(4)).slots == 2
+    args = mode.dispatch(rows(5), Layout(4))
+    assert args[:2] == [SKIP, SKIP] and [a["x"].tolist() for a in args[2:]] == [[0, 1, 2], [3, 4]]
+    out = mode.collect([None, None, *fake_worker_outputs(args[2:])], Layout(4))
+    assert out["y"].tolist() == [0, 10, 20, 30, 40]
+
+    class W:
+        @method(dispatch=name)
+        def go(self, batch): ...
+    assert method_spec(W, "go").dispatch == name
+
+
+def test_a_function_pair_mode_still_works_but_is_deprecated():
     name = f"first_two_{uuid.uuid4().hex[:6]}"
 
     def dispatch(value, layout):
@@ -166,21 +194,34 @@ def test_user_registered_mode_dispatches_and_collects():
     def collect(outputs, layout):
         return sum(o for o in outputs[:2])
 
-    register_dispatch_mode(name, dispatch, collect)
+    with pytest.warns(DeprecationWarning, match="slots=fn"):
+        register_dispatch_mode(name, dispatch, collect)
     mode = get_dispatch_mode(name)
-    assert mode.name == name
+    assert mode.slot_layout(Layout(4)) is None
     assert mode.dispatch(5, Layout(4)) == [5, 5, SKIP, SKIP]
     assert mode.collect([1, 2, None, None], Layout(4)) == 3
 
-    class W:
-        @method(dispatch=name)
-        def go(self, batch): ...
-    assert method_spec(W, "go").dispatch == name
+
+@pytest.mark.parametrize("slots, rank_slots, collect, message", [
+    (2, (0, 1), (0,), "one collecting rank per slot"),
+    (2, (0, 0), (0, 1), "slot 1 is collected from rank 1, which does not receive it"),
+    (1, (0, 3), (0,), "rank 1 receives slot 3"),
+])
+def test_a_slot_layout_that_loses_rows_is_refused(slots, rank_slots, collect, message):
+    with pytest.raises(ValueError, match=message):
+        SlotLayout(slots, rank_slots, collect)
+
+
+def test_a_layout_for_the_wrong_group_size_is_refused():
+    name = f"fixed_{uuid.uuid4().hex[:6]}"
+    register_dispatch_mode(name, slots=lambda layout: SlotLayout(1, (0,), (0,)))
+    with pytest.raises(ValueError, match="layout of 1 ranks for a group of 3"):
+        get_dispatch_mode(name).slot_layout(Layout(3))
 
 
 def test_duplicate_mode_is_rejected():
     with pytest.raises(ValueError, match="'dp' is already registered"):
-        register_dispatch_mode(DP, lambda v, l: [v], lambda o, l: o)
+        register_dispatch_mode(DP, slots=lambda layout: None)
 
 
 def test_unknown_mode_names_the_known_ones():

@@ -93,7 +93,7 @@ def test_a_batch_too_small_for_the_data_parallel_ranks(capsys, tmp_path):
     err = run(capsys, tmp_path, "runtime.name=ray", "placement.pools.main.devices_per_node=4",
               "data.batch_size=2", "rollout.n=8", "actor.mini_batch_size=16",
               "actor.micro_batch_size=16")
-    assert ("data.batch_size=2 prompts cannot feed the role 'actor' (pool 'main', 4 "
+    assert ("data.batch_size=2 prompts cannot feed the role 'rollout' (pool 'main', 4 "
             "data-parallel ranks)") in err
     assert "at least 4" in err
 
@@ -234,6 +234,20 @@ def test_a_bad_row_is_reported_before_any_worker_starts(capsys, tmp_path):
     err = run(capsys, tmp_path, f"data.train_files={path}", "data.batch_size=1", "rollout.n=8",
               "actor.mini_batch_size=8", "actor.micro_batch_size=8")
     assert f"could not start: {path}:2: row is not valid JSON" in err
+
+
+def test_a_data_source_no_scorer_knows_is_reported_before_any_worker_starts(capsys, tmp_path):
+    path = tmp_path / "train.jsonl"
+    path.write_text('{"prompt": "1+1=", "data_source": "toy_arithmetic", '
+                    '"reward_model": {"ground_truth": "2"}}\n')
+    err = run(capsys, tmp_path, f"data.train_files={path}", "data.batch_size=1", "rollout.n=8",
+              "actor.mini_batch_size=8", "actor.micro_batch_size=8")
+    assert f"{path} row 0: no built-in scorer for data_source 'toy_arithmetic'" in err
+
+
+def test_runtime_local_with_an_address_is_a_contradiction(capsys, tmp_path):
+    err = run(capsys, tmp_path, "--runtime", "local", "--address", "10.0.0.1:6379")
+    assert "--runtime local and --address 10.0.0.1:6379 contradict each other" in err
 
 
 # ------------------------------------------------------------------ resume

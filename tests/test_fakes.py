@@ -62,7 +62,8 @@ def test_a_shipped_graph_runs_one_step_on_the_fakes(graph, tmp_path):
         result = runtime.run_step({"prompts": fakes.fake_prompts(3)})
     finally:
         runtime.shutdown()
-    n, rollout = loaded.cfg.rollout.n, result.outputs["actor.generate"]
+    # the real rollout role, colocated, generates through the (fake) actor
+    n, rollout = loaded.cfg.rollout.n, result.outputs["rollout.generate"]
     assert rollout["responses"].shape == (3 * n, fakes.RESPONSE_LENGTH)
     assert list(rollout["uid"]) == [f"u{i}" for i in range(3) for _ in range(n)]
     assert torch.equal(rollout["input_ids"][:, :3], rollout["prompts"])

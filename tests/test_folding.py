@@ -15,13 +15,14 @@ GRPO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 
 def test_lora_folds_the_reference_into_the_actor():
     plan = prepare(GRPO, ["actor.lora.rank=8"]).plan
-    assert plan.placement.folded == {"ref": "actor"}
+    assert plan.placement.folded == {"ref": "actor", "rollout": "actor"}
     assert plan.node("ref.logprob").pool == plan.node("actor.update").pool
     assert "folded: ref is served by actor's worker" in plan.summary()
     assert "ref→actor@main" in plan.summary()
-    assert prepare(GRPO, []).plan.placement.folded == {}
+    assert prepare(GRPO, []).plan.placement.folded == {"rollout": "actor"}  # colocated rollout
     own_reference = f"ref.path={os.path.dirname(GRPO)}/assets/toy_base"
-    assert prepare(GRPO, ["actor.lora.rank=8", own_reference]).plan.placement.folded == {}
+    assert prepare(GRPO, ["actor.lora.rank=8", own_reference]).plan.placement.folded == \
+        {"rollout": "actor"}
 
 
 def test_an_unplaced_reference_follows_its_host_to_its_pool():

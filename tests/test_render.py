@@ -255,11 +255,14 @@ def test_command_renders_a_graph_file_with_overrides(tmp_path, monkeypatch, caps
     program = pytest.importorskip("hybridflow.program")
     seen = {}
 
-    def fake_load_plan(path, overrides):
-        seen.update(path=str(path), overrides=list(overrides))
-        return ppo_plan()
+    def fake_prepare(path, overrides, preflight=True):
+        from types import SimpleNamespace
 
-    monkeypatch.setattr(program, "load_plan", fake_load_plan)
+        from hybridflow.config import build_config
+        seen.update(path=str(path), overrides=list(overrides))
+        return SimpleNamespace(plan=ppo_plan(), cfg=build_config(None, None, []))
+
+    monkeypatch.setattr(program, "prepare", fake_prepare)
     command, args = parse(["render", "graph.py", "-o", str(tmp_path / "g.dot"), "--plan",
                            "rollout.n=4"])
     assert command.run(args) == 0
@@ -272,10 +275,10 @@ def test_command_reports_graph_errors_and_returns_1(tmp_path, monkeypatch, capsy
     program = pytest.importorskip("hybridflow.program")
     from hybridflow.compiler import GraphError
 
-    def failing(path, overrides):
+    def failing(path, overrides, preflight=True):
         raise GraphError("ppo", ["node 'x' (g.py:3): reads key 'y'"])
 
-    monkeypatch.setattr(program, "load_plan", failing)
+    monkeypatch.setattr(program, "prepare", failing)
     command, args = parse(["render", "graph.py", "-o", str(tmp_path / "g.svg")])
     assert command.run(args) == 1
     assert re.search(r"reads key 'y'", capsys.readouterr().err)

@@ -3,6 +3,10 @@
 A scorer is `compute_score(data_source, solution_str, ground_truth,
 extra_info=None) -> float | dict`, called by keyword; a dict carries
 `"score"` plus extra values to log. Scorers read decoded strings only.
+A scorer may also name any of the response facts `response_length` (tokens in
+the response, EOS included) and `stopped` (it ended with EOS rather than at the
+length limit) — or take `**kwargs` — and receives them; arguments from config
+(`reward.kwargs`) are passed by keyword too. `call_scorer` does that passing.
 `compute_score` here dispatches on `data_source` to the built-in scorers;
 `load_scorer` loads a user's scorer from a Python file.
 """
@@ -24,12 +28,60 @@ SCORERS.update({source: gsm8k.compute_score for source in gsm8k.DATA_SOURCES})
 _CONTRACT = "(data_source, solution_str, ground_truth, extra_info=None)"
 
 
+RESPONSE_FACTS = ("response_length", "stopped")  # what a scorer may ask for besides
+
+
 def compute_score(data_source: str, solution_str: str, ground_truth: str,
-                  extra_info: dict | None = None) -> float | dict:
-    """Score with the built-in scorer registered for `data_source`."""
+                  extra_info: dict | None = None, **kwargs) -> float | dict:
+    """Score with the built-in scorer registered for `data_source`; response facts it
+    does not take are dropped, config arguments are passed on."""
     scorer = lookup(SCORERS, data_source, "data_source (no built-in scorer; use load_scorer)")
-    return scorer(data_source=data_source, solution_str=solution_str,
-                  ground_truth=ground_truth, extra_info=extra_info)
+    facts = {k: kwargs.pop(k) for k in RESPONSE_FACTS if k in kwargs}
+    sample = {"data_source": data_source, "solution_str": solution_str,
+              "ground_truth": ground_truth, "extra_info": extra_info, **facts}
+    return call_scorer(scorer, sample, kwargs)
+
+
+def accepted_arguments(fn: Callable) -> set[str] | None:
+    """The keyword names `fn` takes; None when it takes any (**kwargs)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params if p.kind is not inspect.Parameter.POSITIONAL_ONLY}
+
+
+def call_scorer(fn: Callable, sample: dict, kwargs: dict | None = None):
+    """`fn` called with the contract arguments, the response facts of `sample` it
+    takes, and the config `kwargs` (all of them: an unknown one is an error)."""
+    accepted = accepted_arguments(fn)
+    args = {k: v for k, v in sample.items()
+            if k not in RESPONSE_FACTS or accepted is None or k in accepted}
+    return fn(**args, **(kwargs or {}))
+
+
+def check_sample(data_source: str, ground_truth: Any) -> None:
+    """ValueError unless a built-in scorer is registered for `data_source` and the
+    ground truth is not null; TypeError unless it is the string (or number) that
+    scorer compares against."""
+    if data_source not in SCORERS:
+        raise ValueError(f"no built-in scorer for data_source {data_source!r} (built-in: "
+                         f"{', '.join(sorted(SCORERS))}); fix the data_source or set "
+                         f"reward.function_path to score it with your own scorer")
+    check_ground_truth(ground_truth)
+    if not isinstance(ground_truth, (str, int, float)) or isinstance(ground_truth, bool):
+        raise TypeError(f"ground_truth is a {type(ground_truth).__name__} "
+                         f"({ground_truth!r:.60}); the built-in scorer for {data_source!r} "
+                         f"compares the answer with one string or number")
+
+
+def check_ground_truth(ground_truth: Any) -> None:
+    """ValueError for a null ground truth: every scorer would score it 0."""
+    if ground_truth is None:
+        raise ValueError("ground_truth is null; every row needs the answer its reward is "
+                         "scored against (reward_model.ground_truth)")
 
 
 def split_score(result: float | dict) -> tuple[float, dict[str, Any]]:
@@ -60,20 +112,26 @@ def _import_file(file: Path):
     return module
 
 
-def _check_contract(fn: Callable, where: str) -> None:
-    """TypeError unless `fn` can be called by keyword with the four contract arguments."""
+def _check_contract(fn: Callable, where: str, kwargs: dict | None = None) -> None:
+    """TypeError unless `fn` can be called by keyword with the four contract
+    arguments, the response facts it names and the config `kwargs`."""
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
         return  # some builtins expose no signature; nothing to check
+    accepted = accepted_arguments(fn)
+    facts = {k: 0 for k in RESPONSE_FACTS if accepted is not None and k in accepted}
     try:
-        signature.bind(data_source="", solution_str="", ground_truth="", extra_info=None)
+        signature.bind(data_source="", solution_str="", ground_truth="", extra_info=None,
+                       **facts, **(kwargs or {}))
     except TypeError as err:
+        given = f" and reward.kwargs {sorted(kwargs)}" if kwargs else ""
         raise TypeError(f"{where} has signature {signature}, but a scorer must accept "
-                        f"{_CONTRACT} by keyword ({err})") from None
+                        f"{_CONTRACT}{given} by keyword ({err})") from None
 
 
-def load_scorer(path: str | Path, function_name: str = "compute_score") -> Scorer:
+def load_scorer(path: str | Path, function_name: str = "compute_score",
+                kwargs: dict | None = None) -> Scorer:
     """Load `function_name` from the Python file at `path` and check its signature.
 
     Raises FileNotFoundError (no such file), ImportError (the file fails to
@@ -93,5 +151,5 @@ def load_scorer(path: str | Path, function_name: str = "compute_score") -> Score
     fn = getattr(module, function_name)
     if not callable(fn):
         raise TypeError(f"{where} is not callable (it is a {type(fn).__name__})")
-    _check_contract(fn, where)
+    _check_contract(fn, where, kwargs)
     return fn

@@ -9,6 +9,7 @@ import sys
 from hybridflow.program import GraphFileError, prepare
 from hybridflow.compiler import GraphError
 from hybridflow.config import ConfigError
+from hybridflow.provenance import provenance_lines
 
 __all__ = ["add_parser", "run"]
 
@@ -36,6 +37,7 @@ def run(args) -> int:
         from omegaconf import OmegaConf
         print(OmegaConf.to_yaml(loaded.cfg))
     print(loaded.plan.summary())
+    print("\n".join(provenance_lines(loaded.cfg, loaded.plan)))
     if args.memory:
         from hybridflow.memory.report import format_report, plan_memory
         report = plan_memory(loaded.cfg, loaded.plan)

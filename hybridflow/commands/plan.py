@@ -98,7 +98,8 @@ def run(args) -> int:
 
     try:
         extra = {"yaml_file": args.config} if args.config else {}
-        plan = load_plan(args.graph, list(args.overrides or []), **extra)
+        from hybridflow.weight_sync import planner_view
+        plan = planner_view(load_plan(args.graph, list(args.overrides or []), **extra))
         roles = device_roles(plan)
         rule_roles = {r.strip() for r in args.rule_roles.split(",") if r.strip()}
         models = parse_models(args.model, roles, rule_roles)

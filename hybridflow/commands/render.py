@@ -63,8 +63,11 @@ def run(args: argparse.Namespace) -> int:
         elif args.graph:
             from hybridflow import program
             extra = {"yaml_file": args.config} if args.config else {}
-            plan = program.load_plan(args.graph, list(args.overrides), **extra)
-            out = render_graph(plan, args.output, show_plan=args.plan)
+            loaded = program.prepare(args.graph, list(args.overrides), preflight=False, **extra)
+            out = render_graph(loaded.plan, args.output, show_plan=args.plan)
+            if args.plan:  # what the drawing cannot hold: where weights and state come from
+                from hybridflow.provenance import provenance_lines
+                print("\n".join(provenance_lines(loaded.cfg, loaded.plan)))
         else:
             raise RenderError("nothing to draw: give a graph file (hybridflow render "
                               "graph.py -o out.svg) or --timeline RUN_DIR")

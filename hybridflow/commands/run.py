@@ -49,6 +49,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def _overrides(args) -> list[str]:
     extra = list(args.overrides)
+    if args.address and args.runtime == "local":
+        raise ConfigError(f"--runtime local and --address {args.address} contradict each "
+                          f"other: --address joins a Ray cluster; drop one of them")
     if args.runtime:
         extra.append(f"runtime.name={args.runtime}")
     if args.address:

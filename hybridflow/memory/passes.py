@@ -30,7 +30,8 @@ sdpa attention; bench/memory.py checks them against measured peaks):
   first (accumulation), so the update's peak counts them in full. The optimizer
   step adds temporaries: one copy of the largest tensor (single-tensor AdamW, the
   CPU default) or of all trainable bytes (foreach AdamW, the CUDA default).
-- **KV cache** of `generate`: `rows * (prompt + response) * layers * 2 * kv_heads *
+- **KV cache** of `generate` (and the `hf` engine's kept scores, see `generate_pass`):
+  `rows * (prompt + response) * layers * 2 * kv_heads *
   head_dim * dtype bytes`, plus one layer's keys again (the cache grows by
   concatenation), and the sampling's float32 `[rows, vocab]` tensors (four: logits,
   processed scores, probabilities, a copy); the peak is the last decoding step
@@ -153,14 +154,23 @@ def inference_pass(size: ModelSize, micro: MicroBatch, vocab_head: bool = True,
     return {"logits": logits} if logits >= layer else {"activations": layer}
 
 
-def generate_pass(size: ModelSize, rows: int, prompt: int, response: int) -> dict[str, int]:
-    """Transient bytes of HF `generate` for `rows` sequences: the larger of the
-    prefill (the prompt's KV cache and one layer's temporaries) and the last decoding
+def generate_pass(size: ModelSize, rows: int, prompt: int, response: int,
+                  keeps_scores: bool = True, cuda: bool = False) -> dict[str, int]:
+    """Transient bytes of HF `generate` for `rows` sequences: the largest of the
+    prefill (the prompt's KV cache and one layer's temporaries), the last decoding
     step (the full KV cache, one layer of it again while it grows by concatenation,
-    and the sampling's float32 `[rows, vocab]` tensors)."""
+    the sampling's float32 `[rows, vocab]` tensors) and, when the engine keeps each
+    step's scores for the rollout log-probs (`keeps_scores`: the `hf` engine), the
+    end of the call: the KV cache (still held by the output) and the scores, three
+    times over on the CPU (kept, stacked, log-softmaxed), once on a GPU (the
+    engine moves them to the host before stacking)."""
     cache = kv_cache_bytes(size, rows, prompt + response)
-    prefill = {"kv cache": kv_cache_bytes(size, rows, prompt),
-               "activations": layer_transients(size, MicroBatch(rows, prompt, 0))}
-    decode = {"kv cache": cache + cache // (2 * size.arch.layers),
-              "sampling": 4 * rows * size.arch.vocab * FP32}
-    return decode if sum(decode.values()) >= sum(prefill.values()) else prefill
+    scores = rows * response * size.arch.vocab * FP32 if keeps_scores else 0
+    phases = [
+        {"kv cache": kv_cache_bytes(size, rows, prompt),
+         "activations": layer_transients(size, MicroBatch(rows, prompt, 0))},
+        {"kv cache": cache + cache // (2 * size.arch.layers),
+         "sampling": 4 * rows * size.arch.vocab * FP32, "scores": scores},
+        {"kv cache": cache, "scores": scores * (1 if cuda else 3)},
+    ]
+    return max(phases, key=lambda parts: sum(parts.values()))

@@ -29,7 +29,7 @@ from hybridflow.memory.passes import (MicroBatch, batch_bytes, generate_pass,
 __all__ = ["RoleMemory", "PoolMemory", "role_model_size", "actor_pass_memory",
            "roles_memory", "pools_memory"]
 
-MODELED_ROLES = ("actor", "ref", "critic", "reward")
+MODELED_ROLES = ("actor", "rollout", "ref", "critic", "reward")
 
 
 @dataclass
@@ -132,7 +132,8 @@ def _actor_pass(size: ModelSize, s, kind: str, rows: int, prompt: int, state: di
     given = (node.kwargs.get("micro_batch_size") if node is not None else None)
     if kind == "generate":
         micro = min(rows, s["rollout"].micro_batch_size)
-        return {**generate_pass(size, micro, prompt, response),
+        scores = s["rollout"].backend == "hf"  # keeps every step's scores for log-probs
+        return {**generate_pass(size, micro, prompt, response, scores, state["cuda"]),
                 "batch": batch_bytes(rows, prompt, response)}
     if kind == "train":
         micro = MicroBatch(min(rows, given or s["actor"].micro_batch_size), prompt,
@@ -191,8 +192,8 @@ def roles_memory(cfg, plan, capacity: float | None = None, cuda: bool = False,
         rows = max(1, math.ceil(_data(cfg)[0] * n / dp))
         memory = RoleMemory(role, plan.placement.roles.get(role, "?"))
         if role in plan.placement.folded:
-            memory.notes.append(f"served by {plan.placement.folded[role]}'s model "
-                                "(adapters off): no weights of its own")
+            memory.notes.append(f"served by {plan.placement.folded[role]}'s worker in "
+                                "the same process: no weights of its own")
         if role not in MODELED_ROLES or not _default_binding(plan, role):
             memory.notes.append("not modeled (a worker class of its own)")
         else:
@@ -242,6 +243,9 @@ def _fill(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int,
                 memory.passes[name] = _actor_pass(size, s, node.kind, rows, prompt, state,
                                                   node)
         return
+    if role == "rollout":
+        _fill_rollout(memory, cfg, s, nodes, rows, prompt, capacity, folded, state)
+        return
     if role == "ref":
         size = role_model_size(cfg, path=s["ref"].path, lora=s["actor"].lora if folded
                                else None)
@@ -266,6 +270,23 @@ def _fill(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int,
                 * batch_bytes(rows, prompt, response)}
         return
     _fill_reward(memory, cfg, s, nodes, rows, prompt)
+
+
+def _fill_rollout(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int,
+                  capacity: float | None, folded: bool, state: dict) -> None:
+    """Colocated with the actor it generates with the actor's engine and module
+    (adapters included); on a pool of its own it holds an engine with its own copy
+    of the initial weights (no adapters)."""
+    size = role_model_size(cfg, lora=s["actor"].lora if folded else None)
+    if not folded and s["rollout"].backend != "vllm":
+        memory.resident = {"weights": size.weight_bytes}
+    for node in nodes:
+        name = f"rollout.{node.method}"
+        if node.kind != "generate":
+            continue  # load_weights: buckets of the actor's export, small
+        memory.passes[name] = _vllm_pass(s, capacity, memory) \
+            if s["rollout"].backend == "vllm" else \
+            _actor_pass(size, s, "generate", rows, prompt, {**state, "shards": 1})
 
 
 def _fill_reward(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int) -> None:

@@ -1,5 +1,7 @@
-"""What both runtimes share: assembling a node's input from its producers' outputs,
-finishing its output, running function nodes, and the record of one step."""
+"""What the scheduler and the workers share: assembling a node's input from its
+producers' outputs, finishing its output, running function nodes, gather rounds'
+metrics, the record of one step and the failure that names node, role and rank.
+No state."""
 from __future__ import annotations
 
 import re
@@ -9,17 +11,25 @@ from typing import Any
 
 from hybridflow.batch import Batch
 from hybridflow.compiler import ExecutionPlan, PlanNode
+from hybridflow.kinds import Op
 
 __all__ = ["NodeFailure", "StepResult", "assemble_input", "finish_output", "run_fn_node",
            "input_columns", "metrics_of", "as_node_batch"]
 
 
 class NodeFailure(RuntimeError):
-    """A node failed while running; names the node, its role and the rank."""
+    """A node failed while running; names the node, its role (or, for a function
+    node run on a worker, the pool) and the rank; `rank` None: the driver."""
 
-    def __init__(self, node: PlanNode, rank: int | None, detail: str):
+    def __init__(self, node: PlanNode, rank: int | None, detail: str,
+                 pool: str | None = None):
         self.node, self.rank, self.detail = node.name, rank, detail
-        who = f"role '{node.role}' rank {rank}" if node.role else "the driver"
+        if node.role:
+            who = f"role '{node.role}' rank {rank}"
+        elif rank is not None:  # a function node that ran on a worker
+            who = f"the worker of pool '{pool or node.pool}' rank {rank}"
+        else:
+            who = "the driver"
         self.headline = f"{node.where()} failed on {who}"
         super().__init__(f"{self.headline}:\n{detail}")
 
@@ -37,7 +47,7 @@ class NodeFailure(RuntimeError):
 
 @dataclass
 class StepResult:
-    outputs: dict[str, Any]                 # node -> Batch (local) or handle (ray)
+    outputs: dict[str, Any]                 # node -> Batch (local) or NodeOutput (ray)
     metrics: dict[str, float] = field(default_factory=dict)
     node_metrics: dict[str, dict] = field(default_factory=dict)  # node -> its metrics
     rows: dict[str, int] = field(default_factory=dict)           # node -> output rows
@@ -47,7 +57,7 @@ class StepResult:
 
 def input_columns(node: PlanNode) -> list[str]:
     """Keys a node's method receives: all of them when it forwards its input."""
-    if node.forwards or node.op == "fn" and not node.reads:
+    if node.forwards or node.op is Op.FN and not node.reads:
         return list(node.input_keys)
     wanted = [*node.reads, *(k for k in node.optional if k in node.input_keys)]
     if node.group_by:

@@ -1,11 +1,18 @@
 """Local runtime: executes an ExecutionPlan in this process.
 
+An *executor* behind the step scheduler (`scheduler.StepScheduler` decides what a
+step means; see there): every task it is given runs inline, at once, on an
+in-process `FusedWorker` (the class the Ray runtime runs as an actor), so the two
+runtimes share dispatch, resharding, function-node placement, gather rounds,
+failures, metrics and the timeline. Handles are `Held` values, never copied.
+
 State (all owned by `LocalRuntime`, changed only by its own methods):
 - `ranks[pool]`: one dict per simulated rank, role -> worker instance; the roles of a
   pool share that dict (colocation: the same objects, so weights move in memory).
-- during `run_step`, `outputs`: node name -> the Batch it produced this step. Nodes
-  run one at a time in the plan's topological order; there is nothing to overlap in
-  one process, so there is no ready/running queue.
+- `workers_of[pool]`: the in-process FusedWorker of each rank, over that dict.
+- `plans`: the scheduler's per-plan analysis (`scheduler.PlanCache`).
+- `_node_keys`: (plan id, node name) -> the key a task names its node by; each
+  worker keeps the node object itself under it (nothing is pickled).
 
 Ranks of a pool are simulated in turn. Trained roles need a real process group to
 stay in sync across ranks, so the local runtime refuses a trained role on more than
@@ -13,23 +20,89 @@ one rank; use the Ray runtime for data parallelism.
 """
 from __future__ import annotations
 
-import traceback
-from typing import Callable
+import time
+from collections.abc import Mapping
+from typing import Any, Callable
 
 from hybridflow.batch import Batch
 from hybridflow.compiler import ExecutionPlan, PlanNode
-from hybridflow.dispatch import SKIP, Layout, get_dispatch_mode
-from hybridflow.runtime.common import (NodeFailure, StepResult, assemble_input, finish_gather,
-                                       finish_output, metrics_of, now, run_fn_node,
-                                       sum_round_metrics, upstream_nodes)
+from hybridflow.config import RuntimeConfig
+from hybridflow.deadline import call_with_deadline
+from hybridflow.runtime.common import NodeFailure, StepResult
+from hybridflow.runtime.executor import PlanCache, TaskRecord
+from hybridflow.runtime.ray_worker import FusedWorker, WorkerError
+from hybridflow.runtime.scheduler import run_step
+from hybridflow.workers.config import read_section
 
-__all__ = ["LocalRuntime"]
+__all__ = ["LocalRuntime", "Held", "Ran", "NodeBatches"]
 
 
 def _make_context(rank: int, world_size: int, seed: int, colocated: dict):
     from hybridflow.workers.base import WorkerContext
     return WorkerContext(rank=rank, world_size=world_size, local_rank=rank, device="cpu",
                          seed=seed, colocated=colocated)
+
+
+class Held:
+    """A value a local task made (a shard, a meta): a handle compared by identity."""
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+
+class NodeBatches(Mapping):
+    """A local step's outputs: node -> one Batch, its slots concatenated when first
+    asked for (most nodes' outputs are never read on the driver)."""
+
+    def __init__(self, outputs: dict, node_metrics: dict):
+        self._outputs, self._metrics, self._batches = outputs, node_metrics, {}
+
+    def __getitem__(self, name: str) -> Batch:
+        if name not in self._batches:
+            shards = [h.value for h in self._outputs[name].refs]
+            batch = shards[0] if len(shards) == 1 else Batch.concat(shards)
+            metrics = dict(self._metrics.get(name, {}))
+            self._batches[name] = Batch._trusted(batch.tensors, batch.non_tensors,
+                                                 {**batch.meta, "metrics": metrics})
+        return self._batches[name]
+
+    def __contains__(self, name) -> bool:
+        return name in self._outputs
+
+    def __iter__(self):
+        return iter(self._outputs)
+
+    def __len__(self) -> int:
+        return len(self._outputs)
+
+
+class Ran:
+    """The local tracker: every task ran when it was submitted (a failure raised
+    there), so its meta only waits here for the scheduler to collect it."""
+
+    def __init__(self, plan: ExecutionPlan):
+        self.running: dict[Held, TaskRecord] = {}
+        self.records: dict[str, list[TaskRecord]] = {}
+        self.meta_of: dict = {}
+        self.busy_s = 0.0  # the scheduler times its own work; tasks run inside it
+
+    def add(self, node: str, pool: str, rank: int, meta: Held, slot, refs: list) -> None:
+        record = TaskRecord(node, pool, rank, slot, [], time.time(), ref=meta,
+                            meta=meta.value)
+        self.running[meta] = record
+        self.records.setdefault(node, []).append(record)
+
+    def wait(self, first: bool) -> tuple[list, list]:
+        arrived = list(self.running.items())
+        self.running.clear()
+        return arrived, []
+
+    def mark_done(self, ref, record: TaskRecord) -> None:
+        record.done = time.time()
+
+    def raise_first(self, failures: list) -> None:  # failures raise at submit
+        raise AssertionError("local tasks report no failures later")
 
 
 class LocalRuntime:
@@ -39,8 +112,13 @@ class LocalRuntime:
                  make_context: Callable = _make_context, extra_plans=()):
         """`extra_plans` (e.g. validation) run on the same workers; their roles start too."""
         self.plan, self.cfg, self.make_context = plan, cfg, make_context
+        # user code (methods, function nodes) is bounded here as Ray bounds it
+        self.call_timeout_s = read_section(cfg, "runtime", RuntimeConfig).call_timeout_s
+        self.broken: str | None = None
+        self.plans = PlanCache()
         self.ranks: dict[str, list[dict]] = {}
-        trained = {n.role for n in plan.nodes if n.kind == "train"}
+        self.workers_of: dict[str, list[FusedWorker]] = {}
+        trained = {n.role for n in plan.nodes if n.kind.trains}
         self.role_pool = {}
         for p in (plan, *extra_plans):
             self.role_pool.update({r: p.placement.roles[r] for r in p.roles})
@@ -56,6 +134,8 @@ class LocalRuntime:
                     f"--runtime ray")
             self.ranks[pool] = [self._start_rank(pool, roles, r, size, seed)
                                 for r in range(size)]
+            self.workers_of[pool] = [FusedWorker.in_process(pool, r, size, held)
+                                     for r, held in enumerate(self.ranks[pool])]
 
     def _start_rank(self, pool, roles, rank, size, seed) -> dict:
         colocated: dict = {}
@@ -68,78 +148,54 @@ class LocalRuntime:
         pool = self.role_pool[role]
         return [rank[role] for rank in self.ranks[pool]]
 
+    # ------------------------------------------------- executor (scheduler.Executor)
+    def pool_size(self, pool: str) -> int:
+        return len(self.ranks[pool])
+
+    def roles_on(self, pool: str) -> list[str]:
+        return [r for r, p in self.role_pool.items() if p == pool and pool in self.ranks]
+
+    def node_id(self, plan: ExecutionPlan, node: PlanNode, pool: str, rank: int) -> tuple:
+        """The worker keeps the node object itself (the Ray runtime sends a digest);
+        the plan cache keeps the plan alive, so its id names it."""
+        key = (id(plan), node.name)
+        self.workers_of[pool][rank].nodes[key] = node
+        return key
+
+    def submit(self, node: PlanNode, method: str, pool: str, rank: int, returns: int,
+               task, args: list) -> list:
+        values = [a.value if isinstance(a, Held) else a for a in args]
+        run = getattr(self.workers_of[pool][rank], method)
+        try:
+            out = call_with_deadline(lambda: run(task, *values), self.call_timeout_s,
+                                     node.where(), "runtime.call_timeout_s")
+        except WorkerError as err:  # in plan order, so this is the first failure
+            raise NodeFailure(node, rank, err.detail, pool) from None
+        return [Held(v) for v in out]
+
+    def put(self, batch: Batch):
+        return Held(batch), 0  # nothing crosses a process
+
+    def resolve(self, handles: list) -> tuple[list, int]:
+        return [h.value if isinstance(h, Held) else h for h in handles], 0
+
+    def is_ref(self, handle) -> bool:
+        return isinstance(handle, Held)
+
+    def value_bytes(self, value) -> int:
+        return 0
+
+    def tracker(self, plan: ExecutionPlan) -> Ran:
+        return Ran(plan)
+
     # ------------------------------------------------------------------- step
     def run_step(self, feeds: dict[str, Batch], plan: ExecutionPlan | None = None,
                  draw: Callable[[str], Batch] | None = None) -> StepResult:
         """Run every node once. `feeds` gives each source node's batch; `draw(source)`
-        gives more, for gather nodes that need another round."""
-        plan = plan or self.plan
-        result = StepResult(outputs={})
-        for node in plan.nodes:
-            start = now()
-            if node.op == "gather":
-                out = self._gather(node, plan, result, draw)
-            else:
-                out = self._run_node(node, feeds, result.outputs)
-            end = now()
-            result.outputs[node.name] = out
-            result.rows[node.name] = len(out)
-            result.node_metrics[node.name] = metrics_of(out)
-            result.metrics.update(result.node_metrics[node.name])
-            result.metrics[f"timing_s/{node.name}"] = end - start
-            result.timeline.append({"node": node.name, "role": node.role, "pool": node.pool,
-                                    "start": start, "end": end})
+        gives more, for gather nodes that need another round. Outputs are Batches."""
+        result = run_step(self, plan or self.plan, feeds, draw)
+        result.outputs = NodeBatches(result.outputs, result.node_metrics)
         return result
-
-    def _gather(self, node: PlanNode, plan: ExecutionPlan, result: StepResult, draw) -> Batch:
-        """Re-run the nodes upstream of the gathered one on fresh source batches until
-        it has produced `until` rows or `max_rounds` extra rounds were drawn."""
-        dep = node.deps[0]
-        upstream = upstream_nodes(plan, dep)
-        pieces, rounds = [result.outputs[dep]], 0
-        history = {n.name: [result.node_metrics[n.name]] for n in upstream}
-        while sum(len(p) for p in pieces) < node.kwargs["until"] and draw is not None \
-                and rounds < node.kwargs["max_rounds"]:
-            feeds = {n.name: draw(n.name) for n in upstream if n.op == "source"}
-            outputs: dict[str, Batch] = {}
-            for up in upstream:
-                outputs[up.name] = self._run_node(up, feeds, outputs)
-                history[up.name].append(metrics_of(outputs[up.name]))
-            pieces.append(outputs[dep])
-            rounds += 1
-        for name, rounds_metrics in history.items():  # what the re-runs measured too
-            result.node_metrics[name] = sum_round_metrics(rounds_metrics)
-            result.metrics.update(result.node_metrics[name])
-        return finish_gather(node, pieces, rounds)
-
-    def _run_node(self, node: PlanNode, feeds, outputs) -> Batch:
-        if node.op == "source":
-            if node.name not in feeds:
-                raise ValueError(f"{node.where()}: no batch was fed to this source")
-            return finish_output(node, feeds[node.name])
-        batch = assemble_input(node, outputs)
-        if node.op == "fn":
-            try:
-                return finish_output(node, run_fn_node(node, batch))
-            except Exception as err:  # noqa: BLE001 - re-raised with the node named
-                raise NodeFailure(node, None, traceback.format_exc()) from err
-        return finish_output(node, self._call(node, batch))
-
-    def _call(self, node: PlanNode, batch: Batch):
-        workers = self.workers(node.role)
-        layout = Layout(len(workers), self.plan.placement.tp_size(node.role))
-        mode = get_dispatch_mode(node.dispatch)
-        shards = mode.dispatch(batch, layout)
-        results = []
-        for rank, (worker, shard) in enumerate(zip(workers, shards)):
-            if shard is SKIP:
-                results.append(None)
-                continue
-            try:
-                results.append(getattr(worker, node.method)(shard, **node.kwargs))
-            except Exception as err:  # noqa: BLE001 - re-raised with node, role and rank
-                raise NodeFailure(node, rank, traceback.format_exc()) from err
-        return mode.collect(results, layout)
 
     def fetch(self, result: StepResult, node: str, keys) -> Batch:
         """Columns of a node's output, on the driver."""
@@ -151,3 +207,5 @@ class LocalRuntime:
 
     def shutdown(self) -> None:
         self.ranks.clear()
+        self.workers_of.clear()
+        self.plans.clear()

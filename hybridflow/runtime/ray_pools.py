@@ -22,8 +22,8 @@ from hybridflow.placement import Placement, PoolSpec
 from hybridflow.runtime.ray_worker import FusedWorker, failure_detail
 from hybridflow.workers.config import read_section
 
-__all__ = ["RuntimeSettings", "WorkerGroup", "connect", "launch_group", "start_groups",
-           "stop_group"]
+__all__ = ["RayConnectError", "RuntimeSettings", "WorkerGroup", "connect", "launch_group",
+           "start_groups", "stop_group"]
 
 
 @dataclass
@@ -46,9 +46,12 @@ class RuntimeSettings(RuntimeConfig):
 
 def connect(settings: RuntimeSettings, placement: Placement) -> bool:
     """Join or start a Ray session; True when this call started it."""
+    from hybridflow.user_code import register_with_ray
+    register_with_ray()  # worker classes from the user's files travel by value
     if ray.is_initialized():
         return False
     if settings.address:
+        _check_reachable(settings.address, settings.connect_timeout_s)
         ray.init(address=settings.address, log_to_driver=True)
         return False
     devices = sum(p.world_size for p in placement.pools.values())
@@ -56,8 +59,38 @@ def connect(settings: RuntimeSettings, placement: Placement) -> bool:
     if num_gpus is None and not _has_cuda():
         num_gpus = devices  # logical GPUs: workers use them as CPU devices
     num_cpus = settings.num_cpus or max(devices + 2, os.cpu_count() or 1)
-    ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False)
+    from hybridflow.runtime.ray_session import start_local_ray
+    start_local_ray(settings.listen_all, num_cpus=num_cpus, num_gpus=num_gpus,
+                    include_dashboard=False)
     return True
+
+
+class RayConnectError(ConnectionError):
+    """runtime.address names no Ray cluster this machine can reach."""
+
+
+def _check_reachable(address: str, timeout_s: float) -> None:
+    """Ray retries an unreachable address for minutes without a word: try the GCS
+    port first, within `timeout_s`, and say what was tried. 'auto' (the cluster
+    started on this machine by `ray start`) is Ray's own quick check."""
+    import socket
+    if address == "auto":
+        return
+    target = address.removeprefix("ray://")
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        raise RayConnectError(f"runtime.address={address!r} is not 'auto', 'HOST:PORT' "
+                              f"or 'ray://HOST:PORT'")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            pass
+    except OSError as err:
+        raise RayConnectError(
+            f"cannot reach the Ray cluster at runtime.address={address!r}: a TCP "
+            f"connection to {host}:{port} failed within runtime.connect_timeout_s="
+            f"{timeout_s:g}s ({err.strerror or err}). Is `ray start --head` running "
+            f"there, and is the port open from here? Without --address the run starts "
+            f"its own Ray") from None
 
 
 def _has_cuda() -> bool:

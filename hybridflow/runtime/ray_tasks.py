@@ -1,7 +1,8 @@
 """The worker tasks of one Ray step in flight: their records, per-actor queues, the
-hang clock, and collecting their metas.
+hang clock, and collecting their metas (the Ray executor's tracker; the local one
+is `local.Ran`).
 
-State (one `InFlight` per `StepScheduler`, changed only by its own methods):
+State (one `InFlight` per `scheduler.StepScheduler`, changed only by its own methods):
 - `running`: meta ref -> TaskRecord for every task not yet reported.
 - `records`: node -> its tasks' records, in submission order.
 - `meta_of`: shard ref -> the meta ref of the task that makes it.
@@ -9,62 +10,23 @@ State (one `InFlight` per `StepScheduler`, changed only by its own methods):
   them in that order, so the head's clock (from when its actor went idle and its
   inputs were done) is what `call_timeout_s` bounds.
 - `done_at`, `idle_since`: when each meta arrived, when each actor went idle.
-
-Task arguments are ObjectRefs, or Batches the driver holds and sends by value
-(under `ray_step.INLINE_BYTES`); `TaskArgs` lists each once and counts the bytes
-of the by-value ones, which cross the driver with the task.
 """
 from __future__ import annotations
 
 import collections
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import ray
 
 from hybridflow.compiler import ExecutionPlan
 from hybridflow.runtime.common import NodeFailure
+from hybridflow.runtime.executor import TaskRecord
 from hybridflow.runtime.ray_worker import failure_detail, payload_bytes
 
-__all__ = ["TaskRecord", "TaskArgs", "InFlight", "resolve", "POLL_S"]
+__all__ = ["TaskRecord", "InFlight", "resolve", "POLL_S"]
 
 POLL_S = 1.0  # longest wait for metas before looking at the ones that arrived
-
-
-@dataclass
-class TaskRecord:
-    node: str
-    pool: str
-    rank: int
-    slot: int | None               # output slot it fills; None: a helper task
-    after: list                    # metas of the tasks whose outputs it reads
-    submitted: float
-    ref: Any = None                # its meta ObjectRef
-    done: float | None = None
-    meta: dict | None = None
-
-
-class TaskArgs:
-    """Positional arguments of one task, each ref (or by-value Batch) once."""
-
-    def __init__(self):
-        self.refs: list = []
-        self._index: dict = {}
-
-    def add(self, ref) -> int:
-        key = ref if isinstance(ref, ray.ObjectRef) else ("value", id(ref))
-        if key not in self._index:
-            self._index[key] = len(self.refs)
-            self.refs.append(ref)
-        return self._index[key]
-
-    def object_refs(self) -> list:
-        return [r for r in self.refs if isinstance(r, ray.ObjectRef)]
-
-    def value_bytes(self) -> int:
-        """Bytes of the Batches sent by value: they cross from the driver with the task."""
-        return sum(payload_bytes(r) for r in self.refs if not isinstance(r, ray.ObjectRef))
 
 
 def resolve(refs: list, timeout: float) -> tuple[list, int]:
@@ -146,16 +108,16 @@ class InFlight:
             self.rt.broken = f"the worker of pool '{record.pool}' rank {rank} died"
             detail = (f"the worker process of pool '{record.pool}' rank {rank} died; the "
                       f"runtime must be restarted.\n{detail}")
-        raise NodeFailure(self.plan.node(record.node), rank, detail) from None
+        raise NodeFailure(self.plan.node(record.node), rank, detail, record.pool) from None
 
     def _timed_out(self, head: TaskRecord | None) -> None:
         if head is None:  # no task could start: name the first one still running
             head = min(self.running.values(), key=lambda r: (self.order[r.node], r.rank))
         self.rt.broken = f"node '{head.node}' timed out on rank {head.rank}"
-        raise NodeFailure(self.plan.node(head.node), head.rank,
-                          f"no result from rank {head.rank} of pool '{head.pool}' "
-                          f"within runtime.call_timeout_s={self.timeout:g}s: the "
-                          f"worker hangs or its process died")
+        detail = (f"no result from rank {head.rank} of pool '{head.pool}' within "
+                  f"runtime.call_timeout_s={self.timeout:g}s: the worker hangs or its "
+                  f"process died")
+        raise NodeFailure(self.plan.node(head.node), head.rank, detail, head.pool)
 
     def _get_metas(self, ready: list) -> list:
         """(ref, meta, error) for every ready meta ref: one `ray.get` unless one failed."""

@@ -1,4 +1,6 @@
 """The fused worker: one Ray actor per device, holding every role colocated on its pool.
+The local runtime runs the same class in-process, one per simulated rank
+(`FusedWorker.in_process`), so both executors run a task with the same code.
 
 The driver sends small task descriptions (`ShardTask`) and passes the ObjectRefs of
 the input shards (or, for small batches the driver holds, the batches themselves)
@@ -32,6 +34,7 @@ import numpy as np
 from hybridflow.batch import Batch
 from hybridflow.compiler import PlanNode
 from hybridflow.dispatch import SKIP, DispatchMode, Layout
+from hybridflow.kinds import Op
 from hybridflow.runtime.common import (as_node_batch, assemble_input, finish_gather,
                                        finish_output, metrics_of, run_fn_node)
 
@@ -77,6 +80,9 @@ class ShippedNode:
 
     def __init__(self, node: PlanNode):
         from ray import cloudpickle
+
+        from hybridflow.user_code import register_with_ray
+        register_with_ray()  # the user's graph file and its helpers travel by value
         self.name = node.name
         self.blob = cloudpickle.dumps(node)
         self.digest = hashlib.blake2b(self.blob, digest_size=16).digest()
@@ -104,6 +110,9 @@ def _rebuild_task(node, inputs, prepared, finish, group_keys, mode) -> ShardTask
     specs = {dep: DepInput(tuple(Piece(arg, rows) for arg, rows in pieces), index)
              for dep, (pieces, index) in inputs.items()}
     return ShardTask(node, specs, prepared, finish, group_keys, mode)
+
+
+_NO_COLUMNS = Batch()  # a dep that supplies no column to a node (read only)
 
 
 class Skipped:
@@ -170,12 +179,22 @@ class FusedWorker:
     """Every role of one pool on one device. Wrapped by `ray.remote` in ray_pools."""
 
     def __init__(self, pool: str, rank: int, world_size: int, local_rank: int,
-                 torch_threads: int = 1):
-        import torch
-        torch.set_num_threads(max(1, int(torch_threads)))
+                 torch_threads: int | None = 1):
+        if torch_threads is not None:  # None: in the driver's process, leave it be
+            import torch
+            torch.set_num_threads(max(1, int(torch_threads)))
         self.pool, self.rank, self.world_size, self.local_rank = pool, rank, world_size, local_rank
         self.roles: dict[str, Any] = {}
-        self.nodes: dict[bytes, bytes | PlanNode] = {}  # digest -> pickled, then unpickled
+        self.nodes: dict[Any, bytes | PlanNode] = {}  # digest -> pickled, then unpickled
+        self.pid = os.getpid()
+
+    @classmethod
+    def in_process(cls, pool: str, rank: int, world_size: int,
+                   roles: dict[str, Any]) -> "FusedWorker":
+        """A worker in this process over roles already built (the local runtime)."""
+        worker = cls(pool, rank, world_size, rank, torch_threads=None)
+        worker.roles = roles
+        return worker
 
     # ------------------------------------------------------------------ setup
     def address(self) -> dict:
@@ -210,8 +229,9 @@ class FusedWorker:
         return {**self.address(), "rank": self.rank, "roles": sorted(self.roles),
                 "env": {k: os.environ.get(k) for k in keys}}
 
-    def learn_node(self, digest: bytes, blob: bytes) -> None:
-        """Keep a node's pickled bytes; the first task that names it unpickles them."""
+    def learn_node(self, digest, blob: bytes | PlanNode) -> None:
+        """Keep a node's pickled bytes (or, in-process, the node itself); the first
+        task that names it unpickles them."""
         self.nodes.setdefault(digest, blob)
 
     # ------------------------------------------------------------------ tasks
@@ -223,7 +243,7 @@ class FusedWorker:
                 return None, self._meta(task, None, start, skipped=True)
             node = self._node(task.node)
             batch = args[0] if task.prepared else self._assemble(node, task, args)
-            if node.op == "fn":
+            if node.op is Op.FN:
                 out = run_fn_node(node, batch)
             else:
                 out = getattr(self._role(node.role), node.method)(batch, **node.kwargs)
@@ -298,12 +318,14 @@ class FusedWorker:
 
     @staticmethod
     def _assemble(node: PlanNode, task: ShardTask, args) -> Batch:
-        inputs = {dep: Batch() for dep in node.deps}  # deps that supply no column
+        inputs = {}
         for dep, spec in task.inputs.items():
             parts = [args[p.arg] if p.rows is None else args[p.arg].take(p.rows)
                      for p in spec.pieces]
             batch = parts[0] if len(parts) == 1 else Batch.concat(parts)
             inputs[dep] = batch if spec.index is None else batch.take(np.array(spec.index))
+        if len(inputs) < len(node.deps):
+            inputs.update({dep: _NO_COLUMNS for dep in node.deps if dep not in inputs})
         return assemble_input(node, inputs)
 
     def _meta(self, task: ShardTask, out, start: float, skipped: bool = False) -> dict:
@@ -315,4 +337,4 @@ class FusedWorker:
                 "keys": out.keys() if isinstance(out, Batch) else [],
                 "nbytes": estimated_bytes(out) if isinstance(out, Batch) else 0,
                 "metrics": metrics_of(out), "groups": groups, "skipped": skipped,
-                "start": start, "end": time.time(), "pid": os.getpid(), "rank": self.rank}
+                "start": start, "end": time.time(), "pid": self.pid, "rank": self.rank}

@@ -1,8 +1,13 @@
 """ActorWorker: the policy. Generates rollouts, scores their log-probs, trains on them.
 
-Reads the `model`, `actor` and `rollout` config sections. The rollout engine shares
-the training module (HF backend), so weights are fresh after every update with no
-copy; the vLLM backend receives them through `load_weights` before each generate.
+Reads the `model`, `actor` and `rollout` config sections. `generate` runs on the
+actor's own rollout engine (`rollout.backend`, see `hybridflow/workers/rollout/`),
+built at the first generate: the `hf` engine shares the training module, so weights
+are fresh after every update with no copy; the `vllm` engine receives them bucket by
+bucket before a generate when they changed. A `rollout` role colocated with the
+actor borrows this engine; one on its own pool receives `export_weights`.
+State beyond the model and trainer: `policy_version` (updates applied so far,
+checkpointed with the weights) and `_engine`.
 Data parallel over the ranks of its pool: DDP (default) or FSDP2 (GPU), see
 `training.Trainer` for how updates stay identical to a single-rank update.
 With `actor.lora.rank > 0` only LoRA adapters train (see `lora.py`), and
@@ -10,25 +15,29 @@ With `actor.lora.rank > 0` only LoRA adapters train (see `lora.py`), and
 """
 from __future__ import annotations
 
-import time
+import json
+import os
 
 import torch
 
 from hybridflow.batch import Batch
-from hybridflow.dispatch import DP, method
+from hybridflow.dispatch import DP, RANK_ZERO, method
 from hybridflow.workers.base import Worker, metrics_batch
 from hybridflow.workers.config import ActorConfig, ModelConfig, RolloutConfig, read_section
 from hybridflow.workers.lora import adapters_disabled, apply_lora, is_lora, merged_state_dict
 from hybridflow.workers.models import build_causal_lm
-from hybridflow.workers.rollout_hf import HFRollout, sampling_options
+from hybridflow.workers.rollout.engine import EngineSpec, check_engine_name, make_engine
+from hybridflow.workers.rollout.generation import (GENERATE_WRITES, generate_rows,
+                                                   logprob_mismatch, sampling_options)
+from hybridflow.workers.rollout.weights import (WEIGHT_KEYS, pack_weights, policy_weights,
+                                                refresh_engine)
 from hybridflow.workers.sequences import forward_response, response_logprobs
 from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
 from hybridflow.workers.training import Trainer
 
 __all__ = ["ActorWorker", "GENERATE_WRITES"]
 
-GENERATE_WRITES = ("prompts", "responses", "response_mask", "input_ids", "attention_mask",
-                   "position_ids", "response_length")
+VERSION_FILE = "policy_version.json"
 LOGPROB_READS = ("input_ids", "attention_mask", "position_ids", "responses")
 UPDATE_READS = LOGPROB_READS + ("response_mask", "old_log_probs", "advantages")
 
@@ -45,17 +54,23 @@ class ActorWorker(Worker):
         self.module = apply_lora(module, self.actor_cfg.lora)
         self.ctx.init_distributed()  # DDP/FSDP gradients need the process group
         self.trainer = Trainer(self.module, self.actor_cfg, self.ctx, self.device)
-        self.rollout = self._make_rollout()
+        self.policy_version = 0  # actor updates applied to these weights
+        self._engine = None  # built at the first generate: a rollout on its own pool
+        check_engine_name(self.rollout_cfg.backend)  # may leave it unused
 
     def _make_rollout(self):
-        if self.rollout_cfg.backend == "hf":
-            return HFRollout(self.module, self.tokenizer, self.rollout_cfg, self.device,
-                             synced_gpus=self.trainer.fsdp and self.ctx.distributed)
-        if self.rollout_cfg.backend == "vllm":
-            from hybridflow.workers.rollout_vllm import VLLMRollout
-            return VLLMRollout(self.model_cfg, self.rollout_cfg, self.tokenizer, self.ctx)
-        raise ValueError(f"unknown rollout backend {self.rollout_cfg.backend!r}; "
-                         "use 'hf' or 'vllm'")
+        """This actor's engine over its own module (shared by a colocated rollout)."""
+        return make_engine(EngineSpec(self.model_cfg, self.rollout_cfg, self.tokenizer, self.ctx,
+                                      self.device, module=self.module,
+                                      synced_gpus=self.trainer.fsdp and self.ctx.distributed))
+
+    @property
+    def engine(self):
+        if self._engine is None:
+            self._engine = self._make_rollout()
+        return self._engine
+
+    rollout = engine  # the name this attribute had before engines were pluggable
 
     # ------------------------------------------------------------------- lora
     @property
@@ -93,26 +108,50 @@ class ActorWorker(Worker):
                  top_p: float | None = None, top_k: int | None = None,
                  max_new_tokens: int | None = None, do_sample: bool | None = None) -> Batch:
         """n responses per prompt (rows repeated interleaved: aabb), each carrying its
-        prompt's other columns (uid, data_source, ground_truth, ...)."""
+        prompt's other columns (uid, data_source, ground_truth, ...), the engine's
+        `rollout_log_probs` and the `policy_version` of the weights that sampled it."""
         opts = sampling_options(self.rollout_cfg, n=n, temperature=temperature, top_p=top_p,
                                 top_k=top_k, max_new_tokens=max_new_tokens, do_sample=do_sample)
-        sync_s = self.rollout.sync_weights(self.module)
-        start = time.perf_counter()
-        prompts = batch.repeat(opts.n, interleave=True)
-        rollout = self.rollout.generate(prompts.select("input_ids", "attention_mask"), opts)
-        gen_s = time.perf_counter() - start
-        out = prompts.drop("position_ids").update(rollout)
-        lengths = rollout["response_length"].float()
-        return metrics_batch(out, {
-            "rollout/weight_sync_s": sync_s,
-            "rollout/gen_s": gen_s,
-            "rollout/tokens_per_s": float(lengths.sum()) / max(gen_s, 1e-9),
-            "response_length/mean": float(lengths.mean()) if len(lengths) else 0.0,
-        })
+        engine = self.engine
+        sync_s = refresh_engine(engine, self.module, self.policy_version, self._bucket_bytes())
+        out = generate_rows(engine, batch, opts, sync_s)
+        if not engine.shares_module:
+            engine.sleep()  # colocated engine with its own copy: give training the memory
+        return out
+
+    # ---------------------------------------------------------- weight export
+    def _bucket_bytes(self) -> int:
+        return max(1, int(self.rollout_cfg.weight_bucket_mb * 2**20))
+
+    @method(dispatch=RANK_ZERO, reads=(), writes=WEIGHT_KEYS, kind="inference")
+    def export_weights(self, batch: Batch) -> Batch:
+        """The current policy for a rollout on another pool (the weight-sync edge):
+        one row holding every weight in buckets, and the policy version."""
+        if self.trainer.fsdp and self.ctx.world_size > 1:
+            raise NotImplementedError(
+                "a rollout on its own pool with actor.strategy=fsdp2 on several ranks needs a "
+                "collective export, which is not written yet: colocate the rollout with the "
+                "actor (drop placement.roles.rollout) or use actor.strategy=ddp")
+        export = pack_weights(policy_weights(self.module), self.policy_version,
+                              self._bucket_bytes())
+        return metrics_batch(export, {"actor/policy_version": self.policy_version})
+
+    def save_checkpoint(self, directory: str) -> None:
+        super().save_checkpoint(directory)
+        if self.ctx.rank == 0:
+            with open(os.path.join(directory, VERSION_FILE), "w") as fh:
+                json.dump({"policy_version": self.policy_version}, fh)
+
+    def load_checkpoint(self, directory: str) -> None:
+        super().load_checkpoint(directory)
+        path = os.path.join(directory, VERSION_FILE)
+        if os.path.exists(path):  # checkpoints from before versions were counted: 0
+            with open(path) as fh:
+                self.policy_version = int(json.load(fh)["policy_version"])
 
     # ---------------------------------------------------------------- logprob
     @method(dispatch=DP, reads=LOGPROB_READS, writes=("old_log_probs",), kind="inference",
-            optional=("response_mask",))
+            optional=("response_mask", "rollout_log_probs"))
     def logprob(self, batch: Batch, micro_batch_size: int | None = None,
                 with_entropy: bool = False, temperature: float | None = None) -> Batch:
         """Log-prob of each response token under the current weights, [B, R] float32."""
@@ -123,6 +162,9 @@ class ActorWorker(Worker):
         if ent is not None and "response_mask" in batch and len(batch):
             from algorithms.masked import masked_mean
             metrics["actor/entropy"] = float(masked_mean(ent, batch["response_mask"].cpu()))
+        if "rollout_log_probs" in batch and "response_mask" in batch:  # engine vs trainer
+            metrics.update(logprob_mismatch(batch["rollout_log_probs"], logp,
+                                            batch["response_mask"]))
         return metrics_batch(Batch({"old_log_probs": logp}), metrics)
 
     # ----------------------------------------------------------------- update
@@ -146,6 +188,7 @@ class ActorWorker(Worker):
                                      mini_batch_size=cfg.mini_batch_size,
                                      micro_batch_size=cfg.micro_batch_size,
                                      shuffle=cfg.shuffle, seed=self.ctx.seed)
+        self.policy_version += 1  # what every later generated row is stamped with
         return metrics_batch(Batch(), {f"actor/{k}": v for k, v in metrics.items()})
 
     def _ppo_loss(self, model, micro: Batch, tokens, seqs, policy_loss, temperature: float):

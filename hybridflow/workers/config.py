@@ -40,6 +40,21 @@ _STRATEGY = one_of("ddp", "fsdp2", what="training strategy")
 _LR_SCHEDULE = one_of("constant", "cosine", what="lr schedule")
 
 
+def _engine_problem(name: Any) -> str | None:
+    """Why `name` is no rollout engine (None: it is one). The registry lives with the
+    engines (hybridflow/workers/rollout/engine.py); imported here only when checking."""
+    from hybridflow.workers.rollout.engine import check_engine_name
+    try:
+        check_engine_name(str(name))
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+_ENGINE = Rule(lambda v: _engine_problem(v) is None, "be a registered rollout engine",
+               message=lambda key, value: _engine_problem(value))
+
+
 @dataclass
 class ModelConfig:
     path: Optional[str] = None            # local HF model dir; None builds from hf_config
@@ -88,7 +103,7 @@ class ActorConfig:
 
 @dataclass
 class RolloutConfig:
-    backend: str = checked("hf", one_of("hf", "vllm", what="rollout backend"))
+    backend: str = checked("hf", _ENGINE)  # "hf" | "vllm" | registered | "module:factory"
     n: int = checked(1, at_least(1))
     temperature: float = checked(1.0, above(0))
     top_p: float = checked(1.0, in_range(0, 1, open_low=True))
@@ -99,6 +114,8 @@ class RolloutConfig:
     log_prob_micro_batch_size: int = checked(16, at_least(1))   # rows per forward in logprob
     gpu_memory_utilization: float = checked(0.5, in_range(0, 1, open_low=True))  # vllm only
     enable_sleep_mode: bool = True        # vllm only
+    max_model_len: int = checked(0, at_least(0))  # vllm only; 0 = the model's max positions
+    weight_bucket_mb: float = checked(256.0, above(0))  # weights reach an engine in buckets
 
 
 @dataclass
@@ -134,7 +151,11 @@ class RewardConfig:
     model_path: Optional[str] = None      # local reward model dir (sequence classification)
     micro_batch_size: int = checked(16, at_least(1))  # reward model rows per forward
     num_workers: int = checked(0, at_least(0))        # >0: rule scoring in a process pool
-    timeout_s: float = checked(30.0, above(0))        # per sample, process pool only
+    timeout_s: float = checked(30.0, above(0))        # per sample, in this process or the pool
+    kwargs: dict[str, Any] = field(default_factory=dict)  # to the scorer, by keyword
+    # name -> {function_path, function_name, weight, kwargs}: a weighted sum of named
+    # scorers (function_path null: the built-in one); replaces the single scorer above
+    scorers: dict[str, Any] = field(default_factory=dict)
 
 
 def _as_plain(value: Any) -> Any:

@@ -12,8 +12,55 @@ import torch
 from hybridflow.workers.config import ModelConfig
 from hybridflow.workers.tokenizer import require_local_dir
 
-__all__ = ["resolve_device", "resolve_dtype", "build_causal_lm", "build_value_model",
-           "build_reward_model", "model_bytes"]
+__all__ = [
+    "ModelLoadError",
+    "build_causal_lm",
+    "build_reward_model",
+    "build_value_model",
+    "check_loading_info",
+    "model_bytes",
+    "resolve_device",
+    "resolve_dtype",
+]
+
+
+class ModelLoadError(ValueError):
+    """A model directory whose weights do not match its config.json (missing,
+    unexpected or differently shaped tensors); names the directory and the tensors."""
+
+
+_SHOWN = 6  # tensors listed per kind of problem
+
+
+def _listed(names: list[str]) -> str:
+    names = sorted(names)
+    more = f", ... ({len(names) - _SHOWN} more)" if len(names) > _SHOWN else ""
+    return ", ".join(names[:_SHOWN]) + more
+
+
+def check_loading_info(path: str, info: dict, may_miss: tuple[str, ...] = (),
+                       may_leave: tuple[str, ...] = ()) -> None:
+    """Raise ModelLoadError unless every weight of the model came from `path` with its
+    shape and every tensor there was used; `may_miss`/`may_leave` are name prefixes
+    allowed to be missing (a new head) or left over (a head not used)."""
+    missing = [k for k in info.get("missing_keys", ()) if not k.startswith(may_miss)]
+    unexpected = [k for k in info.get("unexpected_keys", ()) if not k.startswith(may_leave)]
+    mismatched = [f"{name} (checkpoint {tuple(saved)}, config {tuple(model)})"
+                  for name, saved, model in info.get("mismatched_keys", ())]
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} tensor(s) missing from the weights: {_listed(missing)}")
+    if unexpected:
+        problems.append(f"{len(unexpected)} unexpected tensor(s) in the weights that the "
+                        f"config does not use: {_listed(unexpected)}")
+    if mismatched:
+        problems.append(f"{len(mismatched)} tensor(s) of another shape: {_listed(mismatched)}")
+    if problems:
+        raise ModelLoadError(
+            f"model directory {path!r}: its config.json does not match its weights; "
+            + "; ".join(problems) + ". Training it would start from random tensors: fix "
+            "config.json (num_hidden_layers, hidden_size, intermediate_size, vocab_size, "
+            "...) or point at the directory the weights were saved with")
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
@@ -55,14 +102,18 @@ def _hf_config(model_cfg: ModelConfig, tokenizer, path: str | None, **overrides)
 
 
 def _build(auto_cls, model_cfg: ModelConfig, tokenizer, device, seed: int,
-           path: str | None = None, **overrides):
+           path: str | None = None, may_miss: tuple[str, ...] = (),
+           may_leave: tuple[str, ...] = (), **overrides):
     path = model_cfg.path if path is None else path
     config = _hf_config(model_cfg, tokenizer, path, **overrides)
     dtype = resolve_dtype(model_cfg.dtype)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # heads missing from a checkpoint init the same everywhere
         if path is not None:
-            model = auto_cls.from_pretrained(path, config=config, dtype=dtype)
+            model, info = auto_cls.from_pretrained(path, config=config, dtype=dtype,
+                                                   output_loading_info=True,
+                                                   ignore_mismatched_sizes=True)
+            check_loading_info(path, info, may_miss, may_leave)
         else:
             model = auto_cls.from_config(config).to(dtype)
     if model_cfg.gradient_checkpointing:
@@ -80,21 +131,23 @@ def build_causal_lm(model_cfg: ModelConfig, tokenizer, device, seed: int = 0,
 def build_value_model(model_cfg: ModelConfig, tokenizer, device, seed: int = 0,
                       path: str | None = None):
     """The critic: the causal-LM backbone with a token-level Linear(hidden, 1) head.
-    From a causal-LM checkpoint the head is new and lm_head unused: expected, so
-    transformers' load report is silenced here."""
+    From a causal-LM checkpoint the head is new and lm_head unused: expected (only
+    those), so transformers' load report is silenced here."""
     from transformers import AutoModelForTokenClassification
     from transformers.utils import logging as hf_logging
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
         return _build(AutoModelForTokenClassification, model_cfg, tokenizer, device, seed,
-                      path, num_labels=1, classifier_dropout=0.0)
+                      path, may_miss=("score.",), may_leave=("lm_head.",), num_labels=1,
+                      classifier_dropout=0.0)
     finally:
         hf_logging.set_verbosity(level)
 
 
 def build_reward_model(model_cfg: ModelConfig, tokenizer, device, path: str, seed: int = 0):
-    """A reward model: sequence classification with one label, read at the last token."""
+    """A reward model: sequence classification with one label, read at the last token.
+    Its head must come from the directory: an untrained head scores at random."""
     from transformers import AutoModelForSequenceClassification
     return _build(AutoModelForSequenceClassification, model_cfg, tokenizer, device, seed,
                   path, num_labels=1)

@@ -2,17 +2,17 @@
 
 A scorer is named by `ScorerRef` (None path: the built-in `compute_score` that
 dispatches on data_source; else a user's Python file and function name) so a spawned
-pool process can load it itself. In the pool each sample runs under a SIGALRM
-timer: a sample that runs past `timeout_s` scores 0.0 and is counted, and the
-process stays usable. A scorer that raises, or returns NaN, is an error naming the
-row, its data_source and the scorer.
+pool process can load it itself. Each sample, in this process or in the pool, runs
+under a deadline of `timeout_s` (hybridflow/deadline.py): a sample that runs past it
+scores 0.0 and is counted, and the process stays usable; the pool as a whole has a
+budget too, for a scorer stuck in native code. A scorer that raises, or returns NaN,
+is an error naming the row, its data_source and the scorer.
 """
 from __future__ import annotations
 
 import math
 import multiprocessing
-import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["ScorerRef", "ScoringError", "RuleScorer", "SampleResult"]
@@ -26,16 +26,27 @@ class ScoringError(RuntimeError):
 class ScorerRef:
     path: str | None = None
     name: str = "compute_score"
+    # reward.kwargs as (key, value) pairs; not part of the identity (loading is the same)
+    kwargs: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
 
     def describe(self) -> str:
         return "built-in compute_score" if self.path is None else f"{self.name} from {self.path}"
+
+    def sample_check(self):
+        """`check(data_source, ground_truth)` raising ValueError for values this scorer
+        cannot score: the built-in one needs a known data_source and a string answer,
+        a user's scorer any answer but null."""
+        from algorithms.rewards import check_ground_truth, check_sample
+        if self.path is None:
+            return check_sample
+        return lambda data_source, ground_truth: check_ground_truth(ground_truth)
 
     def load(self):
         if self.path is None:
             from algorithms.rewards import compute_score
             return compute_score
         from algorithms.rewards import load_scorer
-        return load_scorer(self.path, self.name)
+        return load_scorer(self.path, self.name, dict(self.kwargs))
 
 
 @dataclass
@@ -49,24 +60,21 @@ class SampleResult:
 _LOADED: dict[ScorerRef, Any] = {}
 
 
-def _timeout_handler(signum, frame):
-    raise TimeoutError
-
-
-def score_one(ref: ScorerRef, kwargs: dict, timeout_s: float | None = None) -> SampleResult:
-    """Score one sample; never raises (errors are returned as text)."""
-    from algorithms.rewards import split_score
+def score_one(ref: ScorerRef, sample: dict, timeout_s: float | None = None) -> SampleResult:
+    """Score one sample within `timeout_s` (see hybridflow/deadline.py); never raises
+    for the scorer's own errors (returned as text) nor for its timeout (counted).
+    An outer deadline (the node's) still propagates."""
+    from algorithms.rewards import call_scorer, split_score
+    from hybridflow.deadline import CallTimeout, call_with_deadline
+    what = f"reward scorer {ref.describe()} on one sample"
     try:
         fn = _LOADED.get(ref) or _LOADED.setdefault(ref, ref.load())
-        if timeout_s:
-            signal.signal(signal.SIGALRM, _timeout_handler)
-            signal.setitimer(signal.ITIMER_REAL, timeout_s)
-        try:
-            score, extra = split_score(fn(**kwargs))
-        finally:
-            if timeout_s:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-    except TimeoutError:
+        result = call_with_deadline(lambda: call_scorer(fn, sample, dict(ref.kwargs)),
+                                    timeout_s, what, "reward.timeout_s")
+        score, extra = split_score(result)
+    except CallTimeout as err:
+        if err.what != what:
+            raise  # not this sample's bound: the node's, say
         return SampleResult(timed_out=True)
     except Exception as err:  # noqa: BLE001 - reported with the row by the caller
         return SampleResult(error=f"{type(err).__name__}: {err}")
@@ -78,8 +86,8 @@ class RuleScorer:
 
     def __init__(self, ref: ScorerRef, num_workers: int = 0, timeout_s: float = 30.0):
         self.ref, self.num_workers, self.timeout_s = ref, num_workers, timeout_s
-        ref.load()  # fail at construction on a bad path/name, not mid-run
         self._pool = None
+        ref.load()  # fail at construction on a bad path/name, not mid-run
 
     def _get_pool(self):
         if self._pool is None:
@@ -105,9 +113,10 @@ class RuleScorer:
             except multiprocessing.TimeoutError:
                 self.close()  # a scorer stuck outside Python: start a fresh pool next time
                 raise ScoringError(f"reward scoring with {self.ref.describe()} did not finish "
-                                   f"within {budget:.0f}s; a scorer may be stuck in native code")
+                                   f"within {budget:.0f}s; a scorer may be stuck in native code"
+                                   ) from None
         else:
-            results = [score_one(self.ref, s) for s in samples]
+            results = [score_one(self.ref, s, self.timeout_s) for s in samples]
         for row, (sample, result) in enumerate(zip(samples, results)):
             where = (f"row {row} (data_source={sample['data_source']!r}, scorer "
                      f"{self.ref.describe()})")

@@ -1,5 +1,5 @@
 """A metric that two nodes of a graph report (two `reward.score` nodes, two
-`actor.generate` nodes) shows the value of the training samples' node."""
+`rollout.generate` nodes) shows the value of the training samples' node."""
 from __future__ import annotations
 
 from hybridflow.program import prepare
@@ -17,7 +17,7 @@ def test_remax_reports_the_samples_score_not_the_greedy_baselines(tmp_path):
         result = trainer.runtime.run_step({"prompts": trainer.train_loader.next_batch()})
     finally:
         trainer.close()
-    sampled = {"critic/score/mean": "reward.score", "response_length/mean": "actor.generate"}
+    sampled = {"critic/score/mean": "reward.score", "response_length/mean": "rollout.generate"}
     for key, node in sampled.items():
         assert result.metrics[key] == result.node_metrics[node][key], key
     assert result.node_metrics["baseline"]["critic/score/mean"] != \

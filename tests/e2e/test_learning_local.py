@@ -17,7 +17,7 @@ def test_grpo_embedded_default_raises_held_out_accuracy(tmp_path):
     assert json.load(open(run.file("status.json")))["state"] == "finished"
     assert os.path.isfile(run.file("config.yaml"))
     assert any(name.startswith("step_") for name in os.listdir(run.checkpoints))
-    for key in ("actor/pg_loss", "timing_s/actor.generate", "perf/time_per_step",
+    for key in ("actor/pg_loss", "timing_s/rollout.generate", "perf/time_per_step",
                 "engine/driver_bytes"):
         assert key in metrics[-1], key
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from ray import cloudpickle
 
-import runtime_fakes
+from tests.support import runtime_fakes
 
 
 @pytest.fixture(scope="module")

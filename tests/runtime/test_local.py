@@ -1,6 +1,7 @@
-"""Local runtime (hybridflow/runtime/local.py): the reference semantics the Ray runtime
-must reproduce: dispatch modes over simulated ranks, batch sizes 1..2N round-tripping,
-a PPO-shaped graph, colocation and failures naming node, role and rank."""
+"""Local runtime (hybridflow/runtime/local.py), the inline executor of the step
+scheduler: dispatch modes over simulated ranks, batch sizes 1..2N round-tripping,
+a PPO-shaped graph, colocation and failures naming node, role and rank. What both
+executors must agree on is in test_scheduler.py."""
 from __future__ import annotations
 
 import os
@@ -8,8 +9,8 @@ import os
 import pytest
 import torch
 
-import runtime_fakes as fakes
-from hybridflow.compiler import compile_graph
+from tests.support import runtime_fakes as fakes
+from hybridflow.compiler import GraphError, compile_graph
 from hybridflow.runtime.common import NodeFailure
 from hybridflow.runtime.local import LocalRuntime
 
@@ -21,15 +22,17 @@ def run(method: str, rows: int, devices: int = 4, tp: int = 2):
 
 def expected_ranks(rows: int, world: int, mode: str) -> list[int]:
     """The rank that computed each row: chunk c of the split goes to rank c (dp), to
-    the first rank of tp group c (dp_tp, tp=2), to rank world-1-c (reversed)."""
+    the first rank of tp group c (dp_tp, tp=2), to rank world-1-c (reversed, legacy)."""
     if mode in ("rank_zero", "broadcast"):
         return [0] * rows
     slots = world // 2 if mode == "dp_tp" else world
     chunk = [c for c, part in enumerate(fakes.prompts(rows).split(slots)) for _ in range(len(part))]
-    return [{"dp": c, "dp_tp": 2 * c, fakes.REVERSED: world - 1 - c}[mode] for c in chunk]
+    return [{"dp": c, "dp_tp": 2 * c, fakes.REVERSED: world - 1 - c,
+             fakes.LEGACY: world - 1 - c}[mode] for c in chunk]
 
 
-@pytest.mark.parametrize("mode", ["dp", "dp_tp", "rank_zero", "broadcast", fakes.REVERSED])
+@pytest.mark.parametrize("mode", ["dp", "dp_tp", "rank_zero", "broadcast", fakes.REVERSED,
+                                  fakes.LEGACY])
 def test_each_dispatch_mode_round_trips_batch_sizes_1_to_2n(mode):
     for rows in range(1, 9):
         out = run(mode, rows).outputs[f"echo.{mode}"]
@@ -37,8 +40,8 @@ def test_each_dispatch_mode_round_trips_batch_sizes_1_to_2n(mode):
         assert out["rank"].tolist() == expected_ranks(rows, 4, mode), (mode, rows)
 
 
-def test_one_per_worker_needs_a_list_not_a_batch():
-    with pytest.raises(ValueError, match="one_per_worker needs a list of 4 inputs"):
+def test_one_per_worker_is_refused_as_a_graph_node_before_anything_runs():
+    with pytest.raises(GraphError, match="one value per rank.*call_role"):
         run("one_per_worker", 4)
 
 

@@ -7,9 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import runtime_fakes as fakes
+from tests.support import runtime_fakes as fakes
 from hybridflow.batch import Batch
-from hybridflow.runtime.common import NodeFailure
 from hybridflow.runtime.local import LocalRuntime
 from hybridflow.runtime.ray import RayRuntime
 
@@ -48,7 +47,8 @@ def run_both(runtime: RayRuntime, plan, feeds):
 
 
 # ----------------------------------------------------------------- dispatch modes
-@pytest.mark.parametrize("mode", ["dp", "dp_tp", "rank_zero", "broadcast", fakes.REVERSED])
+@pytest.mark.parametrize("mode", ["dp", "dp_tp", "rank_zero", "broadcast", fakes.REVERSED,
+                                  fakes.LEGACY])
 def test_every_dispatch_mode_gives_the_local_output_for_batch_sizes_1_to_2n(echo, mode):
     plan = fakes.echo_plan(fakes.call_graph(f"echo.{mode}", name=mode))
     for rows in range(1, 9):
@@ -57,15 +57,6 @@ def test_every_dispatch_mode_gives_the_local_output_for_batch_sizes_1_to_2n(echo
         assert_same(echo.fetch(result, node, ["y", "rank"]), expected.outputs[node],
                     f"{mode} rows={rows}")
         assert result.node_metrics[node] == expected.node_metrics[node]
-
-
-def test_one_per_worker_in_a_graph_fails_like_local(echo):
-    plan = fakes.echo_plan(fakes.call_graph("echo.one_per_worker", name="opw"))
-    with pytest.raises(ValueError, match="one_per_worker needs a list"):
-        LocalRuntime(plan, {}).run_step({"prompts": fakes.prompts(4)})
-    with pytest.raises(NodeFailure, match="one_per_worker needs a list") as err:
-        echo.run_step({"prompts": fakes.prompts(4)}, plan=plan)
-    assert err.value.node == "echo.one_per_worker" and err.value.rank == 0
 
 
 def test_reshard_between_layouts_round_trips_every_row(echo):
@@ -78,6 +69,38 @@ def test_reshard_between_layouts_round_trips_every_row(echo):
             assert_same(echo.fetch(result, node, want.keys()), want, f"{node} rows={rows}")
         assert result.outputs["echo.relay_dp"].rows == \
             [len(c) for c in fakes.prompts(rows).split(4)]
+
+
+def user_mode_graph(mode: str):
+    """dp over 4 ranks, then a node of `mode` reading dp's output (born on the workers)."""
+    g = fakes.Graph(f"after_dp_{mode}")
+    p = g.source("prompts", keys=("input_ids", "uid"))
+    g.call(f"echo.{mode}", g.call("echo.dp", p), name="user")
+    return g
+
+
+def test_a_user_slot_layout_moves_no_bytes_through_the_driver_or_rank_zero(echo):
+    """The reversed mode's chunk c goes from dp's rank c straight to rank 3-c: one task
+    per rank, no scatter/collect on rank 0, and the driver sees only the feed."""
+    feeds = {"prompts": fakes.prompts(4096)}  # 128 KiB: put in the object store once
+    only_dp = echo.run_step(feeds, plan=fakes.echo_plan(fakes.call_graph("echo.dp")))
+    plan = fakes.echo_plan(user_mode_graph("relay_reversed"))
+    result = echo.run_step(feeds, plan=plan)
+    assert result.driver_bytes == only_dp.driver_bytes > 0
+    tasks = sorted(e["rank"] for e in result.timeline if e["node"] == "user")
+    assert tasks == [0, 1, 2, 3]
+    out = echo.fetch(result, "user", ["z", "rank_z"])
+    assert torch.equal(out["z"], fakes.prompts(4096)["input_ids"] * 2 + 1)
+    assert out["rank_z"].tolist() == [3 - c for c in range(4) for _ in range(1024)]
+    assert [home[1] for home in result.outputs["user"].homes] == [3, 2, 1, 0]
+
+
+def test_a_function_pair_mode_still_funnels_through_rank_zero(echo):
+    """The deprecated form works, at the cost the slot layout removes."""
+    plan = fakes.echo_plan(fakes.call_graph(f"echo.{fakes.LEGACY}", name="legacy"))
+    result = echo.run_step({"prompts": fakes.prompts(8)}, plan=plan)
+    tasks = sorted(e["rank"] for e in result.timeline if e["node"] == f"echo.{fakes.LEGACY}")
+    assert tasks == [0, 0, 0, 1, 2, 3]  # scatter, the four calls, collect
 
 
 def test_ranks_share_one_torch_distributed_world(echo):

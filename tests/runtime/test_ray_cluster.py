@@ -9,7 +9,7 @@ import pytest
 import ray
 from ray import cloudpickle
 
-import runtime_fakes as fakes
+from tests.support import runtime_fakes as fakes
 from hybridflow.placement import Placement, PoolSpec
 from hybridflow.runtime.ray import RayRuntime
 

@@ -8,7 +8,7 @@ import time
 import pytest
 import ray
 
-import runtime_fakes as fakes
+from tests.support import runtime_fakes as fakes
 from hybridflow.runtime.common import NodeFailure
 from hybridflow.runtime.ray import RayRuntime
 
@@ -62,7 +62,9 @@ def test_worker_exception_names_node_role_rank_and_traceback(shared):
     assert runtime.fetch(result, "echo.dp", ["y"])["y"].shape[0] == 4
 
 
-def test_a_failing_driver_function_names_the_driver(shared):
+def test_a_failing_function_node_names_the_worker_it_ran_on(shared):
+    """A whole-batch function runs on the worker holding its first input: the
+    failure names that worker (it used to say "the driver")."""
     runtime = shared
     g = fakes.Graph("bad_fn")
     p = g.source("prompts", keys=("input_ids", "uid"))
@@ -72,9 +74,9 @@ def test_a_failing_driver_function_names_the_driver(shared):
     def broken(batch):
         raise KeyError("no such column")
     g.fn(broken, score)
-    with pytest.raises(NodeFailure, match="failed on the driver") as err:
+    with pytest.raises(NodeFailure, match="failed on the worker of pool 'wide' rank 0") as err:
         runtime.run_step(feeds(), plan=fakes.echo_plan(g, devices=2, tp=1))
-    assert err.value.node == "broken" and "KeyError" in str(err.value)
+    assert (err.value.node, err.value.rank) == ("broken", 0) and "KeyError" in str(err.value)
 
 
 def test_a_hung_worker_fails_after_the_call_timeout(runtime):

@@ -94,7 +94,9 @@ class FakeActor(FakeRole):
             "prompts": ids, "responses": responses, "response_mask": response_mask,
             "input_ids": torch.cat([ids, responses], dim=-1), "attention_mask": full_mask,
             "position_ids": (full_mask.cumsum(-1) - 1).clamp(min=0),
-            "response_length": response_mask.sum(-1)}))
+            "response_length": response_mask.sum(-1),
+            "rollout_log_probs": _policy_logprob(responses, self.updates),
+            "policy_version": torch.full((len(prompts),), self.updates)}))
         return metrics_batch(out, {"response_length/mean": float(RESPONSE_LENGTH)})
 
     @declared_as(ActorWorker, "logprob")

@@ -1,32 +1,7 @@
-"""Shared fixtures for the worker tests: a tiny model config and toy prompt batches."""
-import numpy as np
+"""Fixtures of the worker tests (helpers live in tests/support/workers.py)."""
 import pytest
-import torch
 
-from hybridflow.batch import Batch
-
-torch.set_num_threads(1)
-
-TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "model_type": "llama",
-        "max_position_embeddings": 128, "tie_word_embeddings": False}
-
-
-def make_cfg(**sections) -> dict:
-    cfg = {"model": {"hf_config": dict(TINY), "device": "cpu"},
-           "actor": {"lr": 1e-3, "mini_batch_size": 8, "micro_batch_size": 2},
-           "rollout": {"max_new_tokens": 6}, "critic": {}, "ref": {}, "reward": {}}
-    for name, values in sections.items():
-        cfg[name] = {**cfg.get(name, {}), **values}
-    return cfg
-
-
-def prompt_batch(tokenizer, texts, answers=None) -> Batch:
-    enc = tokenizer(list(texts), padding=True, return_tensors="pt")
-    answers = answers or [str(eval(t.rstrip("="))) for t in texts]
-    return Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]},
-                 {"uid": [f"u{i}" for i in range(len(texts))],
-                  "data_source": ["toy_arith"] * len(texts), "ground_truth": answers})
+from tests.support.workers import make_cfg
 
 
 @pytest.fixture
@@ -38,7 +13,3 @@ def cfg():
 def actor_module():
     from hybridflow.workers import ActorWorker
     return ActorWorker(make_cfg())
-
-
-def empty_like(batch: Batch) -> Batch:
-    return batch.take(np.arange(0))

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from conftest import empty_like, make_cfg, prompt_batch
+from tests.support.workers import empty_like, make_cfg, prompt_batch
 from hybridflow.batch import Batch
 from hybridflow.workers import ActorWorker
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from conftest import make_cfg
+from tests.support.workers import make_cfg
 from hybridflow.workers import ActorWorker, WorkerContext
 from test_actor import rollout_for_update
 

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from conftest import empty_like, make_cfg
+from tests.support.workers import empty_like, make_cfg
 from hybridflow.workers import ActorWorker, CriticWorker, ReferenceWorker
 from test_actor import rollout_for_update
 

@@ -4,7 +4,7 @@ import os
 
 import pytest
 import torch
-from conftest import make_cfg, prompt_batch
+from tests.support.workers import make_cfg, prompt_batch
 from test_actor import PROMPTS, rollout_for_update
 from transformers import AutoModelForCausalLM
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, LlamaConfig
 
-from conftest import TINY, empty_like, make_cfg
+from tests.support.workers import TINY, empty_like, make_cfg
 from hybridflow.batch import Batch
 from hybridflow.workers import RewardWorker
 from hybridflow.workers.reward_pool import ScoringError
@@ -90,6 +90,21 @@ def test_process_pool_times_out_a_slow_sample(scorer_file):
     assert out.meta["metrics"]["reward/timeouts"] == 1.0
 
 
+def test_in_process_scoring_times_out_a_slow_sample_too(scorer_file):
+    worker = RewardWorker(make_cfg(reward={"function_path": scorer_file, "timeout_s": 0.5}))
+    out = worker.score(response_batch(worker.tokenizer, ["3", "x", "5"], ["3", "slow", "5"]))
+    assert out["scores"].tolist() == [1.0, 0.0, 1.0]
+    assert out.meta["metrics"]["reward/timeouts"] == 1.0
+
+
+def test_a_sample_timeout_does_not_swallow_an_outer_deadline(scorer_file):
+    from hybridflow.deadline import CallTimeout, call_with_deadline
+    worker = RewardWorker(make_cfg(reward={"function_path": scorer_file, "timeout_s": 20}))
+    batch = response_batch(worker.tokenizer, ["x"], ["slow"])
+    with pytest.raises(CallTimeout, match="node 'reward.score'"):
+        call_with_deadline(lambda: worker.score(batch), 0.5, "node 'reward.score'")
+
+
 def test_reward_model_from_a_saved_directory(tmp_path):
     tok = build_char_tokenizer()
     config = LlamaConfig(**{k: v for k, v in TINY.items() if k != "model_type"},
@@ -107,3 +122,67 @@ def test_reward_model_from_a_saved_directory(tmp_path):
     assert out["scores"].tolist() == pytest.approx(manual, abs=1e-5)
     assert out["token_level_scores"][0, 1] == out["scores"][0]
     assert out["token_level_scores"][1, 2] == out["scores"][1]
+
+
+# ---- the reward API: response facts, config arguments, named weighted components
+@pytest.fixture
+def rich_scorers(tmp_path):
+    path = tmp_path / "rich.py"
+    path.write_text(textwrap.dedent("""
+        def correct(data_source, solution_str, ground_truth, extra_info=None):
+            return float(solution_str == ground_truth)
+
+        def brevity(data_source, solution_str, ground_truth, extra_info=None, *,
+                    response_length, stopped, limit=3):
+            return (1.0 if response_length <= limit else 0.0) if stopped else -1.0
+
+        def seen(data_source, solution_str, ground_truth, **facts):
+            return {"score": 0.0, "length": facts["response_length"],
+                    "stopped": facts["stopped"]}
+    """))
+    return str(path)
+
+
+def test_a_scorer_may_read_the_token_count_and_whether_the_response_stopped(rich_scorers):
+    worker = RewardWorker(make_cfg(reward={"function_path": rich_scorers,
+                                           "function_name": "seen"}))
+    out = worker.score(response_batch(worker.tokenizer, ["3", "1234567"], ["3", "3"]))
+    # "3" + eos: 2 tokens and stopped; "1234567" truncated at 5 tokens: not stopped
+    assert out.meta["metrics"]["reward/length"] == pytest.approx((2 + 5) / 2)
+    assert out.meta["metrics"]["reward/stopped"] == pytest.approx(0.5)
+
+
+def test_scorer_arguments_come_from_config(rich_scorers):
+    batch_texts = (["3", "12"], ["3", "12"])  # 2 and 3 tokens with eos
+    default = RewardWorker(make_cfg(reward={"function_path": rich_scorers,
+                                            "function_name": "brevity"}))
+    assert default.score(response_batch(default.tokenizer, *batch_texts))["scores"].tolist() \
+        == [1.0, 1.0]
+    strict = RewardWorker(make_cfg(reward={"function_path": rich_scorers,
+                                           "function_name": "brevity",
+                                           "kwargs": {"limit": 2}}))
+    assert strict.score(response_batch(strict.tokenizer, *batch_texts))["scores"].tolist() \
+        == [1.0, 0.0]
+
+
+def test_named_weighted_scorers_add_up_and_each_is_logged(rich_scorers):
+    scorers = {"correct": {"function_path": rich_scorers, "function_name": "correct",
+                           "weight": 1.0},
+               "brevity": {"function_path": rich_scorers, "function_name": "brevity",
+                           "weight": 0.5, "kwargs": {"limit": 2}},
+               "builtin": {"weight": 2.0}}  # the built-in scorer of the data_source
+    worker = RewardWorker(make_cfg(reward={"scorers": scorers}))
+    out = worker.score(response_batch(worker.tokenizer, ["3", "12"], ["3", "13"]))
+    # row 0: correct 1, brevity 1 (2 tokens), built-in 1; row 1: 0, 0 (3 tokens), 0
+    assert out["scores"].tolist() == [1.0 + 0.5 + 2.0, 0.0]
+    metrics = out.meta["metrics"]
+    assert metrics["reward/correct/mean"] == 0.5
+    assert metrics["reward/brevity/mean"] == 0.5
+    assert metrics["reward/builtin/mean"] == 0.5
+    assert metrics["critic/score/mean"] == pytest.approx(3.5 / 2)
+
+
+def test_a_scorer_that_needs_an_argument_nobody_gives_is_refused_at_start(rich_scorers):
+    with pytest.raises(TypeError, match="brevity"):
+        RewardWorker(make_cfg(reward={"function_path": rich_scorers, "function_name": "brevity",
+                                      "kwargs": {"unknown_knob": 1}}))

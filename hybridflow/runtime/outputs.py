@@ -1,5 +1,6 @@
-"""What the Ray scheduler knows of a node's output: references to shards that stay on
-the workers, where they live, and (once done) their rows, columns and group hashes."""
+"""What the step scheduler knows of a node's output: handles to shards that stay on
+the workers (ObjectRefs on Ray, held values locally), where they live, and (once
+done) their rows, columns and group hashes. A plain record: no behaviour."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -14,11 +15,25 @@ import torch
 from hybridflow.batch import Batch
 from hybridflow.compiler import compile_graph
 from hybridflow.dispatch import (BROADCAST, DP, DP_TP, ONE_PER_WORKER, RANK_ZERO, Layout,
-                                 method, register_dispatch_mode)
+                                 SlotLayout, method, register_dispatch_mode)
 from hybridflow.graph import Graph, node_fn
 from hybridflow.placement import Placement, PoolSpec
 
-REVERSED = "reversed_dp"
+REVERSED = "reversed_dp"      # a user mode declared as a slot layout
+LEGACY = "legacy_reversed"    # the same rows, registered the older way (a function pair)
+ODD_RANKS = "odd_ranks"       # only odd ranks run, rows split over them
+
+
+def reversed_slots(layout: Layout) -> SlotLayout:
+    """Chunk c of the rows goes to rank world-1-c, and is collected from it."""
+    ranks = tuple(reversed(range(layout.world_size)))
+    return SlotLayout(layout.world_size, ranks, ranks)
+
+
+def odd_rank_slots(layout: Layout) -> SlotLayout:
+    odd = list(range(1, layout.world_size, 2))
+    return SlotLayout(len(odd), tuple(odd.index(r) if r in odd else None
+                                      for r in range(layout.world_size)), tuple(odd))
 
 
 def _reversed_dispatch(value: Batch, layout: Layout) -> list:
@@ -29,10 +44,20 @@ def _reversed_collect(outputs: list, layout: Layout) -> Batch:
     return Batch.concat(outputs[::-1])
 
 
-try:
-    register_dispatch_mode(REVERSED, _reversed_dispatch, _reversed_collect)
-except ValueError:  # already registered in this process
-    pass
+def _register() -> None:
+    for name, kwargs in ((REVERSED, {"slots": reversed_slots}),
+                         (ODD_RANKS, {"slots": odd_rank_slots}),
+                         (LEGACY, {"dispatch": _reversed_dispatch,
+                                   "collect": _reversed_collect})):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                register_dispatch_mode(name, **kwargs)
+        except ValueError:  # already registered in this process
+            pass
+
+
+_register()
 
 
 def prompts(rows: int, width: int = 4, groups: int | None = None, first: int = 0) -> Batch:
@@ -82,6 +107,18 @@ class Echo(Base):
     @method(dispatch=REVERSED, reads=("input_ids",), writes=("y", "rank"))
     def reversed_dp(self, batch):
         return self._echo(batch)
+
+    @method(dispatch=LEGACY, reads=("input_ids",), writes=("y", "rank"))
+    def legacy_reversed(self, batch):
+        return self._echo(batch)
+
+    @method(dispatch=ODD_RANKS, reads=("input_ids",), writes=("y", "rank"))
+    def odd_ranks(self, batch):
+        return self._echo(batch)
+
+    @method(dispatch=REVERSED, reads=("y",), writes=("z", "rank_z"))
+    def relay_reversed(self, batch):
+        return Batch({"z": batch["y"] + 1, "rank_z": self._ranks(batch)})
 
     @method(dispatch=ONE_PER_WORKER, reads=("input_ids",), writes=("y", "rank"))
     def one_per_worker(self, batch):
@@ -206,6 +243,24 @@ def total_score(batch: Batch) -> Batch:
     return Batch({"score_sum": batch["scores"].sum().expand(len(batch)).clone()})
 
 
+@node_fn(reads=("y",), writes=("s",))
+def broken_sum(batch: Batch) -> Batch:
+    """A whole-batch function that fails (it runs on a worker)."""
+    raise KeyError("no such column")
+
+
+class StatefulBroken:
+    """A failing function node that keeps state across steps: it runs on the driver."""
+    __name__ = "stateful_broken"
+    __hybridflow_fn__ = broken_sum.__hybridflow_fn__
+
+    def __call__(self, batch: Batch) -> Batch:
+        raise KeyError("no such column")
+
+    def state_dict(self) -> dict:
+        return {}
+
+
 PPO_BINDINGS = {"actor": Actor, "ref": Reference, "critic": Critic, "reward": Reward}
 
 
@@ -271,21 +326,15 @@ def echo_plan(graph: Graph, devices: int = 4, tp: int = 2):
     return compile_graph(graph, ECHO_BINDINGS, echo_placement(devices, tp))
 
 
-def gather_plan(until: int, max_rounds: int):
-    """prompts -> generate -> keep_even_uids -> gather, for both runtimes (no training)."""
-    from hybridflow.compiler import PlanNode
+def gather_plan(until: int, max_rounds: int, placement: Placement | None = None):
+    """prompts -> generate -> keep_even_uids -> gather (DAPO's dynamic sampling), for
+    both runtimes (no training, so several local ranks are allowed)."""
     g = Graph("dynamic_sampling")
     p = g.source("prompts", keys=("input_ids", "uid"))
     rollout = g.call("actor.generate", p)
-    g.call("actor.keep_even_uids", rollout, name="kept")
-    plan = compile_graph(g, PPO_BINDINGS, ppo_placement())
-    kept = plan.node("kept")
-    if not any(n.op == "gather" for n in plan.nodes):
-        plan.nodes.append(PlanNode("gather", "function", "gather", ("kept",), "test",
-                                   kwargs={"until": until, "max_rounds": max_rounds},
-                                   input_keys=dict(kept.output_keys),
-                                   output_keys=dict(kept.output_keys)))
-    return plan
+    kept = g.call("actor.keep_even_uids", rollout, name="kept")
+    g.gather(kept, until=until, max_rounds=max_rounds, name="gather")
+    return compile_graph(g, PPO_BINDINGS, placement or ppo_placement())
 
 
 class Drawer:

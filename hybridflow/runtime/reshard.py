@@ -1,7 +1,7 @@
-"""Reshard planning for the Ray step: which rows of which input shards each slot
-(rank, or tensor-parallel group) of a node takes.
+"""Reshard planning for the step scheduler: which rows of which input shards each
+slot (a chunk of a dispatch mode's `SlotLayout`) of a node takes.
 
-Pure functions over `NodeOutput` handles (`ray_step`): no Ray calls, no state. An
+Pure functions over `NodeOutput` handles (`scheduler`): no Ray calls, no state. An
 input is described per dep as a `DepInput` of `Piece`s (a shard reference and an
 optional row range), concatenated and then, for a regroup, indexed by the worker.
 The answer is None while a reshard needs row counts that are not known yet (an
@@ -19,7 +19,7 @@ from hybridflow.runtime.common import NodeFailure
 from hybridflow.runtime.ray_worker import DepInput, Piece
 
 if TYPE_CHECKING:
-    from hybridflow.runtime.ray_outputs import NodeOutput
+    from hybridflow.runtime.outputs import NodeOutput
 
 __all__ = ["aligned", "slot_inputs", "grouped_inputs", "whole_inputs"]
 
@@ -40,7 +40,8 @@ def slot_inputs(node: PlanNode, deps: list[NodeOutput], slots: int):
     if aligned(deps, slots):
         inputs = [{d.node: DepInput((Piece(d.refs[s]),)) for d in deps}
                   for s in range(slots)]
-        lineage = deps[0].lineage if deps and node.kind != "generate" else node.name
+        keeps = deps and node.row_effect.keeps_partition  # e.g. not generate's n samples
+        lineage = deps[0].lineage if keeps else node.name
         return inputs, lineage
     if not all(d.done for d in deps):
         return None

@@ -1,0 +1,422 @@
+"""One step of a plan, for both runtimes: the step scheduler.
+
+The scheduler decides everything a step means: which nodes wait, which are ready,
+which rows each rank of a call receives (the dispatch mode's `SlotLayout`), gather
+rounds (re-running upstream nodes on fresh draws), where function nodes run (sharded
+on the workers, whole on one worker, or on the driver), failures named by node,
+role and rank (`NodeFailure`), metrics and the timeline. The runtimes are only
+*executors* behind it (the pattern of Dask's `get_async`): `LocalRuntime` runs each
+task inline when it is submitted, `RayRuntime` submits it to an actor and tracks it.
+Both run the same worker code (`ray_worker.FusedWorker.run`/`gather`/...).
+
+State (one `StepScheduler` per `run_step`; only its own methods change it; workers
+never see it, they only receive task descriptions):
+- `waiting`: nodes not yet submitted, in plan (topological) order.
+- `outputs`: node -> NodeOutput, set when the node is submitted. Its `refs` (one per
+  slot, concatenation = the node's output) exist at once; `rows`, `keys` and
+  `groups` are filled when every task of the node has reported (the node is *done*).
+- `tasks`: the executor's tracker of tasks in flight (`ray_tasks.InFlight` on Ray,
+  `local.Ran` locally): records per node, per-actor queues, the hang clock.
+- `result`: the StepResult being filled (metrics, timeline, driver bytes).
+
+A waiting node is submitted as soon as its inputs allow (`reshard` says which rows
+each slot takes):
+- its inputs' shards line up with its slots (same slot count and row partition,
+  known from a shared lineage or equal row counts): at once, the refs passed through;
+- its layout has one slot (rank_zero, broadcast): at once, every shard to each rank;
+- otherwise (reshard, a group check, a driver function): when its inputs are done,
+  with the row ranges each rank must take.
+While some node waits for its inputs to be done the scheduler wakes on every
+arrival; once every node is submitted it waits for all metas at once.
+
+The executor interface (`executor.Executor`) is what a runtime provides; per plan
+it keeps an `executor.PlanCache` (which inputs feed each node, group-id columns to
+report, the part of the plan a gather re-runs), computed once per plan.
+"""
+from __future__ import annotations
+
+import time
+import traceback
+from typing import Callable
+
+from hybridflow.batch import Batch
+from hybridflow.compiler import ExecutionPlan, PlanNode
+from hybridflow.dispatch import DispatchMode, Layout, SlotLayout, get_dispatch_mode, merge_metrics
+from hybridflow.kinds import Op
+from hybridflow.runtime.common import (NodeFailure, StepResult, assemble_input, finish_gather,
+                                       finish_output, run_fn_node, sum_round_metrics)
+from hybridflow.runtime.executor import Executor, TaskArgs, check_roles
+from hybridflow.runtime.outputs import NodeOutput
+from hybridflow.runtime.reshard import grouped_inputs, slot_inputs, whole_inputs
+from hybridflow.runtime.ray_worker import DepInput, Piece, ShardTask, group_hashes
+
+__all__ = ["StepScheduler", "run_step", "keeps_state"]
+
+
+def keeps_state(node: PlanNode) -> bool:
+    """A function node with state across steps (e.g. an adaptive KL coefficient) runs
+    on the driver, where the loop checkpoints that state."""
+    return callable(getattr(node.fn, "state_dict", None))
+
+
+def run_step(executor: Executor, plan: ExecutionPlan, feeds: dict[str, Batch],
+             draw: Callable[[str], Batch] | None = None) -> StepResult:
+    """Every node of `plan` once; `draw(source)` gives more batches for gathers."""
+    if executor.broken:
+        raise RuntimeError(f"the runtime cannot run another step: {executor.broken}; "
+                           f"shut it down and start a new one")
+    check_roles(executor, plan)
+    start = time.perf_counter()
+    scheduler = StepScheduler(executor, plan, feeds, draw)
+    result = scheduler.run()
+    result.metrics["runtime/driver_busy_s"] = scheduler.busy_s
+    result.metrics["runtime/step_s"] = time.perf_counter() - start
+    return result
+
+
+# ------------------------------------------------------------------ the step
+class StepScheduler:
+    def __init__(self, executor: Executor, plan: ExecutionPlan, feeds: dict[str, Batch],
+                 draw=None):
+        self.ex, self.plan, self.feeds, self.draw = executor, plan, feeds, draw
+        self.waiting: list[str] = [n.name for n in plan.nodes]
+        self.outputs: dict[str, NodeOutput] = {}
+        self.tasks = executor.tracker(plan)
+        self.records = self.tasks.records
+        self.meta_of = self.tasks.meta_of        # shard handle -> meta handle of its task
+        self.analysis = executor.plans.analysis(plan)
+        self.group_keys = self.analysis.group_keys
+        self.result = StepResult(outputs={})
+        self._busy_s = 0.0
+
+    @property
+    def busy_s(self) -> float:
+        """Driver time spent submitting and collecting, not blocked waiting."""
+        return self._busy_s + self.tasks.busy_s
+
+    # ------------------------------------------------------------------- loop
+    def run(self) -> StepResult:
+        while True:
+            t0 = time.perf_counter()
+            self._submit_ready()
+            self._busy_s += time.perf_counter() - t0
+            if not self.tasks.running:
+                break
+            self._wait()
+        if self.waiting:  # every input is done, so only a bug can leave nodes here
+            raise RuntimeError(f"nodes {self.waiting} were never submitted")
+        self._finish_step()
+        return self.result
+
+    def _submit_ready(self) -> None:
+        for name in list(self.waiting):
+            if self._try_submit(self.plan.node(name)):
+                self.waiting.remove(name)
+
+    def _wait(self) -> None:
+        arrived, failures = self.tasks.wait(first=bool(self.waiting))
+        t0 = time.perf_counter()
+        for ref, record in arrived:
+            self._arrived(ref, record)
+        if failures:
+            self.tasks.raise_first(failures)
+        self._busy_s += time.perf_counter() - t0
+
+    def _arrived(self, ref, record) -> None:
+        self.tasks.mark_done(ref, record)
+        node = self.plan.node(record.node)
+        meta = record.meta
+        self.result.timeline.append({"node": node.name, "role": node.role, "pool": record.pool,
+                                     "rank": record.rank, "start": meta["start"],
+                                     "end": meta["end"]})
+        if all(r.done is not None for r in self.records[node.name]):
+            self._node_done(node)
+
+    def _node_done(self, node: PlanNode) -> None:
+        out = self.outputs[node.name]
+        slots = sorted((r for r in self.records[node.name] if r.slot is not None),
+                       key=lambda r: r.slot)
+        out.rows = [r.meta["rows"] for r in slots]
+        out.keys = list(slots[0].meta["keys"]) if slots else []
+        out.groups = [r.meta["groups"] for r in slots]
+        out.nbytes = sum(r.meta["nbytes"] for r in slots)
+        self.result.driver_bytes += sum(self.ex.value_bytes(h) for g in out.groups
+                                        for h in g.values())
+        out.metrics = merge_metrics([r.meta["metrics"] for r in slots], out.rows)
+        self._record_node(node, out.metrics,
+                          [(r.meta["start"], r.meta["end"]) for r in self.records[node.name]])
+
+    def _record_node(self, node: PlanNode, metrics: dict, spans: list) -> None:
+        self.result.node_metrics[node.name] = dict(metrics)
+        self.result.rows[node.name] = self.outputs[node.name].num_rows or 0
+        if spans:
+            self.result.metrics[f"timing_s/{node.name}"] = (max(e for _, e in spans)
+                                                            - min(s for s, _ in spans))
+
+    def _finish_step(self) -> None:
+        merged = {}
+        for node in self.plan.nodes:
+            merged.update(self.result.node_metrics.get(node.name, {}))
+        timing = {k: v for k, v in self.result.metrics.items() if k.startswith("timing_s/")}
+        self.result.metrics = {**merged, **timing}
+        self.result.outputs = dict(self.outputs)
+        self.result.timeline.sort(key=lambda e: (e["start"], e["pool"] or "", e["rank"] or 0))
+
+    # ---------------------------------------------------------------- submit
+    def _try_submit(self, node: PlanNode) -> bool:
+        if node.op is Op.SOURCE:
+            return self._submit_source(node)
+        if any(d not in self.outputs for d in node.deps):
+            return False
+        if node.op is Op.GATHER:
+            return self._submit_gather(node)
+        if node.op is Op.FN:
+            home = self._home_of_first(node)
+            if home is not None and (node.group_by or node.rows):
+                return self._submit_sharded_fn(node)
+            if home is not None and not keeps_state(node):
+                return self._submit_whole_fn(node, home)
+            return self._submit_driver_fn(node)
+        return self._submit_call(node)
+
+    def _submit_source(self, node: PlanNode) -> bool:
+        if node.name not in self.feeds:
+            raise ValueError(f"{node.where()}: no batch was fed to this source")
+        start = time.time()
+        self._put(node, finish_output(node, self.feeds[node.name]))
+        self._record_driver_node(node, start)
+        return True
+
+    def _record_driver_node(self, node: PlanNode, start: float) -> None:
+        """A node the driver ran itself (a feed put, a function): one span, no rank."""
+        end = time.time()
+        self._record_node(node, self.outputs[node.name].metrics, [(start, end)])
+        self.result.timeline.append({"node": node.name, "role": None, "pool": None,
+                                     "rank": None, "start": start, "end": end})
+
+    def _slot_layout(self, node: PlanNode) -> tuple[DispatchMode, Layout, SlotLayout | None]:
+        """The call's mode, group layout and slot layout (once per plan and runtime)."""
+        cached = self.analysis.layouts.get(node.name)
+        if cached is None:
+            cached = self.analysis.layouts[node.name] = self._compute_slot_layout(node)
+        return cached
+
+    def _compute_slot_layout(self, node: PlanNode):
+        mode = get_dispatch_mode(node.dispatch)
+        size, tp = self.ex.pool_size(node.pool), self.plan.placement.tp_size(node.role)
+        if size % tp:
+            raise NodeFailure(node, None, f"pool '{node.pool}' has {size} ranks, not a "
+                                          f"multiple of the tensor-parallel size {tp}")
+        layout = Layout(size, tp)
+        return mode, layout, mode.slot_layout(layout)
+
+    def home_slots(self, name: str) -> list:
+        """Where a batch put by the driver goes: one slot per chunk its first consumer
+        call receives, each on the first rank that receives it."""
+        for node in self.plan.nodes:
+            if name in node.deps and node.op is Op.CALL:
+                _, _, slots = self._slot_layout(node)
+                if slots is None:  # a (dispatch, collect) pair: rank 0 takes it all
+                    return [(node.pool, 0)]
+                return [(node.pool, slots.receiver(s)) for s in range(slots.slots)]
+        pool = next((n.pool for n in self.plan.nodes if n.pool), None)
+        return [(pool, r) for r in range(self.ex.pool_size(pool))] if pool else []
+
+    def _put(self, node: PlanNode, batch: Batch) -> None:
+        """A batch from the driver, split for its first consumer; the executor says
+        what crossing costs (small shards on Ray travel inside each task)."""
+        homes = self.home_slots(node.name)
+        shards = batch.split(len(homes)) if homes else [batch]
+        homes = homes or [None]
+        refs = []
+        for shard in shards:
+            ref, sent = self.ex.put(shard)
+            refs.append(ref)
+            self.result.driver_bytes += sent
+        keys = self.group_keys.get(node.name, ())
+        groups = [{k: group_hashes(s[k]) for k in keys if k in s} for s in shards]
+        self.result.driver_bytes += sum(self.ex.value_bytes(h) for g in groups
+                                        for h in g.values())
+        self.outputs[node.name] = NodeOutput(
+            node.name, refs, homes, node.name, on_driver=True, rows=[len(s) for s in shards],
+            keys=batch.keys(), groups=groups,
+            nbytes=sum(self.ex.value_bytes(s) for s in shards),
+            metrics=batch.meta.get("metrics", {}))
+
+    def _submit_driver_fn(self, node: PlanNode) -> bool:
+        if not all(self.outputs[d].done for d in node.deps):
+            return False
+        start = time.time()
+        inputs = {d: Batch() for d in node.deps}
+        for dep in self.analysis.suppliers[node.name]:
+            shards, fetched = self.ex.resolve(self.outputs[dep].refs)
+            self.result.driver_bytes += fetched
+            inputs[dep] = shards[0] if len(shards) == 1 else Batch.concat(shards)
+        try:
+            out = finish_output(node, run_fn_node(node, assemble_input(node, inputs)))
+        except Exception as err:  # re-raised with the node named
+            raise NodeFailure(node, None, traceback.format_exc()) from err
+        self._put(node, out)
+        self._record_driver_node(node, start)
+        return True
+
+    def _submit_gather(self, node: PlanNode) -> bool:
+        """Re-run the nodes upstream of the gathered one on fresh source batches (one
+        sub-step a round) until it has `until` rows or `max_rounds` extra rounds ran;
+        then the first `until` rows, concatenated on the worker holding the first."""
+        dep = node.deps[0]
+        if not self.outputs[dep].done:
+            return False
+        until, max_rounds = node.kwargs["until"], node.kwargs["max_rounds"]
+        upstream = self.ex.plans.upstream_plan(self.plan, dep)
+        pieces, rounds = [self.outputs[dep]], 0
+        history = {n.name: [self.result.node_metrics.get(n.name, {})] for n in upstream.nodes}
+        while sum(p.num_rows for p in pieces) < until and self.draw is not None \
+                and rounds < max_rounds:
+            feeds = {n.name: self.draw(n.name) for n in upstream.nodes if n.op is Op.SOURCE}
+            sub = StepScheduler(self.ex, upstream, feeds).run()
+            pieces.append(sub.outputs[dep])
+            self.result.driver_bytes += sub.driver_bytes
+            self.result.timeline += sub.timeline
+            for name, metrics in sub.node_metrics.items():
+                history[name].append(metrics)
+            rounds += 1
+        for name, metrics in history.items():
+            self.result.node_metrics[name] = sum_round_metrics(metrics)
+        refs = [ref for p in pieces for ref in p.refs]
+        home = pieces[0].homes[0]
+        if home is None:  # the gathered node ran on the driver
+            shards, fetched = self.ex.resolve(refs)
+            self.result.driver_bytes += fetched
+            out = finish_gather(node, shards, rounds)
+            self._put(node, out)
+            self._record_node(node, out.meta["metrics"], [])
+            return True
+        pool, rank = home
+        args = TaskArgs(self.ex)
+        for ref in refs:
+            args.add(ref)
+        task = ShardTask(self.ex.node_id(self.plan, node, pool, rank),
+                         group_keys=self.group_keys.get(node.name, ()))
+        shard = self._submit(node, "gather", pool, rank, task, args, 0, extra=(rounds,))
+        self.outputs[node.name] = NodeOutput(node.name, [shard], [home], node.name)
+        return True
+
+    # ---- calls: a slot layout says which rows each rank receives
+    def _submit_call(self, node: PlanNode) -> bool:
+        mode, layout, slots = self._slot_layout(node)
+        if slots is None:
+            return self._submit_funnel(node, mode, layout)
+        if slots.slots == 1:  # every rank that runs takes the whole input, at once
+            inputs, lineage = [self._whole_inputs(node)], node.name
+        else:
+            planned = slot_inputs(node, self._suppliers(node), slots.slots)
+            if planned is None:
+                return False
+            inputs, lineage = planned
+        refs, homes = [None] * slots.slots, [None] * slots.slots
+        for rank, s in enumerate(slots.rank_slots):
+            if s is None:
+                continue
+            slot = slots.collector_slot(rank)
+            shard = self._run(node, node.pool, rank, inputs[s], slot)
+            if slot is not None:
+                refs[slot], homes[slot] = shard, (node.pool, rank)
+        self.outputs[node.name] = NodeOutput(node.name, refs, homes, lineage)
+        return True
+
+    def _submit_funnel(self, node: PlanNode, mode: DispatchMode, layout: Layout) -> bool:
+        """A mode registered as a (dispatch, collect) pair (deprecated): rank 0 runs
+        the mode's dispatch on the whole input and its collect on the ranks' results."""
+        pool, size = node.pool, layout.world_size
+        args = TaskArgs(self.ex)
+        task = self._task(node, self._whole_inputs(node), args, pool, 0)
+        task.mode = mode
+        *parts, meta = self._submit_raw(node, "scatter", pool, 0, size + 1, task, args,
+                                        extra=(layout,))
+        self._record(node, pool, 0, meta, None, args.object_refs())
+        self.meta_of.update({part: meta for part in parts})
+        raw = []
+        for rank, part in enumerate(parts):
+            task = ShardTask(self.ex.node_id(self.plan, node, pool, rank), prepared=True,
+                             finish=False)
+            part_args = TaskArgs(self.ex)
+            part_args.add(part)
+            raw.append(self._submit(node, "run", pool, rank, task, part_args, None))
+        task = ShardTask(self.ex.node_id(self.plan, node, pool, 0),
+                         group_keys=self.group_keys.get(node.name, ()), mode=mode)
+        collect_args = TaskArgs(self.ex)
+        for shard in raw:
+            collect_args.add(shard)
+        shard = self._submit(node, "collect", pool, 0, task, collect_args, 0, extra=(layout,))
+        self.outputs[node.name] = NodeOutput(node.name, [shard], [(pool, 0)], node.name)
+        return True
+
+    # ---- function nodes on the workers
+    def _submit_sharded_fn(self, node: PlanNode) -> bool:
+        first = self.outputs[node.deps[0]]
+        slots = len(first.refs)
+        deps = self._suppliers(node)
+        planned = grouped_inputs(node, deps, slots) if node.group_by else \
+            slot_inputs(node, deps, slots)
+        if planned is None:
+            return False
+        inputs, lineage = planned
+        homes = list(first.homes)
+        refs = [self._run(node, pool, rank, inputs[s], s) for s, (pool, rank) in enumerate(homes)]
+        self.outputs[node.name] = NodeOutput(node.name, refs, homes, lineage)
+        return True
+
+    def _submit_whole_fn(self, node: PlanNode, home) -> bool:
+        """A function over the whole batch (e.g. GAE, whose whitening is batch-wide)
+        runs on the worker holding its first input's first shard: the other shards
+        travel worker to worker, not through the driver."""
+        pool, rank = home
+        ref = self._run(node, pool, rank, self._whole_inputs(node), 0)
+        self.outputs[node.name] = NodeOutput(node.name, [ref], [home], node.name)
+        return True
+
+    def _home_of_first(self, node: PlanNode):
+        out = self.outputs.get(node.deps[0]) if node.deps else None
+        if out is None or out.homes[0] is None:
+            return None
+        return out.homes[0]
+
+    def _suppliers(self, node: PlanNode) -> list[NodeOutput]:
+        return [self.outputs[d] for d in self.analysis.suppliers[node.name]]
+
+    def _whole_inputs(self, node: PlanNode) -> dict:
+        return whole_inputs(self._suppliers(node))
+
+    # ---- one worker task
+    def _task(self, node: PlanNode, inputs: dict, args: TaskArgs, pool: str,
+              rank: int) -> ShardTask:
+        specs = {}
+        for dep, spec in inputs.items():
+            pieces = tuple(Piece(args.add(p.arg), p.rows) for p in spec.pieces)
+            specs[dep] = DepInput(pieces, spec.index)
+        for dep in node.deps:  # ordering only: a dep whose columns it does not read
+            if dep not in inputs:
+                for record in self.records.get(dep, []):
+                    args.add(record.ref)
+        return ShardTask(self.ex.node_id(self.plan, node, pool, rank), specs,
+                         group_keys=self.group_keys.get(node.name, ()))
+
+    def _run(self, node: PlanNode, pool: str, rank: int, inputs: dict, slot):
+        args = TaskArgs(self.ex)
+        task = self._task(node, inputs, args, pool, rank)
+        return self._submit(node, "run", pool, rank, task, args, slot)
+
+    def _submit(self, node, method, pool, rank, task, args: TaskArgs, slot, extra=()):
+        """A task that makes one shard; returns its handle."""
+        shard, meta = self._submit_raw(node, method, pool, rank, 2, task, args, extra)
+        self._record(node, pool, rank, meta, slot, args.object_refs())
+        self.meta_of[shard] = meta
+        return shard
+
+    def _submit_raw(self, node, method, pool, rank, returns, task, args: TaskArgs, extra):
+        self.result.driver_bytes += args.value_bytes()
+        return self.ex.submit(node, method, pool, rank, returns, task, [*extra, *args.refs])
+
+    def _record(self, node, pool, rank, meta, slot, refs: list) -> None:
+        self.tasks.add(node.name, pool, rank, meta, slot, refs)

@@ -1,0 +1,22 @@
+"""Rollout: engines that generate (`hf`, `vllm`, or one you register), the weights
+that move from the actor to them, and the `rollout` role (`RolloutWorker`).
+
+See docs/rollout.md. A new engine is one module with a factory and one call:
+
+    from hybridflow.workers.rollout import register_engine
+    register_engine("mine", lambda spec: MyEngine(spec))   # rollout.backend=mine
+"""
+from hybridflow.workers.rollout.engine import (EngineSpec, RolloutEngine, engine_names,
+                                               make_engine, register_engine)
+from hybridflow.workers.rollout.generation import (GENERATE_WRITES, assemble_rollout,
+                                                   generate_rows, logprob_mismatch,
+                                                   sampling_options)
+from hybridflow.workers.rollout.hf import make_hf_engine
+from hybridflow.workers.rollout.vllm import make_vllm_engine
+
+__all__ = ["EngineSpec", "RolloutEngine", "register_engine", "make_engine", "engine_names",
+           "GENERATE_WRITES", "assemble_rollout", "generate_rows", "logprob_mismatch",
+           "sampling_options"]
+
+register_engine("hf", make_hf_engine, replace=True)
+register_engine("vllm", make_vllm_engine, replace=True)

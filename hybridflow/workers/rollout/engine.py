@@ -1,0 +1,129 @@
+"""The rollout engine protocol and the registry of engines by name.
+
+An engine turns prompt rows into responses with the weights it holds, and knows
+which policy version those weights are (`policy_version`: how many actor updates
+they have seen). A new backend is one module that defines a factory
+`factory(spec: EngineSpec) -> engine` plus one `register_engine(name, factory)`;
+`rollout.backend=<name>` then selects it for both the actor's own engine and the
+`rollout` role (`rollout.backend="package.module:factory"` imports and registers
+it in every process, which Ray workers need).
+
+State: `_ENGINES`, name -> factory, filled when `hybridflow.workers.rollout` is
+imported (the built-in `hf` and `vllm`) and by `register_engine` calls; read by
+`make_engine`. Nothing else changes it.
+"""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Protocol, runtime_checkable
+
+import torch
+
+from hybridflow.batch import Batch
+
+__all__ = ["RolloutEngine", "EngineSpec", "register_engine", "make_engine", "engine_names",
+           "check_engine_name", "UNKNOWN_VERSION"]
+
+UNKNOWN_VERSION = -1  # weights not loaded yet (e.g. a vLLM engine built with dummy weights)
+
+
+@dataclass
+class EngineSpec:
+    """What an engine factory receives.
+
+    module: the model to generate with when the engine may share it (the actor's own
+    module when colocated: zero copy); None means the engine holds weights of its
+    own, built from `model_cfg` with `seed` (bit-identical to the actor's initial
+    weights for a model built from a config, equal for one loaded from a path).
+    """
+    model_cfg: Any                    # workers.config.ModelConfig (not imported: that
+    rollout_cfg: Any                  # module checks rollout.backend against this registry)
+    tokenizer: Any
+    ctx: Any                          # hybridflow.workers.base.WorkerContext
+    device: torch.device
+    module: torch.nn.Module | None = None
+    synced_gpus: bool = False         # FSDP: every rank must run every decoding step
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What the actor and the rollout role need from an engine.
+
+    shares_module: True when the engine generates with the module it was given, so
+    its weights are the actor's at every moment (no load is ever needed).
+    generate: rows already repeated n times -> the columns of `generation.ENGINE_COLUMNS`
+    (responses, masks, ids, `rollout_log_probs`), row-aligned, right-padded to
+    `opts.max_new_tokens`.
+    load_weights: one bucket of (name, tensor) pairs with plain Hugging Face names;
+    called once per bucket, then `finish_weight_update(version)`.
+    sleep / wake_up: free and reclaim device memory between generations (no-ops
+    where the engine has nothing to free).
+    """
+    policy_version: int
+    shares_module: bool
+
+    def generate(self, prompts: Batch, opts) -> Batch: ...  # opts: a RolloutConfig
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None: ...
+
+    def finish_weight_update(self, version: int) -> None: ...
+
+    def sleep(self) -> None: ...
+
+    def wake_up(self) -> None: ...
+
+
+_ENGINES: dict[str, Callable[[EngineSpec], RolloutEngine]] = {}
+
+
+def register_engine(name: str, factory: Callable[[EngineSpec], RolloutEngine],
+                    replace: bool = False) -> None:
+    """Make `rollout.backend=<name>` build engines with `factory(spec)`."""
+    if name in _ENGINES and not replace:
+        raise ValueError(f"rollout engine {name!r} is already registered; pass "
+                         "replace=True to override it")
+    _ENGINES[name] = factory
+
+
+def engine_names() -> list[str]:
+    return sorted(_ENGINES)
+
+
+def _import_factory(name: str) -> None:
+    """`rollout.backend="package.module:factory"` registers that factory under that
+    name in each process that needs it (Ray workers do not run the driver's
+    `register_engine` calls)."""
+    import importlib
+    target, _, attr = name.partition(":")
+    try:
+        factory = getattr(importlib.import_module(target), attr)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"rollout.backend {name!r}: cannot import the engine factory "
+                         f"{attr!r} from {target!r}: {err}") from None
+    register_engine(name, factory, replace=True)
+
+
+def check_engine_name(name: str) -> None:
+    """Raise a ValueError naming the registered engines when `name` is not one."""
+    if name not in _ENGINES and ":" in name:
+        _import_factory(name)
+    if name not in _ENGINES:
+        close = difflib.get_close_matches(name, list(_ENGINES), n=1, cutoff=0.5)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"rollout.backend={name!r} is not a known rollout backend{hint} "
+                         f"(valid: {', '.join(engine_names())}); register a new engine with "
+                         "hybridflow.workers.rollout.register_engine(name, factory) or name "
+                         "it as rollout.backend='package.module:factory'")
+
+
+def make_engine(spec: EngineSpec) -> RolloutEngine:
+    name = spec.rollout_cfg.backend
+    check_engine_name(name)
+    engine = _ENGINES[name](spec)
+    missing = [m for m in ("generate", "load_weights", "finish_weight_update", "sleep",
+                           "wake_up") if not callable(getattr(engine, m, None))]
+    if missing or not hasattr(engine, "policy_version"):
+        raise TypeError(f"rollout engine {name!r} ({type(engine).__name__}) lacks "
+                        f"{missing or ['policy_version']} of the RolloutEngine protocol")
+    return engine

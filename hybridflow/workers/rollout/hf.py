@@ -1,0 +1,121 @@
+"""The `hf` rollout engine: Hugging Face `generate`, on CPU or GPU.
+
+Given the actor's module (colocated), the engine *is* that module: after an update
+the next `generate` already uses the new weights, with no copy, and the actor
+stamps its own update count as the engine's `policy_version`. Without one (the
+`rollout` role on a pool of its own), it builds its own copy from the `model`
+section and `load_weights` copies buckets of the actor's exported weights into it.
+
+State: `module` (shared or own), `policy_version` (of the weights in `module`).
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+from hybridflow.batch import Batch
+from hybridflow.workers.config import RolloutConfig
+from hybridflow.workers.rollout.engine import UNKNOWN_VERSION, EngineSpec
+from hybridflow.workers.rollout.generation import assemble_rollout
+from hybridflow.workers.sequences import pad_right, position_ids_from_mask
+
+__all__ = ["HFEngine", "make_hf_engine", "sampled_log_probs"]
+
+
+def make_hf_engine(spec: EngineSpec) -> "HFEngine":
+    if spec.module is not None:
+        return HFEngine(spec.module, spec.tokenizer, spec.device, shares_module=True,
+                        synced_gpus=spec.synced_gpus)
+    from hybridflow.workers.models import build_causal_lm
+    module = build_causal_lm(spec.model_cfg, spec.tokenizer, spec.device, spec.ctx.seed)
+    module.eval().requires_grad_(False)
+    return HFEngine(module, spec.tokenizer, spec.device, shares_module=False, version=0)
+
+
+def sampled_log_probs(scores: tuple, tokens: torch.Tensor) -> torch.Tensor:
+    """Log-prob of each generated token under the processed scores it was sampled
+    from (temperature, top-k and top-p applied), [B, steps] float32."""
+    if not scores:
+        return torch.zeros(tokens.shape[0], 0)
+    steps = torch.stack(scores, dim=1).float()              # [B, steps, V]
+    logp = torch.log_softmax(steps, dim=-1)
+    chosen = torch.gather(logp, -1, tokens[:, :steps.shape[1]].unsqueeze(-1)).squeeze(-1)
+    return torch.nan_to_num(chosen, neginf=0.0)              # tokens after EOS: masked later
+
+
+class HFEngine:
+    def __init__(self, module: torch.nn.Module, tokenizer, device, shares_module: bool,
+                 synced_gpus: bool = False, version: int = UNKNOWN_VERSION):
+        self.module, self.tokenizer, self.device = module, tokenizer, device
+        self.shares_module = shares_module
+        self.synced_gpus = synced_gpus
+        self.policy_version = version
+
+    # ---------------------------------------------------------------- weights
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        params = self.module.state_dict()
+        for name, tensor in weights:
+            if name not in params:
+                raise KeyError(f"rollout engine 'hf' got weight {name!r}, which its model "
+                               f"does not have (first of its names: {list(params)[:3]})")
+            params[name].copy_(tensor.to(params[name].device, params[name].dtype))
+
+    def finish_weight_update(self, version: int) -> None:
+        self.policy_version = version
+
+    def sleep(self) -> None:
+        pass  # HF generate holds no cache between calls
+
+    def wake_up(self) -> None:
+        pass
+
+    # --------------------------------------------------------------- generate
+    def _generation_config(self, opts: RolloutConfig):
+        from transformers import GenerationConfig
+        sample = {"do_sample": True, "temperature": opts.temperature, "top_p": opts.top_p,
+                  "top_k": opts.top_k if opts.top_k > 0 else 0} if opts.do_sample else \
+            {"do_sample": False}
+        return GenerationConfig(max_new_tokens=opts.max_new_tokens, min_new_tokens=0,
+                                pad_token_id=self.tokenizer.pad_token_id,
+                                eos_token_id=self.tokenizer.eos_token_id, use_cache=True,
+                                return_dict_in_generate=True, output_scores=True, **sample)
+
+    @torch.no_grad()
+    def generate(self, prompts: Batch, opts: RolloutConfig) -> Batch:
+        """Rows of `prompts` already repeated n times; returns the engine columns."""
+        pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
+        width = opts.max_new_tokens
+        if len(prompts) == 0 and not self.synced_gpus:
+            return assemble_rollout(prompts, torch.zeros(0, width, dtype=torch.long), pad, eos)
+        was_training = self.module.training
+        self.module.eval()
+        config = self._generation_config(opts)
+        outs, logps = [], []
+        try:
+            for i in range(0, max(1, len(prompts)), opts.micro_batch_size):
+                micro = prompts.take(slice(i, i + opts.micro_batch_size))
+                ids, mask = micro["input_ids"], micro["attention_mask"]
+                if len(micro) == 0:  # synced FSDP rank with no rows: decode a dummy row
+                    ids, mask = torch.full((1, 1), pad), torch.ones(1, 1, dtype=torch.long)
+                result = self.module.generate(
+                    input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                    position_ids=position_ids_from_mask(mask).to(self.device),
+                    generation_config=config, synced_gpus=self.synced_gpus)
+                if len(micro):
+                    new = result.sequences[:, ids.shape[1]:].cpu()
+                    outs.append(pad_right(new, width, pad))
+                    scores = tuple(s.cpu() for s in result.scores)
+                    logps.append(_pad_float(sampled_log_probs(scores, new), width))
+        finally:
+            self.module.train(was_training)
+        responses = torch.cat(outs) if outs else torch.zeros(0, width, dtype=torch.long)
+        log_probs = torch.cat(logps) if logps else None
+        return assemble_rollout(prompts, responses, pad, eos, log_probs)
+
+
+def _pad_float(x: torch.Tensor, width: int) -> torch.Tensor:
+    if x.shape[1] >= width:
+        return x[:, :width]
+    return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=0.0)

@@ -1,0 +1,61 @@
+"""The agent rollout as a node: `agent.play` in a graph, run by the local runtime on
+the calculator task, beside the actor whose engine it generates with."""
+import textwrap
+
+import pytest
+
+from algorithms.envs import calculator
+from algorithms.envs.calculator_sft import write_data
+from hybridflow.agents import AGENT_ROLLOUT_WRITES
+from hybridflow.constraints import ConfigError
+from hybridflow.loop import Trainer
+from hybridflow.program import prepare
+from hybridflow.tracking import new_run_dir
+
+GRAPH = '''
+from hybridflow import Graph
+
+
+def build(cfg):
+    g = Graph("agent_probe")
+    episodes = g.call("agent.play", g.source("prompts"), n=cfg.rollout.n)
+    g.call("actor.logprob", episodes)
+    return g
+'''
+
+
+@pytest.fixture
+def overrides(tmp_path):
+    train, _ = write_data(str(tmp_path / "data"), n_train=8, n_test=4, seed=0)
+    (tmp_path / "agent_probe.py").write_text(textwrap.dedent(GRAPH))
+    return str(tmp_path / "agent_probe.py"), [
+        f"trainer.runs_dir={tmp_path}", "trainer.progress=false", "trainer.steps=1",
+        "trainer.val_every=0", f"data.train_files={train}", "data.max_prompt_length=16",
+        "data.batch_size=4", "rollout.n=2", "model.device=cpu", "actor.mini_batch_size=8",
+        "workers.agent=hybridflow.agents.worker:AgentRolloutWorker",
+        f"agent.env={calculator.__file__}:make_env", "agent.max_turns=2",
+        "agent.max_turn_tokens=8", "agent.max_response_tokens=32"]
+
+
+def test_agent_play_is_a_node_that_runs_episodes_beside_the_actor(overrides, tmp_path):
+    graph, args = overrides
+    loaded = prepare(graph, args)
+    node = next(n for n in loaded.plan.nodes if n.role == "agent")
+    assert set(AGENT_ROLLOUT_WRITES) <= set(node.writes)
+    run = new_run_dir(str(tmp_path), loaded.graph.name)
+    trainer = Trainer(loaded, run)
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    metrics = run.read_metrics()[-1]
+    assert metrics["agent/episodes"] == 8  # 4 prompts x n=2
+    assert 1 <= metrics["agent/turns/mean"] <= 2
+    assert "timing_s/agent.play" in metrics
+
+
+def test_check_refuses_a_missing_environment_before_any_worker_starts(overrides):
+    graph, args = overrides
+    args = [a if not a.startswith("agent.env=") else "agent.env=nope.py:Env" for a in args]
+    with pytest.raises(ConfigError, match="agent.env: environment 'nope.py:Env': file"):
+        prepare(graph, args)
