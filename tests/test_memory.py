@@ -132,7 +132,8 @@ def test_check_memory_prints_roles_pools_and_ok(capsys):
     assert code == 0
     for text in ("memory per device (device cpu", "actor@main: peak", "critic.update: +",
                  "ref.logprob: +", "rule-based scores: no model",
-                 "pool main (actor, critic, ref, reward)", "-> fits"):
+                 "rollout.generate: +", "served by actor's worker in the same process",
+                 "pool main (actor, critic, ref, reward, rollout)", "-> fits"):
         assert text in out, text
     assert out.rstrip().endswith("ok")
 
@@ -159,12 +160,26 @@ def test_check_without_memory_does_not_import_the_memory_model():
     assert out.stdout.strip().endswith("lazy"), out.stdout + out.stderr
 
 
-def _actor_memory(*overrides):
+def _role_memory(role, *overrides):
     from hybridflow.memory.report import plan_memory
     from hybridflow.program import prepare
     loaded = prepare(os.path.join(REPO, "graphs", "grpo.py"), list(overrides), preflight=False)
     report = plan_memory(loaded.cfg, loaded.plan)
-    return next(r for r in report.roles if r.role == "actor")
+    return next(r for r in report.roles if r.role == role)
+
+
+def _actor_memory(*overrides):
+    return _role_memory("actor", *overrides)
+
+
+def test_a_rollout_on_its_own_pool_holds_its_own_weights():
+    colocated = _role_memory("rollout")
+    assert colocated.resident == {} and "rollout.generate" in colocated.passes
+    own = _role_memory("rollout", "placement.pools.gen.devices_per_node=1",
+                       "placement.roles.rollout=gen")
+    assert own.pool == "gen"
+    assert own.resident["weights"] == _actor_memory().resident["weights"]
+    assert own.passes["rollout.generate"]["kv cache"] > 0
 
 
 def test_fsdp2_shards_the_actor_state_and_ddp_adds_buckets():
@@ -176,3 +191,16 @@ def test_fsdp2_shards_the_actor_state_and_ddp_adds_buckets():
     assert "ddp buckets" not in fsdp.passes["actor.update"]
     single = _actor_memory("placement.cluster.device=h100")
     assert "ddp buckets" not in single.passes["actor.update"]
+
+
+def test_generate_peak_counts_the_hf_engines_kept_scores():
+    from hybridflow.memory.passes import generate_pass
+    size = _hand_size()  # vocab 100, fp32, 2 layers, 2 KV heads of 16
+    cache = kv_cache_bytes(size, rows=2, length=53)
+    scores = 2 * 50 * 100 * 4  # rows x response steps x vocab x float32
+    cpu = generate_pass(size, rows=2, prompt=3, response=50)
+    assert cpu == {"kv cache": cache, "scores": 3 * scores}  # kept, stacked, log-softmax
+    gpu = generate_pass(size, rows=2, prompt=3, response=50, cuda=True)
+    assert gpu["scores"] == scores  # moved to the host before stacking
+    plain = generate_pass(size, rows=2, prompt=3, response=50, keeps_scores=False)
+    assert plain["scores"] == 0 and plain["kv cache"] > cache  # + the growing layer
