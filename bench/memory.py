@@ -1,10 +1,11 @@
-"""Predicted against measured peak memory of the actor's passes, per configuration.
+"""Predicted against measured peak memory of the actor's and critic's passes.
 
 For each configuration (model size, dtype, prompt/response lengths, micro-batch
-rows, LoRA on/off, pass: update / logprob / generate) this builds a real
-`ActorWorker` on the benchmark workload (`bench/workload.py`), runs the pass once
-to warm up (the optimizer allocates its moments at the first step), then runs it
-again and measures its peak; `hybridflow.memory.actor_pass_memory` predicts the
+rows, LoRA on/off, pass: update / logprob / generate, critic update / values) this
+builds a real `ActorWorker` or `CriticWorker` on the benchmark workload
+(`bench/workload.py`), runs the pass once to warm up (the optimizer allocates its
+moments at the first step), then runs it again and measures its peak;
+`hybridflow.memory.roles.actor_pass_memory` (or `critic_pass_memory`) predicts the
 same figure from the config alone.
 
 How the peak is measured:
@@ -45,7 +46,7 @@ TARGET = 0.15
 
 @dataclass(frozen=True)
 class Case:
-    kind: str              # update | logprob | generate
+    kind: str              # update | logprob | generate (actor); critic-update | values
     size: str = "5m"       # a bench/workload.py size
     rows: int = 8          # rows of the batch on the worker
     micro: int = 4         # rows per forward
@@ -87,6 +88,10 @@ CASES = (
     Case("generate", "10m", 32, 32, 64, 256),
     Case("generate", "28m", 16, 8, 64, 192),
     Case("generate", "10m", 16, 16, 32, 128, dtype="bfloat16"),
+    # the critic: a value head, no vocab-wide logits
+    Case("critic-update", "10m", 8, 4, 64, 128),
+    Case("critic-update", "28m", 8, 2, 64, 256),
+    Case("values", "10m", 16, 8, 64, 128),
 )
 QUICK = (CASES[0], CASES[9], CASES[14], CASES[18])
 
@@ -97,18 +102,28 @@ def run_config(case: Case, device: str) -> dict:
                       "device": device},
             "actor": {"micro_batch_size": case.micro, "mini_batch_size": case.rows,
                       "lora": lora},
+            "critic": {"micro_batch_size": case.micro, "mini_batch_size": case.rows},
             "rollout": {"max_new_tokens": case.response, "micro_batch_size": case.micro,
                         "log_prob_micro_batch_size": case.micro, "n": 1},
             "data": {"max_prompt_length": case.prompt, "batch_size": case.rows}}
 
 
 def predict(case: Case, device: str) -> dict:
-    from hybridflow.memory import actor_pass_memory
-    return actor_pass_memory(run_config(case, device), case.kind, rows=case.rows,
-                             cuda=device.startswith("cuda"))
+    from hybridflow.memory.roles import actor_pass_memory, critic_pass_memory
+    cuda = device.startswith("cuda")
+    if case.kind in CRITIC_KINDS:
+        return critic_pass_memory(run_config(case, device), CRITIC_KINDS[case.kind],
+                                  rows=case.rows, cuda=cuda)
+    return actor_pass_memory(run_config(case, device), case.kind, rows=case.rows, cuda=cuda)
+
+
+CRITIC_KINDS = {"critic-update": "update", "values": "values"}
 
 
 def _call(worker, case: Case, batch):
+    if case.kind in CRITIC_KINDS:
+        method = getattr(worker, CRITIC_KINDS[case.kind])
+        return lambda: method(batch)
     if case.kind == "update":
         return lambda: worker.update(batch)
     if case.kind == "logprob":
@@ -162,10 +177,12 @@ def cpu_peak_of(fn) -> int:
 def measure(case: Case, device: str) -> int:
     """Peak bytes this configuration holds during its pass (second call)."""
     from hybridflow.workers.actor import ActorWorker
+    from hybridflow.workers.critic import CriticWorker
     gc.collect()
     cuda = device.startswith("cuda")
     before = torch.cuda.memory_allocated() if cuda else live_tensor_bytes()
-    worker = ActorWorker(run_config(case, device))
+    role = CriticWorker if case.kind in CRITIC_KINDS else ActorWorker
+    worker = role(run_config(case, device))
     batch = _batch(case)
     call = _call(worker, case, batch)
     call()  # warm-up: AdamW allocates its moments at the first step
@@ -199,18 +216,23 @@ def run(cases=CASES, device: str = "cpu", out: str | None = RESULTS,
         if not quiet:
             print(f"{case.name:<48} predicted {total / MIB:8.1f} MiB  measured "
                   f"{measured / MIB:8.1f} MiB  {row['error']:+.1%}", flush=True)
-    worst = max(abs(r["error"]) for r in rows)
-    payload = {"machine": {"device": device, "torch": torch.__version__,
-                           "transformers": _version("transformers")},
-               "method": "cpu: profiler allocation events + live tensors before; "
-                         "cuda: torch.cuda.max_memory_allocated",
-               "rows": rows, "target": TARGET, "worst_abs_error": worst,
-               "within_target": sum(abs(r["error"]) <= TARGET for r in rows)}
+    payload = summarize(rows, device)
     if out:
         os.makedirs(os.path.dirname(out), exist_ok=True)
         with open(out, "w") as handle:
             json.dump(payload, handle, indent=1)
     return payload
+
+
+def summarize(rows: list[dict], device: str) -> dict:
+    """The JSON payload of measured rows: machine, method, rows, verdict."""
+    return {"machine": {"device": device, "torch": torch.__version__,
+                        "transformers": _version("transformers")},
+            "method": "cpu: profiler allocation events + live tensors before; "
+                      "cuda: torch.cuda.max_memory_allocated",
+            "rows": rows, "target": TARGET,
+            "worst_abs_error": max(abs(r["error"]) for r in rows),
+            "within_target": sum(abs(r["error"]) <= TARGET for r in rows)}
 
 
 def _version(name: str) -> str:
@@ -235,11 +257,15 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:<index>")
     parser.add_argument("--quick", action="store_true", help="four small configurations")
+    parser.add_argument("--kinds", nargs="*", help="only these passes (e.g. update values)")
     parser.add_argument("--out", default=RESULTS, help="JSON results file")
     args = parser.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--device cuda needs a CUDA device; torch sees none here")
-    payload = run(QUICK if args.quick else CASES, args.device, args.out)
+    cases = QUICK if args.quick else CASES
+    if args.kinds:
+        cases = tuple(c for c in cases if c.kind in args.kinds)
+    payload = run(cases, args.device, args.out)
     print(report(payload))
     return 0
 

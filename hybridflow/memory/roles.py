@@ -27,6 +27,7 @@ from hybridflow.memory.passes import (MicroBatch, batch_bytes, generate_pass,
                                       inference_pass, train_pass, training_state)
 
 __all__ = ["RoleMemory", "PoolMemory", "role_model_size", "actor_pass_memory",
+           "critic_pass_memory",
            "roles_memory", "pools_memory"]
 
 MODELED_ROLES = ("actor", "rollout", "ref", "critic", "reward")
@@ -122,6 +123,22 @@ def actor_pass_memory(cfg, kind: str, rows: int, cuda: bool = False) -> dict[str
     out.update(_actor_pass(size, s, kind, rows, prompt,
                            {"cuda": cuda, "shards": 1, "ddp_buckets": False}))
     return out
+
+
+def critic_pass_memory(cfg, kind: str, rows: int, cuda: bool = False) -> dict[str, int]:
+    """Peak bytes of one critic pass ("update" or "values") on `rows` rows of one
+    rank, resident state included: what bench/memory.py measures."""
+    s = _sections(cfg)
+    _, prompt = _data(cfg)
+    size = role_model_size(cfg, head="value", path=s["critic"].path)
+    micro = MicroBatch(min(rows, s["critic"].micro_batch_size), prompt,
+                       s["rollout"].max_new_tokens)
+    batch = batch_bytes(rows, prompt, micro.response)
+    if kind != "update":
+        return {"weights": size.weight_bytes, **inference_pass(size, micro, vocab_head=False),
+                "batch": batch}
+    return {"weights": size.weight_bytes, "optimizer": training_state(size)["optimizer"],
+            **train_pass(size, micro, vocab_head=False, cuda=cuda), "batch": 2 * batch}
 
 
 def _actor_pass(size: ModelSize, s, kind: str, rows: int, prompt: int, state: dict,
