@@ -115,9 +115,11 @@ def kv_cache_bytes(size: ModelSize, rows: int, length: int) -> int:
 
 
 def layer_transients(size: ModelSize, micro: MicroBatch) -> int:
-    """One layer's temporaries in a forward without gradient (inference, prefill)."""
+    """One layer's temporaries in a forward without gradient (inference, prefill):
+    the MLP's silu(gate), up and their product (3 intermediate) beside the residual
+    stream, the normed input and the attention output (~4 hidden)."""
     arch = size.arch
-    return micro.rows * micro.width * (2 * arch.intermediate + 4 * arch.hidden) \
+    return micro.rows * micro.width * (3 * arch.intermediate + 4 * arch.hidden) \
         * size.dtype_bytes
 
 
