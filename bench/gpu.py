@@ -109,8 +109,10 @@ def predictions(config, args, rows):
     size = model_size(config, "causal", torch.bfloat16)
     micro = MicroBatch(min(args.micro, rows), args.max_prompt, args.max_response)
     return size, {
+        # plain HF generate here: no scores kept (the engine's `hf` backend keeps them)
         "generate": sum(generate_pass(size, min(args.gen_micro, rows), args.max_prompt,
-                                      args.max_response).values()),
+                                      args.max_response, keeps_scores=False,
+                                      cuda=True).values()),
         "logprob": sum(inference_pass(size, micro).values()),
         "update": sum(train_pass(size, micro, cuda=True).values())
         + training_state(size)["optimizer"]}
