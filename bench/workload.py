@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["SIZES", "VOCAB", "PAD_ID", "EOS_ID", "hf_config", "make_model",
+__all__ = ["SIZES", "VOCAB", "PAD_ID", "EOS_ID", "hf_config", "engine_overrides", "make_model",
            "response_lengths", "make_prompts", "make_rollout", "LengthSampler"]
 
 VOCAB = 16384
@@ -54,6 +54,20 @@ def hf_config(size: str = "10m", **overrides) -> dict[str, Any]:
     return {**_QWEN2, "hidden_size": hidden, "num_hidden_layers": layers,
             "num_attention_heads": heads, "num_key_value_heads": kv_heads,
             "intermediate_size": inter, **overrides}
+
+
+def engine_overrides(size: str = "10m", prompts: int = 32, n: int = 4,
+                     max_response: int = 256, max_prompt: int = 64) -> list[str]:
+    """`key=value` overrides that put a shipped graph on this workload's model and
+    shapes (e.g. `hybridflow check graphs/grpo.py --memory <these>`). The prompts
+    still come from the graph's dataset and tokenizer."""
+    values = hf_config(size)
+    model = ["model.path=null", "model.tokenizer=char"] + [
+        f"model.hf_config.{key}={value}" for key, value in values.items()
+        if key not in ("pad_token_id", "eos_token_id", "bos_token_id")]
+    return model + [f"data.batch_size={prompts}", f"rollout.n={n}",
+                    f"rollout.max_new_tokens={max_response}",
+                    f"data.max_prompt_length={max_prompt}"]
 
 
 def make_model(size: str = "10m", dtype: torch.dtype = torch.float32, seed: int = 0,

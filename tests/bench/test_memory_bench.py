@@ -67,3 +67,13 @@ def test_gpu_bench_parses_and_needs_cuda(capsys):
     if not torch.cuda.is_available():
         assert gpu.main(["--prompts", "8"]) == 2
         assert "needs a CUDA device" in capsys.readouterr().err
+
+
+def test_engine_overrides_put_a_shipped_graph_on_the_workload_model():
+    from bench import workload
+    from hybridflow.program import prepare
+    loaded = prepare(os.path.join(REPO, "graphs", "grpo.py"),
+                     workload.engine_overrides("5m", prompts=16, n=4), preflight=False)
+    assert loaded.cfg.model.path is None
+    assert loaded.cfg.model.hf_config.hidden_size == workload.SIZES["5m"][0]
+    assert (loaded.cfg.data.batch_size, loaded.cfg.rollout.n) == (16, 4)
