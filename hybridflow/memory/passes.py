@@ -30,12 +30,14 @@ sdpa attention; bench/memory.py checks them against measured peaks):
   first (accumulation), so the update's peak counts them in full. The optimizer
   step adds temporaries: one copy of the largest tensor (single-tensor AdamW, the
   CPU default) or of all trainable bytes (foreach AdamW, the CUDA default).
-- **KV cache** of `generate` (and the `hf` engine's kept scores, see `generate_pass`):
-  `rows * (prompt + response) * layers * 2 * kv_heads *
-  head_dim * dtype bytes`, plus one layer's keys again (the cache grows by
+- **generate**: the KV cache, `rows * (prompt + response) * layers * 2 * kv_heads
+  * head_dim * dtype bytes`, plus one layer's keys again (the cache grows by
   concatenation), and the sampling's float32 `[rows, vocab]` tensors (four: logits,
-  processed scores, probabilities, a copy); the peak is the last decoding step
-  unless the prefill's temporaries are larger.
+  processed scores, probabilities, a copy); or the prefill's temporaries when
+  larger. The `hf` engine also keeps every step's scores for the rollout log-probs:
+  `rows * response * vocab` float32, to the end of the call (see `generate_pass`).
+- **Inference** (log-probs, values): one layer's temporaries (3 intermediate + 4
+  hidden per token) or the logits, whichever is larger.
 """
 from __future__ import annotations
 
