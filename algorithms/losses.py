@@ -19,6 +19,7 @@ import torch
 
 from algorithms.masked import masked_mean, masked_sum
 from algorithms.registry import lookup
+from hybridflow.workers.sequences import entropy_from_logits  # noqa: F401  (re-export)
 
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 Count = torch.Tensor | float | int | None
@@ -188,24 +189,3 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
     losses = torch.maximum(err, err_clipped)
     loss = 0.5 * aggregate(losses, mask, mode, global_tokens, global_seqs, norm_constant)
     return loss, {"vf_clipfrac": _metric(err_clipped > err, mask)}
-
-
-def entropy_from_logits(logits: torch.Tensor, chunk_size: int = 2048) -> torch.Tensor:
-    """Entropy of softmax(logits) along the last dim: [..., V] -> [...].
-
-    `logsumexp(x) - sum(softmax(x) * x)`, stable for large logits (no exp of
-    raw values). Rows are processed `chunk_size` at a time so the [rows, V]
-    probabilities of a long batch never exist all at once; half precision is
-    upcast to float32. Logits must be finite.
-    """
-    flat = logits.reshape(-1, logits.shape[-1])
-    parts = []
-    for chunk in flat.split(chunk_size):
-        if chunk.dtype in (torch.float16, torch.bfloat16):
-            chunk = chunk.float()
-        probs = torch.softmax(chunk, dim=-1)
-        parts.append(torch.logsumexp(chunk, dim=-1) - (probs * chunk).sum(dim=-1))
-    if not parts:
-        return flat.new_zeros(logits.shape[:-1],
-                              dtype=torch.promote_types(flat.dtype, torch.float32))
-    return torch.cat(parts).reshape(logits.shape[:-1])

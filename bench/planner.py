@@ -1,7 +1,7 @@
 """Placement planner benchmark: best plan vs everything colocated, and search time.
 
 For Llama 7B/13B/34B/70B as actor, critic, reference and reward model (PPO,
-1024 prompts, 1024+1024 tokens, the HybridFlow paper's workload) on 8..128
+1024 prompts, 1024+1024 tokens, 8 mini-batches: the HybridFlow paper's workload) on 8..128
 devices, prints the predicted step time of the planner's best plan, that of
 the "everything colocated on all devices" plan (with its best layouts), their
 ratio, and how long the search took; writes bench/results/planner.json.
@@ -27,7 +27,8 @@ from hybridflow.planner import (Cluster, ModelSpec,  # noqa: E402 - after the pa
 SIZES = ("7b", "13b", "34b", "70b")
 DEVICE_COUNTS = (8, 16, 32, 64, 128)
 ROLES = ("actor", "ref", "critic", "reward")
-PAPER_WORKLOAD = Workload(prompts=1024, samples_per_prompt=1, prompt_len=1024, response_len=1024)
+PAPER_WORKLOAD = Workload(prompts=1024, samples_per_prompt=1, prompt_len=1024, response_len=1024,
+                          mini_batches=8)
 
 
 def ppo_plan():

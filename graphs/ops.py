@@ -1,21 +1,30 @@
-"""Function nodes shared by the graphs: the math of `algorithms/` adapted to batches.
+"""Function nodes and losses shared by the graphs: the math of `algorithms/` adapted
+to batches.
 
-Each is a plain function over a Batch, declared with `@node_fn` (the keys it reads
-and writes, and whether it may run on shards). The math itself lives in
-`algorithms/`; these adapters only pick columns and name the outputs.
+Each function node is a plain function over a Batch, declared with `@node_fn` (the
+keys it reads and writes, and whether it may run on shards). Each loss is passed to
+a training node (`g.call("actor.update", ..., loss=ops.policy_loss(cfg.actor))`) and
+declared with `@loss_fn` (the keys it reads). The math itself lives in
+`algorithms/`; these adapters only pick columns and name the outputs. On import this
+module registers the default losses of `actor.update`, `actor.sft` and
+`critic.update` (today's config-chosen losses) for graphs that pass none.
 """
 from __future__ import annotations
 
 import torch
 
 from algorithms import advantages as adv
-from algorithms.kl import KL_KINDS, AdaptiveKL, FixedKL, apply_kl_in_reward
+from algorithms.kl import KL_KINDS, AdaptiveKL, FixedKL, apply_kl_in_reward, kl_penalty
+from algorithms.losses import AGG_MODES, aggregate, get_policy_loss, value_loss
+from algorithms.masked import masked_mean
 from hybridflow import Batch, node_fn
+from hybridflow.loss import loss_fn, register_default_loss
 
 __all__ = ["grpo_advantages", "rloo_advantages", "reinforce_pp_advantages",
            "reinforce_pp_baseline_advantages", "remax_advantages", "gae_advantages",
            "KLInReward", "AdaptiveKLInReward", "kl_in_reward", "scores_to_rewards",
-           "response_loss_mask"]
+           "PolicyLoss", "policy_loss", "ppo_loss", "gspo_loss", "cispo_loss", "sft_loss",
+           "ValueLoss", "critic_value_loss", "response_loss_mask"]
 
 
 def _out(**tensors) -> Batch:
@@ -169,3 +178,122 @@ def response_loss_mask(batch: Batch) -> Batch:
     mask = torch.zeros_like(batch["input_ids"], dtype=torch.long)
     mask[:, prompt_width:] = batch["response_mask"].long()
     return _out(loss_mask=mask)
+
+
+# ------------------------------------------------------------------------- losses
+class PolicyLoss:
+    """The actor's loss, as verl's actor computes it: a policy-gradient surrogate
+    (`algorithms/losses.py`: ppo with dual clip, gspo or cispo), minus an entropy
+    bonus when `entropy_coeff` is set, plus a KL-to-reference term when `kl_coef` is
+    set (the term reads `ref_log_prob`). Metrics: pg_loss and the surrogate's
+    (pg_clipfrac, ppo_kl, pg_clipfrac_lower), entropy, kl_loss."""
+
+    def __init__(self, kind: str = "ppo", clip_low: float = 0.2, clip_high: float = 0.2,
+                 clip_c: float = 3.0, agg: str = "token-mean", entropy_coeff: float = 0.0,
+                 kl_coef: float | None = None, kl_type: str = "low_var_kl"):
+        self.surrogate = get_policy_loss(kind)  # unknown names fail at graph build time
+        if agg not in AGG_MODES:
+            raise ValueError(f"unknown loss aggregation {agg!r} (actor.loss_agg_mode); "
+                             f"valid modes: {', '.join(AGG_MODES)}")
+        if kl_coef is not None and kl_type not in KL_KINDS:
+            raise ValueError(f"unknown KL kind {kl_type!r} (actor.kl_loss_type); valid "
+                             f"kinds: {', '.join(KL_KINDS)}")
+        self.kind, self.agg, self.entropy_coeff = kind, agg, entropy_coeff
+        self.clip = {"clip_low": clip_low, "clip_high": clip_high,
+                     **({"clip_c": clip_c} if kind == "ppo" else {})}
+        self.kl_coef, self.kl_type = kl_coef, kl_type
+        self.__name__ = f"{kind}_loss"
+        loss_fn(reads=("old_log_probs", "advantages")
+                + (("ref_log_prob",) if kl_coef is not None else ()))(self)
+
+    def __repr__(self) -> str:
+        kl = f", kl={self.kl_type}*{self.kl_coef}" if self.kl_coef is not None else ""
+        ent = f", entropy={self.entropy_coeff}" if self.entropy_coeff else ""
+        return f"{self.__name__}({self.agg}{ent}{kl})"
+
+    def __call__(self, micro: Batch, out):
+        mask = micro["response_mask"]
+        logp = out.log_probs
+        agg = dict(mode=self.agg, global_tokens=out.tokens, global_seqs=out.seqs,
+                   norm_constant=float(mask.shape[1]))
+        pg_loss, pg_metrics = self.surrogate(logp, micro["old_log_probs"],
+                                             micro["advantages"], mask, **self.clip, **agg)
+        loss, share = pg_loss, out.share
+        parts = {"pg_loss": pg_loss, **{k: v * share for k, v in pg_metrics.items()}}
+        if self.entropy_coeff != 0:
+            entropy = aggregate(out.entropy(grad=True), mask, **agg)
+            loss = loss - self.entropy_coeff * entropy
+            parts["entropy"] = entropy
+        else:
+            parts["entropy"] = masked_mean(out.entropy(grad=False), mask) * share
+        if self.kl_coef is not None:
+            kl = aggregate(kl_penalty(logp, micro["ref_log_prob"], self.kl_type), mask, **agg)
+            loss = loss + self.kl_coef * kl
+            parts["kl_loss"] = kl
+        return loss, parts
+
+
+def policy_loss(actor, kind: str | None = None) -> PolicyLoss:
+    """The actor's loss from its config section: `actor.policy_loss` (or `kind`), its
+    clip range, aggregation, entropy bonus and KL loss (`actor.use_kl_loss`)."""
+    return PolicyLoss(kind or actor.policy_loss, actor.clip_low, actor.clip_high,
+                      actor.clip_c, actor.loss_agg_mode, actor.entropy_coeff,
+                      actor.kl_loss_coef if actor.use_kl_loss else None, actor.kl_loss_type)
+
+
+def ppo_loss(actor) -> PolicyLoss:
+    """Clipped PPO surrogate with dual clip (`actor.clip_low/clip_high/clip_c`)."""
+    return policy_loss(actor, "ppo")
+
+
+def gspo_loss(actor) -> PolicyLoss:
+    """GSPO: PPO clipping on the length-normalised sequence ratio."""
+    return policy_loss(actor, "gspo")
+
+
+def cispo_loss(actor) -> PolicyLoss:
+    """CISPO: the clipped ratio as a constant weight on `A * log_prob`."""
+    return policy_loss(actor, "cispo")
+
+
+@loss_fn()
+def sft_loss(micro: Batch, out):
+    """Token-mean negative log-likelihood of the target tokens (`actor.sft`)."""
+    loss = -out.mean(out.log_probs)
+    return loss, {"sft_loss": loss}
+
+
+class ValueLoss:
+    """The critic's clipped value loss (`algorithms.losses.value_loss`); metrics vf_loss,
+    vf_clipfrac and values/mean."""
+
+    def __init__(self, clip: float = 0.5, agg: str = "token-mean"):
+        if agg not in AGG_MODES:
+            raise ValueError(f"unknown loss aggregation {agg!r} (critic.loss_agg_mode); "
+                             f"valid modes: {', '.join(AGG_MODES)}")
+        self.clip, self.agg, self.__name__ = clip, agg, "value_loss"
+        loss_fn(reads=("values", "returns"))(self)
+
+    def __repr__(self) -> str:
+        return f"value_loss(clip={self.clip}, {self.agg})"
+
+    def __call__(self, micro: Batch, out):
+        mask = micro["response_mask"]
+        vpreds = out.values
+        loss, metrics = value_loss(vpreds, micro["values"], micro["returns"], mask,
+                                   clip=self.clip, mode=self.agg, global_tokens=out.tokens,
+                                   global_seqs=out.seqs, norm_constant=float(mask.shape[1]))
+        share = out.share
+        return loss, {"vf_loss": loss, "vf_clipfrac": metrics["vf_clipfrac"] * share,
+                      "values/mean": masked_mean(vpreds.detach(), mask) * share}
+
+
+def critic_value_loss(critic) -> ValueLoss:
+    """The critic's loss from its config section (`critic.cliprange_value`, agg mode)."""
+    return ValueLoss(critic.cliprange_value, critic.loss_agg_mode)
+
+
+# calls made without loss=... keep today's behaviour: the loss chosen from config
+register_default_loss("actor.update", policy_loss)
+register_default_loss("actor.sft", lambda actor: sft_loss)
+register_default_loss("critic.update", critic_value_loss)

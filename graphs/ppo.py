@@ -44,6 +44,6 @@ def build(cfg) -> Graph:
     else:
         rewards = g.fn(ops.scores_to_rewards, score)
     adv = g.fn(ops.gae_advantages, rollout, values, rewards, gamma=a.gamma, lam=a.lam)
-    g.call("critic.update", rollout, values, adv)
-    g.call("actor.update", rollout, old, ref, adv)
+    g.call("critic.update", rollout, values, adv, loss=ops.critic_value_loss(cfg.critic))
+    g.call("actor.update", rollout, old, ref, adv, loss=ops.policy_loss(cfg.actor))
     return g

@@ -39,5 +39,5 @@ def build(cfg) -> Graph:
     else:
         rewards = g.fn(ops.kl_in_reward(a.kl_kind, a.kl_coef), rollout, score, old, ref)
         adv = g.fn(ops.reinforce_pp_advantages, rollout, rewards, gamma=a.gamma)
-    g.call("actor.update", rollout, old, ref, adv)
+    g.call("actor.update", rollout, old, ref, adv, loss=ops.policy_loss(cfg.actor))
     return g

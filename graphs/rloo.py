@@ -29,5 +29,5 @@ def build(cfg) -> Graph:
     inputs = [rollout, old, adv]
     if cfg.actor.use_kl_loss:  # the KL loss needs the reference policy
         inputs.append(g.call("ref.logprob", rollout))
-    g.call("actor.update", *inputs)
+    g.call("actor.update", *inputs, loss=ops.policy_loss(cfg.actor))
     return g

@@ -20,6 +20,7 @@ import torch
 from hybridflow import Batch, Graph, node_fn
 from hybridflow.constraints import checked, probability
 
+from graphs import ops
 from graphs.common import embedded_defaults
 
 
@@ -93,5 +94,5 @@ def build(cfg) -> Graph:
     prompts = g.source("prompts")
     make = SFTExamples(tokenizer_spec(cfg.model), cfg.algorithm.stop_fraction, cfg.trainer.seed)
     examples = g.fn(make, prompts)
-    g.call("actor.sft", examples)
+    g.call("actor.sft", examples, loss=ops.sft_loss)
     return g

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from hybridflow.compiler import ExecutionPlan
 from hybridflow.config import ConfigError
 
-__all__ = ["AUTO_OVERRIDE", "expand_auto", "plan_auto_placement"]
+__all__ = ["AUTO_OVERRIDE", "expand_auto", "plan_auto_placement", "run_models"]
 
 AUTO_OVERRIDE = "placement=auto"
 
@@ -36,7 +36,8 @@ def _hf_config(cfg: DictConfig) -> dict:
     return config
 
 
-def _models(cfg: DictConfig, plan: ExecutionPlan) -> dict:
+def run_models(cfg: DictConfig, plan: ExecutionPlan) -> dict:
+    """{role: ModelSpec} of the roles that hold a model (a rule reward holds none)."""
     from hybridflow.planner import ModelSpec
     spec = ModelSpec.from_hf_config(_hf_config(cfg), name="model")
     roles = {"actor", "ref", "critic"} | ({"reward"} if cfg.reward.model_path else set())
@@ -52,11 +53,13 @@ def plan_auto_placement(cfg: DictConfig, plan: ExecutionPlan) -> tuple[dict, str
     try:
         result = plan_placement(
             plan, Cluster(cluster_cfg.nodes, cluster_cfg.devices_per_node, cluster_cfg.device),
-            _models(cfg, plan),
+            run_models(cfg, plan),
             Workload(prompts=cfg.data.batch_size, samples_per_prompt=cfg.rollout.n,
                      prompt_len=cfg.data.max_prompt_length,
                      response_len=cfg.rollout.max_new_tokens,
-                     ppo_epochs=cfg.actor.ppo_epochs))
+                     ppo_epochs=cfg.actor.ppo_epochs,
+                     mini_batches=max(1, -(-cfg.data.batch_size * cfg.rollout.n
+                                          // cfg.actor.mini_batch_size))))
     except (PlanningError, ValueError) as err:
         raise ConfigError(f"placement=auto: {err}") from None
     return result.best.to_placement_config(), result.explain()

@@ -15,6 +15,7 @@ import networkx as nx
 from hybridflow.dispatch import MethodSpec, get_dispatch_mode, worker_methods
 from hybridflow.graph import FnSpec, Graph, Node, fn_spec
 from hybridflow.kinds import NodeKind, Op, RowEffect
+from hybridflow.loss import call_keys
 from hybridflow.placement import Placement
 from hybridflow.weight_sync import insert_weight_sync
 
@@ -185,9 +186,15 @@ class _Checker:
         except ValueError as err:
             self.fail(node, str(err))
         pool = self._pool_of(node)
+        try:  # a loss passed by the graph brings the keys it reads
+            reads, optional = call_keys(getattr(cls, node.method), spec.reads, spec.optional,
+                                        node.kwargs)
+        except ValueError as err:
+            self.fail(node, str(err))
+            reads, optional = spec.reads, spec.optional
         return PlanNode(node.name, spec.kind, Op.CALL, node.inputs, node.location,
                         role=node.role, method=node.method, pool=pool, dispatch=spec.dispatch,
-                        reads=spec.reads, optional=spec.optional,
+                        reads=reads, optional=optional,
                         writes=self._renamed(node, spec.writes), kwargs=node.kwargs,
                         forwards=spec.forwards, rename=node.rename)
 

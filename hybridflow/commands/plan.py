@@ -3,6 +3,9 @@
     hybridflow plan graphs/ppo.py --nodes 2 --gpus-per-node 8 --device h100 --model 7b
     hybridflow plan graphs/ppo.py --model actor=13b,critic=7b,reward=7b --json
     hybridflow plan graphs/ppo.py --model 70b --nodes 16 --render plan.svg --save placement.yaml
+    hybridflow plan --measure-device --save mybox        # this machine as device entry "mybox"
+    hybridflow plan --calibrate runs/grpo-1 --device mybox --save mybox-fit
+    hybridflow plan graphs/grpo.py --device mybox-fit --nodes 1 --gpus-per-node 1 --model ...
 
 A bare size (`--model 7b`) applies to every role of the graph except the rule
 roles (`--rule-roles`, default `reward`), which run on the driver unless given
@@ -22,7 +25,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "plan", help="choose colocation, pool sizes and parallelism for a graph, and explain why",
         description=__doc__.split("\n\n", 1)[0])
-    parser.add_argument("graph", help="graph file exporting build(cfg)")
+    parser.add_argument("graph", nargs="?", help="graph file exporting build(cfg)")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="config overrides for the graph")
     parser.add_argument("-c", "--config", help="YAML config file, merged before overrides")
@@ -30,7 +33,21 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     cluster.add_argument("--nodes", type=int, default=1)
     cluster.add_argument("--gpus-per-node", type=int, default=8)
     cluster.add_argument("--device", default="a100-80g",
-                         help="a100-80g, a100-40g, h100-80g, h200-141g or cpu")
+                         help="a100-80g, a100-40g, a800-80g, h100-80g, h200-141g, cpu, or a "
+                              "device entry: NAME in ~/.hybridflow/devices or a .json path")
+    device = parser.add_argument_group("device entries")
+    device.add_argument("--measure-device", action="store_true",
+                        help="micro-benchmark this machine (matmul, memory, process transfer) "
+                             "and print it as a device entry; --save NAME keeps it")
+    device.add_argument("--threads", type=int, default=1,
+                        help="torch threads for --measure-device (a run's runtime.torch_threads)")
+    device.add_argument("--from-config", action="store_true",
+                        help="plan the graph's own run: models, workload and placement from its "
+                             "config (as `hybridflow run` would place it), on --device; "
+                             "prints each node's predicted seconds")
+    device.add_argument("--calibrate", metavar="RUN_DIR",
+                        help="fit --device's constants to a run's timeline.jsonl and config; "
+                             "--save NAME keeps the fitted entry")
     models = parser.add_argument_group("models")
     models.add_argument("--model", action="append", default=None,
                         help="size for all roles (7b) or per role (actor=7b,critic=13b); "
@@ -43,15 +60,28 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     work.add_argument("--prompt-len", type=int, default=1024)
     work.add_argument("--response-len", type=int, default=1024)
     work.add_argument("--epochs", type=int, default=1, help="PPO epochs over the batch")
-    work.add_argument("--mini-batches", type=int, default=4, help="optimizer steps per epoch")
+    work.add_argument("--mini-batches", type=int, default=8, help="optimizer steps per epoch")
     work.add_argument("--micro-batch-tokens", type=int, default=8192,
                       help="tokens per device per pass")
+    work.add_argument("--response-mean", type=float, default=0.0,
+                      help="mean response tokens (0: every response is --response-len long)")
+    work.add_argument("--response-sigma", type=float, default=0.6,
+                      help="lognormal shape of response lengths around --response-mean")
+    work.add_argument("--padded-len", type=int, default=0,
+                      help="pad every sequence to this many tokens in passes (0: packed)")
+    train = parser.add_argument_group("training backend")
+    train.add_argument("--train-backend", default="fsdp", choices=("fsdp", "megatron"))
+    train.add_argument("--train-tp", type=int, default=1, help="megatron tensor parallel size")
+    train.add_argument("--train-pp", type=int, default=1, help="megatron pipeline parallel size")
+    train.add_argument("--offload", default="none", choices=("none", "optimizer", "all"),
+                       help="keep Adam states (optimizer) or also parameters (all) on the host")
     out = parser.add_argument_group("output")
     out.add_argument("--top-k", type=int, default=5, help="plans to rank")
     out.add_argument("--json", action="store_true", help="print JSON instead of the table")
     out.add_argument("--render", metavar="PATH", help="draw the best plan (.svg/.png/.pdf/.dot)")
     out.add_argument("--save", metavar="PATH",
-                     help="write the best plan as a config's placement section (YAML)")
+                     help="write the best plan as a config's placement section (YAML); with "
+                          "--measure-device or --calibrate: the device entry's NAME or .json")
     parser.set_defaults(run=run)
     return parser
 
@@ -93,20 +123,34 @@ def device_roles(plan) -> list[str]:
 
 def run(args) -> int:
     from hybridflow.program import load_plan
-    from hybridflow.planner import (Cluster, NoFeasiblePlacement, PlanningError, Workload,
-                                    plan_placement)
+    from hybridflow.planner import (Cluster, NoFeasiblePlacement, PlanningError, TrainingBackend,
+                                    Workload, plan_placement)
 
+    if args.measure_device or args.calibrate:
+        from hybridflow.commands.plan_device import run_device
+        return run_device(args)
+    if not args.graph:
+        print("hybridflow plan: give a graph file (or --measure-device / --calibrate RUN_DIR)",
+              file=sys.stderr)
+        return 2
     try:
         extra = {"yaml_file": args.config} if args.config else {}
         from hybridflow.weight_sync import planner_view
+        if args.from_config:
+            result = _plan_from_config(args, extra)
+            print(json.dumps(result.to_json(), indent=2) if args.json else result.explain())
+            return 0
         plan = planner_view(load_plan(args.graph, list(args.overrides or []), **extra))
         roles = device_roles(plan)
         rule_roles = {r.strip() for r in args.rule_roles.split(",") if r.strip()}
         models = parse_models(args.model, roles, rule_roles)
         cluster = Cluster(args.nodes, args.gpus_per_node, args.device)
         workload = Workload(args.prompts, args.samples, args.prompt_len, args.response_len,
-                            args.epochs, args.mini_batches, args.micro_batch_tokens)
-        result = plan_placement(plan, cluster, models, workload, top_k=args.top_k)
+                            args.epochs, args.mini_batches, args.micro_batch_tokens,
+                            args.response_mean, args.response_sigma, args.padded_len)
+        backend = TrainingBackend(args.train_backend, args.train_tp, args.train_pp, args.offload)
+        result = plan_placement(plan, cluster, models, workload, top_k=args.top_k,
+                                backend=backend)
     except NoFeasiblePlacement as err:
         print(f"hybridflow plan: {err}", file=sys.stderr)
         return 1
@@ -115,6 +159,23 @@ def run(args) -> int:
         return 2
     print(json.dumps(result.to_json(), indent=2) if args.json else result.explain())
     return _write_outputs(result, args)
+
+
+def _plan_from_config(args, extra: dict):
+    """The run `hybridflow run GRAPH overrides` would start, planned on `--device`."""
+    from hybridflow.auto_placement import run_models
+    from hybridflow.planner import Cluster, plan_placement
+    from hybridflow.planner.run_dir import run_pools, run_workload
+    from hybridflow.program import prepare
+    from hybridflow.weight_sync import planner_view
+
+    loaded = prepare(args.graph, list(args.overrides or []), extra.get("yaml_file"),
+                     preflight=False)
+    plan = planner_view(loaded.plan)
+    models = run_models(loaded.cfg, plan)
+    devices, grouping = run_pools(loaded.cfg, list(models))
+    return plan_placement(plan, Cluster(1, devices, args.device), models,
+                          run_workload(loaded.cfg, [], ()), top_k=1, groupings=[grouping])
 
 
 def _write_outputs(result, args) -> int:

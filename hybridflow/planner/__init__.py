@@ -16,7 +16,8 @@ result as data), explain (table, paragraph, JSON), render (graphviz) and result
 from .cost import Layout
 from .devices import DEVICES, Cluster, Device, get_device
 from .models import KNOWN_SIZES, ModelSpec
-from .problem import NodeInfo, PlanningError, Workload
+from .efficiency import Efficiency
+from .problem import NodeInfo, PlanningError, TrainingBackend, Workload
 from .ranking import Candidate, PoolPlan
 from .result import PlannerResult
 from .search import NoFeasiblePlacement, plan_placement
@@ -27,6 +28,7 @@ __all__ = [
     "Candidate",
     "Cluster",
     "Device",
+    "Efficiency",
     "Layout",
     "ModelSpec",
     "NoFeasiblePlacement",
@@ -34,6 +36,7 @@ __all__ = [
     "PlannerResult",
     "PlanningError",
     "PoolPlan",
+    "TrainingBackend",
     "Workload",
     "get_device",
     "plan_placement",

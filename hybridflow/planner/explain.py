@@ -120,7 +120,7 @@ def paragraph(result: Ranking) -> str:
 
 def explain(result: Ranking) -> str:
     head = (f"Placement of a {len(result.nodes)}-node graph on {result.cluster.describe()}; "
-            f"workload {result.workload.describe()}; models "
+            f"workload {result.workload.describe()}; training {result.backend.describe()}; models "
             + ", ".join(f"{r}={m.name}" for r, m in result.models.items()))
     parts = [head, "", table(result), "", paragraph(result), "", "Best plan, per node:",
              node_table(result.best)]
@@ -134,7 +134,9 @@ def result_json(result: Ranking) -> dict:
     label = result.cluster.spec.label
     return {
         "cluster": {"nodes": result.cluster.nodes, "gpus_per_node": result.cluster.gpus_per_node,
-                    "device": result.cluster.device},
+                    "device": result.cluster.spec.name},
+        "backend": vars(result.backend).copy(),
+        "efficiency": result.cluster.spec.efficiency.to_json(),
         "workload": vars(result.workload).copy(),
         "models": {r: {"name": m.name, "params": m.params} for r, m in result.models.items()},
         "best": result.best.to_json(),

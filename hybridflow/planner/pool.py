@@ -157,6 +157,8 @@ def _role_choices(cost: CostModel, role: str, devices: int) -> list[RoleCost]:
     model = cost.problem.models[role]
     generates = cost.problem.generates(role)
     tps = tp_options(cost.cluster, model, devices, generates)
+    if generates and cost.problem.rollout_tp in tps:  # a fixed rollout tp, where the pool allows
+        tps = [cost.problem.rollout_tp]
     options = [cost.role_cost(role, devices, tp) for tp in tps]
     if generates:
         return options

@@ -36,8 +36,11 @@ class Workload:
     prompt_len: int
     response_len: int
     ppo_epochs: int = 1
-    mini_batches: int = 4
+    mini_batches: int = 8
     micro_batch_tokens: int = 8192
+    response_mean: float = 0.0  # mean response tokens; 0: every response is response_len long
+    response_sigma: float = 0.6  # lognormal shape of response lengths (when response_mean > 0)
+    padded_len: int = 0  # 0: passes pack each sequence's own tokens; N: every sequence padded to N
 
     def __post_init__(self) -> None:
         for field in ("prompts", "samples_per_prompt", "prompt_len", "response_len",
@@ -45,6 +48,25 @@ class Workload:
             if getattr(self, field) < 1:
                 raise PlanningError(f"workload {field} must be at least 1, "
                                     f"got {getattr(self, field)}")
+        if not 0 <= self.response_mean <= self.response_len:
+            raise PlanningError(f"workload response_mean {self.response_mean} must lie in "
+                                f"[0, response_len={self.response_len}] (0: all at the max)")
+        if self.response_sigma < 0:
+            raise PlanningError(f"workload response_sigma must be >= 0, got {self.response_sigma}")
+
+    @property
+    def mean_response_len(self) -> float:
+        return self.response_mean or float(self.response_len)
+
+    @property
+    def mean_seq_len(self) -> float:
+        """Mean tokens of one sequence: what packed (dynamic-batch) passes process."""
+        return self.prompt_len + self.mean_response_len
+
+    @property
+    def pass_seq_len(self) -> float:
+        """Tokens one sequence costs a train or forward pass: its own, or the padded length."""
+        return float(self.padded_len) if self.padded_len else self.mean_seq_len
 
     @property
     def sequences(self) -> int:
@@ -59,9 +81,48 @@ class Workload:
         return self.sequences * self.seq_len
 
     def describe(self) -> str:
+        response = (f"{self.response_len}" if not self.response_mean else
+                    f"{self.response_mean:.0f} (max {self.response_len})")
         return (f"{self.prompts} prompts x {self.samples_per_prompt} sample(s), "
-                f"{self.prompt_len}+{self.response_len} tokens, {self.ppo_epochs} epoch(s) "
+                f"{self.prompt_len}+{response} tokens, {self.ppo_epochs} epoch(s) "
                 f"of {self.mini_batches} mini-batch(es)")
+
+
+TRAIN_BACKENDS = ("fsdp", "megatron")
+OFFLOAD_MODES = ("none", "optimizer", "all")
+
+
+@dataclass(frozen=True)
+class TrainingBackend:
+    """How trained and scored roles run their passes.
+
+    `fsdp`: ZeRO-3 over the whole pool, weights re-gathered every micro-batch.
+    `megatron`: tp x pp model parallel (tp inside a node), data parallel over
+    the rest, weights never re-gathered; gradients all-reduced once per
+    optimizer step. `offload` moves Adam states and fp32 master weights
+    ("optimizer"), or also the bf16 parameters ("all"), to host memory.
+    """
+
+    kind: str = "fsdp"
+    tp: int = 1
+    pp: int = 1
+    offload: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.kind not in TRAIN_BACKENDS:
+            raise PlanningError(f"training backend {self.kind!r} is not one of {TRAIN_BACKENDS}")
+        if self.offload not in OFFLOAD_MODES:
+            raise PlanningError(f"offload {self.offload!r} is not one of {OFFLOAD_MODES}")
+        if self.tp < 1 or self.pp < 1:
+            raise PlanningError(f"training tp and pp must be at least 1, got {self.tp}, {self.pp}")
+        if self.kind == "fsdp" and (self.tp, self.pp) != (1, 1):
+            raise PlanningError("training tp/pp need the megatron backend (--train-backend "
+                                "megatron); fsdp shards over the whole pool")
+
+    def describe(self) -> str:
+        parallel = f" tp{self.tp} pp{self.pp}" if self.kind == "megatron" else ""
+        offload = f", offload {self.offload}" if self.offload != "none" else ""
+        return f"{self.kind}{parallel}{offload}"
 
 
 @dataclass(frozen=True)
@@ -84,6 +145,8 @@ class Problem:
     workload: Workload
     placed_roles: tuple[str, ...]
     driver_roles: tuple[str, ...]
+    backend: TrainingBackend = TrainingBackend()
+    rollout_tp: int = 0  # 0: the search picks each generating role's tp; N: only tp N
 
     def role_nodes(self, role: str) -> list[NodeInfo]:
         return [n for n in self.nodes if n.role == role]
@@ -120,7 +183,8 @@ def read_nodes(graph) -> tuple[NodeInfo, ...]:
 
 
 def build_problem(graph, cluster: Cluster, models: dict[str, ModelSpec],
-                  workload: Workload) -> Problem:
+                  workload: Workload, backend: TrainingBackend | None = None,
+                  rollout_tp: int = 0) -> Problem:
     nodes = read_nodes(graph)
     roles = list(dict.fromkeys(n.role for n in nodes if n.role))
     unknown = sorted(set(models) - set(roles))
@@ -139,4 +203,5 @@ def build_problem(graph, cluster: Cluster, models: dict[str, ModelSpec],
             driver.append(role)  # a rule function, e.g. a rule-based reward
     if not placed:
         raise PlanningError("no role has a model size, so there is nothing to place on devices")
-    return Problem(nodes, cluster, dict(models), workload, tuple(placed), tuple(driver))
+    return Problem(nodes, cluster, dict(models), workload, tuple(placed), tuple(driver),
+                   backend or TrainingBackend(), rollout_tp)

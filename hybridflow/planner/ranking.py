@@ -23,7 +23,7 @@ from .cost import Layout
 from .devices import Cluster
 from .models import ModelSpec
 from .pool import MemoryUse, Shortfall
-from .problem import NodeInfo, Workload
+from .problem import NodeInfo, TrainingBackend, Workload
 from .schedule import NodeTiming
 
 
@@ -123,6 +123,7 @@ class Ranking:
     cluster: Cluster
     workload: Workload
     models: dict[str, ModelSpec] = field(default_factory=dict)
+    backend: TrainingBackend = field(default_factory=TrainingBackend)
 
     def driver_roles_text(self) -> str:
         roles = self.best.driver_roles

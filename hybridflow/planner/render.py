@@ -58,14 +58,16 @@ def _pool_cluster(dot: graphviz.Digraph, result: Ranking, candidate: Candidate, 
     with dot.subgraph(name=f"cluster_pool_{index}") as sub:
         sub.attr(label=label, style="filled", fillcolor=POOL_COLOURS[index % len(POOL_COLOURS)],
                  color="#9aa0a6", fontsize="12")
+        training = _training(result)
         for role in pool.roles:
             layout = pool.layouts[role]
             batch = pool.decode_batch.get(role)
             extra = f", decode batch {batch}" if batch else ""
             if batch:  # a generating role: its layout is the rollout's
-                where = f"rollout dp={layout.dp} x tp={layout.tp}, FSDP over {pool.devices} devices"
+                where = (f"rollout dp={layout.dp} x tp={layout.tp}, {training} over "
+                         f"{pool.devices} devices")
             else:
-                where = f"dp={layout.dp} tp={layout.tp} (FSDP over {pool.devices} devices)"
+                where = f"dp={layout.dp} tp={layout.tp} ({training} over {pool.devices} devices)"
             role_label = f"{role}: {where}\n{mem.static[role] / GIB:.1f} GiB resident{extra}"
             with sub.subgraph(name=f"cluster_role_{role}") as box:
                 box.attr(label=role_label, style="rounded,filled", fillcolor="white",
@@ -75,6 +77,14 @@ def _pool_cluster(dot: graphviz.Digraph, result: Ranking, candidate: Candidate, 
                     if node.role == role:
                         box.node(node.name,
                                  f"{node.name}\n{candidate.timings[node.name].seconds:.1f} s")
+
+
+def _training(result: Ranking) -> str:
+    """How the pool's passes run, as the drawing names it."""
+    backend = result.backend
+    if backend.kind == "megatron":
+        return f"Megatron tp{backend.tp} pp{backend.pp}"
+    return "FSDP" if backend.offload == "none" else f"FSDP, offload {backend.offload}"
 
 
 def _driver_cluster(dot: graphviz.Digraph, result: Ranking, candidate: Candidate) -> None:

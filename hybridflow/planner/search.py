@@ -25,11 +25,11 @@ import time
 from collections.abc import Iterator
 
 from .bounds import GroupBounds, partial_bound
-from .cost import NODE_CALL_OVERHEAD_S, CostModel
+from .cost import CostModel
 from .devices import Cluster
 from .models import ModelSpec
 from .pool import PoolEval, Shortfall, pool_options
-from .problem import PlanningError, Problem, Workload, build_problem
+from .problem import PlanningError, Problem, TrainingBackend, Workload, build_problem
 from .ranking import Candidate, PoolPlan
 from .result import PlannerResult
 from .schedule import StepSchedule
@@ -109,8 +109,9 @@ def allocations(groups: int, cluster: Cluster) -> Iterator[tuple[int, ...]]:
 
 
 class Search:
-    def __init__(self, problem: Problem, top_k: int):
+    def __init__(self, problem: Problem, top_k: int, groupings=None):
         self.problem = problem
+        self.groupings = groupings  # None: every set partition of the placed roles
         self.cost = CostModel(problem)
         self.top_k = max(1, top_k)
         self.pools: dict[tuple, list[PoolEval] | Shortfall] = {}
@@ -134,8 +135,8 @@ class Search:
 
     def run(self) -> None:
         sizes = allowed_pool_sizes(self.problem.cluster)
-        base = [driver_seconds(n) for n in self.problem.nodes]
-        for partition in set_partitions(self.problem.placed_roles):
+        base = [driver_seconds(self.problem, n) for n in self.problem.nodes]
+        for partition in self.groupings or set_partitions(self.problem.placed_roles):
             schedule = self.schedule_for(partition)
             tables = [self.group_bounds(group, sizes) for group in partition]
             self.extend(partition, schedule, tables, base, (), self.problem.cluster.devices)
@@ -181,16 +182,21 @@ class Search:
                 self.best[partition] = (step, combo)
 
 
-def driver_seconds(node) -> float:
-    """Sources are free; functions and rule roles cost one driver round trip."""
-    return 0.0 if node.kind == "source" else NODE_CALL_OVERHEAD_S
+def driver_seconds(problem: Problem, node) -> float:
+    """Sources are free; functions cost one driver round trip; rule roles also their own work
+    per sequence."""
+    if node.kind == "source":
+        return 0.0
+    eff = problem.cluster.spec.efficiency
+    rule = eff.rule_seconds_per_sequence * problem.workload.sequences if node.role else 0.0
+    return eff.node_call_overhead_s + rule
 
 
 def node_seconds(problem: Problem, pools: tuple[PoolEval, ...]) -> list[float]:
     merged: dict[str, float] = {}
     for ev in pools:
         merged.update(ev.node_seconds)
-    return [merged.get(n.name, driver_seconds(n)) for n in problem.nodes]
+    return [merged.get(n.name, driver_seconds(problem, n)) for n in problem.nodes]
 
 
 def make_candidate(problem: Problem, pools: tuple[PoolEval, ...]) -> Candidate:
@@ -205,21 +211,27 @@ def make_candidate(problem: Problem, pools: tuple[PoolEval, ...]) -> Candidate:
                             len(pools))
     seconds = node_seconds(problem, pools)
     timings, path = schedule.timings(seconds, [p.name for p in plans])
+    # fixed per-step costs (data, metrics, bookkeeping) come after the last node
     step = max((t.end for t in timings.values()), default=0.0)
+    step += problem.cluster.spec.efficiency.step_overhead_s
     return Candidate(tuple(plans), step, timings, path, problem.driver_roles)
 
 
 def plan_placement(graph, cluster: Cluster, models: dict[str, ModelSpec], workload: Workload,
-                   top_k: int = 5) -> PlannerResult:
+                   top_k: int = 5, backend: TrainingBackend | None = None,
+                   groupings=None, rollout_tp: int = 0) -> PlannerResult:
     """Choose colocation, pool sizes and per-role (dp, tp) for `graph` on `cluster`.
 
-    Raises PlanningError for bad inputs and NoFeasiblePlacement when nothing fits.
+    `groupings` (tuples of role tuples) restricts the search to those
+    colocations, e.g. a published system's own; `rollout_tp` fixes the rollout's
+    tensor-parallel size where a pool allows it. Raises PlanningError for bad
+    inputs and NoFeasiblePlacement when nothing fits.
     """
     from .explain import reason_lost  # explain imports result, which this module feeds
 
     began = time.perf_counter()
-    problem = build_problem(graph, cluster, models, workload)
-    search = Search(problem, top_k)
+    problem = build_problem(graph, cluster, models, workload, backend, rollout_tp)
+    search = Search(problem, top_k, groupings)
     search.run()
     rejected = collect_rejections(search)
     if not search.best:
@@ -236,7 +248,8 @@ def plan_placement(graph, cluster: Cluster, models: dict[str, ModelSpec], worklo
             colocated.reason = reason_lost(colocated, candidates[0])
     return PlannerResult(candidates[0], candidates[1:], colocated, rejected,
                          time.perf_counter() - began,
-                         search.simulated, problem.nodes, cluster, workload, dict(models))
+                         search.simulated, problem.nodes, cluster, workload, dict(models),
+                         problem.backend)
 
 
 def collect_rejections(search: Search) -> list[Shortfall]:

@@ -41,6 +41,7 @@ class Executor(Protocol):
     Batch sent by value on Ray, a `local.Held` value locally."""
     plans: "PlanCache"
     broken: str | None
+    call_timeout_s: float   # bounds user code the scheduler runs itself (driver functions)
 
     def pool_size(self, pool: str) -> int: ...
     def roles_on(self, pool: str) -> list[str]: ...

@@ -74,6 +74,10 @@ class RayRuntime:
             raise
 
     # ------------------------------------------------- executor (scheduler.Executor)
+    @property
+    def call_timeout_s(self) -> float:
+        return self.settings.call_timeout_s
+
     def pool_size(self, pool: str) -> int:
         return self.groups[pool].size
 

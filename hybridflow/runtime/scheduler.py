@@ -40,6 +40,7 @@ import traceback
 from typing import Callable
 
 from hybridflow.batch import Batch
+from hybridflow.deadline import call_with_deadline
 from hybridflow.compiler import ExecutionPlan, PlanNode
 from hybridflow.dispatch import DispatchMode, Layout, SlotLayout, get_dispatch_mode, merge_metrics
 from hybridflow.kinds import Op
@@ -252,8 +253,11 @@ class StepScheduler:
             shards, fetched = self.ex.resolve(self.outputs[dep].refs)
             self.result.driver_bytes += fetched
             inputs[dep] = shards[0] if len(shards) == 1 else Batch.concat(shards)
+        batch = assemble_input(node, inputs)
         try:
-            out = finish_output(node, run_fn_node(node, assemble_input(node, inputs)))
+            out = call_with_deadline(lambda: run_fn_node(node, batch), self.ex.call_timeout_s,
+                                     node.where(), "runtime.call_timeout_s")
+            out = finish_output(node, out)
         except Exception as err:  # re-raised with the node named
             raise NodeFailure(node, None, traceback.format_exc()) from err
         self._put(node, out)

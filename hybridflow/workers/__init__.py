@@ -1,5 +1,6 @@
-"""Role workers: actor (log-probs, PPO update, SFT, and generate through its own rollout
-engine), rollout (generate, colocated with the actor or on its own pool), reference,
+"""Role workers: actor (log-probs, update with the graph's loss, SFT, and generate through
+its own rollout engine), rollout (generate, colocated with the actor or on its own pool),
+reference,
 critic, reward.
 
 See docs/workers.md for each method's keys, kwargs and config, docs/rollout.md for

@@ -8,8 +8,10 @@ bucket before a generate when they changed. A `rollout` role colocated with the
 actor borrows this engine; one on its own pool receives `export_weights`.
 State beyond the model and trainer: `policy_version` (updates applied so far,
 checkpointed with the weights) and `_engine`.
-Data parallel over the ranks of its pool: DDP (default) or FSDP2 (GPU), see
-`training.Trainer` for how updates stay identical to a single-rank update.
+Data parallel over the ranks of its pool: DDP (default) or FSDP2 (`actor.strategy`,
+see `backends/`), and `training.Trainer` for how updates stay identical to a
+single-rank update. The loss is the graph's (`update(loss=...)`, `hybridflow/loss.py`);
+with `model.dtype=bf16` the trained weights stay float32 and the forwards run in bf16.
 With `actor.lora.rank > 0` only LoRA adapters train (see `lora.py`), and
 `base_policy()` lends the module with its adapters off to a colocated reference.
 """
@@ -18,20 +20,21 @@ from __future__ import annotations
 import json
 import os
 
-import torch
-
 from hybridflow.batch import Batch
 from hybridflow.dispatch import DP, RANK_ZERO, method
+from hybridflow.loss import takes_loss
 from hybridflow.workers.base import Worker, metrics_batch
 from hybridflow.workers.config import ActorConfig, ModelConfig, RolloutConfig, read_section
 from hybridflow.workers.lora import adapters_disabled, apply_lora, is_lora, merged_state_dict
+from hybridflow.workers.loss_inputs import (PolicyOutputs, run_loss, select_for_loss,
+                                           worker_default_loss)
 from hybridflow.workers.models import build_causal_lm
 from hybridflow.workers.rollout.engine import EngineSpec, check_engine_name, make_engine
 from hybridflow.workers.rollout.generation import (GENERATE_WRITES, generate_rows,
                                                    logprob_mismatch, sampling_options)
 from hybridflow.workers.rollout.weights import (WEIGHT_KEYS, pack_weights, policy_weights,
                                                 refresh_engine)
-from hybridflow.workers.sequences import forward_response, response_logprobs
+from hybridflow.workers.sequences import masked_mean, response_logprobs
 from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
 from hybridflow.workers.training import Trainer
 
@@ -39,7 +42,9 @@ __all__ = ["ActorWorker", "GENERATE_WRITES"]
 
 VERSION_FILE = "policy_version.json"
 LOGPROB_READS = ("input_ids", "attention_mask", "position_ids", "responses")
-UPDATE_READS = LOGPROB_READS + ("response_mask", "old_log_probs", "advantages")
+POLICY_INPUTS = LOGPROB_READS + ("response_mask",)  # what the update's forward needs
+UPDATE_READS = POLICY_INPUTS + ("old_log_probs", "advantages")  # and the default loss
+SFT_READS = ("input_ids", "attention_mask", "position_ids", "loss_mask")
 
 
 class ActorWorker(Worker):
@@ -87,15 +92,17 @@ class ActorWorker(Worker):
 
     def export(self, directory: str, merged: bool = True) -> None:
         """Write the current policy as a Hugging Face model directory (adapters merged
-        into the base when `merged`, else peft's adapter files only); rank 0 writes."""
+        into the base when `merged`, else peft's adapter files only). Every rank calls
+        it (the gather is collective under FSDP2); rank 0 writes."""
         from hybridflow.workers.lora import save_adapter
-        from hybridflow.workers.training import full_state_dict, save_weights
+        from hybridflow.workers.weights import save_weights
+        weights = self.trainer.backend.full_state_dict(self.module)
         if self.ctx.rank != 0:
             return
         if self.lora and not merged:
-            save_adapter(self.module, directory, full_state_dict(self.module))
+            save_adapter(self.module, directory, weights)
         else:
-            weights = merged_state_dict(self.module) if self.lora else None
+            weights = merged_state_dict(self.module, weights) if self.lora else weights
             base = self.module.get_base_model() if self.lora else self.module
             save_weights(base, directory, weights)
         self.tokenizer.save_pretrained(directory)
@@ -157,10 +164,11 @@ class ActorWorker(Worker):
         """Log-prob of each response token under the current weights, [B, R] float32."""
         mbs = micro_batch_size or self.rollout_cfg.log_prob_micro_batch_size
         temp = self.rollout_cfg.temperature if temperature is None else temperature
-        logp, ent = response_logprobs(self.module, batch, mbs, self.device, temp, with_entropy)
+        with self.trainer.autocast():  # the update's compute dtype: first ratios are 1
+            logp, ent = response_logprobs(self.module, batch, mbs, self.device, temp,
+                                          with_entropy)
         metrics = {}
         if ent is not None and "response_mask" in batch and len(batch):
-            from algorithms.masked import masked_mean
             metrics["actor/entropy"] = float(masked_mean(ent, batch["response_mask"].cpu()))
         if "rollout_log_probs" in batch and "response_mask" in batch:  # engine vs trainer
             metrics.update(logprob_mismatch(batch["rollout_log_probs"], logp,
@@ -168,86 +176,51 @@ class ActorWorker(Worker):
         return metrics_batch(Batch({"old_log_probs": logp}), metrics)
 
     # ----------------------------------------------------------------- update
+    @takes_loss(model_reads=POLICY_INPUTS)
     @method(dispatch=DP, reads=UPDATE_READS, writes=(), kind="train", optional=("ref_log_prob",))
-    def update(self, batch: Batch, temperature: float | None = None) -> Batch:
-        """PPO epochs over mini-batches (one optimizer step each) of micro-batches."""
+    def update(self, batch: Batch, temperature: float | None = None, loss=None,
+               epochs: int | None = None) -> Batch:
+        """Epochs over mini-batches (one optimizer step each) of micro-batches, minimising
+        `loss(micro, out)` (the graph's; by default the one registered for actor.update,
+        chosen from the actor config). `epochs` defaults to `actor.ppo_epochs`."""
         cfg = self.actor_cfg
-        if cfg.use_kl_loss and len(batch) and "ref_log_prob" not in batch:
-            raise KeyError("actor.use_kl_loss is on but the update's input has no "
-                           "'ref_log_prob': add ref.logprob to the graph's update inputs")
-        from algorithms.losses import get_policy_loss
-        policy_loss = get_policy_loss(cfg.policy_loss)
+        loss = loss if loss is not None else worker_default_loss(self, "actor.update", cfg)
         temp = self.rollout_cfg.temperature if temperature is None else temperature
-        keys = UPDATE_READS + (("ref_log_prob",) if cfg.use_kl_loss else ())
-        data = batch.select(*keys) if len(batch) else batch
+        data = select_for_loss(batch, POLICY_INPUTS, loss, "actor.update")
 
-        def loss_fn(model, micro: Batch, tokens, seqs):
-            return self._ppo_loss(model, micro, tokens, seqs, policy_loss, temp)
+        def trainer_loss(model, micro: Batch, tokens, seqs):
+            return run_loss(loss, micro, PolicyOutputs(model, micro, tokens, seqs,
+                                                       temperature=temp))
 
-        metrics = self.trainer.train(data, loss_fn, epochs=cfg.ppo_epochs,
+        metrics = self.trainer.train(data, trainer_loss,
+                                     epochs=cfg.ppo_epochs if epochs is None else epochs,
                                      mini_batch_size=cfg.mini_batch_size,
                                      micro_batch_size=cfg.micro_batch_size,
                                      shuffle=cfg.shuffle, seed=self.ctx.seed)
         self.policy_version += 1  # what every later generated row is stamped with
         return metrics_batch(Batch(), {f"actor/{k}": v for k, v in metrics.items()})
 
-    def _ppo_loss(self, model, micro: Batch, tokens, seqs, policy_loss, temperature: float):
-        from algorithms.losses import aggregate
-        from algorithms.masked import masked_mean
-        cfg = self.actor_cfg
-        mask = micro["response_mask"]
-        need_entropy = cfg.entropy_coeff != 0
-        logp, ent = forward_response(model, micro, temperature, with_entropy=True,
-                                     entropy_grad=need_entropy)
-        kwargs = dict(mode=cfg.loss_agg_mode, global_tokens=tokens, global_seqs=seqs,
-                      norm_constant=float(mask.shape[1]))
-        extra = {"clip_c": cfg.clip_c} if cfg.policy_loss == "ppo" else {}
-        pg_loss, pg_metrics = policy_loss(logp, micro["old_log_probs"], micro["advantages"],
-                                          mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                                          **extra, **kwargs)
-        loss = pg_loss
-        share = mask.sum() / tokens.clamp(min=1)  # this micro-batch's share of the tokens
-        parts = {"pg_loss": pg_loss, **{k: v * share for k, v in pg_metrics.items()}}
-        if need_entropy:
-            entropy = aggregate(ent, mask, **kwargs)
-            loss = loss - cfg.entropy_coeff * entropy
-            parts["entropy"] = entropy
-        if cfg.use_kl_loss:
-            from algorithms.kl import kl_penalty
-            kl = aggregate(kl_penalty(logp, micro["ref_log_prob"], cfg.kl_loss_type), mask,
-                           **kwargs)
-            loss = loss + cfg.kl_loss_coef * kl
-            parts["kl_loss"] = kl
-        else:
-            parts["entropy"] = masked_mean(ent, mask) * share
-        return loss, parts
-
     # -------------------------------------------------------------------- sft
-    @method(dispatch=DP, reads=("input_ids", "attention_mask", "position_ids", "loss_mask"),
-            writes=(), kind="train")
+    @takes_loss(model_reads=SFT_READS)
+    @method(dispatch=DP, reads=SFT_READS, writes=(), kind="train")
     def sft(self, batch: Batch, epochs: int = 1, mini_batch_size: int | None = None,
-            micro_batch_size: int | None = None) -> Batch:
-        """Cross-entropy on the tokens where `loss_mask` is 1 (token t is predicted
-        from tokens < t; position 0 is never a target). Used to make the toy base model."""
+            micro_batch_size: int | None = None, loss=None) -> Batch:
+        """Supervised training on the tokens where `loss_mask` is 1 (token t is predicted
+        from tokens < t; position 0 is never a target): the loss sees them as
+        `responses` = input_ids[:, 1:] with `response_mask` = loss_mask[:, 1:], so
+        `out.log_probs` are the targets' log-probs. Default loss: token-mean NLL."""
         cfg = self.actor_cfg
-        data = batch.select("input_ids", "attention_mask", "position_ids") \
-            if len(batch) else batch
-        if len(batch):
-            data["target_mask"] = batch["loss_mask"][:, 1:].long()
+        loss = loss if loss is not None else worker_default_loss(self, "actor.sft", cfg)
+        data = select_for_loss(batch, SFT_READS, loss, "actor.sft")
+        if len(data):
+            data["responses"] = data["input_ids"][:, 1:]
+            data["response_mask"] = data["loss_mask"][:, 1:].long()
 
-        def loss_fn(model, micro: Batch, tokens, seqs):
-            from algorithms.losses import aggregate
-            out = model(input_ids=micro["input_ids"], attention_mask=micro["attention_mask"],
-                        position_ids=micro["position_ids"], use_cache=False)
-            logits = out.logits[:, :-1].float()
-            nll = torch.nn.functional.cross_entropy(
-                logits.transpose(1, 2), micro["input_ids"][:, 1:], reduction="none")
-            loss = aggregate(nll, micro["target_mask"], "token-mean", global_tokens=tokens)
-            return loss, {"sft_loss": loss}
+        def trainer_loss(model, micro: Batch, tokens, seqs):
+            return run_loss(loss, micro, PolicyOutputs(model, micro, tokens, seqs))
 
-        metrics = self.trainer.train(data, loss_fn, epochs=epochs,
+        metrics = self.trainer.train(data, trainer_loss, epochs=epochs,
                                      mini_batch_size=mini_batch_size or cfg.mini_batch_size,
                                      micro_batch_size=micro_batch_size or cfg.micro_batch_size,
-                                     mask_key="target_mask", shuffle=cfg.shuffle,
-                                     seed=self.ctx.seed)
+                                     shuffle=cfg.shuffle, seed=self.ctx.seed)
         return metrics_batch(Batch(), {f"actor/{k}": v for k, v in metrics.items()})

@@ -97,7 +97,7 @@ class ActorConfig:
     kl_loss_type: str = "low_var_kl"
     entropy_coeff: float = 0.0
     shuffle: bool = False
-    strategy: str = checked("ddp", _STRATEGY)  # "fsdp2" on GPUs only
+    strategy: str = checked("ddp", _STRATEGY)  # "fsdp2": CUDA (nccl) or CPU (gloo)
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 

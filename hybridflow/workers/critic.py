@@ -10,26 +10,20 @@ import torch
 
 from hybridflow.batch import Batch
 from hybridflow.dispatch import DP, method
+from hybridflow.loss import takes_loss
 from hybridflow.workers.base import Worker, metrics_batch
 from hybridflow.workers.config import CriticConfig, ModelConfig, read_section
 from hybridflow.workers.models import build_value_model
 from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
+from hybridflow.workers.loss_inputs import (ValueOutputs, run_loss, select_for_loss,
+                                           worker_default_loss)
+from hybridflow.workers.sequences import response_values
 from hybridflow.workers.training import Trainer
 
 __all__ = ["CriticWorker"]
 
 VALUE_READS = ("input_ids", "attention_mask", "position_ids", "responses")
-
-
-def response_values(model, batch: Batch) -> torch.Tensor:
-    """Value per response token [B, R], float32, masked to 0 outside `response_mask`."""
-    width = batch["responses"].shape[1]
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                position_ids=batch["position_ids"], use_cache=False)
-    values = out.logits.squeeze(-1)[:, -width - 1:-1].float()
-    if "response_mask" in batch:
-        values = values * batch["response_mask"].to(values.dtype)
-    return values
+VALUE_INPUTS = VALUE_READS + ("response_mask",)  # what the update's forward needs
 
 
 class CriticWorker(Worker):
@@ -51,33 +45,28 @@ class CriticWorker(Worker):
         """V(s_t) for each response token, [B, R] float32."""
         width = batch["responses"].shape[1]
         mbs = micro_batch_size or self.critic_cfg.micro_batch_size
-        parts = [response_values(self.module, batch.take(slice(i, i + mbs)).to(self.device))
-                 .cpu() for i in range(0, len(batch), mbs)]
+        with self.trainer.autocast():
+            parts = [response_values(self.module, batch.take(slice(i, i + mbs))
+                                     .to(self.device)).cpu() for i in range(0, len(batch), mbs)]
         values = torch.cat(parts) if parts else torch.zeros(0, width)
         return metrics_batch(Batch({"values": values}), {})
 
-    @method(dispatch=DP, reads=VALUE_READS + ("response_mask", "values", "returns"),
-            writes=(), kind="train")
-    def update(self, batch: Batch) -> Batch:
-        """Clipped value-loss epochs over mini-batches of micro-batches."""
-        from algorithms.losses import value_loss
-        from algorithms.masked import masked_mean
+    @takes_loss(model_reads=VALUE_INPUTS)
+    @method(dispatch=DP, reads=VALUE_INPUTS + ("values", "returns"), writes=(), kind="train")
+    def update(self, batch: Batch, loss=None, epochs: int | None = None) -> Batch:
+        """Epochs over mini-batches of micro-batches minimising `loss(micro, out)` with
+        `out.values` the current predictions (the graph's loss; by default the one
+        registered for critic.update, chosen from the critic config: the clipped value loss)."""
         cfg = self.critic_cfg
+        loss = loss if loss is not None else worker_default_loss(self, "critic.update", cfg)
+        data = select_for_loss(batch, VALUE_INPUTS, loss, "critic.update")
 
-        def loss_fn(model, micro: Batch, tokens, seqs):
-            mask = micro["response_mask"]
-            vpreds = response_values(model, micro)
-            loss, metrics = value_loss(vpreds, micro["values"], micro["returns"], mask,
-                                       clip=cfg.cliprange_value, mode=cfg.loss_agg_mode,
-                                       global_tokens=tokens, global_seqs=seqs,
-                                       norm_constant=float(mask.shape[1]))
-            share = mask.sum() / tokens.clamp(min=1)
-            return loss, {"vf_loss": loss, "vf_clipfrac": metrics["vf_clipfrac"] * share,
-                          "values/mean": masked_mean(vpreds.detach(), mask) * share}
+        def trainer_loss(model, micro: Batch, tokens, seqs):
+            return run_loss(loss, micro, ValueOutputs(model, micro, tokens, seqs,
+                                                      "response_mask"))
 
-        keys = VALUE_READS + ("response_mask", "values", "returns")
-        data = batch.select(*keys) if len(batch) else batch
-        metrics = self.trainer.train(data, loss_fn, epochs=cfg.ppo_epochs,
+        metrics = self.trainer.train(data, trainer_loss,
+                                     epochs=cfg.ppo_epochs if epochs is None else epochs,
                                      mini_batch_size=cfg.mini_batch_size,
                                      micro_batch_size=cfg.micro_batch_size,
                                      shuffle=cfg.shuffle, seed=self.ctx.seed)

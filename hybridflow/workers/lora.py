@@ -34,8 +34,10 @@ __all__ = [
 ADAPTER_FILE = "adapter_model.safetensors"
 
 
-def apply_lora(module: torch.nn.Module, lora) -> torch.nn.Module:
-    """Wrap `module` with LoRA adapters (peft) when `lora.rank > 0`; base weights freeze."""
+def apply_lora(module: torch.nn.Module, lora, seed: int = 0) -> torch.nn.Module:
+    """Wrap `module` with LoRA adapters (peft) when `lora.rank > 0`; base weights freeze.
+    The adapters' random init is seeded, so every data-parallel rank starts from the
+    same adapters (FSDP2 shards each rank's own copy; nothing is broadcast)."""
     if lora.rank <= 0:
         return module
     try:
@@ -44,9 +46,11 @@ def apply_lora(module: torch.nn.Module, lora) -> torch.nn.Module:
     except ImportError as err:
         raise ImportError("actor.lora.rank > 0 needs peft: pip install 'hybridflow[lora]'") \
             from err
-    return get_peft_model(module, PeftLoraConfig(
-        r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-        target_modules=list(lora.target_modules), task_type="CAUSAL_LM"))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return get_peft_model(module, PeftLoraConfig(
+            r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+            target_modules=list(lora.target_modules), task_type="CAUSAL_LM"))
 
 
 def is_lora(module) -> bool:
@@ -97,16 +101,24 @@ def load_adapter(module, directory: str) -> None:
 
 
 @torch.no_grad()
-def merged_state_dict(module) -> dict[str, torch.Tensor]:
-    """Plain HF weight names -> base weight + scaled B·A, without touching `module`."""
+def merged_state_dict(module, weights: dict | None = None) -> dict[str, torch.Tensor]:
+    """Plain HF weight names -> base weight + scaled B·A, without touching `module`.
+    `weights` may be the module's full (unsharded) state dict, e.g. gathered under
+    FSDP2; by default the module's own."""
     from peft.tuners.lora import LoraLayer
+    weights = module.state_dict() if weights is None else weights
     merged: dict[str, torch.Tensor] = {}
     for name, layer in module.named_modules():
         if isinstance(layer, LoraLayer) and "default" in layer.lora_A:
-            weight = layer.get_base_layer().weight
-            merged[f"{name}.base_layer.weight"] = weight + layer.get_delta_weight("default")
+            base = weights[f"{name}.base_layer.weight"]
+            delta = weights[f"{name}.lora_B.default.weight"].to(torch.float32) @ \
+                weights[f"{name}.lora_A.default.weight"].to(torch.float32)
+            if getattr(layer, "fan_in_fan_out", False):
+                delta = delta.T
+            merged[f"{name}.base_layer.weight"] = \
+                (base.float() + delta * layer.scaling["default"]).to(base.dtype)
     out = {}
-    for name, tensor in module.state_dict().items():
+    for name, tensor in weights.items():
         if "lora_" in name:
             continue
         plain = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
@@ -126,7 +138,7 @@ def merge_checkpoint(adapter_dir: str, cfg, seed: int, out: str) -> None:
     from hybridflow.workers.config import ModelConfig, read_section
     from hybridflow.workers.models import build_causal_lm
     from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
-    from hybridflow.workers.training import save_weights
+    from hybridflow.workers.weights import save_weights
     model_cfg = read_section(cfg, "model", ModelConfig)
     tokenizer = load_tokenizer(tokenizer_spec(model_cfg))
     base = build_causal_lm(model_cfg, tokenizer, torch.device("cpu"), seed)

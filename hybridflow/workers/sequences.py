@@ -12,7 +12,8 @@ import torch
 from hybridflow.batch import Batch
 
 __all__ = ["position_ids_from_mask", "response_mask_from_ids", "pad_right",
-           "forward_response", "response_logprobs"]
+           "response_logits", "token_logprobs", "entropy_from_logits", "forward_response",
+           "response_logprobs", "response_values", "masked_mean"]
 
 _NO_LOGITS_TO_KEEP: set[type] = set()
 
@@ -50,24 +51,70 @@ def _logits(model, batch: Batch, keep: int) -> torch.Tensor:
     return model(**kwargs).logits[:, -keep:]
 
 
+def response_logits(model, batch: Batch, temperature: float = 1.0) -> torch.Tensor:
+    """Float32 logits [B, R, V] predicting each token of `responses`, over `temperature`."""
+    width = batch["responses"].shape[1]
+    logits = _logits(model, batch, width + 1)[:, :-1].float()
+    return logits / temperature if temperature != 1.0 else logits
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[token] per position: [B, R, V], [B, R] -> [B, R]."""
+    chosen = torch.gather(logits, -1, tokens.unsqueeze(-1)).squeeze(-1)
+    return chosen - torch.logsumexp(logits, dim=-1)
+
+
+def entropy_from_logits(logits: torch.Tensor, chunk_size: int = 2048) -> torch.Tensor:
+    """Entropy of softmax(logits) along the last dim: [..., V] -> [...].
+
+    `logsumexp(x) - sum(softmax(x) * x)`, stable for large logits (no exp of
+    raw values). Rows are processed `chunk_size` at a time so the [rows, V]
+    probabilities of a long batch never exist all at once; half precision is
+    upcast to float32. Logits must be finite.
+    """
+    flat = logits.reshape(-1, logits.shape[-1])
+    parts = []
+    for chunk in flat.split(chunk_size):
+        if chunk.dtype in (torch.float16, torch.bfloat16):
+            chunk = chunk.float()
+        probs = torch.softmax(chunk, dim=-1)
+        parts.append(torch.logsumexp(chunk, dim=-1) - (probs * chunk).sum(dim=-1))
+    if not parts:
+        return flat.new_zeros(logits.shape[:-1],
+                              dtype=torch.promote_types(flat.dtype, torch.float32))
+    return torch.cat(parts).reshape(logits.shape[:-1])
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of `values` where `mask` is 1 (0 when nothing is valid); for metrics."""
+    kept = torch.where(mask.bool(), values, torch.zeros_like(values))
+    return kept.sum() / mask.sum().clamp(min=1).to(values.dtype)
+
+
 def forward_response(model, batch: Batch, temperature: float = 1.0,
                      with_entropy: bool = False, entropy_grad: bool = True,
                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-prob of `responses` [B, R] (float32), and the entropy if asked
     (detached unless `entropy_grad`: a metric costs no backward memory)."""
-    responses = batch["responses"]
-    width = responses.shape[1]
-    logits = _logits(model, batch, width + 1)[:, :-1].float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    chosen = torch.gather(logits, -1, responses.unsqueeze(-1)).squeeze(-1)
-    log_probs = chosen - torch.logsumexp(logits, dim=-1)
+    logits = response_logits(model, batch, temperature)
+    log_probs = token_logprobs(logits, batch["responses"])
     entropy = None
     if with_entropy:
-        from algorithms.losses import entropy_from_logits
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             entropy = entropy_from_logits(logits if entropy_grad else logits.detach())
     return log_probs, entropy
+
+
+def response_values(model, batch: Batch) -> torch.Tensor:
+    """Value per response token [B, R], float32, masked to 0 outside `response_mask`,
+    read at the position that predicts the token (the log-probs' slice), as in verl."""
+    width = batch["responses"].shape[1]
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                position_ids=batch["position_ids"], use_cache=False)
+    values = out.logits.squeeze(-1)[:, -width - 1:-1].float()
+    if "response_mask" in batch:
+        values = values * batch["response_mask"].to(values.dtype)
+    return values
 
 
 @torch.no_grad()

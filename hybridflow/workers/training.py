@@ -14,23 +14,33 @@ step, so the collective calls always match.
 `contributions` are 0-dim tensors that sum, over micro-batches and ranks, to the
 mini-batch's metric value (e.g. a token-mean loss share, or a masked mean times the
 micro-batch's share of the tokens). The trainer averages them over mini-batches.
+The workers build `loss_fn` from the graph's loss (`hybridflow/loss.py`).
+
+Data parallelism and precision come from the backend named by `strategy`
+(`hybridflow/workers/backends/`: ddp, fsdp2). Mixed precision: a module built in
+bf16/fp16 (`model.dtype`) gets float32 master weights for its trainable parameters
+(so AdamW updates and keeps its state in float32) and computes its forward in the
+low dtype (`autocast()`); frozen parameters (LoRA's base) stay in the low dtype.
+State: the module, its wrapper, optimizer, lr scheduler and backend.
 """
 from __future__ import annotations
 
 import math
 import os
-from contextlib import nullcontext
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 
 from hybridflow.batch import Batch
+from hybridflow.workers.backends import make_backend
 from hybridflow.workers.lora import adapter_state_dict, is_lora, load_adapter, save_adapter
+from hybridflow.workers.weights import (WEIGHTS_FILE, full_state_dict, load_weights,
+                                        save_weights)
 
-__all__ = ["Trainer", "full_state_dict", "save_weights", "load_weights", "lr_lambda"]
-
-WEIGHTS_FILE = "model.safetensors"
+# the weight-file functions moved to weights.py; re-exported for existing callers
+__all__ = ["Trainer", "full_state_dict", "save_weights", "load_weights", "lr_lambda",
+           "WEIGHTS_FILE", "master_weights"]
 
 
 def lr_lambda(warmup_steps: int, schedule: str, total_steps: int, min_lr_ratio: float = 0.0):
@@ -49,13 +59,26 @@ def lr_lambda(warmup_steps: int, schedule: str, total_steps: int, min_lr_ratio: 
     return factor
 
 
+def master_weights(module: torch.nn.Module) -> torch.dtype:
+    """Upcast the trainable parameters of a module built in bf16/fp16 to float32 (in
+    place) and return the dtype the forward should compute in: the lowest floating
+    dtype the module was built with."""
+    dtypes = {p.dtype for p in module.parameters() if p.is_floating_point()}
+    compute = min(dtypes, key=lambda d: torch.finfo(d).bits, default=torch.float32)
+    for param in module.parameters():
+        if param.requires_grad and param.is_floating_point() and param.dtype != torch.float32:
+            param.data = param.data.float()
+    return compute
+
+
 class Trainer:
-    """Optimizer, schedule and data-parallel wrapping around one module."""
+    """Optimizer, schedule and the data-parallel backend around one module."""
 
     def __init__(self, module: torch.nn.Module, opt, ctx, device: torch.device):
         self.module, self.opt, self.ctx, self.device = module, opt, ctx, device
         self.world = ctx.world_size if ctx.distributed else 1
-        self.model = self._wrap(module, opt.strategy)
+        self.backend = make_backend(opt.strategy, self.world, device, master_weights(module))
+        self.model = self.backend.wrap(module)
         params = [p for p in module.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=opt.lr, betas=tuple(opt.betas),
                                            weight_decay=opt.weight_decay)
@@ -63,28 +86,15 @@ class Trainer:
             self.optimizer, lr_lambda(opt.warmup_steps, opt.lr_schedule, opt.total_steps,
                                       opt.min_lr_ratio))
 
-    def _wrap(self, module, strategy: str):
-        if strategy == "fsdp2":
-            if self.device.type != "cuda":
-                raise ValueError("strategy='fsdp2' needs CUDA devices; use strategy='ddp' on CPU")
-            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            layers = getattr(getattr(module, "model", module), "layers", [])
-            for layer in layers:
-                fully_shard(layer, mp_policy=mp)
-            fully_shard(module, mp_policy=mp)
-            return module
-        if strategy != "ddp":
-            raise ValueError(f"unknown training strategy {strategy!r}; use 'ddp' or 'fsdp2'")
-        if self.world == 1:
-            return module
-        from torch.nn.parallel import DistributedDataParallel
-        ids = [self.device.index] if self.device.type == "cuda" else None
-        return DistributedDataParallel(module, device_ids=ids)
-
     @property
     def fsdp(self) -> bool:
-        return self.opt.strategy == "fsdp2"
+        """Whether parameters are sharded over the ranks (collective gathers needed)."""
+        return self.backend.shards
+
+    def autocast(self):
+        """Context for forwards outside `train` (log-probs, values): the training
+        compute dtype, so the ratio of new to old log-probs starts at exactly 1."""
+        return self.backend.autocast()
 
     # ------------------------------------------------------------ collectives
     def all_reduce(self, tensor: torch.Tensor, op=None) -> torch.Tensor:
@@ -96,18 +106,11 @@ class Trainer:
         t = torch.tensor([n], dtype=torch.int64, device=self.device)
         return int(self.all_reduce(t, dist.ReduceOp.MAX if self.world > 1 else None).item())
 
-    def _sync_context(self, last: bool):
-        if self.world == 1:
-            return nullcontext()
-        if self.fsdp:
-            self.model.set_requires_gradient_sync(last)
-            return nullcontext()
-        return nullcontext() if last else self.model.no_sync()
-
     def dummy_loss(self) -> torch.Tensor:
         """A zero loss touching every parameter, for a rank with no rows left."""
         ids = torch.zeros(1, 2, dtype=torch.long, device=self.device)
-        out = self.model(input_ids=ids, attention_mask=torch.ones_like(ids))
+        with self.backend.autocast():
+            out = self.model(input_ids=ids, attention_mask=torch.ones_like(ids))
         return out.logits.sum() * 0.0
 
     # ------------------------------------------------------------------- step
@@ -131,9 +134,9 @@ class Trainer:
         return {k: v / max(1, steps) for k, v in totals.items()}
 
     def _step(self, mini: Batch, loss_fn, micro_batch_size: int, mask_key: str) -> dict:
-        from algorithms.losses import local_normalizers
         if len(mini):
-            tokens, seqs = local_normalizers(mini[mask_key])
+            mask = mini[mask_key]  # valid tokens, and sequences with at least one
+            tokens, seqs = mask.sum(), (mask.sum(dim=-1) > 0).sum()
         else:
             tokens = seqs = torch.zeros((), device=self.device)
         counts = self.all_reduce(torch.stack([tokens, seqs]).to(torch.float64))
@@ -143,19 +146,17 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         contrib: dict[str, torch.Tensor] = {}
         for k in range(n_micro):
-            with self._sync_context(last=k == n_micro - 1):
+            with self.backend.sync_context(self.model, last=k == n_micro - 1):
                 if k < len(micros):
-                    loss, parts = loss_fn(self.model, micros[k], counts[0], counts[1])
+                    with self.backend.autocast():
+                        loss, parts = loss_fn(self.model, micros[k], counts[0], counts[1])
                     for name, value in parts.items():
                         contrib[name] = contrib.get(name, 0.0) + value.detach().double()
                 else:
                     loss = self.dummy_loss()
-                (loss * self.world).backward()
+                (loss.float() * self.world).backward()
         lr = self.optimizer.param_groups[0]["lr"]
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            [p for p in self.module.parameters() if p.requires_grad], self.opt.grad_clip)
-        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor")
-                          else grad_norm)
+        grad_norm = self.backend.clip_grad_norm(self.module, self.opt.grad_clip)
         if math.isfinite(grad_norm):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -175,77 +176,35 @@ class Trainer:
     # ------------------------------------------------------------ checkpoint
     def trained_weights(self) -> dict[str, torch.Tensor]:
         """What a checkpoint holds: every weight, or only the adapters under LoRA."""
-        weights = full_state_dict(self.module)
+        weights = self.backend.full_state_dict(self.module)
         return adapter_state_dict(self.module, weights) if is_lora(self.module) else weights
 
     def state_dict(self) -> dict:
-        return {"model": self.trained_weights(), "optimizer": self.optimizer.state_dict(),
+        return {"model": self.trained_weights(),
+                "optimizer": self.backend.optimizer_state(self.optimizer),
                 "scheduler": self.scheduler.state_dict()}
 
     def save(self, directory: str, rank: int, tokenizer=None) -> None:
+        """Full weights (or adapters) from rank 0, loadable by `from_pretrained`; this
+        rank's optimizer state (its shard under FSDP2) and the schedule, per rank."""
         os.makedirs(directory, exist_ok=True)
-        weights = full_state_dict(self.module)
+        weights = self.backend.full_state_dict(self.module)  # collective when sharded
         if rank == 0:
             save = save_adapter if is_lora(self.module) else save_weights
             save(self.module, directory, weights)
             if tokenizer is not None:
                 tokenizer.save_pretrained(directory)
-        torch.save({"optimizer": self.optimizer.state_dict(),
+        torch.save({"optimizer": self.backend.optimizer_state(self.optimizer),
                     "scheduler": self.scheduler.state_dict()},
-                   os.path.join(directory, f"optim_rank{rank}.pt"))
+                   self.backend.optimizer_file(directory, rank))
 
     def load(self, directory: str, rank: int) -> None:
         (load_adapter if is_lora(self.module) else load_weights)(self.module, directory)
-        path = os.path.join(directory, f"optim_rank{rank}.pt")
+        path = self.backend.optimizer_file(directory, rank)
         if not os.path.exists(path):
             raise FileNotFoundError(f"checkpoint {directory!r} has no optimizer state for rank "
                                     f"{rank} ({os.path.basename(path)}); was it saved with the "
                                     "same number of ranks?")
         state = torch.load(path, weights_only=True, map_location="cpu")
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.backend.load_optimizer_state(self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-
-
-def full_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every weight, unsharded, on CPU (collective under FSDP2: call on all ranks)."""
-    if any(hasattr(p, "full_tensor") for p in module.parameters()):
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-        return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True,
-                                                                     cpu_offload=True))
-    return {k: v.detach().cpu() for k, v in module.state_dict().items()}
-
-
-def save_weights(module: torch.nn.Module, directory: str, weights: dict | None = None) -> None:
-    """`model.safetensors` (tied tensors once) and the HF config beside it."""
-    from safetensors.torch import save_file
-    os.makedirs(directory, exist_ok=True)
-    weights = full_state_dict(module) if weights is None else weights
-    seen, unique = set(), {}
-    for name, t in weights.items():
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
-        if key not in seen:
-            seen.add(key)
-            unique[name] = t.contiguous()
-    save_file(unique, os.path.join(directory, WEIGHTS_FILE), metadata={"format": "pt"})
-    config = getattr(module, "config", None)
-    if config is not None and hasattr(config, "save_pretrained"):
-        config.save_pretrained(directory)
-
-
-def load_weights(module: torch.nn.Module, directory: str) -> None:
-    from safetensors.torch import load_file
-    path = os.path.join(directory, WEIGHTS_FILE)
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"no {WEIGHTS_FILE} in checkpoint directory {directory!r}")
-    weights = load_file(path)
-    if any(hasattr(p, "full_tensor") for p in module.parameters()):
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-        set_model_state_dict(module, weights, options=StateDictOptions(full_state_dict=True))
-        return
-    missing, unexpected = module.load_state_dict(weights, strict=False)
-    loaded = {id(t) for n, t in module.state_dict(keep_vars=True).items() if n in weights}
-    state = module.state_dict(keep_vars=True)
-    truly_missing = [n for n in missing if id(state[n]) not in loaded]
-    if unexpected or truly_missing:
-        raise ValueError(f"checkpoint {directory!r} does not match the model: missing "
-                         f"{truly_missing[:5]}, unexpected {list(unexpected)[:5]}")

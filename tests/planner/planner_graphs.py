@@ -51,7 +51,8 @@ def same_size(size: str, roles=("actor", "ref", "critic")) -> dict[str, ModelSpe
     return {role: spec for role in roles}
 
 
-PAPER_WORKLOAD = Workload(prompts=1024, samples_per_prompt=1, prompt_len=1024, response_len=1024)
+PAPER_WORKLOAD = Workload(prompts=1024, samples_per_prompt=1, prompt_len=1024, response_len=1024,
+                          mini_batches=8)  # the HybridFlow paper's 8 mini-batches
 SMALL_WORKLOAD = Workload(prompts=64, samples_per_prompt=4, prompt_len=256, response_len=512)
 
 

@@ -66,3 +66,50 @@ def test_errors_exit_non_zero_with_a_message(capsys):
     assert "does not have" in capsys.readouterr().err
     assert main(["plan", "g.py", "--device", "tpu"]) == 2
     assert "unknown device" in capsys.readouterr().err
+
+
+def test_backend_offload_and_length_flags_reach_the_plan(capsys):
+    code = main(["plan", "graphs/ppo.py", "--model", "70b", "--nodes", "4", "--offload", "all",
+                 "--response-mean", "400", "--response-sigma", "0.8", "--json"])
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["backend"]["offload"] == "all"
+    assert data["workload"]["response_mean"] == 400
+    assert data["workload"]["mini_batches"] == 8  # the paper's workload by default
+
+
+def test_without_offload_70b_on_32_devices_does_not_fit(capsys):
+    assert main(["plan", "graphs/ppo.py", "--model", "70b", "--nodes", "4"]) == 1
+    assert "no placement fits" in capsys.readouterr().err
+
+
+def test_megatron_backend_is_named_in_the_explanation(capsys):
+    assert main(["plan", "graphs/ppo.py", "--model", "7b", "--train-backend", "megatron",
+                 "--train-tp", "2"]) == 0
+    assert "training megatron tp2 pp1" in capsys.readouterr().out
+
+
+def test_a_graph_or_a_device_action_is_required(capsys):
+    assert main(["plan"]) == 2
+    assert "--measure-device" in capsys.readouterr().err
+
+
+def test_a_measured_device_entry_is_saved_and_usable(tmp_path, monkeypatch, capsys):
+    """The micro-benchmark itself is stubbed: this checks the plumbing, not this machine."""
+    from hybridflow.planner import measure as measure_module
+    monkeypatch.setenv("HYBRIDFLOW_DEVICES_DIR", str(tmp_path))
+    fake = measure_module.Measurement(matmul_flops=5e10, memory_bandwidth=1e10,
+                                      transfer_bandwidth=1e9, transfer_latency_s=2e-5,
+                                      op_latency_s=5e-6, threads=1, layer_token_flops=1e10,
+                                      decode_step_overhead_s=1e-3)
+    monkeypatch.setattr(measure_module, "measure", lambda threads=1: fake)
+    monkeypatch.setattr(measure_module, "host_memory_bytes", lambda: 256 * 2**30)
+    assert main(["plan", "--measure-device", "--save", "box"]) == 0
+    entry = json.loads((tmp_path / "box.json").read_text())
+    assert entry["bf16_flops"] == 5e10 and entry["efficiency"]["mfu_forward"] == 0.2
+    assert entry["provenance"]["measured"]["op_latency_s"] == 5e-6
+    capsys.readouterr()
+    assert main(["plan", "graphs/grpo.py", "--device", "box", "--nodes", "1",
+                 "--gpus-per-node", "1", "--model", "0.5b", "--prompts", "16",
+                 "--prompt-len", "8", "--response-len", "4", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["cluster"]["device"] == "box"

@@ -72,7 +72,9 @@ def test_drawing_shows_pools_roles_devices_and_layouts(split_result, tmp_path):
     for pool in split_result.best.pools:
         label = f"pool {pool.name}: {pool.nodes} node(s) x {pool.devices_per_node} A100-80G"
         assert label in source
-    assert "rollout dp=8 x tp=8, FSDP over 64 devices" in source
+    actor = split_result.best.pool_of("actor")
+    layout = actor.layouts["actor"]
+    assert f"rollout dp={layout.dp} x tp={layout.tp}, FSDP over {actor.devices} devices" in source
     assert "critic: dp=64 tp=1" in source and "driver (no device)" in source
     path = tmp_path / "plan.dot"
     assert split_result.render(str(path)) == str(path) and "digraph" in path.read_text()

@@ -44,3 +44,41 @@ def test_hf_config_with_grouped_kv_and_tied_embeddings():
 def test_hf_config_missing_fields_is_an_actionable_error():
     with pytest.raises(ValueError, match="lacks hidden_size"):
         ModelSpec.from_hf_config({"num_hidden_layers": 2})
+
+
+QWEN3_32B_CONFIG = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 5120,
+    "intermediate_size": 25600, "num_attention_heads": 64, "num_hidden_layers": 64,
+    "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+    "tie_word_embeddings": False,
+}
+
+
+def test_hf_config_head_dim_is_used_when_it_is_not_hidden_over_heads():
+    """Qwen3-32B: head_dim 128 while hidden/heads is 80; it counts 32.8B parameters."""
+    spec = ModelSpec.from_hf_config(QWEN3_32B_CONFIG)
+    assert spec.head_dim == 128
+    assert spec.params / 1e9 == pytest.approx(32.76, rel=0.005)
+    assert spec.kv_bytes_per_token == 2 * 64 * 8 * 128 * 2  # K and V, bf16, every layer
+    assert spec.params == ModelSpec.from_name("32b").params
+
+
+def test_head_dim_equal_to_hidden_over_heads_changes_nothing():
+    config = dict(LLAMA2_7B_CONFIG, head_dim=128)
+    assert ModelSpec.from_hf_config(config).params == ModelSpec.from_name("7b").params
+
+
+def test_tied_embeddings_count_the_vocabulary_once():
+    untied = dict(LLAMA2_7B_CONFIG)
+    tied = dict(LLAMA2_7B_CONFIG, tie_word_embeddings=True)
+    difference = ModelSpec.from_hf_config(untied).params - ModelSpec.from_hf_config(tied).params
+    assert difference == 32000 * 4096
+
+
+def test_qwen2_attention_biases_are_counted():
+    qwen = {"hidden_size": 896, "intermediate_size": 4864, "num_attention_heads": 14,
+            "num_hidden_layers": 24, "num_key_value_heads": 2, "vocab_size": 151936,
+            "tie_word_embeddings": True, "model_type": "qwen2"}
+    with_bias = ModelSpec.from_hf_config(qwen).params
+    without = ModelSpec.from_hf_config(dict(qwen, attention_bias=False)).params
+    assert with_bias - without == 24 * (896 + 2 * 128)

@@ -1,7 +1,8 @@
 """The HybridFlow paper's placement finding under its workload, and memory safety.
 
 Workload: Llama 7B-70B for actor, critic, reference and reward model, PPO,
-1024 prompts, 1024 prompt + 1024 response tokens, on A100-80G nodes of 8.
+1024 prompts, 1024 prompt + 1024 response tokens, 8 mini-batches (the paper's),
+on A100-80G nodes of 8, with the efficiency constants fitted to published runs.
 Finding: colocating every role wins on small clusters; splitting actor and
 critic onto separate pools wins on large ones.
 """
@@ -49,14 +50,15 @@ def test_split_pools_win_on_large_clusters(size):
 
 
 def test_the_split_advantage_grows_with_cluster_size():
-    """For 7B and 13B the crossover lies beyond 128 devices, but the gap closes as devices grow."""
+    """For 7B and 13B the gap to the best split closes as devices grow and crosses over at 128
+    (with the constants fitted to published runs; the uncalibrated model put it beyond 128)."""
     for size in ("7b", "13b"):
         gaps = []
         for devices in (16, 64, 128):
             result = plan(size, devices, top_k=5)
             split = min(c.step_seconds for c in result.ranked if not c.colocated)
             gaps.append(split / result.colocated.step_seconds)
-        assert gaps[0] > gaps[1] > gaps[2] > 1.0, (size, gaps)
+        assert gaps[0] > gaps[1] > 1.0 > gaps[2], (size, gaps)
 
 
 def test_a_faster_plan_that_does_not_fit_is_never_chosen(monkeypatch):

@@ -30,3 +30,20 @@ def prompt_batch(tokenizer, texts, answers=None) -> Batch:
 
 def empty_like(batch: Batch) -> Batch:
     return batch.take(np.arange(0))
+
+
+PROMPTS = ["1+2=", "10+20=", "7*8=", "99-1="]
+
+
+def rollout_for_update(actor, prompts=PROMPTS, n=2, seed=0) -> Batch:
+    """A generated batch with log-probs, random advantages and a nearby reference.
+    Here, not in a test module, so that processes spawned for data-parallel ranks
+    import it by its full name and no test imports another."""
+    torch.manual_seed(seed)
+    out = actor.generate(prompt_batch(actor.tokenizer, prompts), n=n)
+    out = out.union(actor.logprob(out))
+    gen = torch.Generator().manual_seed(seed)
+    out["advantages"] = torch.randn(out["responses"].shape, generator=gen)
+    out["ref_log_prob"] = out["old_log_probs"] + 0.1 * torch.randn(
+        out["responses"].shape, generator=gen)
+    return out

@@ -4,11 +4,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tests.support.workers import empty_like, make_cfg, prompt_batch
+from tests.support.workers import (PROMPTS, empty_like, make_cfg, prompt_batch,
+                                   rollout_for_update)
 from hybridflow.batch import Batch
 from hybridflow.workers import ActorWorker
 
-PROMPTS = ["1+2=", "10+20=", "7*8=", "99-1="]
 
 
 def greedy(actor, batch, **kw):
@@ -75,17 +75,6 @@ def test_logprob_equals_manual_log_softmax_gather(actor_module, temperature):
     manual = logp.gather(-1, out["responses"].unsqueeze(-1)).squeeze(-1)
     assert torch.allclose(got["old_log_probs"], manual, atol=1e-5)
     assert got.keys() == ["old_log_probs"] and got.meta["metrics"]["actor/entropy"] > 0
-
-
-def rollout_for_update(actor, prompts=PROMPTS, n=2, seed=0):
-    torch.manual_seed(seed)
-    out = actor.generate(prompt_batch(actor.tokenizer, prompts), n=n)
-    out = out.union(actor.logprob(out))
-    gen = torch.Generator().manual_seed(seed)
-    out["advantages"] = torch.randn(out["responses"].shape, generator=gen)
-    out["ref_log_prob"] = out["old_log_probs"] + 0.1 * torch.randn(
-        out["responses"].shape, generator=gen)
-    return out
 
 
 def test_update_reports_verl_metrics_and_changes_weights():

@@ -7,9 +7,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tests.support.workers import make_cfg
+from tests.support.workers import make_cfg, rollout_for_update
 from hybridflow.workers import ActorWorker, WorkerContext
-from test_actor import rollout_for_update
 
 CONFIGS = {
     # two epochs (ratios move off 1, clipping active), KL loss and entropy bonus

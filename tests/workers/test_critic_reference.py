@@ -2,9 +2,8 @@
 import pytest
 import torch
 
-from tests.support.workers import empty_like, make_cfg
+from tests.support.workers import empty_like, make_cfg, rollout_for_update
 from hybridflow.workers import ActorWorker, CriticWorker, ReferenceWorker
-from test_actor import rollout_for_update
 
 
 def test_critic_fits_a_constant_return():

@@ -4,8 +4,7 @@ import os
 
 import pytest
 import torch
-from tests.support.workers import make_cfg, prompt_batch
-from test_actor import PROMPTS, rollout_for_update
+from tests.support.workers import PROMPTS, make_cfg, prompt_batch, rollout_for_update
 from transformers import AutoModelForCausalLM
 
 from hybridflow.workers import ActorWorker, ReferenceWorker, WorkerContext

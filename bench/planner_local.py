@@ -1,0 +1,112 @@
+"""The planner on this machine: predicted vs measured seconds per node and per step.
+
+1. Measure this machine (`hybridflow plan --measure-device`'s micro-benchmark)
+   and predict each node of a measured run from the micro-benchmark alone.
+2. Calibrate the device on that run (`--calibrate`), then predict a second run
+   with a different workload from the calibrated entry: the honest test, since
+   the second run was not fitted.
+Runs come from `hybridflow run graphs/grpo.py trainer.steps=6 trainer.val_every=0`
+(and overrides); pass their directories, or let --make-runs start them. Each
+node's median over the steps after the first counts.
+
+    python bench/planner_local.py --fit-run RUN_A --check-run RUN_B
+    python bench/planner_local.py --make-runs      # runs both here first (about a minute)
+    python bench/planner_local.py --make-runs --runtime ray
+
+Writes bench/results/planner_local.json (planner_local_ray.json for Ray runs).
+Targets: within +-30% per node and per step.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, REPO)
+
+from hybridflow.planner.calibrate import calibrate, predict_run  # noqa: E402 - after the path
+from hybridflow.planner.measure import device_from, measure  # noqa: E402
+from hybridflow.planner.run_dir import read_run  # noqa: E402
+
+RUN_A = ["trainer.steps=6", "trainer.val_every=0"]  # 5 steps kept: medians resist a stall
+RUN_B = ["trainer.steps=6", "trainer.val_every=0", "rollout.n=4", "data.batch_size=32",
+         "rollout.max_new_tokens=6"]
+
+
+def make_run(folder: str, name: str, overrides: list[str], runtime: str) -> str:
+    graph = os.path.join(REPO, "graphs", "grpo.py")
+    command = [sys.executable, "-m", "hybridflow.cli", "run", graph, "--runtime", runtime,
+               *overrides,
+               f"trainer.run_name={name}", f"trainer.runs_dir={folder}",
+               "trainer.progress=false"]
+    subprocess.run(command, check=True, cwd=folder, env={**os.environ, "PYTHONPATH": REPO})
+    return os.path.join(folder, name)
+
+
+def compare(run, prediction) -> dict:
+    rows = {}
+    for node, measured in run.node_seconds.items():
+        predicted = prediction.node_seconds.get(node, 0.0)
+        rows[node] = {"measured": round(measured, 4), "predicted": round(predicted, 4),
+                      "ratio": round(predicted / measured, 3) if measured > 1e-3 else None}
+    rows["step"] = {"measured": round(run.step_seconds, 4),
+                    "predicted": round(prediction.step_seconds, 4),
+                    "ratio": round(prediction.step_seconds / run.step_seconds, 3)}
+    return rows
+
+
+def table(title: str, rows: dict) -> str:
+    lines = [title, f"{'node':<20}{'measured s':>12}{'predicted s':>13}{'pred/meas':>11}"]
+    for node, r in rows.items():
+        ratio = f"{r['ratio']:.2f}" if r["ratio"] else "-"
+        lines.append(f"{node:<20}{r['measured']:>12.4f}{r['predicted']:>13.4f}{ratio:>11}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--fit-run", help="run directory the device is calibrated on")
+    parser.add_argument("--check-run", help="run directory predicted from the calibrated entry")
+    parser.add_argument("--make-runs", action="store_true", help="start both runs here first")
+    parser.add_argument("--runtime", default="local", choices=("local", "ray"),
+                        help="runtime of the runs --make-runs starts")
+    parser.add_argument("--out", help="default: bench/results/planner_local[_ray].json")
+    args = parser.parse_args()
+    suffix = "" if args.runtime == "local" else f"_{args.runtime}"
+    args.out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                        f"planner_local{suffix}.json")
+    if args.make_runs:
+        folder = tempfile.mkdtemp(prefix="planner-local-")
+        args.fit_run = make_run(folder, "fit", RUN_A, args.runtime)
+        args.check_run = make_run(folder, "check", RUN_B, args.runtime)
+    if not args.fit_run:
+        parser.error("give --fit-run RUN_DIR (and --check-run) or --make-runs")
+    measured = measure()
+    device = device_from(measured, "this-machine")
+    fit_run = read_run(args.fit_run)
+    out = {"micro_benchmark": measured.to_json(), "fit_run": args.fit_run,
+           "micro_benchmark_only": compare(fit_run, predict_run(fit_run, device))}
+    print(table(f"micro-benchmark only, run {args.fit_run}:", out["micro_benchmark_only"]))
+    fitted = calibrate(fit_run, device)
+    out["calibrated_constants"] = fitted.efficiency.to_json()
+    out["calibrated_on_fit_run"] = compare(fit_run, predict_run(fit_run, fitted))
+    print("\n" + table("calibrated, same run (fit quality):", out["calibrated_on_fit_run"]))
+    if args.check_run:
+        check_run = read_run(args.check_run)
+        out["check_run"] = args.check_run
+        out["calibrated_on_check_run"] = compare(check_run, predict_run(check_run, fitted))
+        print("\n" + table(f"calibrated on the fit run, predicting {args.check_run}:",
+                           out["calibrated_on_check_run"]))
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as handle:
+        json.dump(out, handle, indent=2)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""A measured run as planner input: its graph, models, workload and placement, and what each
+node took.
+
+Reads RUN_DIR/graph.json (the graph file), config.yaml (the merged config),
+metrics.jsonl (mean response length, step time) and timeline.jsonl (start and
+end of every node of every step). The first step warms up (imports, allocator,
+lazy init) and is left out when the run has more; of the steps kept, each
+node's median counts, so one stalled step (a busy machine) does not skew it.
+Keeps no state: one read gives a frozen `MeasuredRun`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+from dataclasses import dataclass
+
+from .devices import Cluster
+from .models import ModelSpec
+from .problem import PlanningError, Workload
+
+WARMUP_STEPS = 1
+
+
+@dataclass(frozen=True)
+class MeasuredRun:
+    run_dir: str
+    plan: object  # the compiled graph (ExecutionPlan): .nodes
+    models: dict[str, ModelSpec]
+    workload: Workload
+    devices: int
+    groupings: tuple[tuple[str, ...], ...]
+    node_seconds: dict[str, float]  # median over the steps kept
+    step_seconds: float  # median wall time of the steps kept (the loop's perf/time_per_step)
+    steps: tuple[int, ...]
+
+    def cluster(self, device) -> Cluster:
+        """One node of the run's devices; `device` is a name or a Device."""
+        return Cluster(1, self.devices, device)
+
+
+def _jsonl(path: str) -> list[dict]:
+    if not os.path.isfile(path):
+        raise PlanningError(f"{path} does not exist: is this a run directory of "
+                            "`hybridflow run` (it writes timeline.jsonl and metrics.jsonl)?")
+    with open(path) as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def read_run(run_dir: str) -> MeasuredRun:
+    from hybridflow.auto_placement import run_models
+    from hybridflow.program import prepare
+    from hybridflow.weight_sync import planner_view
+
+    config_path = os.path.join(run_dir, "config.yaml")
+    graph_json = os.path.join(run_dir, "graph.json")
+    if not os.path.isfile(graph_json):
+        raise PlanningError(f"{graph_json} does not exist: is {run_dir} a run directory of "
+                            "`hybridflow run`?")
+    with open(graph_json) as handle:
+        graph_file = json.load(handle)["file"]
+    loaded = prepare(graph_file, [], config_path, preflight=False)  # defaults + the saved config
+    plan, cfg = planner_view(loaded.plan), loaded.cfg  # a folded rollout is the actor
+    timeline = _jsonl(os.path.join(run_dir, "timeline.jsonl"))
+    metrics = _jsonl(os.path.join(run_dir, "metrics.jsonl"))
+    steps = sorted({r["step"] for r in timeline})
+    kept = tuple(steps[WARMUP_STEPS:] if len(steps) > WARMUP_STEPS else steps)
+    models = run_models(cfg, plan)
+    return MeasuredRun(run_dir, plan, models, run_workload(cfg, metrics, kept),
+                       *run_pools(cfg, list(models)), node_means(timeline, kept),
+                       _median([m["perf/time_per_step"] for m in metrics if m.get("step") in kept
+                                and "perf/time_per_step" in m]), kept)
+
+
+def node_means(timeline: list[dict], steps: tuple[int, ...]) -> dict[str, float]:
+    """Median seconds per node over `steps`. A node a step runs twice counts its sum; a node
+    with one record per rank (Ray) counts its slowest rank."""
+    per_rank: dict[tuple[str, int, object], float] = {}
+    for record in timeline:
+        if record["step"] in steps:
+            key = (record["node"], record["step"], record.get("rank"))
+            per_rank[key] = per_rank.get(key, 0.0) + record["end"] - record["start"]
+    per_step: dict[str, dict[int, float]] = {}
+    for (node, step, _), seconds in per_rank.items():
+        by_step = per_step.setdefault(node, {})
+        by_step[step] = max(by_step.get(step, 0.0), seconds)
+    return {node: statistics.median(v.values()) for node, v in per_step.items()}
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def run_workload(cfg, metrics: list[dict], steps: tuple[int, ...]) -> Workload:
+    """One step's work as the run's config and measured response lengths say."""
+    sequences = cfg.data.batch_size * cfg.rollout.n
+    prompt, response = cfg.data.max_prompt_length, cfg.rollout.max_new_tokens
+    lengths = [m["response_length/mean"] for m in metrics
+               if m.get("step") in steps and "response_length/mean" in m]
+    mean = min(float(response), _mean(lengths)) if lengths else 0.0
+    padded = prompt + response  # the torch workers pad every row to the batch's longest
+    return Workload(prompts=cfg.data.batch_size, samples_per_prompt=cfg.rollout.n,
+                    prompt_len=prompt, response_len=response, ppo_epochs=cfg.actor.ppo_epochs,
+                    mini_batches=max(1, math.ceil(sequences / cfg.actor.mini_batch_size)),
+                    micro_batch_tokens=cfg.actor.micro_batch_size * padded,
+                    response_mean=mean, padded_len=padded)
+
+
+def run_pools(cfg, roles: list[str]) -> tuple[int, tuple[tuple[str, ...], ...]]:
+    """(devices, colocation) of the run: the local runtime runs every role in one process."""
+    if cfg.runtime.name == "local":
+        return 1, (tuple(roles),)
+    pools = dict(cfg.placement.pools)
+    first = next(iter(pools))
+    groups: dict[str, list[str]] = {name: [] for name in pools}
+    for role in roles:
+        groups[cfg.placement.roles.get(role, first)].append(role)
+    devices = sum(p.nodes * p.devices_per_node for name, p in pools.items() if groups[name])
+    return devices, tuple(tuple(g) for g in groups.values() if g)

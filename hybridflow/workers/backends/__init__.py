@@ -1,0 +1,36 @@
+"""Training backends by name: how a trained module is wrapped for data parallelism,
+where its forward computes in low precision, how gradients sync, and how its weights
+and optimizer state are gathered, saved and loaded.
+
+State: `BACKENDS`, name -> backend class; `ddp` and `fsdp2` register here, and a new
+one (Megatron, ...) registers with `register_backend` without touching the trainer.
+The trainer reads the name from `actor.strategy` / `critic.strategy`.
+"""
+from __future__ import annotations
+
+import torch
+
+from hybridflow.workers.backends.base import TrainingBackend
+from hybridflow.workers.backends.ddp import DDPBackend
+from hybridflow.workers.backends.fsdp2 import FSDP2Backend
+
+__all__ = ["TrainingBackend", "BACKENDS", "register_backend", "make_backend"]
+
+BACKENDS: dict[str, type[TrainingBackend]] = {}
+
+
+def register_backend(name: str, cls: type[TrainingBackend]) -> None:
+    BACKENDS[name] = cls
+
+
+def make_backend(name: str, world: int, device: torch.device,
+                 compute_dtype: torch.dtype = torch.float32) -> TrainingBackend:
+    """The backend registered as `name`; ValueError listing the valid names."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown training strategy {name!r} (actor.strategy / "
+                         f"critic.strategy); valid names: {', '.join(sorted(BACKENDS))}")
+    return BACKENDS[name](world, device, compute_dtype)
+
+
+register_backend("ddp", DDPBackend)
+register_backend("fsdp2", FSDP2Backend)

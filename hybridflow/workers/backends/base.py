@@ -1,0 +1,66 @@
+"""The training-backend protocol, with the behaviour shared by the backends.
+
+A backend is built once per trained module and keeps only its settings (world size,
+device, compute dtype) and, after `wrap`, what it wrapped. Master weights and
+optimizer state stay in the module's dtype (float32); `autocast()` is where the
+forward computes in `compute_dtype` (bfloat16 when `model.dtype=bf16`).
+"""
+from __future__ import annotations
+
+import os
+from contextlib import nullcontext
+
+import torch
+
+from hybridflow.workers.weights import full_state_dict, load_full_state_dict
+
+__all__ = ["TrainingBackend"]
+
+
+class TrainingBackend:
+    """wrap -> forward under `autocast()` -> `sync_context` per micro-batch ->
+    `clip_grad_norm` -> optimizer step; `full_state_dict` / `load_full_state_dict` for
+    weights, `save_optimizer` / `load_optimizer` for the optimizer (sharded where the
+    backend shards)."""
+    name = "base"
+    shards = False  # parameters and optimizer state are split over the ranks
+
+    def __init__(self, world: int, device: torch.device,
+                 compute_dtype: torch.dtype = torch.float32):
+        self.world, self.device, self.compute_dtype = world, device, compute_dtype
+
+    def wrap(self, module: torch.nn.Module) -> torch.nn.Module:
+        """What forward and backward go through (the module itself, or a wrapper)."""
+        return module
+
+    def autocast(self):
+        """Context of every forward: low-precision compute over float32 weights."""
+        if self.compute_dtype == torch.float32:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute_dtype)
+
+    def sync_context(self, model, last: bool):
+        """Context of one micro-batch's backward: sync gradients only on the last."""
+        return nullcontext()
+
+    def clip_grad_norm(self, module: torch.nn.Module, max_norm: float) -> float:
+        params = [p for p in module.parameters() if p.requires_grad]
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+    def full_state_dict(self, module: torch.nn.Module) -> dict[str, torch.Tensor]:
+        return full_state_dict(module)
+
+    def load_full_state_dict(self, module: torch.nn.Module, weights: dict) -> None:
+        load_full_state_dict(module, weights)
+
+    # ------------------------------------------------------------- optimizer
+    def optimizer_file(self, directory: str, rank: int) -> str:
+        return os.path.join(directory, f"optim_rank{rank}.pt")
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
+        """This rank's optimizer state, as plain tensors `torch.save` can write."""
+        return optimizer.state_dict()
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        optimizer.load_state_dict(state)

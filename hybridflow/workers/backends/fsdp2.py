@@ -1,0 +1,83 @@
+"""FSDP2 (`torch.distributed.fsdp.fully_shard`): parameters, gradients and optimizer
+state sharded over the ranks of a 1-D device mesh, on CUDA (nccl) or on the CPU (gloo).
+
+Each decoder layer is one shard group, the root module another, so a layer's weights
+are gathered only around its own forward and backward. `MixedPrecisionPolicy`:
+parameters gathered in the compute dtype, gradients reduced in float32, the sharded
+master weights and AdamW state stay float32. Checkpoints: full weights (gathered,
+`model.safetensors`), and this rank's optimizer shard per rank (same world size to
+resume). State: the device mesh, after `wrap`.
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+
+from hybridflow.workers.backends.base import TrainingBackend
+
+__all__ = ["FSDP2Backend", "decoder_layers"]
+
+
+def decoder_layers(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks to shard one by one: the classes a Hugging Face model names
+    in `_no_split_modules` (e.g. LlamaDecoderLayer), found under LoRA wrappers too."""
+    names: set[str] = set()
+    for sub in module.modules():
+        names |= set(getattr(sub, "_no_split_modules", None) or ())
+    return [m for m in module.modules() if type(m).__name__ in names]
+
+
+class FSDP2Backend(TrainingBackend):
+    name = "fsdp2"
+    shards = True
+
+    def __init__(self, world: int, device: torch.device,
+                 compute_dtype: torch.dtype = torch.float32):
+        super().__init__(world, device, compute_dtype)
+        self.mesh = None
+
+    def wrap(self, module: torch.nn.Module) -> torch.nn.Module:
+        if self.world == 1:
+            self.shards = False  # one rank: nothing to shard over
+            return module
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        self.mesh = init_device_mesh(self.device.type, (self.world,))
+        policy = MixedPrecisionPolicy(param_dtype=self.compute_dtype,
+                                      reduce_dtype=torch.float32)
+        for layer in decoder_layers(module):
+            fully_shard(layer, mesh=self.mesh, mp_policy=policy)
+        fully_shard(module, mesh=self.mesh, mp_policy=policy)
+        return module
+
+    def autocast(self):
+        # the policy already casts the gathered parameters; autocast on top would
+        # also run the float32 ops (norms, softmax) in low precision
+        return nullcontext() if self.mesh is not None else super().autocast()
+
+    def sync_context(self, model, last: bool):
+        if self.mesh is not None:
+            model.set_requires_gradient_sync(last)
+        return nullcontext()
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
+        """The optimizer state with each DTensor replaced by this rank's local shard."""
+        state = optimizer.state_dict()
+        state["state"] = {i: {k: v.to_local() if hasattr(v, "to_local") else v
+                              for k, v in s.items()} for i, s in state["state"].items()}
+        return state
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        """Wrap the saved local shards back as DTensors laid out like their parameters."""
+        from torch.distributed.tensor import DTensor
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        for index, entry in state["state"].items():
+            param = params[int(index)]
+            for key, value in entry.items():
+                if isinstance(param, DTensor) and torch.is_tensor(value) and \
+                        value.dim() == param.dim():
+                    entry[key] = DTensor.from_local(value.to(param.device), param.device_mesh,
+                                                    param.placements, run_check=False,
+                                                    shape=param.shape, stride=param.stride())
+        optimizer.load_state_dict(state)

@@ -1,0 +1,118 @@
+"""What a graph's loss receives besides the micro-batch: `loss(micro, out)`.
+
+`out` holds the model's outputs on the micro-batch, computed on first use and kept
+for the rest of the call (one forward however many terms read them), and the
+mini-batch's global counts, so that a loss normalised by them gives each micro-batch
+and rank its share of the whole mini-batch's loss (see `training.py`):
+
+- `out.tokens`, `out.seqs`: valid tokens / non-empty sequences of the mini-batch,
+  summed over data-parallel ranks (0-dim float64 tensors);
+- `out.mean(x, mask=None)`: `sum(x * mask) / tokens`, the token-mean share of this
+  micro-batch; the loss's masked mean, and the way to report a metric, since the
+  trainer sums metric values over micro-batches and ranks;
+- `out.share`: this micro-batch's fraction of the mini-batch's tokens.
+
+Policy outputs: `logits` [B, R, V] (float32, over the sampling temperature),
+`log_probs` [B, R] of `responses`, `entropy(grad=True)` [B, R]. Value outputs:
+`values` [B, R].
+"""
+from __future__ import annotations
+
+from functools import cached_property
+
+import torch
+
+from hybridflow.batch import Batch
+from hybridflow.workers.sequences import (entropy_from_logits, response_logits,
+                                          response_values, token_logprobs)
+
+__all__ = ["LossInputs", "PolicyOutputs", "ValueOutputs", "run_loss", "select_for_loss",
+           "worker_default_loss"]
+
+
+class LossInputs:
+    """The global counts of the mini-batch and the loss mask of this micro-batch."""
+
+    def __init__(self, model, micro: Batch, tokens, seqs, mask_key: str):
+        self.model, self.micro = model, micro
+        self.tokens, self.seqs = tokens, seqs
+        self.mask = micro[mask_key]
+
+    def mean(self, values: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        mask = self.mask if mask is None else mask
+        kept = torch.where(mask.bool(), values, torch.zeros_like(values))
+        return kept.sum() / torch.as_tensor(self.tokens, dtype=values.dtype,
+                                            device=values.device).clamp(min=1)
+
+    @property
+    def share(self) -> torch.Tensor:
+        return self.mask.sum() / self.tokens.clamp(min=1)
+
+
+class PolicyOutputs(LossInputs):
+    def __init__(self, model, micro: Batch, tokens, seqs, mask_key: str = "response_mask",
+                 temperature: float = 1.0):
+        super().__init__(model, micro, tokens, seqs, mask_key)
+        self.temperature = temperature
+        self._entropy: dict[bool, torch.Tensor] = {}
+
+    @cached_property
+    def logits(self) -> torch.Tensor:
+        return response_logits(self.model, self.micro, self.temperature)
+
+    @cached_property
+    def log_probs(self) -> torch.Tensor:
+        return token_logprobs(self.logits, self.micro["responses"])
+
+    def entropy(self, grad: bool = True) -> torch.Tensor:
+        """Per-token entropy; `grad=False` for a metric (no backward memory)."""
+        if grad not in self._entropy:
+            with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
+                logits = self.logits if grad else self.logits.detach()
+                self._entropy[grad] = entropy_from_logits(logits)
+        return self._entropy[grad]
+
+
+class ValueOutputs(LossInputs):
+    @cached_property
+    def values(self) -> torch.Tensor:
+        return response_values(self.model, self.micro)
+
+
+def run_loss(loss, micro: Batch, out: LossInputs) -> tuple[torch.Tensor, dict]:
+    """Call a graph's loss and check what it returned, naming the loss on error."""
+    result = loss(micro, out)
+    if not (isinstance(result, tuple) and len(result) == 2 and torch.is_tensor(result[0])
+            and isinstance(result[1], dict)):
+        name = getattr(loss, "__name__", type(loss).__name__)
+        raise TypeError(f"loss {name!r} must return (loss tensor, metrics dict), got "
+                        f"{type(result).__name__}")
+    return result
+
+
+def select_for_loss(batch: Batch, model_reads: tuple[str, ...], loss, where: str) -> Batch:
+    """The columns a training call needs: the model's inputs and the loss's keys.
+    KeyError naming the loss and the missing keys (a graph built without the
+    compiler's check, or a default loss whose keys depend on config)."""
+    from hybridflow.loss import loss_spec
+    if not len(batch):
+        return batch
+    spec = loss_spec(loss)
+    reads = spec.reads if spec else ()
+    missing = [k for k in model_reads + reads if k not in batch]
+    if missing:
+        name = spec.name if spec else getattr(loss, "__name__", type(loss).__name__)
+        raise KeyError(f"{where}: loss {name!r} reads {missing}, which the call's input "
+                       f"lacks; add the node that writes it to the call's inputs (e.g. "
+                       f"ref.logprob for 'ref_log_prob')")
+    optional = [k for k in (spec.optional if spec else ()) if k in batch]
+    return batch.select(*dict.fromkeys(model_reads + reads + tuple(optional)))
+
+
+def worker_default_loss(worker, target: str, settings):
+    """`target`'s registered default loss, built once per worker from its config section."""
+    from hybridflow.loss import default_loss
+    built = worker.__dict__.setdefault("_default_losses", {})
+    if target not in built:
+        built[target] = default_loss(target, settings)
+    return built[target]
