@@ -44,7 +44,7 @@ class ModelSize:
     trainable_tensors: int   # how many trainable tensors (AdamW keeps a step per tensor)
     buffer_bytes: int        # rotary tables and other buffers
     largest_trainable_bytes: int  # the biggest trainable tensor (optimizer temporaries)
-    dtype_bytes: int         # bytes per element of the model's dtype
+    dtype_bytes: int         # bytes per element of the model's (compute) dtype
     arch: Architecture
 
     @property
@@ -88,19 +88,21 @@ def _lora_key(lora) -> tuple | None:
 
 
 def model_size(config, head: str = "causal", dtype: torch.dtype = torch.float32,
-               lora=None) -> ModelSize:
+               lora=None, trained: bool = False) -> ModelSize:
     """Sizes of the model `config` (a transformers `PretrainedConfig`) as a worker
     builds it: `head` is "causal", "value" (one label per token) or "reward" (one per
-    sequence); `lora` a config with `rank`, `alpha`, `dropout`, `target_modules`."""
+    sequence); `lora` a config with `rank`, `alpha`, `dropout`, `target_modules`;
+    `trained`: the trainer gives a bf16/fp16 model float32 master weights (its
+    trainable parameters are upcast in place, `training.master_weights`)."""
     if head not in _HEADS:
         raise ValueError(f"unknown model head {head!r}; use one of {sorted(_HEADS)}")
     return _model_size(config.to_json_string(use_diff=False), type(config), head, dtype,
-                       _lora_key(lora))
+                       _lora_key(lora), trained)
 
 
 @lru_cache(maxsize=64)
 def _model_size(config_json: str, config_cls, head: str, dtype: torch.dtype,
-                lora: tuple | None) -> ModelSize:
+                lora: tuple | None, trained: bool) -> ModelSize:
     import json
 
     import transformers
@@ -118,4 +120,7 @@ def _model_size(config_json: str, config_cls, head: str, dtype: torch.dtype,
                                                    lora_dropout=dropout,
                                                    target_modules=list(targets),
                                                    task_type="CAUSAL_LM"))
+    if trained:
+        from hybridflow.workers.training import master_weights
+        master_weights(module)  # the very function the trainer runs, here on meta
     return model_size_of(module, architecture(config), dtype)

@@ -23,11 +23,15 @@ sdpa attention; bench/memory.py checks them against measured peaks):
   inference pass holds two (the logits and logsumexp's exp); the layers'
   temporaries are gone by then, so it is the larger of the two, not their sum.
   A value head has one output per token: no vocab term.
-- **Training state.** The trainer builds the model in `model.dtype` and gives every
-  trainable parameter to torch's AdamW: gradients and both moments are in the
-  parameter's own dtype (no float32 master copy: bf16 trains in pure bf16), plus a
-  float32 `step` per tensor. Gradients are live during every micro-batch after the
-  first (accumulation), so the update's peak counts them in full. The optimizer
+- **Training state.** The trainer gives a bf16/fp16 model float32 master weights
+  (its trainable parameters are upcast in place; `model_size(trained=True)` runs
+  the same function on the meta model) and computes under autocast, which keeps a
+  16-bit copy of each cast weight until the backward ends. AdamW's gradients and
+  moments are float32 then, plus a float32 `step` per tensor; frozen weights (LoRA's
+  base, the reference) stay in `model.dtype`. Under autocast the log-prob pass also
+  holds the 16-bit logits beside their float32 copies. Gradients are live during
+  every micro-batch after the first (accumulation), so the update's peak counts
+  them in full. The optimizer
   step adds temporaries: one copy of the largest tensor (single-tensor AdamW, the
   CPU default) or of all trainable bytes (foreach AdamW, the CUDA default).
 - **generate**: the KV cache, `rows * (prompt + response) * layers * 2 * kv_heads
@@ -132,6 +136,12 @@ def batch_bytes(rows: int, prompt: int, response: int) -> int:
     return rows * (3 * 8 * width + (2 * 8 + 5 * FP32) * response)
 
 
+def _autocast(size: ModelSize) -> bool:
+    """A 16-bit model with float32 master weights: the trainer computes under autocast."""
+    return size.dtype_bytes < FP32 and size.trainable > 0 and \
+        size.trainable_bytes == FP32 * size.trainable
+
+
 def train_pass(size: ModelSize, micro: MicroBatch, vocab_head: bool = True,
                temperature: float = 1.0, checkpointing: bool = False,
                **state) -> dict[str, int]:
@@ -141,6 +151,10 @@ def train_pass(size: ModelSize, micro: MicroBatch, vocab_head: bool = True,
     forward = {"activations": saved_activations(size, micro, checkpointing)}
     if vocab_head:
         forward["logits"] = logits_bytes(size, micro, train=True, temperature=temperature)
+    if _autocast(size):
+        # autocast keeps a low-precision copy of each float32 master weight it casts
+        # for the forward, until the backward is done
+        forward["autocast copies"] = size.trainable * size.dtype_bytes
     step = train.pop("optimizer step")
     # the step's temporaries come after the backward has freed the activations
     phase = forward if sum(forward.values()) >= step else {"optimizer step": step}
@@ -155,6 +169,8 @@ def inference_pass(size: ModelSize, micro: MicroBatch, vocab_head: bool = True,
     layer = layer_transients(size, micro)
     logits = logits_bytes(size, micro, train=False, temperature=temperature) \
         if vocab_head else 0
+    if logits and _autocast(size):  # the low-precision logits live beside their copies
+        logits += micro.rows * micro.logit_positions * size.arch.vocab * size.dtype_bytes
     return {"logits": logits} if logits >= layer else {"activations": layer}
 
 

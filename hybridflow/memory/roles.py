@@ -97,9 +97,10 @@ def _data(cfg) -> tuple[int, int]:
 
 
 def role_model_size(cfg, head: str = "causal", path: str | None = None,
-                    lora=None) -> ModelSize:
+                    lora=None, trained: bool = False) -> ModelSize:
     """The model a worker of this run builds (from `model.path`, or `model.hf_config`
-    with the tokenizer's vocabulary), sized on the meta device."""
+    with the tokenizer's vocabulary), sized on the meta device; `trained`: with the
+    trainer's float32 master weights."""
     from hybridflow.workers.models import _hf_config, resolve_dtype
     from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
     model_cfg = _sections(cfg)["model"]
@@ -107,7 +108,7 @@ def role_model_size(cfg, head: str = "causal", path: str | None = None,
     tokenizer = None if path is not None and head == "reward" else \
         load_tokenizer(tokenizer_spec(model_cfg))
     config = _hf_config(model_cfg, tokenizer, path)
-    return model_size(config, head, resolve_dtype(model_cfg.dtype), lora)
+    return model_size(config, head, resolve_dtype(model_cfg.dtype), lora, trained)
 
 
 def actor_pass_memory(cfg, kind: str, rows: int, cuda: bool = False) -> dict[str, int]:
@@ -115,7 +116,7 @@ def actor_pass_memory(cfg, kind: str, rows: int, cuda: bool = False) -> dict[str
     rows of one rank, resident state included: what bench/memory.py measures."""
     s = _sections(cfg)
     _, prompt = _data(cfg)
-    size = role_model_size(cfg, lora=s["actor"].lora)
+    size = role_model_size(cfg, lora=s["actor"].lora, trained=True)
     kind = actor_pass_kind(kind)
     out = {"weights": size.weight_bytes}
     if kind == "train":  # AdamW allocates its moments at the first step
@@ -130,7 +131,7 @@ def critic_pass_memory(cfg, kind: str, rows: int, cuda: bool = False) -> dict[st
     rank, resident state included: what bench/memory.py measures."""
     s = _sections(cfg)
     _, prompt = _data(cfg)
-    size = role_model_size(cfg, head="value", path=s["critic"].path)
+    size = role_model_size(cfg, head="value", path=s["critic"].path, trained=True)
     micro = MicroBatch(min(rows, s["critic"].micro_batch_size), prompt,
                        s["rollout"].max_new_tokens)
     batch = batch_bytes(rows, prompt, micro.response)
@@ -250,7 +251,7 @@ def _fill(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int,
           capacity: float | None, folded: bool, state: dict) -> None:
     role, response = memory.role, s["rollout"].max_new_tokens
     if role == "actor":
-        size = role_model_size(cfg, lora=s["actor"].lora)
+        size = role_model_size(cfg, lora=s["actor"].lora, trained=True)
         memory.resident = _resident(size, state)
         for node in nodes:
             name = f"actor.{node.method}"
@@ -265,7 +266,7 @@ def _fill(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int,
         return
     if role == "ref":
         size = role_model_size(cfg, path=s["ref"].path, lora=s["actor"].lora if folded
-                               else None)
+                               else None, trained=folded)
         if not folded:
             memory.resident = {"weights": size.weight_bytes}
         micro = MicroBatch(min(rows, s["ref"].micro_batch_size), prompt, response)
@@ -275,7 +276,7 @@ def _fill(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int,
                 "batch": batch_bytes(rows, prompt, response)}
         return
     if role == "critic":
-        size = role_model_size(cfg, head="value", path=s["critic"].path)
+        size = role_model_size(cfg, head="value", path=s["critic"].path, trained=True)
         memory.resident = _resident(size, state)
         micro = MicroBatch(min(rows, s["critic"].micro_batch_size), prompt, response)
         for node in nodes:
@@ -294,7 +295,7 @@ def _fill_rollout(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int,
     """Colocated with the actor it generates with the actor's engine and module
     (adapters included); on a pool of its own it holds an engine with its own copy
     of the initial weights (no adapters)."""
-    size = role_model_size(cfg, lora=s["actor"].lora if folded else None)
+    size = role_model_size(cfg, lora=s["actor"].lora if folded else None, trained=folded)
     if not folded and s["rollout"].backend != "vllm":
         memory.resident = {"weights": size.weight_bytes}
     for node in nodes:
