@@ -204,3 +204,15 @@ def test_generate_peak_counts_the_hf_engines_kept_scores():
     assert gpu["scores"] == scores  # moved to the host before stacking
     plain = generate_pass(size, rows=2, prompt=3, response=50, keeps_scores=False)
     assert plain["scores"] == 0 and plain["kv cache"] > cache  # + the growing layer
+
+
+def test_trained_bf16_models_count_float32_master_weights():
+    from hybridflow.workers.training import master_weights
+    real = _real(LLAMA, torch.bfloat16)
+    master_weights(real)  # what the trainer does to a bf16 model
+    counted = model_size(_config(LLAMA), "causal", torch.bfloat16, trained=True)
+    assert counted.weight_bytes == model_bytes(real)
+    assert counted.trainable_bytes == 4 * counted.trainable
+    assert counted.dtype_bytes == 2  # the forward still computes in bf16
+    frozen = model_size(_config(LLAMA), "causal", torch.bfloat16)  # reference
+    assert frozen.param_bytes == 2 * frozen.params
