@@ -14,7 +14,9 @@ sdpa attention; bench/memory.py checks them against measured peaks):
   number of KV heads. In bf16 the RMSNorms also keep float32 copies (+2.2h). With
   LoRA (adapters on q/k/v/o, the default) the frozen MLP projections and norm
   weights keep less (3i + 7.3h), and in bf16 peft's float32 adapter inputs add back
-  (3i + 16.5h). `ACT_PER_TOKEN_LAYER` holds the four fits.
+  (3i + 16.5h). `ACT_PER_TOKEN_LAYER` holds the four fits. The bf16 ones were
+  fitted on pure-bf16 training, before the trainer moved to autocast over float32
+  master weights: bench/memory.py finds them within -3 to +6 % (refit to tighten).
 - **Logits.** The response log-probs read `[rows, R + 1, vocab]` logits (the model
   computes only those: `logits_to_keep`). Training holds four float32 copies at the
   start of the backward (the logits, the log-softmax's gradient, the gather's
