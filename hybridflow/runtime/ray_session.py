@@ -136,6 +136,7 @@ def _end(proc) -> None:
     except psutil.TimeoutExpired:
         try:
             proc.kill()
+            proc.wait(timeout=5)  # ended, not only signalled, when this returns
         except psutil.Error:
             pass
     except psutil.Error:
