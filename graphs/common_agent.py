@@ -17,7 +17,7 @@ from graphs.common import embedded_defaults, merge
 ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
 AGENT_BASE = os.path.join(ASSETS, "agent_base")
 AGENT_DATA = os.path.join(AGENT_BASE, "data")
-CALCULATOR_ENV = "algorithms/envs/calculator.py:make_env"
+CALCULATOR_ENV = "algorithms.envs.calculator:make_env"  # importable wherever graphs/ is
 
 
 def agent_task_defaults(**overrides) -> dict:
