@@ -12,7 +12,8 @@ pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]
 def test_agent_grpo_runs_on_ray(tmp_path):
     trainer, metrics = train("agent_grpo", tmp_path, "runtime.name=ray", "trainer.steps=2",
                              "trainer.val_every=2", "runtime.torch_threads=1",
-                             "data.batch_size=8", "rollout.n=4")
+                             "data.batch_size=8", "rollout.n=4",
+                             "actor.mini_batch_size=32", "actor.micro_batch_size=32")
     last = metrics[-1]
     for key in ("agent/turns/mean", "agent/tool_calls/mean", "agent/tool_errors",
                 "agent/env_timeouts", "actor/pg_loss", "val/toy_calc/greedy"):
