@@ -7,7 +7,9 @@ a training node (`g.call("actor.update", ..., loss=ops.policy_loss(cfg.actor))`)
 declared with `@loss_fn` (the keys it reads). The math itself lives in
 `algorithms/`; these adapters only pick columns and name the outputs. On import this
 module registers the default losses of `actor.update`, `actor.sft` and
-`critic.update` (today's config-chosen losses) for graphs that pass none.
+`critic.update` (today's config-chosen losses) for graphs that pass none, and the
+names those losses read from config (policy loss, KL kind, aggregation mode), which
+`build_config` checks before launch.
 
 Masks: advantages, KL and losses count the batch's training mask (`_mask` here,
 `out.mask` in a loss): an agent rollout's `loss_mask` (the model's tokens, not the
@@ -19,10 +21,11 @@ import torch
 
 from algorithms import advantages as adv
 from algorithms.kl import KL_KINDS, AdaptiveKL, FixedKL, apply_kl_in_reward, kl_penalty
-from algorithms.losses import AGG_MODES, aggregate, get_policy_loss, value_loss
+from algorithms.losses import AGG_MODES, POLICY_LOSSES, aggregate, get_policy_loss, value_loss
 from algorithms.masked import masked_mean
 from hybridflow import Batch, node_fn
 from hybridflow.loss import loss_fn, register_default_loss
+from hybridflow.workers.config import register_setting_names
 from hybridflow.workers.sequences import training_mask
 
 __all__ = ["grpo_advantages", "rloo_advantages", "reinforce_pp_advantages",
@@ -100,10 +103,19 @@ def gae_advantages(batch: Batch, gamma: float = 1.0, lam: float = 1.0) -> Batch:
     return _out(advantages=a, returns=r)
 
 
+def _with_reward_metric(out: Batch, per_response: torch.Tensor, **metrics) -> Batch:
+    """`out` with `critic/rewards/mean`: the mean reward of a response as the update
+    will optimise it, after this node's shaping (what the progress bar shows)."""
+    mean = float(per_response.float().mean()) if len(per_response) else 0.0
+    out.meta["metrics"] = {"critic/rewards/mean": mean, **metrics}
+    return out
+
+
 @node_fn(reads=("token_level_scores",), writes=("token_level_rewards",), rows=True)
 def scores_to_rewards(batch: Batch) -> Batch:
     """Token rewards are the scores themselves (no KL penalty in the reward)."""
-    return _out(token_level_rewards=batch["token_level_scores"])
+    scores = batch["token_level_scores"]
+    return _with_reward_metric(_out(token_level_rewards=scores), scores.sum(-1))
 
 
 def kl_in_reward(kind: str = "k1", beta: float = 0.001, target: float | None = None,
@@ -134,10 +146,10 @@ class KLInReward:
         rewards, kl = apply_kl_in_reward(batch["token_level_scores"], batch["old_log_probs"],
                                          batch["ref_log_prob"], _mask(batch),
                                          self.controller, self.kind)
-        out = _out(token_level_rewards=rewards)
-        out.meta["metrics"] = {"actor/reward_kl_penalty": kl,
-                               "actor/reward_kl_penalty_coeff": float(beta)}
-        return out
+        per_response = (rewards * _mask(batch)).sum(-1)
+        return _with_reward_metric(_out(token_level_rewards=rewards), per_response,
+                                   **{"actor/reward_kl_penalty": kl,
+                                      "actor/reward_kl_penalty_coeff": float(beta)})
 
 
 class AdaptiveKLInReward(KLInReward):
@@ -177,10 +189,10 @@ def overlong_penalty(batch: Batch, max_length: int, buffer: int, factor: float =
     length = batch["response_length"].float()
     expected = max_length - buffer
     penalty = ((expected - length) / max(buffer, 1) * factor).clamp(max=0.0)
-    out = _out(scores=batch["scores"].float() + penalty)
-    out.meta = {"metrics": {"dapo/overlong_frac": float((length > expected).float().mean())
-                            if len(length) else 0.0}}
-    return out
+    scores = batch["scores"].float() + penalty
+    overlong = float((length > expected).float().mean()) if len(length) else 0.0
+    return _with_reward_metric(_out(scores=scores), scores,
+                               **{"dapo/overlong_frac": overlong})
 
 
 # ---- supervised targets from a rollout (docs/functions.md)
@@ -312,3 +324,7 @@ def critic_value_loss(critic) -> ValueLoss:
 register_default_loss("actor.update", policy_loss)
 register_default_loss("actor.sft", lambda actor: sft_loss)
 register_default_loss("critic.update", critic_value_loss)
+# the names those losses take from config, checked by the engine before launch
+register_setting_names("policy loss", sorted(POLICY_LOSSES))
+register_setting_names("KL kind", KL_KINDS)
+register_setting_names("loss aggregation mode", AGG_MODES)

@@ -17,14 +17,16 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
-__all__ = ["Batch", "split_indices"]
+__all__ = ["Batch", "split_indices", "as_object_array"]
 
 
 def _rows_of(value: Any) -> int:
     return int(value.shape[0]) if value.ndim > 0 else 0
 
 
-def _as_object_array(value: Any) -> np.ndarray:
+def as_object_array(value: Any) -> np.ndarray:
+    """A non-tensor column as Batch keeps it: a numpy object array (as it is if it
+    already is one)."""
     if isinstance(value, np.ndarray) and value.dtype == object:
         return value
     out = np.empty(len(value), dtype=object)
@@ -41,7 +43,7 @@ class Batch:
                  meta: dict | None = None):
         self.tensors: dict[str, torch.Tensor] = dict(tensors or {})
         self.non_tensors: dict[str, np.ndarray] = {
-            k: _as_object_array(v) for k, v in (non_tensors or {}).items()}
+            k: as_object_array(v) for k, v in (non_tensors or {}).items()}
         self.meta: dict[str, Any] = dict(meta or {})
         self._check_rows()
 
@@ -97,7 +99,7 @@ class Batch:
         if torch.is_tensor(value):
             self.tensors[key] = value
         else:
-            self.non_tensors[key] = _as_object_array(value)
+            self.non_tensors[key] = as_object_array(value)
 
     def drop(self, *keys: str) -> "Batch":
         for key in keys:
@@ -205,8 +207,7 @@ class Batch:
         """Rows [start, stop) as fresh memory: what `take` of their indices gives,
         without building an index."""
         return Batch._trusted(
-            {k: v[start:stop].clone(memory_format=torch.contiguous_format)
-             for k, v in self.tensors.items()},
+            {k: _fresh_rows(v, start, stop) for k, v in self.tensors.items()},
             {k: v[start:stop].copy() for k, v in self.non_tensors.items()}, self.meta)
 
     def chunk(self, n: int) -> list["Batch"]:
@@ -226,6 +227,15 @@ class Batch:
     def __reduce__(self):
         arrays = {k: _tensor_to_numpy(v) for k, v in self.tensors.items()}
         return (_rebuild_batch, (arrays, self.non_tensors, self.meta))
+
+
+def _fresh_rows(t: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """Rows [start, stop) of `t` copied into contiguous memory (rows of a contiguous
+    tensor are contiguous already: a plain clone, without the memory-format call)."""
+    rows = t[start:stop]
+    if rows.is_contiguous():
+        return rows.clone()
+    return rows.clone(memory_format=torch.contiguous_format)
 
 
 def _tensor_to_numpy(t: torch.Tensor):

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from hybridflow.batch import Batch
+from hybridflow.named import import_named
 
 __all__ = ["DataError", "PromptDataset", "PromptLoader", "check_data_file", "read_rows",
            "write_rows", "toy_rows", "tokenize_prompts", "row_checker"]
@@ -74,15 +75,19 @@ def write_rows(rows: list[dict], path: str) -> None:
             fh.write(json.dumps(row) + "\n")
 
 
-def toy_rows(seed: int, max_operand: int, test_fraction: float,
-             train_on_test: bool = False) -> tuple[list[dict], list[dict]]:
-    """Every train pair once and every held-out pair once, deterministic in `seed`.
-    `train_on_test` adds the held-out rows to train (for making a base model only)."""
-    from algorithms.rewards import toy
-    train_pairs, test_pairs = toy.split_pairs(seed, max_operand, test_fraction)
-    train, test = toy.train_test_split(len(train_pairs), len(test_pairs), seed, max_operand,
-                                       test_fraction)
-    return (train + test if train_on_test else train), test
+DEFAULT_TOY_MAKER = "algorithms.rewards.toy:train_test_rows"  # data.toy.maker's default
+
+
+def toy_rows(seed: int, max_operand: int, test_fraction: float, train_on_test: bool = False,
+             maker: str = DEFAULT_TOY_MAKER) -> tuple[list[dict], list[dict]]:
+    """(train rows, held-out rows) of the embedded default task, made by the function
+    `maker` names ("package.module:NAME", `data.toy.maker`; the task is not the
+    engine's): `maker(seed, max_operand, test_fraction, train_on_test)`."""
+    try:
+        make = import_named(maker, "data.toy.maker")
+    except ValueError as err:
+        raise DataError(str(err)) from None
+    return make(seed, max_operand, test_fraction, train_on_test)
 
 
 def _prompt_text(prompt, tokenizer, where: str) -> str:

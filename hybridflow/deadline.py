@@ -15,13 +15,16 @@ every second until the call ends. What no bound here can stop is native code tha
 never returns to Python (a C extension holding the GIL): the runtimes' other bounds
 (Ray's `runtime.call_timeout_s`, the reward process pool's budget) cover that.
 
-State: `_ACTIVE`, the deadlines armed in the main thread (outermost first), and the
-SIGALRM handler and timer while one is armed; only `call_with_deadline` (and the
-handler it installs) changes them.
+State: `_ACTIVE`, the deadlines armed in the main thread (outermost first),
+`_HOLDERS`, how many of those calls and `handler_held` scopes are open, and the
+SIGALRM handler (installed while any is) and timer (while a deadline is armed);
+only `call_with_deadline`, `handler_held` (and the handler) change them.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import functools
 import signal
 import threading
 import time
@@ -29,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CallTimeout", "call_with_deadline"]
+__all__ = ["CallTimeout", "call_with_deadline", "handler_held"]
 
 REPEAT_S = 1.0  # a swallowed timeout is raised again after this long
 
@@ -58,6 +61,7 @@ class _Deadline:
 
 _ACTIVE: list[_Deadline] = []
 _PREVIOUS_HANDLER: list[Any] = []
+_HOLDERS = [0]  # armed calls and `handler_held` scopes open in the main thread
 
 
 def call_with_deadline(fn: Callable[[], Any], timeout_s: float | None, what: str,
@@ -66,18 +70,24 @@ def call_with_deadline(fn: Callable[[], Any], timeout_s: float | None, what: str
     when `timeout_s` is None or not positive)."""
     if not timeout_s or timeout_s <= 0:
         return fn()
-    kind = type("CallTimeout", (CallTimeout,),
-                {"what": what, "timeout_s": float(timeout_s), "setting": setting})
+    kind = _timeout_kind(what, float(timeout_s), setting)
     deadline = _Deadline(kind, time.monotonic() + float(timeout_s))
     if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
         return _in_main_thread(fn, deadline)
     return _in_other_thread(fn, deadline, float(timeout_s))
 
 
+@functools.lru_cache(maxsize=1024)
+def _timeout_kind(what: str, timeout_s: float, setting: str) -> type[CallTimeout]:
+    """The CallTimeout subclass of one bounded call site, made once: making a class
+    costs ~10 µs, and the local runtime bounds every task of every step."""
+    return type("CallTimeout", (CallTimeout,),
+                {"what": what, "timeout_s": timeout_s, "setting": setting})
+
+
 # ---------------------------------------------------------------- main thread
 def _in_main_thread(fn, deadline: _Deadline):
-    if not _ACTIVE:
-        _PREVIOUS_HANDLER[:] = [signal.signal(signal.SIGALRM, _on_alarm)]
+    _hold_handler()
     _ACTIVE.append(deadline)
     _arm()
     try:
@@ -87,8 +97,36 @@ def _in_main_thread(fn, deadline: _Deadline):
         _ACTIVE.remove(deadline)
         if _ACTIVE:
             _arm()
-        else:
-            signal.signal(signal.SIGALRM, _PREVIOUS_HANDLER.pop() or signal.SIG_DFL)
+        _release_handler()
+
+
+@contextlib.contextmanager
+def handler_held():
+    """Keep the SIGALRM handler installed across the bounded calls made inside (a
+    local step's tasks, one after another), so each only sets and clears its timer:
+    installing and restoring the handler for every call cost a few µs a call."""
+    if threading.current_thread() is not threading.main_thread() \
+            or not hasattr(signal, "setitimer"):
+        yield
+        return
+    _hold_handler()
+    try:
+        yield
+    finally:
+        _release_handler()
+
+
+def _hold_handler() -> None:
+    """Install the handler for the first holder (an armed call or `handler_held`)."""
+    if not _HOLDERS[0]:
+        _PREVIOUS_HANDLER[:] = [signal.signal(signal.SIGALRM, _on_alarm)]
+    _HOLDERS[0] += 1
+
+
+def _release_handler() -> None:
+    _HOLDERS[0] -= 1
+    if not _HOLDERS[0]:
+        signal.signal(signal.SIGALRM, _PREVIOUS_HANDLER.pop() or signal.SIG_DFL)
 
 
 def _arm() -> None:

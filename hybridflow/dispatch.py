@@ -24,6 +24,7 @@ import inspect
 import numbers
 import warnings
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Callable
 
 from hybridflow.batch import Batch
@@ -128,6 +129,8 @@ def worker_methods(cls) -> dict[str, MethodSpec]:
 def merge_metrics(dicts: list[dict], weights: list[float] | None = None) -> dict:
     """Mean of each numeric metric over ranks, weighted by `weights` (the rows each
     rank saw, so uneven shards average exactly) or equal when not given."""
+    if not any(dicts):  # most nodes report none
+        return {}
     weights = list(weights) if weights and sum(weights) > 0 else [1.0] * len(dicts)
     keys = {k for d in dicts for k in d}
     out = {}
@@ -175,6 +178,13 @@ class SlotLayout:
     @property
     def world_size(self) -> int:
         return len(self.rank_slots)
+
+    @cached_property
+    def runs(self) -> tuple[tuple[int, int, int | None], ...]:
+        """(rank, slot it receives, output slot it fills or None) for every rank that
+        runs, in rank order (worked out once; a layout never changes)."""
+        return tuple((r, s, self.collector_slot(r)) for r, s in enumerate(self.rank_slots)
+                     if s is not None)
 
     def collector_slot(self, rank: int) -> int | None:
         """The output slot this rank's result fills, or None (a replica, or idle)."""

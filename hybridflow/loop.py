@@ -25,6 +25,7 @@ from hybridflow.checkpoint import (latest_checkpoint, load_trainer_state, restor
 from hybridflow.compiler import ExecutionPlan
 from hybridflow.data import PromptDataset, PromptLoader, row_checker, toy_rows
 from hybridflow.graph import Graph
+from hybridflow.kinds import NodeKind, Op, RowEffect
 from hybridflow.program import LoadedGraph, compile_program
 from hybridflow.run_signals import Interrupted, NoSignals
 from hybridflow.tracking import MetricSinks, RunDir
@@ -114,11 +115,12 @@ class Trainer:
         else:
             toy = cfg.data.toy
             train_rows, val_rows = toy_rows(cfg.trainer.seed, toy.max_operand, toy.test_fraction,
-                                             toy.train_on_test)
+                                             toy.train_on_test, toy.maker)
             train = PromptDataset(train_rows, tok, limit, drop, name="toy train", check_row=check)
             val = PromptDataset(val_rows, tok, limit, drop, name="toy test", check_row=check)
         pad = tok.pad_token_id
-        gathers = any(n.op == "gather" for n in self.plan.nodes)  # rounds concatenate
+        gathers = any(n.row_effect is RowEffect.GATHERS  # rounds concatenate
+                      for n in self.plan.nodes)
         train_loader = PromptLoader(train, cfg.data.batch_size, pad, cfg.data.shuffle,
                                     cfg.trainer.seed, fixed_width=gathers)
         val_loader = PromptLoader(val, min(len(val), 256), pad, False) if val else None
@@ -131,7 +133,7 @@ class Trainer:
         return compile_program(self.cfg, build(self.cfg))
 
     def sources(self) -> list[str]:
-        return [n.name for n in self.plan.nodes if n.op == "source"]
+        return [n.name for n in self.plan.nodes if n.op is Op.SOURCE]
 
     # ------------------------------------------------------------------- loop
     def fit(self, on_step=None, signals=None) -> dict:
@@ -206,7 +208,7 @@ class Trainer:
         # are not counted: their rows are not kept per round)
         tokens = sum(result.node_metrics.get(n.name, {}).get("response_length/mean", 0.0)
                      * result.rows.get(n.name, 0) for n in self.plan.nodes
-                     if n.kind == "generate")
+                     if n.kind is NodeKind.GENERATE)
         if tokens:
             metrics["perf/throughput"] = tokens / elapsed  # response tokens per second
         self.sinks.log_timeline(self.step, result.timeline)
@@ -231,12 +233,12 @@ class Trainer:
 
     # ------------------------------------------------------------ checkpoints
     def trained_roles(self) -> list[str]:
-        return sorted({n.role for n in self.plan.nodes if n.kind == "train"})
+        return sorted({n.role for n in self.plan.nodes if n.kind.trains})
 
     def stateful_nodes(self) -> list:
         """Function nodes that keep state across steps on the driver (`state_dict()`
         and `load_state_dict()`, e.g. an adaptive KL coefficient): saved with the run."""
-        return [n for n in self.plan.nodes if n.op == "fn"
+        return [n for n in self.plan.nodes if n.op is Op.FN
                 and callable(getattr(n.fn, "state_dict", None))]
 
     def save(self) -> str:

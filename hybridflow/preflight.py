@@ -2,7 +2,8 @@
 made by `prepare` after the graph compiles and before any worker starts.
 
 - every path the config names exists and is what it should be: model and tokenizer
-  directories (nothing is downloaded at run time), data files, the reward function,
+  directories (nothing is downloaded at run time), data files, the reward function
+  and the scorer table (`reward.scorer_table`),
   and the paths in the sections of roles bound in `workers` (`path` and `*model_path`
   keys name model directories, other `*_path` keys files or directories);
 - a bound worker class's own check of its section (`check_section`), e.g. the
@@ -79,6 +80,8 @@ def check_paths(cfg: DictConfig) -> None:
     _check_data_files(cfg)
     if cfg.reward.function_path:
         _check_scorer(str(cfg.reward.function_path), str(cfg.reward.function_name))
+    if not cfg.reward.model_path and (cfg.reward.scorers or not cfg.reward.function_path):
+        _check_scorer_table(str(cfg.reward.scorer_table))
     check_role_paths(cfg)
 
 
@@ -121,12 +124,22 @@ def _check_data_files(cfg: DictConfig) -> None:
 def _check_scorer(path: str, name: str) -> None:
     """Load the user's scorer from exactly the file named (never a search path) and
     check its signature; the reward workers load it again."""
-    from algorithms.rewards import load_scorer
+    from hybridflow.workers.scoring import load_scorer
     try:
         load_scorer(path, name)
     except (FileNotFoundError, ImportError, AttributeError, TypeError) as err:
         raise ConfigError(f"reward.function_path={path!r}, reward.function_name={name!r}: "
                           f"{err}") from None
+
+
+def _check_scorer_table(spec: str) -> None:
+    """The table of scorers by data_source imports and is one (rows whose data_source
+    it lacks are refused when the data loads)."""
+    from hybridflow.workers.scoring import load_scorer_table
+    try:
+        load_scorer_table(spec)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def check_batch_feeds_ranks(cfg: DictConfig, plan: ExecutionPlan) -> None:

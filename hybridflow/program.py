@@ -25,6 +25,7 @@ from hybridflow.compiler import ExecutionPlan, compile_graph
 from hybridflow.config import (ConfigError, ParallelConfig, PoolConfig, RunConfig,
                                build_config, run_values)
 from hybridflow.graph import Graph
+from hybridflow.kinds import Op
 from hybridflow.placement import Placement
 from hybridflow.user_files import (GraphFileError, call_graph_file, import_object,
                                    load_graph_module)
@@ -99,7 +100,7 @@ def placement_from_config(cfg: DictConfig, graph: Graph,
     first = next(iter(section["pools"]))
     roles = dict(section.get("roles") or {})
     folded = folded_roles(cfg, role_bindings(cfg) if bindings is None else bindings)
-    used = [n.role for n in graph.nodes.values() if n.op == "call"]
+    used = [n.role for n in graph.nodes.values() if n.op is Op.CALL]
     for role in sorted(dict.fromkeys(used), key=lambda r: r in folded):  # hosts first
         if role not in roles:
             roles[role] = roles.get(folded.get(role), first)

@@ -142,3 +142,11 @@ def test_row_checks_come_from_the_roles_the_plan_calls():
     sft = prepare(os.path.join(repo, "graphs", "sft.py"), preflight=False)
     assert row_checker(grpo.plan, grpo.cfg) is not None
     assert row_checker(sft.plan, sft.cfg) is None  # no reward.score: nothing to check
+
+
+def test_the_toy_rows_come_from_the_maker_config_names():
+    train, test = toy_rows(1, 4, 0.25, maker="tests.support.named:two_row_maker")
+    assert [r["prompt"] for r in train] == ["4+1="] and [r["prompt"] for r in test] == ["1+4="]
+    with pytest.raises(DataError, match=r"data.toy.maker='tests.support.named:nope': module "
+                                        r"'tests.support.named' has no 'nope'"):
+        toy_rows(1, 4, 0.25, maker="tests.support.named:nope")

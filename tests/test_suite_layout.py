@@ -80,3 +80,17 @@ def test_a_slow_entry_covers_its_file_or_its_test_and_nothing_with_a_longer_name
     entry = "tests/workers/test_reward.py::test_timeout"
     assert is_listed("tests/workers/test_reward.py::test_timeout[1]", entry)
     assert not is_listed("tests/workers/test_reward.py::test_timeout_twice", entry)
+
+
+def test_test_module_names_are_unique():
+    """pytest imports test files by basename (no packages under tests/): two files with
+    one name make the second fail to collect, and the whole run with it."""
+    seen: dict[str, str] = {}
+    clashes = []
+    for path in sorted(glob.glob(os.path.join(TESTS, "**", "test_*.py"), recursive=True)):
+        name = os.path.basename(path)
+        if name in seen:
+            clashes.append(f"{os.path.relpath(seen[name], TESTS)} and "
+                           f"{os.path.relpath(path, TESTS)}")
+        seen.setdefault(name, path)
+    assert not clashes, f"test files share a name: {clashes}"

@@ -84,6 +84,17 @@ def train_test_split(n_train: int, n_test: int, seed: int = 0, max_operand: int 
     return train, test
 
 
+def train_test_rows(seed: int, max_operand: int, test_fraction: float,
+                    train_on_test: bool = False) -> tuple[list[dict], list[dict]]:
+    """Every train pair once and every held-out pair once, deterministic in `seed`:
+    the embedded default's data (`data.toy.maker`). `train_on_test` adds the held-out
+    rows to train (for making a base model only)."""
+    train_pairs, test_pairs = split_pairs(seed, max_operand, test_fraction)
+    train, test = train_test_split(len(train_pairs), len(test_pairs), seed, max_operand,
+                                   test_fraction)
+    return (train + test if train_on_test else train), test
+
+
 def extract_answer(solution_str: str) -> str:
     """The response up to the first end-of-text marker or newline, whitespace stripped."""
     cut = len(solution_str)

@@ -1,4 +1,6 @@
-"""`hybridflow check graph.py [key=value ...]`: compile only; no Ray, no model weights."""
+"""`hybridflow check graph.py [key=value ...]`: compile only; no Ray, no model weights.
+`--memory` adds each role's and pool's predicted peak memory (hybridflow/memory/,
+imported only then: models are built on the meta device, no weights allocated)."""
 from __future__ import annotations
 
 import argparse
@@ -19,6 +21,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("-c", "--config", help="YAML config file, merged before overrides")
     parser.add_argument("--print-config", action="store_true",
                         help="also print the merged configuration as YAML")
+    parser.add_argument("--memory", action="store_true",
+                        help="also predict each role's peak memory per device and check "
+                             "that every pool fits (exit 1 if not)")
     return parser
 
 
@@ -33,5 +38,13 @@ def run(args) -> int:
         print(OmegaConf.to_yaml(loaded.cfg))
     print(loaded.plan.summary())
     print("\n".join(provenance_lines(loaded.cfg, loaded.plan)))
+    if args.memory:
+        from hybridflow.memory.report import format_report, plan_memory
+        report = plan_memory(loaded.cfg, loaded.plan)
+        print(format_report(report))
+        if not report.fits:
+            for line in report.problems():
+                print(f"hybridflow check: {line}", file=sys.stderr)
+            return 1
     print("ok")
     return 0

@@ -209,6 +209,26 @@ def _failed(run_dir: RunDir, what: str, err: BaseException, step: int) -> int:
     return 1
 
 
+# The reward the update optimises: after the graph's shaping (a KL penalty in the
+# reward, an overlong penalty: the shaping node reports critic/rewards/mean) or, when
+# nothing shapes it, the reward worker's score.
+OPTIMISED_REWARD_KEYS = ("critic/rewards/mean", "critic/score/mean")
+
+
+def progress_fields(metrics: dict) -> dict[str, float]:
+    """What the bar shows after a step: `reward` (the first of OPTIMISED_REWARD_KEYS
+    the step logged), the policy loss and the validation metrics."""
+    shown = {}
+    reward = next((metrics[k] for k in OPTIMISED_REWARD_KEYS if k in metrics), None)
+    if reward is not None:
+        shown["reward"] = reward
+    if "actor/pg_loss" in metrics:
+        shown["pg_loss"] = metrics["actor/pg_loss"]
+    shown.update({k.split("/")[-2] if k.endswith("/mean") else k.split("/")[-1]: v
+                  for k, v in metrics.items() if k.startswith("val/")})
+    return {k: v for k, v in shown.items() if isinstance(v, float)}
+
+
 class _Progress:
     """A progress bar with step, reward and time left."""
 
@@ -218,11 +238,8 @@ class _Progress:
                         dynamic_ncols=True)
 
     def update(self, step: int, metrics: dict) -> None:
-        shown = {k.split("/")[-2] if k.endswith("/mean") else k.split("/")[-1]: v
-                 for k, v in metrics.items()
-                 if k in ("critic/score/mean", "actor/pg_loss") or k.startswith("val/")}
-        self.bar.set_postfix({k: f"{v:.3f}" for k, v in shown.items()
-                              if isinstance(v, float)}, refresh=False)
+        self.bar.set_postfix({k: f"{v:.3f}" for k, v in progress_fields(metrics).items()},
+                             refresh=False)
         self.bar.update(1)
 
     def close(self) -> None:
@@ -230,6 +247,6 @@ class _Progress:
 
 
 def _print_summary(metrics: dict) -> None:
-    keys = [k for k in metrics if k.startswith("val/") or k == "critic/score/mean"]
+    keys = [k for k in metrics if k.startswith("val/") or k in OPTIMISED_REWARD_KEYS]
     for key in sorted(keys):
         print(f"{key}: {metrics[key]:.4f}")

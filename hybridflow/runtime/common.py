@@ -9,12 +9,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridflow.batch import Batch
+from hybridflow.batch import Batch, as_object_array
 from hybridflow.compiler import ExecutionPlan, PlanNode
 from hybridflow.kinds import Op
 
 __all__ = ["NodeFailure", "StepResult", "assemble_input", "finish_output", "run_fn_node",
-           "input_columns", "metrics_of", "as_node_batch"]
+           "input_columns", "metrics_of", "as_node_batch", "NodeIO"]
 
 
 class NodeFailure(RuntimeError):
@@ -65,19 +65,70 @@ def input_columns(node: PlanNode) -> list[str]:
     return list(dict.fromkeys(wanted))
 
 
+class NodeIO:
+    """What a node reads and writes, worked out once per node (a worker keeps one per
+    node it runs): the columns it takes and whose writes they must be, the columns its
+    output keeps and who wrote each. Immutable after construction."""
+
+    __slots__ = ("node", "columns", "deps", "keep", "writer_of", "rename", "writes")
+
+    def __init__(self, node: PlanNode):
+        self.node = node
+        self.columns = tuple((key, node.input_keys[key]) for key in input_columns(node))
+        self.deps = tuple(node.deps)
+        self.keep = frozenset(node.output_keys if node.forwards else node.writes)
+        self.writer_of = {k: node.output_keys.get(k, node.name) for k in self.keep}
+        self.rename = tuple(node.rename.items())
+        self.writes = tuple(node.writes)
+
+    def assemble(self, outputs: dict[str, Batch]) -> Batch:
+        """The node's input batch: each wanted key taken from the producer whose output
+        carries the column written by the key's winning writer."""
+        tensors, non_tensors, used = {}, {}, set()
+        for key, writer in self.columns:
+            for dep in self.deps:
+                out = outputs[dep]
+                columns = out.tensors if key in out.tensors else out.non_tensors
+                if key not in columns:
+                    continue
+                writers = out.meta.get("_writers")
+                if (writers.get(key, dep) if writers else dep) == writer:
+                    (tensors if columns is out.tensors else non_tensors)[key] = columns[key]
+                    used.add(dep)
+                    break
+        if len(used) > 1:  # columns of one batch agree on rows by construction
+            return Batch(tensors, non_tensors)
+        return Batch._trusted(tensors, {k: as_object_array(v) for k, v in non_tensors.items()},
+                              None)
+
+    def finish(self, out: Batch) -> Batch:
+        """Apply renames, keep declared columns, and record who wrote each column, so
+        that consumers can tell a forwarded column from an overwritten one."""
+        if type(out) is not Batch:
+            out = as_node_batch(out)
+        for old, new in self.rename:
+            if old in out:
+                out[new] = out[old]
+                out.drop(old)
+        keep, tensors, non_tensors = self.keep, out.tensors, out.non_tensors
+        missing = [k for k in self.writes if k not in tensors and k not in non_tensors]
+        if missing and len(out):
+            raise ValueError(f"{self.node.where()} returned no column(s) {missing}; "
+                             f"its declaration says it writes {list(self.writes)}")
+        # copies of the column dicts: the method's own Batch may be kept and changed
+        tensors = dict(tensors) if keep.issuperset(tensors) else \
+            {k: v for k, v in tensors.items() if k in keep}
+        non_tensors = dict(non_tensors) if keep.issuperset(non_tensors) else \
+            {k: v for k, v in non_tensors.items() if k in keep}
+        writer_of = self.writer_of
+        meta = {"metrics": out.meta.get("metrics", {}),
+                "_writers": {k: writer_of[k] for k in (*tensors, *non_tensors)}}
+        return Batch._trusted(tensors, non_tensors, meta)
+
+
 def assemble_input(node: PlanNode, outputs: dict[str, Batch]) -> Batch:
-    """The node's input batch: each wanted key taken from the producer whose output
-    carries the column written by the key's winning writer."""
-    tensors, non_tensors, meta = {}, {}, {}
-    for key in input_columns(node):
-        writer = node.input_keys[key]
-        for dep in node.deps:
-            out = outputs[dep]
-            if key in out and out.meta.get("_writers", {}).get(key, dep) == writer:
-                target = tensors if key in out.tensors else non_tensors
-                target[key] = out[key]
-                break
-    return Batch(tensors, non_tensors, meta)
+    """The node's input batch (`NodeIO.assemble`, for a node run once)."""
+    return NodeIO(node).assemble(outputs)
 
 
 def as_node_batch(value: Any) -> Batch:
@@ -89,22 +140,8 @@ def as_node_batch(value: Any) -> Batch:
 
 
 def finish_output(node: PlanNode, out: Batch, inputs: Batch | None = None) -> Batch:
-    """Apply renames, keep declared columns, and record who wrote each column, so that
-    consumers can tell a forwarded column from an overwritten one."""
-    out = as_node_batch(out)
-    for old, new in node.rename.items():
-        if old in out:
-            out[new] = out[old]
-            out.drop(old)
-    keep = set(node.output_keys) if node.forwards else set(node.writes)
-    missing = [k for k in node.writes if k not in out]
-    if missing and len(out):
-        raise ValueError(f"{node.where()} returned no column(s) {missing}; "
-                         f"its declaration says it writes {list(node.writes)}")
-    out = out.select(*[k for k in out.keys() if k in keep], strict=False)
-    out.meta = {"metrics": out.meta.get("metrics", {}),
-                "_writers": {k: node.output_keys.get(k, node.name) for k in out.keys()}}
-    return out
+    """The node's output as consumers see it (`NodeIO.finish`, for a node run once)."""
+    return NodeIO(node).finish(out)
 
 
 def upstream_nodes(plan: ExecutionPlan, name: str) -> list[PlanNode]:

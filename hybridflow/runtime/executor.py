@@ -16,13 +16,13 @@ from typing import Any, Protocol
 from hybridflow.batch import Batch
 from hybridflow.compiler import ExecutionPlan, PlanNode
 from hybridflow.kinds import Op
-from hybridflow.runtime.common import input_columns, upstream_nodes
+from hybridflow.runtime.common import NodeIO, input_columns, upstream_nodes
 from hybridflow.runtime.ray_worker import ShardTask
 
 __all__ = ["Executor", "PlanAnalysis", "PlanCache", "TaskArgs", "TaskRecord", "check_roles"]
 
 
-@dataclass
+@dataclass(slots=True)
 class TaskRecord:
     """One submitted task, as the tracker keeps it until its meta is collected."""
     node: str
@@ -59,6 +59,11 @@ class Executor(Protocol):
 class PlanAnalysis:
     suppliers: dict[str, list[str]]        # node -> deps it reads at least one column from
     group_keys: dict[str, tuple[str, ...]]  # node -> group-id columns to report per row
+    nodes: dict[str, PlanNode] = field(default_factory=dict)  # by name
+    unread: dict[str, tuple[str, ...]] = field(default_factory=dict)  # deps for order only
+    homes: dict[str, list] = field(default_factory=dict)  # put batch -> its slots' homes
+    io: dict[str, NodeIO] = field(default_factory=dict)   # nodes the driver runs
+    keeps: dict[str, bool] = field(default_factory=dict)  # node -> row_effect.keeps_partition
     node_ids: dict[str, Any] = field(default_factory=dict)  # the executor's, per node
     upstream: dict[str, ExecutionPlan] = field(default_factory=dict)  # re-run by gathers
     layouts: dict[str, tuple] = field(default_factory=dict)  # call -> (mode, layout, slots)
@@ -79,7 +84,11 @@ def analyse(plan: ExecutionPlan) -> PlanAnalysis:
             if dep is not None and key == node.group_by and node.op is Op.FN:
                 group_keys.setdefault(dep, set()).add(key)
         suppliers[node.name] = [d for d in node.deps if d in deps]
-    return PlanAnalysis(suppliers, {k: tuple(sorted(v)) for k, v in group_keys.items()})
+    unread = {n.name: tuple(d for d in n.deps if d not in suppliers[n.name])
+              for n in plan.nodes}
+    return PlanAnalysis(suppliers, {k: tuple(sorted(v)) for k, v in group_keys.items()},
+                        {n.name: n for n in plan.nodes}, unread,
+                        keeps={n.name: n.row_effect.keeps_partition for n in plan.nodes})
 
 
 class PlanCache:
@@ -109,24 +118,33 @@ class PlanCache:
 class TaskArgs:
     """Positional arguments of one task, each handle once; by-value ones are counted."""
 
+    __slots__ = ("ex", "refs", "values", "_index")
+
     def __init__(self, executor: Executor):
         self.ex = executor
         self.refs: list = []
+        self.values: list = []        # the by-value ones among `refs`
         self._index: dict = {}
 
     def add(self, ref) -> int:
-        key = ref if self.ex.is_ref(ref) else ("value", id(ref))
-        if key not in self._index:
-            self._index[key] = len(self.refs)
+        is_ref = self.ex.is_ref(ref)
+        key = ref if is_ref else ("value", id(ref))
+        index = self._index.get(key)
+        if index is None:
+            index = self._index[key] = len(self.refs)
             self.refs.append(ref)
-        return self._index[key]
+            if not is_ref:
+                self.values.append(ref)
+        return index
 
     def object_refs(self) -> list:
+        if not self.values:
+            return self.refs
         return [r for r in self.refs if self.ex.is_ref(r)]
 
     def value_bytes(self) -> int:
         """Bytes of the values sent with the task: they cross from the driver."""
-        return sum(self.ex.value_bytes(r) for r in self.refs if not self.ex.is_ref(r))
+        return sum(self.ex.value_bytes(r) for r in self.values) if self.values else 0
 
 
 def check_roles(executor: Executor, plan: ExecutionPlan) -> None:

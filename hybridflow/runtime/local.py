@@ -20,14 +20,13 @@ one rank; use the Ray runtime for data parallelism.
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any, Callable
 
 from hybridflow.batch import Batch
 from hybridflow.compiler import ExecutionPlan, PlanNode
 from hybridflow.config import RuntimeConfig
-from hybridflow.deadline import call_with_deadline
+from hybridflow.deadline import call_with_deadline, handler_held
 from hybridflow.runtime.common import NodeFailure, StepResult
 from hybridflow.runtime.executor import PlanCache, TaskRecord
 from hybridflow.runtime.ray_worker import FusedWorker, WorkerError
@@ -88,10 +87,15 @@ class Ran:
         self.busy_s = 0.0  # the scheduler times its own work; tasks run inside it
 
     def add(self, node: str, pool: str, rank: int, meta: Held, slot, refs: list) -> None:
-        record = TaskRecord(node, pool, rank, slot, [], time.time(), ref=meta,
-                            meta=meta.value)
+        """`refs` are unused: a task that ran needs no hang clock."""
+        value = meta.value
+        record = TaskRecord(node, pool, rank, slot, [], value["start"], meta, None, value)
         self.running[meta] = record
-        self.records.setdefault(node, []).append(record)
+        records = self.records.get(node)
+        if records is None:
+            self.records[node] = [record]
+        else:
+            records.append(record)
 
     def wait(self, first: bool) -> tuple[list, list]:
         arrived = list(self.running.items())
@@ -99,7 +103,7 @@ class Ran:
         return arrived, []
 
     def mark_done(self, ref, record: TaskRecord) -> None:
-        record.done = time.time()
+        record.done = record.meta["end"]  # it ran at submit
 
     def raise_first(self, failures: list) -> None:  # failures raise at submit
         raise AssertionError("local tasks report no failures later")
@@ -159,12 +163,14 @@ class LocalRuntime:
         """The worker keeps the node object itself (the Ray runtime sends a digest);
         the plan cache keeps the plan alive, so its id names it."""
         key = (id(plan), node.name)
-        self.workers_of[pool][rank].nodes[key] = node
+        nodes = self.workers_of[pool][rank].nodes
+        if nodes.get(key) is not node:
+            nodes[key] = node
         return key
 
     def submit(self, node: PlanNode, method: str, pool: str, rank: int, returns: int,
                task, args: list) -> list:
-        values = [a.value if isinstance(a, Held) else a for a in args]
+        values = [a.value if type(a) is Held else a for a in args]
         run = getattr(self.workers_of[pool][rank], method)
         try:
             out = call_with_deadline(lambda: run(task, *values), self.call_timeout_s,
@@ -180,7 +186,7 @@ class LocalRuntime:
         return [h.value if isinstance(h, Held) else h for h in handles], 0
 
     def is_ref(self, handle) -> bool:
-        return isinstance(handle, Held)
+        return type(handle) is Held
 
     def value_bytes(self, value) -> int:
         return 0
@@ -193,7 +199,8 @@ class LocalRuntime:
                  draw: Callable[[str], Batch] | None = None) -> StepResult:
         """Run every node once. `feeds` gives each source node's batch; `draw(source)`
         gives more, for gather nodes that need another round. Outputs are Batches."""
-        result = run_step(self, plan or self.plan, feeds, draw)
+        with handler_held():  # each task's deadline then only sets a timer
+            result = run_step(self, plan or self.plan, feeds, draw)
         result.outputs = NodeBatches(result.outputs, result.node_metrics)
         return result
 

@@ -12,8 +12,10 @@ on first use. A task returns two objects (`num_returns=2`): the output shard, wh
 stays in the object store, and a small meta dict (rows, estimated bytes, metrics,
 start/end on `time.time()`, pid) that the driver fetches.
 
-Worker state: `roles` (constructed once) and `nodes` (digest -> pickled node, then
-the PlanNode once a task used it); only the worker's own methods change them.
+Worker state: `roles` (constructed once), `nodes` (digest -> pickled node, then
+the PlanNode once a task used it) and `prepared` (digest -> the node, its `NodeIO`
+and its bound method, worked out on the node's first task); only the worker's own
+methods change them.
 
 An exception inside a task is re-raised as `WorkerError` carrying the formatted
 traceback, so the driver can name node, role and rank and show where it failed.
@@ -27,7 +29,7 @@ import socket
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -35,8 +37,8 @@ from hybridflow.batch import Batch
 from hybridflow.compiler import PlanNode
 from hybridflow.dispatch import SKIP, DispatchMode, Layout
 from hybridflow.kinds import Op
-from hybridflow.runtime.common import (as_node_batch, assemble_input, finish_gather,
-                                       finish_output, metrics_of, run_fn_node)
+from hybridflow.runtime.common import (NodeIO, as_node_batch, finish_gather, metrics_of,
+                                       run_fn_node)
 
 __all__ = ["FusedWorker", "ShardTask", "ShippedNode", "DepInput", "Piece", "WorkerError",
            "payload_bytes", "estimated_bytes", "group_hashes", "default_context",
@@ -61,14 +63,13 @@ def failure_detail(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"
 
 
-@dataclass(frozen=True)
-class Piece:
-    arg: int                          # index into the task's positional arguments
+class Piece(NamedTuple):  # tuples: several are made for every task
+    arg: Any                          # index into the task's positional arguments
+                                      # (in the scheduler's plans: a shard handle)
     rows: slice | None = None         # None: the whole shard
 
 
-@dataclass(frozen=True)
-class DepInput:
+class DepInput(NamedTuple):
     """This rank's rows of one input node: pieces concatenated, then `index` taken."""
     pieces: tuple[Piece, ...]
     index: np.ndarray | None = None
@@ -186,7 +187,9 @@ class FusedWorker:
         self.pool, self.rank, self.world_size, self.local_rank = pool, rank, world_size, local_rank
         self.roles: dict[str, Any] = {}
         self.nodes: dict[Any, bytes | PlanNode] = {}  # digest -> pickled, then unpickled
+        self.prepared: dict[Any, tuple[PlanNode, NodeIO, Callable | None]] = {}
         self.pid = os.getpid()
+        self.counts_bytes = True  # Ray's driver reads each output's size; in-process, no
 
     @classmethod
     def in_process(cls, pool: str, rank: int, world_size: int,
@@ -194,6 +197,7 @@ class FusedWorker:
         """A worker in this process over roles already built (the local runtime)."""
         worker = cls(pool, rank, world_size, rank, torch_threads=None)
         worker.roles = roles
+        worker.counts_bytes = False
         return worker
 
     # ------------------------------------------------------------------ setup
@@ -241,14 +245,11 @@ class FusedWorker:
         try:
             if task.prepared and isinstance(args[0], Skipped):
                 return None, self._meta(task, None, start, skipped=True)
-            node = self._node(task.node)
-            batch = args[0] if task.prepared else self._assemble(node, task, args)
-            if node.op is Op.FN:
-                out = run_fn_node(node, batch)
-            else:
-                out = getattr(self._role(node.role), node.method)(batch, **node.kwargs)
+            node, io, call = self._prepare(task.node)
+            batch = args[0] if task.prepared else self._assemble(io, task, args)
+            out = run_fn_node(node, batch) if call is None else call(batch, **node.kwargs)
             if task.finish:
-                out = finish_output(node, out)
+                out = io.finish(out)
         except Exception:  # noqa: BLE001 - shipped to the driver with the traceback
             raise WorkerError(traceback.format_exc()) from None
         return out, self._meta(task, out, start)
@@ -258,8 +259,8 @@ class FusedWorker:
         mode's own dispatch function; one object per rank, then a meta."""
         start = time.time()
         try:
-            node = self._node(task.node)
-            value = self._assemble(node, task, args)
+            node, io, _ = self._prepare(task.node)
+            value = self._assemble(io, task, args)
             parts = task.mode.dispatch(value, layout)
             if len(parts) != layout.world_size:
                 raise ValueError(f"dispatch mode {node.dispatch!r} returned "
@@ -273,7 +274,7 @@ class FusedWorker:
         start = time.time()
         try:
             value = task.mode.collect(list(outputs), layout)
-            out = finish_output(self._node(task.node), as_node_batch(value))
+            out = self._prepare(task.node)[1].finish(as_node_batch(value))
         except Exception:  # noqa: BLE001
             raise WorkerError(traceback.format_exc()) from None
         return out, self._meta(task, out, start)
@@ -316,25 +317,40 @@ class FusedWorker:
             node = self.nodes[digest] = pickle.loads(node)
         return node
 
+    def _prepare(self, digest) -> tuple[PlanNode, NodeIO, Callable | None]:
+        """The node, its NodeIO and its bound method (None: a function node), once."""
+        known = self.prepared.get(digest)
+        if known is None or known[0] is not self.nodes.get(digest):
+            node = self._node(digest)
+            call = None if node.op is Op.FN else getattr(self._role(node.role), node.method)
+            known = self.prepared[digest] = (node, NodeIO(node), call)
+        return known
+
     @staticmethod
-    def _assemble(node: PlanNode, task: ShardTask, args) -> Batch:
+    def _assemble(io: NodeIO, task: ShardTask, args) -> Batch:
         inputs = {}
         for dep, spec in task.inputs.items():
-            parts = [args[p.arg] if p.rows is None else args[p.arg].take(p.rows)
-                     for p in spec.pieces]
-            batch = parts[0] if len(parts) == 1 else Batch.concat(parts)
+            pieces = spec.pieces
+            if len(pieces) == 1 and pieces[0].rows is None:  # a whole shard, as it is
+                batch = args[pieces[0].arg]
+            else:
+                parts = [args[p.arg] if p.rows is None else args[p.arg].take(p.rows)
+                         for p in pieces]
+                batch = parts[0] if len(parts) == 1 else Batch.concat(parts)
             inputs[dep] = batch if spec.index is None else batch.take(np.array(spec.index))
-        if len(inputs) < len(node.deps):
-            inputs.update({dep: _NO_COLUMNS for dep in node.deps if dep not in inputs})
-        return assemble_input(node, inputs)
+        if len(inputs) < len(io.deps):
+            inputs.update({dep: _NO_COLUMNS for dep in io.deps if dep not in inputs})
+        return io.assemble(inputs)
 
     def _meta(self, task: ShardTask, out, start: float, skipped: bool = False) -> dict:
         groups = {}
         for key in task.group_keys:
             if out is not None and key in out:
                 groups[key] = group_hashes(out[key])
-        return {"rows": len(out) if isinstance(out, Batch) else 0,
-                "keys": out.keys() if isinstance(out, Batch) else [],
-                "nbytes": estimated_bytes(out) if isinstance(out, Batch) else 0,
-                "metrics": metrics_of(out), "groups": groups, "skipped": skipped,
+        batch = isinstance(out, Batch)
+        return {"rows": len(out) if batch else 0,
+                "keys": out.keys() if batch else [],
+                "nbytes": estimated_bytes(out) if batch and self.counts_bytes else 0,
+                "metrics": dict(out.meta.get("metrics", {})) if batch else metrics_of(out),
+                "groups": groups, "skipped": skipped,
                 "start": start, "end": time.time(), "pid": self.pid, "rank": self.rank}

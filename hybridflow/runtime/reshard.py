@@ -34,14 +34,17 @@ def aligned(deps: list[NodeOutput], slots: int) -> bool:
     return all(d.done for d in deps) and len({tuple(d.rows) for d in deps}) == 1
 
 
-def slot_inputs(node: PlanNode, deps: list[NodeOutput], slots: int):
+def slot_inputs(node: PlanNode, deps: list[NodeOutput], slots: int,
+                keeps_partition: bool | None = None):
     """Per slot, the DepInput of every supplying dep, and the output's lineage;
-    None while row counts needed for a reshard are unknown."""
+    None while row counts needed for a reshard are unknown. `keeps_partition`:
+    the node's `row_effect.keeps_partition`, when the caller knows it already."""
     if aligned(deps, slots):
         inputs = [{d.node: DepInput((Piece(d.refs[s]),)) for d in deps}
                   for s in range(slots)]
-        keeps = deps and node.row_effect.keeps_partition  # e.g. not generate's n samples
-        lineage = deps[0].lineage if keeps else node.name
+        if keeps_partition is None:  # e.g. not generate's n samples
+            keeps_partition = node.row_effect.keeps_partition
+        lineage = deps[0].lineage if deps and keeps_partition else node.name
         return inputs, lineage
     if not all(d.done for d in deps):
         return None

@@ -8,7 +8,11 @@ sections with `read_section` (which returns an already-typed section as it is, a
 still converts a dict for workers built by hand in tests).
 
 Each field declares its allowed values with `checked(default, rule)` (see
-`hybridflow/constraints.py`); `build_config` checks them all before launch.
+`hybridflow/constraints.py`); `build_config` checks them all before launch. Names
+that belong to code outside the engine are checked against registries: training
+strategies against `workers/backends`, rollout engines against theirs, and the
+default losses' names (policy loss, KL kind, aggregation mode) against
+`LOSS_SETTING_NAMES`, the module state that the loss providers fill on import.
 
 Batch sizes count *rows* (responses, i.e. prompts x n) over the whole worker
 group: a mini-batch of 16 on 2 data-parallel ranks is 8 rows on each.
@@ -21,9 +25,12 @@ from typing import Any, Optional
 
 from hybridflow.constraints import (Rule, above, at_least, checked, in_range, one_of,
                                     pair_in_range, probability)
+from hybridflow.named import named_object
+from hybridflow.workers.scoring import DEFAULT_SCORER_TABLE
 
 __all__ = ["ModelConfig", "LoraConfig", "ActorConfig", "RolloutConfig", "RefConfig",
-           "CriticConfig", "RewardConfig", "read_section", "DEFAULT_HF_CONFIG"]
+           "CriticConfig", "RewardConfig", "read_section", "DEFAULT_HF_CONFIG",
+           "register_setting_names", "setting_names"]
 
 # A tiny Llama for the toy task: big enough to learn arithmetic formats, small
 # enough that a CPU test runs an update in well under a second.
@@ -36,7 +43,55 @@ DEFAULT_HF_CONFIG: dict[str, Any] = {
 
 _DEVICE = Rule(lambda v: v in ("auto", "cpu", "cuda") or str(v).startswith("cuda:"),
                "be 'auto', 'cpu', 'cuda' or 'cuda:<index>'")
-_STRATEGY = one_of("ddp", "fsdp2", what="training strategy")
+# Names a default loss understands ("policy loss" -> ("cispo", "gspo", "ppo"), "KL
+# kind", "loss aggregation mode"): registered by the module that holds that math
+# (graphs/ops.py, one of hybridflow.loss.DEFAULT_LOSS_PROVIDERS), so the engine names
+# none of them and still refuses a typo before launch.
+LOSS_SETTING_NAMES: dict[str, tuple[str, ...]] = {}
+
+
+def register_setting_names(what: str, names) -> None:
+    """Make the config fields checked as `what` accept exactly `names`."""
+    LOSS_SETTING_NAMES[what] = tuple(names)
+
+
+def setting_names(what: str) -> tuple[str, ...]:
+    """The names registered as `what`, importing the default loss providers by name
+    first when none are registered yet; () when no provider registers any."""
+    if what not in LOSS_SETTING_NAMES:
+        import importlib
+
+        from hybridflow.loss import DEFAULT_LOSS_PROVIDERS
+        for module in DEFAULT_LOSS_PROVIDERS:
+            importlib.import_module(module)
+    return LOSS_SETTING_NAMES.get(what, ())
+
+
+def _registered(what: str, names, how_to_add: str = "") -> Rule:
+    """One of the names `names()` returns at check time (a registry others fill);
+    the message suggests the closest. No names registered: anything goes (no one
+    reads the value)."""
+    def test(value) -> bool:
+        valid = names()
+        return not valid or value in valid
+
+    def message(key: str, value) -> str:
+        return one_of(*names(), what=what).message(key, value) + how_to_add
+    return Rule(test, f"be a registered {what}", message=message)
+
+
+def _backend_names() -> tuple[str, ...]:
+    from hybridflow.workers.backends import BACKENDS  # imports torch: only when checking
+    return tuple(sorted(BACKENDS))
+
+
+_STRATEGY = _registered("training strategy", _backend_names,
+                        "; a new one registers with hybridflow.workers.backends."
+                        "register_backend(name, cls)")
+_POLICY_LOSS = _registered("policy loss", lambda: setting_names("policy loss"))
+_KL_KIND = _registered("KL kind", lambda: setting_names("KL kind"))
+_AGG_MODE = _registered("loss aggregation mode",
+                        lambda: setting_names("loss aggregation mode"))
 _LR_SCHEDULE = one_of("constant", "cosine", what="lr schedule")
 
 
@@ -87,14 +142,14 @@ class ActorConfig:
     mini_batch_size: int = checked(256, at_least(1))  # rows per optimizer step, whole group
     micro_batch_size: int = checked(8, at_least(1))   # rows per forward/backward, per rank
     grad_clip: float = checked(1.0, above(0))
-    policy_loss: str = "ppo"              # a name in algorithms/losses.py (config.py checks)
+    policy_loss: str = checked("ppo", _POLICY_LOSS)  # names: graphs/ops.py registers them
     clip_low: float = checked(0.2, at_least(0))
     clip_high: float = checked(0.2, at_least(0))
     clip_c: float = checked(3.0, above(1))  # dual-clip bound: a lower bound above 1
-    loss_agg_mode: str = "token-mean"
+    loss_agg_mode: str = checked("token-mean", _AGG_MODE)
     use_kl_loss: bool = False
     kl_loss_coef: float = checked(0.001, at_least(0))
-    kl_loss_type: str = "low_var_kl"
+    kl_loss_type: str = checked("low_var_kl", _KL_KIND)
     entropy_coeff: float = 0.0
     shuffle: bool = False
     strategy: str = checked("ddp", _STRATEGY)  # "fsdp2": CUDA (nccl) or CPU (gloo)
@@ -135,7 +190,7 @@ class CriticConfig:
     min_lr_ratio: float = checked(0.0, probability)
     total_steps: int = checked(1000, at_least(1))
     cliprange_value: float = checked(0.5, at_least(0))
-    loss_agg_mode: str = "token-mean"
+    loss_agg_mode: str = checked("token-mean", _AGG_MODE)
     ppo_epochs: int = checked(1, at_least(1))
     mini_batch_size: int = checked(256, at_least(1))
     micro_batch_size: int = checked(8, at_least(1))
@@ -154,8 +209,10 @@ class RewardConfig:
     timeout_s: float = checked(30.0, above(0))        # per sample, in this process or the pool
     kwargs: dict[str, Any] = field(default_factory=dict)  # to the scorer, by keyword
     # name -> {function_path, function_name, weight, kwargs}: a weighted sum of named
-    # scorers (function_path null: the built-in one); replaces the single scorer above
+    # scorers (function_path null: the table's); replaces the single scorer above
     scorers: dict[str, Any] = field(default_factory=dict)
+    # without function_path: "package.module:NAME" of a mapping data_source -> scorer
+    scorer_table: str = checked(DEFAULT_SCORER_TABLE, named_object("a scorer table"))
 
 
 def _as_plain(value: Any) -> Any:

@@ -3,8 +3,8 @@
 Reads the `model` (tokenizer for decoding) and `reward` sections. With
 `reward.model_path` set, a sequence-classification reward model scores each
 prompt+response at its last token; otherwise each response is decoded and scored by
-the rule scorer (the built-in `compute_score` dispatching on data_source, or the
-user's `function_path`/`function_name`). Either way the score is written at the
+the rule scorer (the scorer `reward.scorer_table` registers for the row's
+data_source, or the user's `function_path`/`function_name`). Either way the score is written at the
 last valid response token of `token_level_scores` [B, R] and as `scores` [B].
 """
 from __future__ import annotations
@@ -43,7 +43,8 @@ def scorer_components(rc: RewardConfig) -> dict[str, tuple[float, ScorerRef]]:
     `reward.function_path`/`function_name`/`kwargs` with weight 1."""
     if not rc.scorers:
         return {_SINGLE: (1.0, ScorerRef(rc.function_path, rc.function_name,
-                                         tuple(sorted(dict(rc.kwargs).items()))))}
+                                         tuple(sorted(dict(rc.kwargs).items())),
+                                         rc.scorer_table))}
     components = {}
     for name, spec in rc.scorers.items():
         spec = dict(spec or {})
@@ -52,7 +53,8 @@ def scorer_components(rc: RewardConfig) -> dict[str, tuple[float, ScorerRef]]:
             raise ValueError(f"reward.scorers.{name} has unknown key(s) {unknown}; known: "
                              f"function_path, function_name, weight, kwargs")
         ref = ScorerRef(spec.get("function_path"), spec.get("function_name", "compute_score"),
-                        tuple(sorted(dict(spec.get("kwargs") or {}).items())))
+                        tuple(sorted(dict(spec.get("kwargs") or {}).items())),
+                        rc.scorer_table)
         components[str(name)] = (float(spec.get("weight", 1.0)), ref)
     return components
 

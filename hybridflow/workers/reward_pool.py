@@ -1,12 +1,16 @@
 """Rule scoring of many samples, in this process or in a process pool.
 
-A scorer is named by `ScorerRef` (None path: the built-in `compute_score` that
-dispatches on data_source; else a user's Python file and function name) so a spawned
-pool process can load it itself. Each sample, in this process or in the pool, runs
-under a deadline of `timeout_s` (hybridflow/deadline.py): a sample that runs past it
-scores 0.0 and is counted, and the process stays usable; the pool as a whole has a
-budget too, for a scorer stuck in native code. A scorer that raises, or returns NaN,
-is an error naming the row, its data_source and the scorer.
+A scorer is named by `ScorerRef` (None path: the table data_source -> scorer that
+`reward.scorer_table` names; else a user's Python file and function name) so a
+spawned pool process can load it itself (hybridflow/workers/scoring.py). Each
+sample, in this process or in the pool, runs under a deadline of `timeout_s`
+(hybridflow/deadline.py): a sample that runs past it scores 0.0 and is counted, and
+the process stays usable; the pool as a whole has a budget too, for a scorer stuck
+in native code. A scorer that raises, or returns NaN, is an error naming the row,
+its data_source and the scorer.
+
+State: `_LOADED`, the scorer each `ScorerRef` loaded in this process (the pool's
+processes fill their own).
 """
 from __future__ import annotations
 
@@ -15,7 +19,10 @@ import multiprocessing
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ScorerRef", "ScoringError", "RuleScorer", "SampleResult"]
+from hybridflow.workers.scoring import (DEFAULT_SCORER_TABLE, call_scorer, check_ground_truth,
+                                        load_scorer, load_scorer_table, split_score)
+
+__all__ = ["ScorerRef", "ScoringError", "RuleScorer", "SampleResult", "DEFAULT_SCORER_TABLE"]
 
 
 class ScoringError(RuntimeError):
@@ -24,28 +31,32 @@ class ScoringError(RuntimeError):
 
 @dataclass(frozen=True)
 class ScorerRef:
+    """A scorer by name: a user's file and function (`path`, `name`), or, with no path,
+    the table data_source -> scorer that `table` names ("package.module:NAME")."""
     path: str | None = None
     name: str = "compute_score"
     # reward.kwargs as (key, value) pairs; not part of the identity (loading is the same)
     kwargs: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
+    table: str = DEFAULT_SCORER_TABLE
 
     def describe(self) -> str:
-        return "built-in compute_score" if self.path is None else f"{self.name} from {self.path}"
+        if self.path is not None:
+            return f"{self.name} from {self.path}"
+        if self.table == DEFAULT_SCORER_TABLE:
+            return "built-in compute_score"
+        return f"scorer by data_source from {self.table}"
 
     def sample_check(self):
         """`check(data_source, ground_truth)` raising ValueError for values this scorer
-        cannot score: the built-in one needs a known data_source and a string answer,
-        a user's scorer any answer but null."""
-        from algorithms.rewards import check_ground_truth, check_sample
+        cannot score: a table's needs a data_source it knows and one answer, a
+        user's scorer any answer but null."""
         if self.path is None:
-            return check_sample
+            return load_scorer_table(self.table).check_sample
         return lambda data_source, ground_truth: check_ground_truth(ground_truth)
 
     def load(self):
         if self.path is None:
-            from algorithms.rewards import compute_score
-            return compute_score
-        from algorithms.rewards import load_scorer
+            return load_scorer_table(self.table)
         return load_scorer(self.path, self.name, dict(self.kwargs))
 
 
@@ -64,7 +75,6 @@ def score_one(ref: ScorerRef, sample: dict, timeout_s: float | None = None) -> S
     """Score one sample within `timeout_s` (see hybridflow/deadline.py); never raises
     for the scorer's own errors (returned as text) nor for its timeout (counted).
     An outer deadline (the node's) still propagates."""
-    from algorithms.rewards import call_scorer, split_score
     from hybridflow.deadline import CallTimeout, call_with_deadline
     what = f"reward scorer {ref.describe()} on one sample"
     try:

@@ -122,6 +122,7 @@ def test_scores_to_rewards_copies_the_token_scores():
     out = call(ops.scores_to_rewards, data)
     assert set(out.keys()) == {"token_level_rewards"}
     assert torch.equal(out["token_level_rewards"], data["token_level_scores"])
+    assert out.meta["metrics"]["critic/rewards/mean"] == pytest.approx(3 / 4)  # per response
 
 
 @pytest.mark.parametrize("target", [None, 0.01])
@@ -139,6 +140,9 @@ def test_kl_in_reward_penalises_like_the_algorithm_and_reports_the_coefficient(t
     metrics = out.meta["metrics"]
     assert metrics["actor/reward_kl_penalty"] == pytest.approx(kl)
     assert metrics["actor/reward_kl_penalty_coeff"] == pytest.approx(0.1)  # beta before update
+    optimised = (rewards * data["response_mask"]).sum(-1).mean()  # what GAE will read
+    assert metrics["critic/rewards/mean"] == pytest.approx(float(optimised))
+    assert metrics["critic/rewards/mean"] != pytest.approx(3 / 4)  # the KL shapes it
     assert node.controller.beta == pytest.approx(controller.beta)
 
 
@@ -174,3 +178,4 @@ def test_overlong_penalty_is_linear_over_the_buffer():
     # expected length 2: lengths 3 and 4 lose 0.5 and 1.0
     torch.testing.assert_close(out["scores"], torch.tensor([1.0, 0.0, 0.5, 0.0]))
     assert out.meta["metrics"]["dapo/overlong_frac"] == pytest.approx(0.5)
+    assert out.meta["metrics"]["critic/rewards/mean"] == pytest.approx(1.5 / 4)  # penalised

@@ -31,3 +31,54 @@ def test_building_from_config_is_seeded():
     b = build_causal_lm(ModelConfig(), tok, "cpu", seed=3)
     assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
     assert build_causal_lm(ModelConfig(dtype="bfloat16"), tok, "cpu").dtype == torch.bfloat16
+
+
+# ---- names checked against registries others fill (not lists in the engine)
+def test_a_registered_training_backend_is_an_accepted_strategy(monkeypatch):
+    from hybridflow.config import ConfigError, build_config
+    from hybridflow.workers import backends
+    with pytest.raises(ConfigError, match=r"actor.strategy='megatron' is not a known training "
+                                          r"strategy.*register_backend"):
+        build_config(overrides=["actor.strategy=megatron"])
+    monkeypatch.setitem(backends.BACKENDS, "megatron", backends.DDPBackend)
+    cfg = build_config(overrides=["actor.strategy=megatron", "critic.strategy=megatron"])
+    assert cfg.actor.strategy == cfg.critic.strategy == "megatron"
+
+
+def test_loss_setting_names_are_the_ones_the_loss_providers_register(monkeypatch):
+    import sys
+
+    import graphs
+    import graphs.ops as shipped_ops
+    from hybridflow import loss
+    from hybridflow.config import ConfigError, build_config
+    from hybridflow.workers import config
+    # as in a fresh process: nothing registered, the provider graphs.ops not imported
+    monkeypatch.setattr(config, "LOSS_SETTING_NAMES", {})
+    monkeypatch.setattr(loss, "DEFAULT_LOSSES", {})
+    monkeypatch.setattr(graphs, "ops", shipped_ops)  # restored after the re-import
+    monkeypatch.delitem(sys.modules, "graphs.ops")
+    with pytest.raises(ConfigError, match=r"actor.policy_loss='ppo2' is not a known policy "
+                                          r"loss; did you mean 'ppo'"):
+        build_config(overrides=["actor.policy_loss=ppo2"])  # graphs.ops imported by name
+    config.register_setting_names("policy loss", ["ppo", "my_loss"])
+    assert build_config(overrides=["actor.policy_loss=my_loss"]).actor.policy_loss == "my_loss"
+    monkeypatch.setattr(config, "LOSS_SETTING_NAMES", {})
+    monkeypatch.setattr(loss, "DEFAULT_LOSS_PROVIDERS", [])  # no default loss reads the names
+    assert build_config(overrides=["actor.kl_loss_type=anything"]).actor.kl_loss_type == \
+        "anything"
+
+
+@pytest.mark.parametrize("override, words", [
+    ("reward.scorer_table=algorithms.rewards:NOPE",
+     "reward.scorer_table='algorithms.rewards:NOPE': module 'algorithms.rewards' has no 'NOPE'"),
+    ("reward.scorer_table=SCORERS", "reward.scorer_table='SCORERS' must name an object as "
+                                    "'package.module:NAME'"),
+    ("data.toy.maker=no_such_pkg:make", "data.toy.maker='no_such_pkg:make': cannot import "
+                                        "module 'no_such_pkg'"),
+])
+def test_objects_named_by_import_path_are_checked_before_launch(override, words):
+    from hybridflow.config import ConfigError, build_config
+    with pytest.raises(ConfigError) as err:
+        build_config(overrides=[override])
+    assert words in str(err.value)

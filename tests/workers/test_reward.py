@@ -186,3 +186,21 @@ def test_a_scorer_that_needs_an_argument_nobody_gives_is_refused_at_start(rich_s
     with pytest.raises(TypeError, match="brevity"):
         RewardWorker(make_cfg(reward={"function_path": rich_scorers, "function_name": "brevity",
                                       "kwargs": {"unknown_knob": 1}}))
+
+
+def test_the_scorer_table_is_named_in_config_and_checks_rows_against_it():
+    cfg = make_cfg(reward={"scorer_table": "tests.support.named:LENGTH_TABLE"})
+    worker = RewardWorker(cfg)
+    batch = response_batch(worker.tokenizer, ["ab", "abcd"], ["x", "y"], sources=["length"] * 2)
+    assert worker.score(batch)["scores"].tolist() == [2.0, 4.0]
+    check = RewardWorker.data_row_check(cfg)
+    check("length", "x")
+    with pytest.raises(ValueError, match=r"data_source 'toy_arith' \(built-in: length\)"):
+        check("toy_arith", "3")
+    assert "tests.support.named:LENGTH_TABLE" in RewardWorker.model_source(cfg)
+
+
+def test_a_scorer_table_that_is_no_mapping_is_refused_at_construction():
+    with pytest.raises(ValueError, match="reward.scorer_table='tests.support.named:NOT_A_TABLE"
+                                         "' must name a mapping"):
+        RewardWorker(make_cfg(reward={"scorer_table": "tests.support.named:NOT_A_TABLE"}))

@@ -1,0 +1,156 @@
+"""One GPU, five minutes, torch + transformers only: a ~0.5B Qwen2-architecture model
+(Qwen2.5-0.5B's shapes, built from a config in bf16, random weights, no download)
+generates, scores log-probs and takes an update step on the realistic workload's
+lengths (bench/workload.py), printing tokens/s per phase and the peak memory of each
+phase (`torch.cuda.max_memory_allocated`) against `hybridflow.memory`'s prediction.
+
+It has not run yet (no GPU where it was written). Without CUDA it stops at once.
+
+    python bench/gpu.py                    # 64 prompts x 4 samples, responses <= 512
+    python bench/gpu.py --prompts 32 --max-response 256 --micro 8
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench import workload
+
+GIB = 1024 ** 3
+# Qwen2.5-0.5B's shapes (494M parameters with tied embeddings)
+QWEN2_05B = {"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
+             "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+             "vocab_size": 151936, "tie_word_embeddings": True,
+             "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
+             "pad_token_id": workload.PAD_ID, "eos_token_id": workload.EOS_ID,
+             "bos_token_id": 2}
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--n", type=int, default=4, help="samples per prompt")
+    parser.add_argument("--max-prompt", type=int, default=256)
+    parser.add_argument("--max-response", type=int, default=512)
+    parser.add_argument("--micro", type=int, default=16, help="rows per log-prob/update "
+                        "forward")
+    parser.add_argument("--gen-micro", type=int, default=256, help="rows per generate call")
+    parser.add_argument("--device", default="cuda")
+    return parser.parse_args(argv)
+
+
+def build(device):
+    from transformers import AutoConfig, AutoModelForCausalLM
+    values = dict(QWEN2_05B)
+    config = AutoConfig.for_model(values.pop("model_type"), **values)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    return model, config
+
+
+def timed(fn, device):
+    """(result, seconds, peak bytes above what was allocated before) of `fn()`."""
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    start = time.perf_counter()
+    out = fn()
+    torch.cuda.synchronize(device)
+    return out, time.perf_counter() - start, torch.cuda.max_memory_allocated(device) - before
+
+
+def generate(model, args, device):
+    from transformers import LogitsProcessorList
+    prompts = workload.make_prompts(args.prompts, max_prompt=args.max_prompt)
+    ids = prompts["input_ids"].repeat_interleave(args.n, 0)
+    mask = prompts["attention_mask"].repeat_interleave(args.n, 0)
+    outs = []
+    for i in range(0, len(ids), args.gen_micro):
+        sampler = workload.LengthSampler(len(ids[i:i + args.gen_micro]), args.max_response,
+                                         seed=i, prompt_width=ids.shape[1])
+        seqs = model.generate(input_ids=ids[i:i + args.gen_micro].to(device),
+                              attention_mask=mask[i:i + args.gen_micro].to(device),
+                              max_new_tokens=args.max_response, do_sample=True,
+                              logits_processor=LogitsProcessorList([sampler]),
+                              pad_token_id=workload.PAD_ID, eos_token_id=workload.EOS_ID)
+        outs.append(seqs[:, ids.shape[1]:])
+    return outs
+
+
+def logprob_pass(model, batch, micro, device):
+    from hybridflow.workers.sequences import response_logprobs
+    return response_logprobs(model, batch, micro, device)
+
+
+def update_step(model, optimizer, batch, micro, device):
+    from hybridflow.workers.sequences import forward_response
+    tokens = batch["response_mask"].sum().clamp(min=1).to(device)
+    for i in range(0, len(batch), micro):
+        part = batch.take(slice(i, i + micro)).to(device)
+        logp, _ = forward_response(model, part)
+        mask = part["response_mask"]
+        loss = -(logp * part["advantages"] * mask).sum() / tokens
+        loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def predictions(config, args, rows):
+    from hybridflow.memory import MicroBatch, model_size, training_state
+    from hybridflow.memory.passes import generate_pass, inference_pass, train_pass
+    size = model_size(config, "causal", torch.bfloat16)
+    micro = MicroBatch(min(args.micro, rows), args.max_prompt, args.max_response)
+    return size, {
+        # plain HF generate here: no scores kept (the engine's `hf` backend keeps them)
+        "generate": sum(generate_pass(size, min(args.gen_micro, rows), args.max_prompt,
+                                      args.max_response, keeps_scores=False,
+                                      cuda=True).values()),
+        "logprob": sum(inference_pass(size, micro).values()),
+        "update": sum(train_pass(size, micro, cuda=True).values())
+        + training_state(size)["optimizer"]}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench/gpu.py needs a CUDA device and torch sees none; run it where a GPU "
+              "is available (it needs only torch and transformers)", file=sys.stderr)
+        return 2
+    device = torch.device(args.device)
+    model, config = build(device)
+    rows = args.prompts * args.n
+    size, predicted = predictions(config, args, rows)
+    print(f"model: {size.params / 1e6:.0f}M parameters, bf16, {torch.cuda.get_device_name()}")
+    model.eval()
+    with torch.no_grad():
+        outs, gen_s, gen_peak = timed(lambda: generate(model, args, device), device)
+    generated = sum(int((o != workload.PAD_ID).sum()) for o in outs)
+    batch = workload.make_rollout(args.prompts, args.n, args.max_response, args.max_prompt)
+    trained = int(batch["attention_mask"].sum())
+    _, lp_s, lp_peak = timed(lambda: logprob_pass(model, batch, args.micro, device), device)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    update_step(model, optimizer, batch, args.micro, device)  # allocates the moments
+    _, up_s, up_peak = timed(lambda: update_step(model, optimizer, batch, args.micro,
+                                                 device), device)
+    up_peak += torch.cuda.memory_allocated(device) - size.weight_bytes  # moments were there
+    print(f"{'phase':<9} {'tokens/s':>10} {'peak GiB':>9} {'predicted GiB':>14}")
+    for name, tokens, seconds, peak in (("generate", generated, gen_s, gen_peak),
+                                        ("logprob", trained, lp_s, lp_peak),
+                                        ("update", trained, up_s, up_peak)):
+        print(f"{name:<9} {tokens / seconds:>10.0f} {peak / GIB:>9.2f} "
+              f"{predicted[name] / GIB:>14.2f}")
+    print("peaks are above the resident weights; update includes AdamW's moments")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,20 @@
+"""Memory predicted before launch: each role's and each pool's peak on one device.
+
+- `model_size.py`: exact parameter/buffer bytes from the real HF class on the meta
+  device (LoRA adapters included);
+- `passes.py`: the bytes of one pass (training state, activations, logits, KV cache),
+  with the constants' derivation;
+- `roles.py`: roles and pools of a compiled plan, colocation, device capacity;
+- `report.py`: the table `hybridflow check --memory` prints.
+
+Stateless: everything is computed from the config and the plan. Importing this
+package imports torch; `hybridflow check` imports it only with `--memory`.
+"""
+from hybridflow.memory.model_size import Architecture, ModelSize, model_size, model_size_of
+from hybridflow.memory.passes import MicroBatch, kv_cache_bytes, training_state
+from hybridflow.memory.roles import (PoolMemory, RoleMemory, actor_pass_memory,
+                                     role_model_size)
+
+__all__ = ["Architecture", "ModelSize", "model_size", "model_size_of", "MicroBatch",
+           "kv_cache_bytes", "training_state", "PoolMemory", "RoleMemory",
+           "actor_pass_memory", "role_model_size"]

@@ -1,0 +1,350 @@
+"""Each role's peak memory on one device, and each pool's, for a compiled plan.
+
+A role keeps **resident** bytes for the whole run (its weights; AdamW's moments
+when it trains) and, during each of its passes, **transient** bytes (gradients,
+activations, logits, KV cache, its shard of the batch). Gradients are transient:
+the trainer frees them (`zero_grad(set_to_none=True)`) after every optimizer step.
+
+Colocated roles share one process per device and their calls run one at a time, so
+a pool's peak is the sum of every role's resident bytes plus the largest transient
+of any one pass. Roles on different pools never share a device. A folded role
+(a LoRA actor's reference) holds nothing of its own; the HF rollout shares the
+actor's module; a vLLM engine reserves `gpu_memory_utilization` of the device while
+it generates (with sleep mode it frees it for the rest of the step).
+
+Shapes: rows per rank = data.batch_size x n / data-parallel ranks; every row is
+padded to `data.max_prompt_length + rollout.max_new_tokens` (the engine's layout),
+so these are the worst-case figures the run must fit. Stateless.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+from hybridflow.memory.model_size import ModelSize, model_size
+from hybridflow.memory.passes import (MicroBatch, batch_bytes, generate_pass,
+                                      inference_pass, train_pass, training_state)
+
+__all__ = ["RoleMemory", "PoolMemory", "role_model_size", "actor_pass_memory",
+           "critic_pass_memory",
+           "roles_memory", "pools_memory"]
+
+MODELED_ROLES = ("actor", "rollout", "ref", "critic", "reward")
+
+
+@dataclass
+class RoleMemory:
+    """One role on one device: resident bytes and each pass's transient bytes."""
+    role: str
+    pool: str
+    resident: dict[str, int] = field(default_factory=dict)
+    passes: dict[str, dict[str, int]] = field(default_factory=dict)  # "actor.update" -> parts
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def resident_bytes(self) -> int:
+        return sum(self.resident.values())
+
+    def largest_pass(self) -> tuple[str, int]:
+        if not self.passes:
+            return "-", 0
+        name = max(self.passes, key=lambda n: sum(self.passes[n].values()))
+        return name, sum(self.passes[name].values())
+
+    @property
+    def peak(self) -> int:
+        return self.resident_bytes + self.largest_pass()[1]
+
+
+@dataclass
+class PoolMemory:
+    """Colocated roles on one device of a pool: resident bytes summed, plus the
+    largest pass of any of them (calls on one process run one at a time)."""
+    pool: str
+    roles: list[RoleMemory]
+    capacity: float | None  # bytes per device, when the device is known
+
+    @property
+    def peak(self) -> int:
+        passes = [r.largest_pass() for r in self.roles]
+        return sum(r.resident_bytes for r in self.roles) + max((b for _, b in passes), default=0)
+
+    def peak_pass(self) -> str:
+        passes = [r.largest_pass() for r in self.roles]
+        return max(passes, key=lambda p: p[1], default=("-", 0))[0]
+
+    @property
+    def fits(self) -> bool:
+        return self.capacity is None or self.peak <= self.capacity
+
+
+def _sections(cfg):
+    from hybridflow.workers.config import (ActorConfig, CriticConfig, ModelConfig,
+                                           RefConfig, RewardConfig, RolloutConfig,
+                                           read_section)
+    return {name: read_section(cfg, name, cls) for name, cls in (
+        ("model", ModelConfig), ("actor", ActorConfig), ("rollout", RolloutConfig),
+        ("ref", RefConfig), ("critic", CriticConfig), ("reward", RewardConfig))}
+
+
+def _data(cfg) -> tuple[int, int]:
+    """(prompts per step, prompt width) from the data section."""
+    data = cfg.get("data") if isinstance(cfg, dict) else getattr(cfg, "data", None)
+    get = (lambda k, d: data.get(k, d)) if isinstance(data, dict) else \
+        (lambda k, d: getattr(data, k, d))
+    return int(get("batch_size", 16)), int(get("max_prompt_length", 16))
+
+
+def role_model_size(cfg, head: str = "causal", path: str | None = None,
+                    lora=None, trained: bool = False) -> ModelSize:
+    """The model a worker of this run builds (from `model.path`, or `model.hf_config`
+    with the tokenizer's vocabulary), sized on the meta device; `trained`: with the
+    trainer's float32 master weights."""
+    from hybridflow.workers.models import _hf_config, resolve_dtype
+    from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
+    model_cfg = _sections(cfg)["model"]
+    path = model_cfg.path if path is None else path
+    tokenizer = None if path is not None and head == "reward" else \
+        load_tokenizer(tokenizer_spec(model_cfg))
+    config = _hf_config(model_cfg, tokenizer, path)
+    return model_size(config, head, resolve_dtype(model_cfg.dtype), lora, trained)
+
+
+def actor_pass_memory(cfg, kind: str, rows: int, cuda: bool = False) -> dict[str, int]:
+    """Peak bytes of one actor pass ("update", "logprob" or "generate") on `rows`
+    rows of one rank, resident state included: what bench/memory.py measures."""
+    s = _sections(cfg)
+    _, prompt = _data(cfg)
+    size = role_model_size(cfg, lora=s["actor"].lora, trained=True)
+    kind = actor_pass_kind(kind)
+    out = {"weights": size.weight_bytes}
+    if kind == "train":  # AdamW allocates its moments at the first step
+        out["optimizer"] = training_state(size)["optimizer"]
+    out.update(_actor_pass(size, s, kind, rows, prompt,
+                           {"cuda": cuda, "shards": 1, "ddp_buckets": False}))
+    return out
+
+
+def critic_pass_memory(cfg, kind: str, rows: int, cuda: bool = False) -> dict[str, int]:
+    """Peak bytes of one critic pass ("update" or "values") on `rows` rows of one
+    rank, resident state included: what bench/memory.py measures."""
+    s = _sections(cfg)
+    _, prompt = _data(cfg)
+    size = role_model_size(cfg, head="value", path=s["critic"].path, trained=True)
+    micro = MicroBatch(min(rows, s["critic"].micro_batch_size), prompt,
+                       s["rollout"].max_new_tokens)
+    batch = batch_bytes(rows, prompt, micro.response)
+    if kind != "update":
+        return {"weights": size.weight_bytes, **inference_pass(size, micro, vocab_head=False),
+                "batch": batch}
+    return {"weights": size.weight_bytes, "optimizer": training_state(size)["optimizer"],
+            **train_pass(size, micro, vocab_head=False, cuda=cuda), "batch": 2 * batch}
+
+
+def _actor_pass(size: ModelSize, s, kind: str, rows: int, prompt: int, state: dict,
+                node=None) -> dict[str, int]:
+    response = s["rollout"].max_new_tokens
+    temperature = s["rollout"].temperature
+    method = node.method if node is not None else ""
+    given = (node.kwargs.get("micro_batch_size") if node is not None else None)
+    if kind == "generate":
+        micro = min(rows, s["rollout"].micro_batch_size)
+        scores = s["rollout"].backend == "hf"  # keeps every step's scores for log-probs
+        return {**generate_pass(size, micro, prompt, response, scores, state["cuda"]),
+                "batch": batch_bytes(rows, prompt, response)}
+    if kind == "train":
+        micro = MicroBatch(min(rows, given or s["actor"].micro_batch_size), prompt,
+                           response, full_logits=method == "sft")
+        return {**train_pass(size, micro, temperature=temperature,
+                             checkpointing=s["model"].gradient_checkpointing, **state),
+                "batch": 2 * batch_bytes(rows, prompt, response)}  # + the mini-batch copy
+    micro = MicroBatch(min(rows, given or s["rollout"].log_prob_micro_batch_size), prompt,
+                       response)
+    return {**inference_pass(size, micro, temperature=temperature),
+            "batch": batch_bytes(rows, prompt, response)}
+
+
+_PASS_KIND = {"update": "train", "logprob": "inference", "generate": "generate"}
+
+
+def actor_pass_kind(name: str) -> str:
+    return _PASS_KIND.get(name, name)
+
+
+def _calls(plan) -> dict[str, list]:
+    """role -> its call nodes in the plan."""
+    out: dict[str, list] = {}
+    for node in plan.nodes:
+        if node.op == "call" and node.role:
+            out.setdefault(node.role, []).append(node)
+    return out
+
+
+def _data_parallel(plan, role: str) -> int:
+    placement = plan.placement
+    pool = placement.pools.get(placement.roles.get(role, ""))
+    world = pool.world_size if pool else 1
+    layout = placement.parallel.get(role, {})
+    return int(layout.get("dp") or max(1, world // int(layout.get("tp", 1))))
+
+
+def _generate_n(s, calls: dict[str, list]) -> int:
+    for node in calls.get("actor", []):
+        if node.kind == "generate" and node.kwargs.get("n") is not None:
+            return int(node.kwargs["n"])
+    return s["rollout"].n
+
+
+def roles_memory(cfg, plan, capacity: float | None = None, cuda: bool = False,
+                 ) -> list[RoleMemory]:
+    """Each role of the plan on one device of its pool (roles this module does not
+    know, e.g. a user's worker class, come back with a note and no bytes)."""
+    s = _sections(cfg)
+    calls = _calls(plan)
+    n = _generate_n(s, calls)
+    _, prompt = _data(cfg)
+    out = []
+    for role in sorted(calls):
+        dp = _data_parallel(plan, role)
+        rows = max(1, math.ceil(_data(cfg)[0] * n / dp))
+        memory = RoleMemory(role, plan.placement.roles.get(role, "?"))
+        if role in plan.placement.folded:
+            memory.notes.append(f"served by {plan.placement.folded[role]}'s worker in "
+                                "the same process: no weights of its own")
+        if role not in MODELED_ROLES or not _default_binding(plan, role):
+            memory.notes.append("not modeled (a worker class of its own)")
+        else:
+            try:
+                _fill(memory, cfg, s, calls[role], rows, prompt, capacity,
+                      folded=role in plan.placement.folded, state=_layout(s, role, dp, cuda))
+            except (OSError, ValueError) as err:  # e.g. a model path of another machine
+                memory.notes.append(f"not counted: {err}")
+        out.append(memory)
+    return out
+
+
+def _default_binding(plan, role: str) -> bool:
+    from hybridflow.workers import DEFAULT_ROLES
+    return plan.bindings.get(role) is DEFAULT_ROLES.get(role)
+
+
+def _layout(s, role: str, dp: int, cuda: bool) -> dict:
+    """How a trained role keeps its state: FSDP2 shards weights, gradients and
+    moments over the data-parallel ranks; DDP over several ranks adds its gradient
+    buckets."""
+    section = s.get(role)
+    strategy = getattr(section, "strategy", "ddp")
+    return {"cuda": cuda, "shards": dp if strategy == "fsdp2" else 1,
+            "ddp_buckets": strategy == "ddp" and dp > 1}
+
+
+def _resident(size: ModelSize, state: dict, trained: bool = True) -> dict[str, int]:
+    """Weights (a shard of them under FSDP2) and, for a trained role, AdamW's moments."""
+    out = {"weights": size.weight_bytes // state["shards"]}
+    if trained:
+        out["optimizer"] = training_state(size, **state)["optimizer"]
+    return out
+
+
+def _fill(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int,
+          capacity: float | None, folded: bool, state: dict) -> None:
+    role, response = memory.role, s["rollout"].max_new_tokens
+    if role == "actor":
+        size = role_model_size(cfg, lora=s["actor"].lora, trained=True)
+        memory.resident = _resident(size, state)
+        for node in nodes:
+            name = f"actor.{node.method}"
+            if node.kind == "generate" and s["rollout"].backend == "vllm":
+                memory.passes[name] = _vllm_pass(s, capacity, memory)
+            else:
+                memory.passes[name] = _actor_pass(size, s, node.kind, rows, prompt, state,
+                                                  node)
+        return
+    if role == "rollout":
+        _fill_rollout(memory, cfg, s, nodes, rows, prompt, capacity, folded, state)
+        return
+    if role == "ref":
+        size = role_model_size(cfg, path=s["ref"].path, lora=s["actor"].lora if folded
+                               else None, trained=folded)
+        if not folded:
+            memory.resident = {"weights": size.weight_bytes}
+        micro = MicroBatch(min(rows, s["ref"].micro_batch_size), prompt, response)
+        for node in nodes:
+            memory.passes[f"ref.{node.method}"] = {
+                **inference_pass(size, micro, temperature=s["rollout"].temperature),
+                "batch": batch_bytes(rows, prompt, response)}
+        return
+    if role == "critic":
+        size = role_model_size(cfg, head="value", path=s["critic"].path, trained=True)
+        memory.resident = _resident(size, state)
+        micro = MicroBatch(min(rows, s["critic"].micro_batch_size), prompt, response)
+        for node in nodes:
+            parts = train_pass(size, micro, vocab_head=False,
+                               checkpointing=s["model"].gradient_checkpointing, **state) \
+                if node.kind == "train" else inference_pass(size, micro, vocab_head=False)
+            memory.passes[f"critic.{node.method}"] = {
+                **parts, "batch": (2 if node.kind == "train" else 1)
+                * batch_bytes(rows, prompt, response)}
+        return
+    _fill_reward(memory, cfg, s, nodes, rows, prompt)
+
+
+def _fill_rollout(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int,
+                  capacity: float | None, folded: bool, state: dict) -> None:
+    """Colocated with the actor it generates with the actor's engine and module
+    (adapters included); on a pool of its own it holds an engine with its own copy
+    of the initial weights (no adapters)."""
+    size = role_model_size(cfg, lora=s["actor"].lora if folded else None, trained=folded)
+    if not folded and s["rollout"].backend != "vllm":
+        memory.resident = {"weights": size.weight_bytes}
+    for node in nodes:
+        name = f"rollout.{node.method}"
+        if node.kind != "generate":
+            continue  # load_weights: buckets of the actor's export, small
+        memory.passes[name] = _vllm_pass(s, capacity, memory) \
+            if s["rollout"].backend == "vllm" else \
+            _actor_pass(size, s, "generate", rows, prompt, {**state, "shards": 1})
+
+
+def _fill_reward(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int) -> None:
+    path = s["reward"].model_path
+    if not path:
+        memory.notes.append("rule-based scores: no model")
+        return
+    import os
+    if not os.path.isdir(path):
+        memory.notes.append(f"reward.model_path {path!r} is not a directory here: "
+                            "its model is not counted")
+        return
+    size = role_model_size(cfg, head="reward", path=path)
+    memory.resident = {"weights": size.weight_bytes}
+    response = s["rollout"].max_new_tokens
+    micro = MicroBatch(min(rows, s["reward"].micro_batch_size), prompt, response)
+    for node in nodes:
+        memory.passes[f"reward.{node.method}"] = {
+            **inference_pass(size, micro, vocab_head=False),
+            "batch": batch_bytes(rows, prompt, response)}
+
+
+def _vllm_pass(s, capacity: float | None, memory: RoleMemory) -> dict[str, int]:
+    """vLLM reserves a fraction of the device for its weights and KV cache while it
+    generates; with sleep mode it gives it back for the rest of the step."""
+    util = s["rollout"].gpu_memory_utilization
+    if capacity is None:
+        memory.notes.append("vLLM reserves rollout.gpu_memory_utilization of a device "
+                            "whose size is unknown here: not counted")
+        return {}
+    reserved = int(util * capacity)
+    if not s["rollout"].enable_sleep_mode:
+        memory.resident["vllm reservation"] = reserved
+        return {}
+    return {"vllm reservation": reserved}
+
+
+def pools_memory(roles: list[RoleMemory], capacity: float | None) -> list[PoolMemory]:
+    """Colocated roles grouped by pool (one device of each)."""
+    pools: dict[str, list[RoleMemory]] = {}
+    for memory in roles:
+        pools.setdefault(memory.pool, []).append(memory)
+    return [PoolMemory(name, members, capacity) for name, members in pools.items()]
