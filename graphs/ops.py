@@ -10,6 +10,10 @@ module registers the default losses of `actor.update`, `actor.sft` and
 `critic.update` (today's config-chosen losses) for graphs that pass none, and the
 names those losses read from config (policy loss, KL kind, aggregation mode), which
 `build_config` checks before launch.
+
+Masks: advantages, KL and losses count the batch's training mask (`_mask` here,
+`out.mask` in a loss): an agent rollout's `loss_mask` (the model's tokens, not the
+environment's observations) when the batch has one, else `response_mask`.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from algorithms.masked import masked_mean
 from hybridflow import Batch, node_fn
 from hybridflow.loss import loss_fn, register_default_loss
 from hybridflow.workers.config import register_setting_names
+from hybridflow.workers.sequences import training_mask
 
 __all__ = ["grpo_advantages", "rloo_advantages", "reinforce_pp_advantages",
            "reinforce_pp_baseline_advantages", "remax_advantages", "gae_advantages",
@@ -34,40 +39,50 @@ def _out(**tensors) -> Batch:
     return Batch(tensors)
 
 
-@node_fn(reads=("scores", "uid", "response_mask"), writes=("advantages",), group_by="uid")
+_MASK = ("loss_mask",)  # each node reading response_mask also takes an agent's loss_mask
+
+
+def _mask(batch: Batch):
+    return training_mask(batch)
+
+
+@node_fn(reads=("scores", "uid", "response_mask"), optional=_MASK, writes=("advantages",),
+         group_by="uid")
 def grpo_advantages(batch: Batch, norm_by_std: bool = True, eps: float = 1e-6) -> Batch:
     """GRPO (Dr.GRPO with norm_by_std=False): scores normalised within each prompt's group."""
-    a, _ = adv.grpo(batch["scores"], batch["uid"], batch["response_mask"], eps, norm_by_std)
+    a, _ = adv.grpo(batch["scores"], batch["uid"], _mask(batch), eps, norm_by_std)
     return _out(advantages=a)
 
 
-@node_fn(reads=("scores", "uid", "response_mask"), writes=("advantages",), group_by="uid")
+@node_fn(reads=("scores", "uid", "response_mask"), optional=_MASK, writes=("advantages",),
+         group_by="uid")
 def rloo_advantages(batch: Batch) -> Batch:
     """RLOO: each sample's baseline is the mean score of the other samples of its prompt."""
-    a, _ = adv.rloo(batch["scores"], batch["uid"], batch["response_mask"])
+    a, _ = adv.rloo(batch["scores"], batch["uid"], _mask(batch))
     return _out(advantages=a)
 
 
-@node_fn(reads=("token_level_rewards", "response_mask"), writes=("advantages", "returns"))
+@node_fn(reads=("token_level_rewards", "response_mask"), optional=_MASK,
+         writes=("advantages", "returns"))
 def reinforce_pp_advantages(batch: Batch, gamma: float = 1.0) -> Batch:
     """REINFORCE++: discounted returns whitened over the whole batch."""
-    a, r = adv.reinforce_pp(batch["token_level_rewards"], batch["response_mask"], gamma)
+    a, r = adv.reinforce_pp(batch["token_level_rewards"], _mask(batch), gamma)
     return _out(advantages=a, returns=r)
 
 
-@node_fn(reads=("scores", "uid", "response_mask"), writes=("advantages",))
+@node_fn(reads=("scores", "uid", "response_mask"), optional=_MASK, writes=("advantages",))
 def reinforce_pp_baseline_advantages(batch: Batch) -> Batch:
     """REINFORCE++ with a group-mean baseline, whitened over the whole batch."""
-    a, _ = adv.reinforce_pp_baseline(batch["scores"], batch["uid"], batch["response_mask"])
+    a, _ = adv.reinforce_pp_baseline(batch["scores"], batch["uid"], _mask(batch))
     return _out(advantages=a)
 
 
-@node_fn(reads=("token_level_rewards", "baseline_scores", "response_mask"),
+@node_fn(reads=("token_level_rewards", "baseline_scores", "response_mask"), optional=_MASK,
          writes=("advantages", "returns"), rows=True)
 def remax_advantages(batch: Batch) -> Batch:
     """ReMax: reward-to-go minus the score of the greedy response to the same prompt."""
     a, r = adv.remax(batch["token_level_rewards"], batch["baseline_scores"].float(),
-                     batch["response_mask"])
+                     _mask(batch))
     return _out(advantages=a, returns=r)
 
 
@@ -79,11 +94,11 @@ def repeat_baseline(batch: Batch, n: int) -> Batch:
     return _out(baseline_scores=batch["baseline_scores"].float().repeat_interleave(n))
 
 
-@node_fn(reads=("token_level_rewards", "values", "response_mask"),
+@node_fn(reads=("token_level_rewards", "values", "response_mask"), optional=_MASK,
          writes=("advantages", "returns"))
 def gae_advantages(batch: Batch, gamma: float = 1.0, lam: float = 1.0) -> Batch:
     """PPO's GAE over token rewards and critic values; advantages whitened batch-wide."""
-    a, r = adv.gae(batch["token_level_rewards"], batch["values"], batch["response_mask"],
+    a, r = adv.gae(batch["token_level_rewards"], batch["values"], _mask(batch),
                    gamma, lam)
     return _out(advantages=a, returns=r)
 
@@ -124,14 +139,14 @@ class KLInReward:
         self.controller = AdaptiveKL(beta, target, horizon) if target else FixedKL(beta)
         self.__name__ = "kl_in_reward"
         node_fn(reads=("token_level_scores", "old_log_probs", "ref_log_prob",
-                       "response_mask"), writes=("token_level_rewards",))(self)
+                       "response_mask"), optional=_MASK, writes=("token_level_rewards",))(self)
 
     def __call__(self, batch: Batch) -> Batch:
         beta = self.controller.beta
         rewards, kl = apply_kl_in_reward(batch["token_level_scores"], batch["old_log_probs"],
-                                         batch["ref_log_prob"], batch["response_mask"],
+                                         batch["ref_log_prob"], _mask(batch),
                                          self.controller, self.kind)
-        per_response = (rewards * batch["response_mask"]).sum(-1)
+        per_response = (rewards * _mask(batch)).sum(-1)
         return _with_reward_metric(_out(token_level_rewards=rewards), per_response,
                                    **{"actor/reward_kl_penalty": kl,
                                       "actor/reward_kl_penalty_coeff": float(beta)})
@@ -224,7 +239,7 @@ class PolicyLoss:
         return f"{self.__name__}({self.agg}{ent}{kl})"
 
     def __call__(self, micro: Batch, out):
-        mask = micro["response_mask"]
+        mask = out.mask  # the training mask: an agent's model tokens only
         logp = out.log_probs
         agg = dict(mode=self.agg, global_tokens=out.tokens, global_seqs=out.seqs,
                    norm_constant=float(mask.shape[1]))
@@ -290,7 +305,7 @@ class ValueLoss:
         return f"value_loss(clip={self.clip}, {self.agg})"
 
     def __call__(self, micro: Batch, out):
-        mask = micro["response_mask"]
+        mask = out.mask
         vpreds = out.values
         loss, metrics = value_loss(vpreds, micro["values"], micro["returns"], mask,
                                    clip=self.clip, mode=self.agg, global_tokens=out.tokens,

@@ -34,7 +34,7 @@ from hybridflow.workers.rollout.generation import (GENERATE_WRITES, generate_row
                                                    logprob_mismatch, sampling_options)
 from hybridflow.workers.rollout.weights import (WEIGHT_KEYS, pack_weights, policy_weights,
                                                 refresh_engine)
-from hybridflow.workers.sequences import masked_mean, response_logprobs
+from hybridflow.workers.sequences import masked_mean, response_logprobs, training_mask_key
 from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
 from hybridflow.workers.training import Trainer
 
@@ -158,7 +158,7 @@ class ActorWorker(Worker):
 
     # ---------------------------------------------------------------- logprob
     @method(dispatch=DP, reads=LOGPROB_READS, writes=("old_log_probs",), kind="inference",
-            optional=("response_mask", "rollout_log_probs"))
+            optional=("response_mask", "loss_mask", "rollout_log_probs"))
     def logprob(self, batch: Batch, micro_batch_size: int | None = None,
                 with_entropy: bool = False, temperature: float | None = None) -> Batch:
         """Log-prob of each response token under the current weights, [B, R] float32."""
@@ -167,32 +167,31 @@ class ActorWorker(Worker):
         with self.trainer.autocast():  # the update's compute dtype: first ratios are 1
             logp, ent = response_logprobs(self.module, batch, mbs, self.device, temp,
                                           with_entropy)
-        metrics = {}
-        if ent is not None and "response_mask" in batch and len(batch):
-            metrics["actor/entropy"] = float(masked_mean(ent, batch["response_mask"].cpu()))
-        if "rollout_log_probs" in batch and "response_mask" in batch:  # engine vs trainer
-            metrics.update(logprob_mismatch(batch["rollout_log_probs"], logp,
-                                            batch["response_mask"]))
-        return metrics_batch(Batch({"old_log_probs": logp}), metrics)
+        return metrics_batch(Batch({"old_log_probs": logp}), _logprob_metrics(batch, logp, ent))
 
     # ----------------------------------------------------------------- update
     @takes_loss(model_reads=POLICY_INPUTS)
-    @method(dispatch=DP, reads=UPDATE_READS, writes=(), kind="train", optional=("ref_log_prob",))
+    @method(dispatch=DP, reads=UPDATE_READS, writes=(), kind="train",
+            optional=("ref_log_prob", "loss_mask"))
     def update(self, batch: Batch, temperature: float | None = None, loss=None,
                epochs: int | None = None) -> Batch:
         """Epochs over mini-batches (one optimizer step each) of micro-batches, minimising
         `loss(micro, out)` (the graph's; by default the one registered for actor.update,
-        chosen from the actor config). `epochs` defaults to `actor.ppo_epochs`."""
+        chosen from the actor config). `epochs` defaults to `actor.ppo_epochs`.
+        The loss's mask (`out.mask`) and token counts are the batch's training mask:
+        `loss_mask` in an agent batch (model tokens only), else `response_mask`."""
         cfg = self.actor_cfg
         loss = loss if loss is not None else worker_default_loss(self, "actor.update", cfg)
         temp = self.rollout_cfg.temperature if temperature is None else temperature
-        data = select_for_loss(batch, POLICY_INPUTS, loss, "actor.update")
+        mask_key = training_mask_key(batch)
+        inputs = POLICY_INPUTS + ((mask_key,) if mask_key not in POLICY_INPUTS else ())
+        data = select_for_loss(batch, inputs, loss, "actor.update")
 
         def trainer_loss(model, micro: Batch, tokens, seqs):
-            return run_loss(loss, micro, PolicyOutputs(model, micro, tokens, seqs,
+            return run_loss(loss, micro, PolicyOutputs(model, micro, tokens, seqs, mask_key,
                                                        temperature=temp))
 
-        metrics = self.trainer.train(data, trainer_loss,
+        metrics = self.trainer.train(data, trainer_loss, mask_key=mask_key,
                                      epochs=cfg.ppo_epochs if epochs is None else epochs,
                                      mini_batch_size=cfg.mini_batch_size,
                                      micro_batch_size=cfg.micro_batch_size,
@@ -224,3 +223,18 @@ class ActorWorker(Worker):
                                      micro_batch_size=micro_batch_size or cfg.micro_batch_size,
                                      shuffle=cfg.shuffle, seed=self.ctx.seed)
         return metrics_batch(Batch(), {f"actor/{k}": v for k, v in metrics.items()})
+
+
+def _logprob_metrics(batch: Batch, logp, entropy) -> dict:
+    """`actor/entropy` and the engine-vs-trainer `rollout/probs_diff_*` over the
+    batch's training mask (an agent batch's model tokens; the observations were not
+    sampled, so their probabilities say nothing)."""
+    if not len(batch) or "response_mask" not in batch:
+        return {}
+    mask = batch[training_mask_key(batch)].cpu()
+    metrics = {}
+    if entropy is not None:
+        metrics["actor/entropy"] = float(masked_mean(entropy, mask))
+    if "rollout_log_probs" in batch:  # engine vs trainer
+        metrics.update(logprob_mismatch(batch["rollout_log_probs"], logp, mask))
+    return metrics

@@ -10,7 +10,11 @@ and rank its share of the whole mini-batch's loss (see `training.py`):
 - `out.mean(x, mask=None)`: `sum(x * mask) / tokens`, the token-mean share of this
   micro-batch; the loss's masked mean, and the way to report a metric, since the
   trainer sums metric values over micro-batches and ranks;
-- `out.share`: this micro-batch's fraction of the mini-batch's tokens.
+- `out.share`: this micro-batch's fraction of the mini-batch's tokens;
+- `out.mask`: the training mask those counts are over: `loss_mask` in an agent
+  batch (the model's tokens, not the environment's observations), else
+  `response_mask` (the caller picks it with `sequences.training_mask_key`). A loss
+  masks with `out.mask`, never with a column of `micro` directly.
 
 Policy outputs: `logits` [B, R, V] (float32, over the sampling temperature),
 `log_probs` [B, R] of `responses`, `entropy(grad=True)` [B, R]. Value outputs:

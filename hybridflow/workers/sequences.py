@@ -4,6 +4,12 @@ A rollout row is `[left-padded prompt | right-padded response]`: `input_ids` and
 `attention_mask` are [B, P + R], `responses` and `response_mask` are [B, R]. The
 logit that predicts response token t sits at position P + t - 1, so the response
 slice of the logits is `[:, -R - 1:-1]`.
+
+The training mask: `response_mask` is what attention covers; an agent rollout adds
+`loss_mask` [B, R], 1 on the model's tokens only (its observation/tool tokens are 0).
+Losses, advantages, KL and per-token metrics use `training_mask(batch)`: `loss_mask`
+when the batch has one of the responses' width, else `response_mask`. (`actor.sft`'s
+`loss_mask` spans the whole row, [B, P + R]: it is not a response mask.)
 """
 from __future__ import annotations
 
@@ -13,7 +19,8 @@ from hybridflow.batch import Batch
 
 __all__ = ["position_ids_from_mask", "response_mask_from_ids", "pad_right",
            "response_logits", "token_logprobs", "entropy_from_logits", "forward_response",
-           "response_logprobs", "response_values", "masked_mean"]
+           "response_logprobs", "response_values", "masked_mean", "training_mask_key",
+           "training_mask"]
 
 _NO_LOGITS_TO_KEEP: set[type] = set()
 
@@ -30,6 +37,21 @@ def response_mask_from_ids(responses: torch.Tensor, eos_id: int | list[int]) -> 
     is_eos = torch.isin(responses, eos_ids).long()
     eos_before = is_eos.cumsum(-1) - is_eos
     return (eos_before == 0).long()
+
+
+def training_mask_key(batch) -> str:
+    """`"loss_mask"` when `batch` (a Batch or a dict of tensors) carries a loss mask
+    over its responses, else `"response_mask"`."""
+    mask = batch.get("loss_mask")
+    width_of = batch.get("responses", batch.get("response_mask"))
+    if mask is not None and width_of is not None and mask.shape == width_of.shape:
+        return "loss_mask"
+    return "response_mask"
+
+
+def training_mask(batch) -> torch.Tensor:
+    """The tokens a loss, an advantage, a KL or a per-token metric counts."""
+    return batch[training_mask_key(batch)]
 
 
 def pad_right(x: torch.Tensor, length: int, value: int) -> torch.Tensor:

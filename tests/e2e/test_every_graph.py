@@ -1,6 +1,8 @@
 """Every graph file in graphs/ checks, renders, and (for the RL ones) learns the toy
 task from the shipped base model on the local runtime: held-out greedy accuracy
-rises by at least 0.3."""
+rises by at least 0.3. The agent graphs (agent_grpo, agent_sft) check and render
+here; they train on the calculator task, not the toy one, so agent_grpo's learning
+run is tests/e2e/test_agent_grpo.py (and _ray.py)."""
 import glob
 import os
 
