@@ -160,13 +160,15 @@ class ActorWorker(Worker):
     @method(dispatch=DP, reads=LOGPROB_READS, writes=("old_log_probs",), kind="inference",
             optional=("response_mask", "loss_mask", "rollout_log_probs"))
     def logprob(self, batch: Batch, micro_batch_size: int | None = None,
-                with_entropy: bool = False, temperature: float | None = None) -> Batch:
+                with_entropy: bool = False, temperature: float | None = None,
+                max_tokens_per_micro_batch: int | None = None) -> Batch:
         """Log-prob of each response token under the current weights, [B, R] float32."""
         mbs = micro_batch_size or self.rollout_cfg.log_prob_micro_batch_size
         temp = self.rollout_cfg.temperature if temperature is None else temperature
         with self.trainer.autocast():  # the update's compute dtype: first ratios are 1
-            logp, ent = response_logprobs(self.module, batch, mbs, self.device, temp,
-                                          with_entropy)
+            logp, ent = response_logprobs(
+                self.module, batch, mbs, self.device, temp, with_entropy,
+                max_tokens_per_micro_batch or self.rollout_cfg.log_prob_max_tokens_per_micro_batch)
         return metrics_batch(Batch({"old_log_probs": logp}), _logprob_metrics(batch, logp, ent))
 
     # ----------------------------------------------------------------- update
@@ -195,6 +197,7 @@ class ActorWorker(Worker):
                                      epochs=cfg.ppo_epochs if epochs is None else epochs,
                                      mini_batch_size=cfg.mini_batch_size,
                                      micro_batch_size=cfg.micro_batch_size,
+                                     max_tokens=cfg.max_tokens_per_micro_batch,
                                      shuffle=cfg.shuffle, seed=self.ctx.seed)
         self.policy_version += 1  # what every later generated row is stamped with
         return metrics_batch(Batch(), {f"actor/{k}": v for k, v in metrics.items()})

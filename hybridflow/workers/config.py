@@ -15,7 +15,9 @@ default losses' names (policy loss, KL kind, aggregation mode) against
 `LOSS_SETTING_NAMES`, the module state that the loss providers fill on import.
 
 Batch sizes count *rows* (responses, i.e. prompts x n) over the whole worker
-group: a mini-batch of 16 on 2 data-parallel ranks is 8 rows on each.
+group: a mini-batch of 16 on 2 data-parallel ranks is 8 rows on each. A
+`*max_tokens_per_micro_batch` (None: off) counts padded tokens per rank and, when
+set, replaces the row count of micro-batches (`workers/micro_batches.py`).
 """
 from __future__ import annotations
 
@@ -141,6 +143,8 @@ class ActorConfig:
     ppo_epochs: int = checked(1, at_least(1))
     mini_batch_size: int = checked(256, at_least(1))  # rows per optimizer step, whole group
     micro_batch_size: int = checked(8, at_least(1))   # rows per forward/backward, per rank
+    # set: micro-batches by padded tokens (rows x longest row) per rank, not by rows
+    max_tokens_per_micro_batch: Optional[int] = checked(None, at_least(1))
     grad_clip: float = checked(1.0, above(0))
     policy_loss: str = checked("ppo", _POLICY_LOSS)  # names: graphs/ops.py registers them
     clip_low: float = checked(0.2, at_least(0))
@@ -167,6 +171,7 @@ class RolloutConfig:
     do_sample: bool = True
     micro_batch_size: int = checked(64, at_least(1))            # rows per HF generate call
     log_prob_micro_batch_size: int = checked(16, at_least(1))   # rows per forward in logprob
+    log_prob_max_tokens_per_micro_batch: Optional[int] = checked(None, at_least(1))
     gpu_memory_utilization: float = checked(0.5, in_range(0, 1, open_low=True))  # vllm only
     enable_sleep_mode: bool = True        # vllm only
     max_model_len: int = checked(0, at_least(0))  # vllm only; 0 = the model's max positions
@@ -176,6 +181,7 @@ class RolloutConfig:
 @dataclass
 class RefConfig:
     micro_batch_size: int = checked(16, at_least(1))
+    max_tokens_per_micro_batch: Optional[int] = checked(None, at_least(1))
     path: Optional[str] = None            # None: the initial policy (model section)
 
 
@@ -194,6 +200,7 @@ class CriticConfig:
     ppo_epochs: int = checked(1, at_least(1))
     mini_batch_size: int = checked(256, at_least(1))
     micro_batch_size: int = checked(8, at_least(1))
+    max_tokens_per_micro_batch: Optional[int] = checked(None, at_least(1))  # values, update
     grad_clip: float = checked(1.0, above(0))
     shuffle: bool = False
     strategy: str = checked("ddp", _STRATEGY)

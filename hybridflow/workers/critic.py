@@ -17,7 +17,7 @@ from hybridflow.workers.models import build_value_model
 from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
 from hybridflow.workers.loss_inputs import (ValueOutputs, run_loss, select_for_loss,
                                            worker_default_loss)
-from hybridflow.workers.sequences import response_values
+from hybridflow.workers.sequences import response_values_batched
 from hybridflow.workers.training import Trainer
 
 __all__ = ["CriticWorker"]
@@ -41,14 +41,14 @@ class CriticWorker(Worker):
     @method(dispatch=DP, reads=VALUE_READS, writes=("values",), kind="inference",
             optional=("response_mask",))
     @torch.no_grad()
-    def values(self, batch: Batch, micro_batch_size: int | None = None) -> Batch:
+    def values(self, batch: Batch, micro_batch_size: int | None = None,
+               max_tokens_per_micro_batch: int | None = None) -> Batch:
         """V(s_t) for each response token, [B, R] float32."""
-        width = batch["responses"].shape[1]
-        mbs = micro_batch_size or self.critic_cfg.micro_batch_size
         with self.trainer.autocast():
-            parts = [response_values(self.module, batch.take(slice(i, i + mbs))
-                                     .to(self.device)).cpu() for i in range(0, len(batch), mbs)]
-        values = torch.cat(parts) if parts else torch.zeros(0, width)
+            values = response_values_batched(
+                self.module, batch, micro_batch_size or self.critic_cfg.micro_batch_size,
+                self.device,
+                max_tokens_per_micro_batch or self.critic_cfg.max_tokens_per_micro_batch)
         return metrics_batch(Batch({"values": values}), {})
 
     @takes_loss(model_reads=VALUE_INPUTS)
@@ -69,5 +69,6 @@ class CriticWorker(Worker):
                                      epochs=cfg.ppo_epochs if epochs is None else epochs,
                                      mini_batch_size=cfg.mini_batch_size,
                                      micro_batch_size=cfg.micro_batch_size,
+                                     max_tokens=cfg.max_tokens_per_micro_batch,
                                      shuffle=cfg.shuffle, seed=self.ctx.seed)
         return metrics_batch(Batch(), {f"critic/{k}": v for k, v in metrics.items()})

@@ -79,11 +79,13 @@ class ReferenceWorker(Worker):
     @method(dispatch=DP, reads=("input_ids", "attention_mask", "position_ids", "responses"),
             writes=("ref_log_prob",), kind="inference")
     def logprob(self, batch: Batch, micro_batch_size: int | None = None,
-                temperature: float | None = None) -> Batch:
+                temperature: float | None = None,
+                max_tokens_per_micro_batch: int | None = None) -> Batch:
         """Log-prob of each response token under the frozen initial policy, [B, R]."""
         temp = self.temperature if temperature is None else temperature
         with self._policy() as model:
             logp, _ = response_logprobs(model, batch,
                                         micro_batch_size or self.ref_cfg.micro_batch_size,
-                                        self.device, temp)
+                                        self.device, temp, max_tokens=max_tokens_per_micro_batch
+                                        or self.ref_cfg.max_tokens_per_micro_batch)
         return metrics_batch(Batch({"ref_log_prob": logp}), {})

@@ -16,11 +16,12 @@ from __future__ import annotations
 import torch
 
 from hybridflow.batch import Batch
+from hybridflow.workers.micro_batches import micro_batches, scatter_rows
 
 __all__ = ["position_ids_from_mask", "response_mask_from_ids", "pad_right",
            "response_logits", "token_logprobs", "entropy_from_logits", "forward_response",
-           "response_logprobs", "response_values", "masked_mean", "training_mask_key",
-           "training_mask"]
+           "response_logprobs", "response_values", "response_values_batched", "masked_mean",
+           "training_mask_key", "training_mask"]
 
 _NO_LOGITS_TO_KEEP: set[type] = set()
 
@@ -141,17 +142,32 @@ def response_values(model, batch: Batch) -> torch.Tensor:
 
 @torch.no_grad()
 def response_logprobs(model, batch: Batch, micro_batch_size: int, device,
-                      temperature: float = 1.0, with_entropy: bool = False):
-    """`forward_response` over micro-batches, without gradient; results on CPU."""
+                      temperature: float = 1.0, with_entropy: bool = False,
+                      max_tokens: int | None = None):
+    """`forward_response` over micro-batches (rows, or a token budget: see
+    `micro_batches.py`), without gradient; results on CPU. Under a token budget the
+    columns a micro-batch trims (past every row's last token) hold 0."""
     width = batch["responses"].shape[1]
     if len(batch) == 0:
         empty = torch.zeros(0, width, dtype=torch.float32)
         return empty, (empty.clone() if with_entropy else None)
     logps, ents = [], []
-    for i in range(0, len(batch), micro_batch_size):
-        micro = batch.take(slice(i, i + micro_batch_size)).to(device)
-        logp, ent = forward_response(model, micro, temperature, with_entropy)
-        logps.append(logp.cpu())
+    for micro in micro_batches(batch, micro_batch_size, max_tokens):
+        logp, ent = forward_response(model, micro.batch.to(device), temperature, with_entropy)
+        logps.append((micro.index, logp.cpu()))
         if ent is not None:
-            ents.append(ent.cpu())
-    return torch.cat(logps), (torch.cat(ents) if with_entropy else None)
+            ents.append((micro.index, ent.cpu()))
+    return (scatter_rows(logps, len(batch), width),
+            scatter_rows(ents, len(batch), width) if with_entropy else None)
+
+
+@torch.no_grad()
+def response_values_batched(model, batch: Batch, micro_batch_size: int, device,
+                            max_tokens: int | None = None) -> torch.Tensor:
+    """`response_values` over micro-batches (rows or a token budget), on CPU."""
+    width = batch["responses"].shape[1]
+    if len(batch) == 0:
+        return torch.zeros(0, width)
+    parts = [(micro.index, response_values(model, micro.batch.to(device)).cpu())
+             for micro in micro_batches(batch, micro_batch_size, max_tokens)]
+    return scatter_rows(parts, len(batch), width)

@@ -8,7 +8,10 @@ so the ranks' losses sum to the loss of the whole mini-batch; DDP averages
 gradients, so each rank backpropagates `world_size * loss`. The result: 2 ranks make
 the same update as 1 rank on the same global batch. Ranks agree on the number of
 mini- and micro-batches, and a rank that runs out of rows runs a zero-loss dummy
-step, so the collective calls always match.
+step, so the collective calls always match. Micro-batches are row slices, or with
+`max_tokens` length-sorted groups within a token budget, trimmed to their longest row
+(`micro_batches.py`); the counts are the mini-batch's either way, so the gradient is
+the same.
 
 `loss_fn(model, micro, global_tokens, global_seqs) -> (loss, contributions)`, where
 `contributions` are 0-dim tensors that sum, over micro-batches and ranks, to the
@@ -34,6 +37,7 @@ import torch.distributed as dist
 
 from hybridflow.batch import Batch
 from hybridflow.workers.backends import make_backend
+from hybridflow.workers.micro_batches import micro_batches
 from hybridflow.workers.lora import adapter_state_dict, is_lora, load_adapter, save_adapter
 from hybridflow.workers.weights import (WEIGHTS_FILE, full_state_dict, load_weights,
                                         save_weights)
@@ -116,7 +120,7 @@ class Trainer:
     # ------------------------------------------------------------------- step
     def train(self, batch: Batch, loss_fn: Callable, *, epochs: int, mini_batch_size: int,
               micro_batch_size: int, mask_key: str = "response_mask", shuffle: bool = False,
-              seed: int = 0) -> dict[str, float]:
+              seed: int = 0, max_tokens: int | None = None) -> dict[str, float]:
         local_mini = max(1, math.ceil(mini_batch_size / self.world))
         n_minis = self.agreed_max(math.ceil(len(batch) / local_mini))
         totals: dict[str, float] = {}
@@ -127,21 +131,21 @@ class Trainer:
                 seed + epoch)) if shuffle else torch.arange(len(batch))).numpy()
             for j in range(n_minis):
                 mini = batch.take(order[j * local_mini:(j + 1) * local_mini]).to(self.device)
-                metrics = self._step(mini, loss_fn, micro_batch_size, mask_key)
+                metrics = self._step(mini, loss_fn, micro_batch_size, mask_key, max_tokens)
                 for k, v in metrics.items():
                     totals[k] = totals.get(k, 0.0) + v
                 steps += 1
         return {k: v / max(1, steps) for k, v in totals.items()}
 
-    def _step(self, mini: Batch, loss_fn, micro_batch_size: int, mask_key: str) -> dict:
+    def _step(self, mini: Batch, loss_fn, micro_batch_size: int, mask_key: str,
+              max_tokens: int | None = None) -> dict:
         if len(mini):
             mask = mini[mask_key]  # valid tokens, and sequences with at least one
             tokens, seqs = mask.sum(), (mask.sum(dim=-1) > 0).sum()
         else:
             tokens = seqs = torch.zeros((), device=self.device)
         counts = self.all_reduce(torch.stack([tokens, seqs]).to(torch.float64))
-        micros = [mini.take(slice(i, i + micro_batch_size))
-                  for i in range(0, len(mini), micro_batch_size)]
+        micros = [m.batch for m in micro_batches(mini, micro_batch_size, max_tokens)]
         n_micro = self.agreed_max(len(micros))
         self.optimizer.zero_grad(set_to_none=True)
         contrib: dict[str, torch.Tensor] = {}
