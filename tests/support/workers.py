@@ -47,3 +47,15 @@ def rollout_for_update(actor, prompts=PROMPTS, n=2, seed=0) -> Batch:
     out["ref_log_prob"] = out["old_log_probs"] + 0.1 * torch.randn(
         out["responses"].shape, generator=gen)
     return out
+
+
+def ragged_responses(batch: Batch, lengths, pad_id: int) -> Batch:
+    """`batch` with each row's response cut to `lengths` (padded and masked after), as
+    sampling makes them: long-tailed, not all `max_new_tokens`."""
+    width = batch["responses"].shape[1]
+    keep = torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]
+    batch["responses"] = torch.where(keep, batch["responses"], pad_id)
+    batch["response_mask"] = keep.long()
+    batch["input_ids"][:, -width:] = batch["responses"]
+    batch["attention_mask"][:, -width:] = keep.long()
+    return batch

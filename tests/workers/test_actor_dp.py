@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tests.support.workers import make_cfg, rollout_for_update
+from tests.support.workers import make_cfg, ragged_responses, rollout_for_update
 from hybridflow.workers import ActorWorker, WorkerContext
 
 CONFIGS = {
@@ -18,7 +18,12 @@ CONFIGS = {
     # 7 rows -> shards of 4 and 3; micro 3 -> rank 1 runs a zero-loss dummy micro-batch
     "seq_mean_uneven": (make_cfg(actor={"lr": 1e-2, "loss_agg_mode": "seq-mean-token-mean",
                                         "mini_batch_size": 8, "micro_batch_size": 3}), 7),
+    # ragged rows under a token budget: rank 0 cuts 3 micro-batches, rank 1 cuts 2 and
+    # runs a dummy; the single rank groups the 8 rows differently again
+    "token_budget": (make_cfg(actor={"lr": 1e-2, "mini_batch_size": 8, "micro_batch_size": 2,
+                                     "max_tokens_per_micro_batch": 20}), 8),
 }
+RAGGED = {"token_budget": [6, 1, 2, 6, 3, 1, 5, 2]}
 
 
 def _free_port() -> int:
@@ -47,6 +52,8 @@ def test_two_ranks_update_like_one_rank_on_the_global_batch(tmp_path):
     for name, (cfg, rows) in CONFIGS.items():
         actor = ActorWorker(cfg)
         data = rollout_for_update(actor, n=2).take(slice(0, rows))
+        if name in RAGGED:
+            data = ragged_responses(data, RAGGED[name], actor.tokenizer.pad_token_id)
         batches[name] = data
         metrics = actor.update(data).meta["metrics"]
         single[name] = (actor.module.state_dict(), metrics)

@@ -3,30 +3,18 @@ an update step are the same as with row micro-batches."""
 import pytest
 import torch
 
-from tests.support.workers import make_cfg, rollout_for_update
-from hybridflow.batch import Batch
+from tests.support.workers import make_cfg, ragged_responses, rollout_for_update
 from hybridflow.workers import ActorWorker, CriticWorker
 from hybridflow.workers.micro_batches import micro_batches, row_extents
 
 RESPONSE_LENGTHS = [6, 1, 2, 6, 3, 1, 5, 2]  # ragged, as sampling makes them
 
 
-def ragged(batch: Batch, pad_id: int) -> Batch:
-    """`batch` with its responses cut to RESPONSE_LENGTHS (padded, masked after)."""
-    width = batch["responses"].shape[1]
-    keep = torch.arange(width)[None, :] < torch.tensor(RESPONSE_LENGTHS)[:, None]
-    batch["responses"] = torch.where(keep, batch["responses"], pad_id)
-    batch["response_mask"] = keep.long()
-    batch["input_ids"][:, -width:] = batch["responses"]
-    batch["attention_mask"][:, -width:] = keep.long()
-    return batch
-
-
 @pytest.fixture(scope="module")
 def rollout():
     actor = ActorWorker(make_cfg())
     batch = rollout_for_update(actor, n=2)
-    return ragged(batch, actor.tokenizer.pad_token_id)
+    return ragged_responses(batch, RESPONSE_LENGTHS, actor.tokenizer.pad_token_id)
 
 
 def test_without_a_budget_micro_batches_are_row_slices(rollout):
