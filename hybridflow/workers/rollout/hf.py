@@ -6,6 +6,11 @@ stamps its own update count as the engine's `policy_version`. Without one (the
 `rollout` role on a pool of its own), it builds its own copy from the `model`
 section and `load_weights` copies buckets of the actor's exported weights into it.
 
+The log-prob of each sampled token is taken step by step (`ChosenLogProbs`, the last
+logits processor: it sees the scores sampled from) instead of asking `generate` for
+`output_scores`, which keeps every step's float32 [rows, vocab] scores until the
+end. `generate` stops once every row has ended (its stopping criteria).
+
 State: `module` (shared or own), `policy_version` (of the weights in `module`).
 """
 from __future__ import annotations
@@ -20,7 +25,8 @@ from hybridflow.workers.rollout.engine import UNKNOWN_VERSION, EngineSpec
 from hybridflow.workers.rollout.generation import assemble_rollout
 from hybridflow.workers.sequences import pad_right, position_ids_from_mask
 
-__all__ = ["HFEngine", "make_hf_engine", "sampled_log_probs"]
+__all__ = ["HFEngine", "make_hf_engine", "sampled_log_probs", "ChosenLogProbs",
+           "sampled_warpers"]
 
 
 def make_hf_engine(spec: EngineSpec) -> "HFEngine":
@@ -31,6 +37,50 @@ def make_hf_engine(spec: EngineSpec) -> "HFEngine":
     module = build_causal_lm(spec.model_cfg, spec.tokenizer, spec.device, spec.ctx.seed)
     module.eval().requires_grad_(False)
     return HFEngine(module, spec.tokenizer, spec.device, shares_module=False, version=0)
+
+
+class ChosenLogProbs:
+    """A logits processor, last in the list: at each step it keeps the log-softmax of
+    the processed scores, and at the next step (or `finish`, after `generate`) reads
+    the token that was chosen from them. Holds one step's [rows, vocab] at a time."""
+
+    def __init__(self):
+        self.steps: list[torch.Tensor] = []
+        self.pending: torch.Tensor | None = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.pending is not None:
+            self._take(input_ids[:, -1])
+        self.pending = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def _take(self, tokens: torch.Tensor) -> None:
+        chosen = torch.gather(self.pending, -1, tokens.unsqueeze(-1)).squeeze(-1)
+        self.steps.append(torch.nan_to_num(chosen, neginf=0.0).cpu())  # after EOS: masked
+        self.pending = None
+
+    def finish(self, new_tokens: torch.Tensor) -> torch.Tensor:
+        """[B, steps] float32, given the generated tokens [B, steps]."""
+        if self.pending is not None:
+            self._take(new_tokens[:, len(self.steps)].to(self.pending.device))
+        if not self.steps:
+            return torch.zeros(new_tokens.shape[0], 0)
+        return torch.stack(self.steps, dim=1)
+
+
+def sampled_warpers(opts: RolloutConfig) -> list:
+    """HF's own sampling warpers for `opts`, in the order `generate` applies them."""
+    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+    if not opts.do_sample:
+        return []
+    warpers = []
+    if opts.temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(opts.temperature))
+    if opts.top_k > 0:
+        warpers.append(TopKLogitsWarper(top_k=opts.top_k, min_tokens_to_keep=1))
+    if opts.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p=opts.top_p, min_tokens_to_keep=1))
+    return warpers
 
 
 def sampled_log_probs(scores: tuple, tokens: torch.Tensor) -> torch.Tensor:
@@ -74,17 +124,19 @@ class HFEngine:
     # --------------------------------------------------------------- generate
     def _generation_config(self, opts: RolloutConfig):
         from transformers import GenerationConfig
-        sample = {"do_sample": True, "temperature": opts.temperature, "top_p": opts.top_p,
-                  "top_k": opts.top_k if opts.top_k > 0 else 0} if opts.do_sample else \
-            {"do_sample": False}
+        # the warpers are passed as logits processors (`sampled_warpers`), ahead of the
+        # log-prob recorder, so HF adds none of its own
+        sample = {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0} \
+            if opts.do_sample else {"do_sample": False}
         return GenerationConfig(max_new_tokens=opts.max_new_tokens, min_new_tokens=0,
                                 pad_token_id=self.tokenizer.pad_token_id,
                                 eos_token_id=self.tokenizer.eos_token_id, use_cache=True,
-                                return_dict_in_generate=True, output_scores=True, **sample)
+                                return_dict_in_generate=True, **sample)
 
     @torch.no_grad()
     def generate(self, prompts: Batch, opts: RolloutConfig) -> Batch:
         """Rows of `prompts` already repeated n times; returns the engine columns."""
+        from transformers import LogitsProcessorList
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
         width = opts.max_new_tokens
         if len(prompts) == 0 and not self.synced_gpus:
@@ -99,15 +151,16 @@ class HFEngine:
                 ids, mask = micro["input_ids"], micro["attention_mask"]
                 if len(micro) == 0:  # synced FSDP rank with no rows: decode a dummy row
                     ids, mask = torch.full((1, 1), pad), torch.ones(1, 1, dtype=torch.long)
+                recorder = ChosenLogProbs()
                 result = self.module.generate(
                     input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
                     position_ids=position_ids_from_mask(mask).to(self.device),
-                    generation_config=config, synced_gpus=self.synced_gpus)
+                    generation_config=config, synced_gpus=self.synced_gpus,
+                    logits_processor=LogitsProcessorList(sampled_warpers(opts) + [recorder]))
                 if len(micro):
                     new = result.sequences[:, ids.shape[1]:].cpu()
                     outs.append(pad_right(new, width, pad))
-                    scores = tuple(s.cpu() for s in result.scores)
-                    logps.append(_pad_float(sampled_log_probs(scores, new), width))
+                    logps.append(_pad_float(recorder.finish(new), width))
         finally:
             self.module.train(was_training)
         responses = torch.cat(outs) if outs else torch.zeros(0, width, dtype=torch.long)
