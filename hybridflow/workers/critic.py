@@ -17,7 +17,7 @@ from hybridflow.workers.models import build_value_model
 from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
 from hybridflow.workers.loss_inputs import (ValueOutputs, run_loss, select_for_loss,
                                            worker_default_loss)
-from hybridflow.workers.sequences import response_values_batched
+from hybridflow.workers.sequences import response_values_batched, training_mask_key
 from hybridflow.workers.training import Trainer
 
 __all__ = ["CriticWorker"]
@@ -52,20 +52,24 @@ class CriticWorker(Worker):
         return metrics_batch(Batch({"values": values}), {})
 
     @takes_loss(model_reads=VALUE_INPUTS)
-    @method(dispatch=DP, reads=VALUE_INPUTS + ("values", "returns"), writes=(), kind="train")
+    @method(dispatch=DP, reads=VALUE_INPUTS + ("values", "returns"), writes=(), kind="train",
+            optional=("loss_mask",))
     def update(self, batch: Batch, loss=None, epochs: int | None = None) -> Batch:
         """Epochs over mini-batches of micro-batches minimising `loss(micro, out)` with
         `out.values` the current predictions (the graph's loss; by default the one
-        registered for critic.update, chosen from the critic config: the clipped value loss)."""
+        registered for critic.update, chosen from the critic config: the clipped value loss).
+        Tokens are counted and masked by the training mask, as in `actor.update`:
+        `loss_mask` in an agent batch (model tokens only), else `response_mask`."""
         cfg = self.critic_cfg
         loss = loss if loss is not None else worker_default_loss(self, "critic.update", cfg)
-        data = select_for_loss(batch, VALUE_INPUTS, loss, "critic.update")
+        mask_key = training_mask_key(batch)
+        inputs = VALUE_INPUTS + ((mask_key,) if mask_key not in VALUE_INPUTS else ())
+        data = select_for_loss(batch, inputs, loss, "critic.update")
 
         def trainer_loss(model, micro: Batch, tokens, seqs):
-            return run_loss(loss, micro, ValueOutputs(model, micro, tokens, seqs,
-                                                      "response_mask"))
+            return run_loss(loss, micro, ValueOutputs(model, micro, tokens, seqs, mask_key))
 
-        metrics = self.trainer.train(data, trainer_loss,
+        metrics = self.trainer.train(data, trainer_loss, mask_key=mask_key,
                                      epochs=cfg.ppo_epochs if epochs is None else epochs,
                                      mini_batch_size=cfg.mini_batch_size,
                                      micro_batch_size=cfg.micro_batch_size,

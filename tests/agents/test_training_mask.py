@@ -107,3 +107,26 @@ def test_logprob_metrics_read_model_tokens_only():
             for seed in (1, 2))
     assert a["rollout/probs_diff_max"] == b["rollout/probs_diff_max"]
     assert abs(a["actor/entropy"] - b["actor/entropy"]) < 1e-6
+
+
+def critic_updated(batch: Batch) -> tuple[dict, dict]:
+    from hybridflow.workers import CriticWorker
+    critic = CriticWorker(make_cfg(critic={"lr": 1e-2, "mini_batch_size": 8,
+                                           "micro_batch_size": 4, "ppo_epochs": 1}))
+    batch = batch.take(torch.arange(len(batch)))
+    batch["values"] = critic.values(batch)["values"]
+    metrics = critic.update(batch, loss=ops.critic_value_loss(critic.critic_cfg)).meta["metrics"]
+    return {k: v.detach().clone() for k, v in critic.module.state_dict().items()}, metrics
+
+
+def test_the_critic_update_is_independent_of_the_tokens_the_loss_mask_hides():
+    batch = rollout()
+    batch["returns"] = batch["advantages"].clone()
+    first, second = with_garbage(batch, 1), with_garbage(batch, 2)
+    hidden = (batch["response_mask"] == 1) & (batch["loss_mask"] == 0)
+    second["returns"] = torch.where(hidden, first["returns"] * -7 + 3, first["returns"])
+    a, metrics_a = critic_updated(first)
+    b, metrics_b = critic_updated(second)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6, msg=name)
+    assert abs(metrics_a["critic/vf_loss"] - metrics_b["critic/vf_loss"]) < 1e-5
