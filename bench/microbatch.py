@@ -1,0 +1,84 @@
+"""One update step with row micro-batches against a token budget, on the benchmark
+workload's long-tailed rollout (`bench/workload.py`).
+
+Both modes run the same mini-batch through `Trainer.train` with a token-mean
+policy-gradient loss. Rows: `--rows` rows per micro-batch, every one padded to the
+batch's width. Budget: `max_tokens = rows x width` (the same peak micro-batch size),
+so the rows are grouped by length and each micro-batch trimmed to its longest row.
+The modes alternate `--reps` times, torch on one thread; the first step of each is a
+warm-up (AdamW allocates its moments) and is not counted.
+
+    python bench/microbatch.py                    # 5m model, 8 prompts x 4, R=256
+    python bench/microbatch.py --size 10m --prompts 16
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from types import SimpleNamespace
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench import workload
+from hybridflow.workers.config import ActorConfig
+from hybridflow.workers.loss_inputs import PolicyOutputs
+from hybridflow.workers.micro_batches import micro_batches
+from hybridflow.workers.training import Trainer
+
+
+def pg_loss(model, micro, tokens, seqs):
+    out = PolicyOutputs(model, micro, tokens, seqs)
+    loss = out.mean(-out.log_probs * micro["advantages"])
+    return loss, {"loss": loss.detach()}
+
+
+def step_seconds(trainer, batch, rows: int, max_tokens) -> float:
+    start = time.perf_counter()
+    trainer.train(batch, pg_loss, epochs=1, mini_batch_size=len(batch),
+                  micro_batch_size=rows, max_tokens=max_tokens)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", default="5m")
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--n", type=int, default=4)
+    parser.add_argument("--max-response", type=int, default=256)
+    parser.add_argument("--rows", type=int, default=8)
+    parser.add_argument("--reps", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    batch = workload.make_rollout(args.prompts, args.n, args.max_response)
+    width = batch["input_ids"].shape[1]
+    budget = args.rows * width
+    cfg = ActorConfig(lr=1e-6, mini_batch_size=len(batch), micro_batch_size=args.rows)
+    ctx = SimpleNamespace(distributed=False, world_size=1)
+    trainers = {mode: Trainer(workload.make_model(args.size), cfg, ctx, torch.device("cpu"))
+                for mode in ("rows", "budget")}
+    limits = {"rows": None, "budget": budget}
+    cells = {mode: sum(len(m.index) * m.batch["input_ids"].shape[1]
+                       for m in micro_batches(batch, args.rows, limits[mode]))
+             for mode in limits}
+    times: dict[str, list[float]] = {"rows": [], "budget": []}
+    for rep in range(args.reps + 1):
+        for mode in ("rows", "budget"):
+            seconds = step_seconds(trainers[mode], batch, args.rows, limits[mode])
+            if rep:
+                times[mode].append(seconds)
+            print(f"rep {rep} {mode:6s} {seconds:7.2f} s", flush=True)
+    rows_s, budget_s = (statistics.median(times[m]) for m in ("rows", "budget"))
+    valid = int(batch["attention_mask"].sum())
+    print(f"{len(batch)} rows, width {width}, budget {budget} tokens; token cells computed: "
+          f"rows {cells['rows']}, budget {cells['budget']} (attended {valid})")
+    print(f"update step: rows {rows_s:.2f} s, budget {budget_s:.2f} s, "
+          f"speed-up {rows_s / budget_s:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
