@@ -97,3 +97,12 @@ def test_update_under_a_budget_makes_the_row_micro_batches_update(rollout, agg_m
         torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
     assert any(not torch.equal(a, b) for a, b in
                zip(weights_rows, ActorWorker(make_cfg()).module.parameters()))  # it moved
+
+
+def test_a_budget_below_one_token_is_refused_before_launch():
+    from hybridflow.config import ConfigError, build_config
+    with pytest.raises(ConfigError, match="actor.max_tokens_per_micro_batch"):
+        build_config(overrides=["actor.max_tokens_per_micro_batch=0"])
+    cfg = build_config(overrides=["critic.max_tokens_per_micro_batch=4096"])
+    assert cfg.critic.max_tokens_per_micro_batch == 4096
+    assert build_config().ref.max_tokens_per_micro_batch is None  # off by default
