@@ -59,3 +59,23 @@ def ragged_responses(batch: Batch, lengths, pad_id: int) -> Batch:
     batch["input_ids"][:, -width:] = batch["responses"]
     batch["attention_mask"][:, -width:] = keep.long()
     return batch
+
+
+def leave_process_group(rank: int, out_dir: str, timeout_s: float = 120.0) -> None:
+    """Tear the process group down with rank 0 (the host of its TCP store) leaving last.
+    A rank whose teardown still talks to the store waits for the store's default
+    timeout (30 min) when rank 0 has already exited: that hung the 2-rank tests."""
+    import os
+    import time
+
+    import torch.distributed as dist
+    dist.barrier()
+    if rank != 0:
+        dist.destroy_process_group()
+        open(os.path.join(out_dir, f"left{rank}"), "w").close()
+        return
+    others = [os.path.join(out_dir, f"left{r}") for r in range(1, dist.get_world_size())]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not all(os.path.exists(p) for p in others):
+        time.sleep(0.05)
+    dist.destroy_process_group()

@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tests.support.workers import make_cfg, ragged_responses, rollout_for_update
+from tests.support.workers import (leave_process_group, make_cfg, ragged_responses,
+                                   rollout_for_update)
 from hybridflow.workers import ActorWorker, WorkerContext
 
 CONFIGS = {
@@ -44,7 +45,7 @@ def _rank_main(rank: int, world: int, port: int, batches: dict, out_dir: str):
         results[name] = ({k: v.detach().clone() for k, v in actor.module.state_dict().items()},
                          metrics)
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    torch.distributed.destroy_process_group()
+    leave_process_group(rank, out_dir)
 
 
 def test_two_ranks_update_like_one_rank_on_the_global_batch(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tests.support.workers import make_cfg, rollout_for_update
+from tests.support.workers import leave_process_group, make_cfg, rollout_for_update
 from hybridflow.workers import ActorWorker, WorkerContext
 
 pytestmark = pytest.mark.slow  # two gloo ranks train three times (~30 s)
@@ -58,7 +58,7 @@ def _rank_main(rank: int, world: int, port: int, batch, out_dir: str):
     results["resume"] = (straight, _full_weights(resumed))
     if rank == 0:  # full weights are gathered on rank 0
         torch.save(results, os.path.join(out_dir, "rank0.pt"))
-    torch.distributed.destroy_process_group()
+    leave_process_group(rank, out_dir)
 
 
 @pytest.fixture(scope="module")
