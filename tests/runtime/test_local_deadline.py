@@ -3,7 +3,6 @@ worker method or a function node that never returns stops the step with a
 NodeFailure naming the node and the bound, instead of hanging the run."""
 from __future__ import annotations
 
-import time
 
 import pytest
 from tests.support import runtime_fakes as fakes
@@ -15,12 +14,11 @@ from hybridflow.runtime.local import LocalRuntime
 CFG = {"runtime": {"call_timeout_s": 0.5}}
 
 
+@pytest.mark.timeout(60)  # the method sleeps 60 s: only the 0.5 s bound ends it sooner
 def test_a_worker_method_that_hangs_is_stopped_naming_node_and_bound():
     plan = fakes.echo_plan(fakes.call_graph("echo.hang", seconds=60.0), 1, 1)
-    started = time.monotonic()
     with pytest.raises(NodeFailure) as info:
         LocalRuntime(plan, CFG).run_step({"prompts": fakes.prompts(2)})
-    assert time.monotonic() - started < 30
     assert "node 'echo.hang'" in info.value.headline
     assert "runtime.call_timeout_s=0.5s" in info.value.summary
 
