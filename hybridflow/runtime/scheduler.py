@@ -44,8 +44,9 @@ from hybridflow.compiler import ExecutionPlan, PlanNode
 from hybridflow.deadline import call_with_deadline
 from hybridflow.dispatch import DispatchMode, Layout, SlotLayout, get_dispatch_mode, merge_metrics
 from hybridflow.kinds import Op
-from hybridflow.runtime.common import (NodeFailure, NodeIO, StepResult, finish_gather,
-                                       run_fn_node, sum_round_metrics)
+from hybridflow.runtime.common import (NodeFailure, NodeIO, StepResult, run_fn_node)
+from hybridflow.runtime.funnel import submit_funnel
+from hybridflow.runtime.gather_rounds import submit_gather
 from hybridflow.runtime.executor import Executor, TaskArgs, check_roles
 from hybridflow.runtime.outputs import NodeOutput
 from hybridflow.runtime.reshard import grouped_inputs, slot_inputs, whole_inputs
@@ -182,7 +183,7 @@ class StepScheduler:
             if dep not in self.outputs:
                 return False
         if op is _GATHER:
-            return self._submit_gather(node)
+            return submit_gather(self, node)
         if op is _FN:
             home = self._home_of_first(node)
             if home is not None and (node.group_by or node.rows):
@@ -285,53 +286,11 @@ class StepScheduler:
         self._record_driver_node(node, start)
         return True
 
-    def _submit_gather(self, node: PlanNode) -> bool:
-        """Re-run the nodes upstream of the gathered one on fresh source batches (one
-        sub-step a round) until it has `until` rows or `max_rounds` extra rounds ran;
-        then the first `until` rows, concatenated on the worker holding the first."""
-        dep = node.deps[0]
-        if not self.outputs[dep].done:
-            return False
-        until, max_rounds = node.kwargs["until"], node.kwargs["max_rounds"]
-        upstream = self.ex.plans.upstream_plan(self.plan, dep)
-        pieces, rounds = [self.outputs[dep]], 0
-        history = {n.name: [self.result.node_metrics.get(n.name, {})] for n in upstream.nodes}
-        while sum(p.num_rows for p in pieces) < until and self.draw is not None \
-                and rounds < max_rounds:
-            feeds = {n.name: self.draw(n.name) for n in upstream.nodes if n.op is Op.SOURCE}
-            sub = StepScheduler(self.ex, upstream, feeds).run()
-            pieces.append(sub.outputs[dep])
-            self.result.driver_bytes += sub.driver_bytes
-            self.result.timeline += sub.timeline
-            for name, metrics in sub.node_metrics.items():
-                history[name].append(metrics)
-            rounds += 1
-        for name, metrics in history.items():
-            self.result.node_metrics[name] = sum_round_metrics(metrics)
-        refs = [ref for p in pieces for ref in p.refs]
-        home = pieces[0].homes[0]
-        if home is None:  # the gathered node ran on the driver
-            shards, fetched = self.ex.resolve(refs)
-            self.result.driver_bytes += fetched
-            out = finish_gather(node, shards, rounds)
-            self._put(node, out)
-            self._record_node(node, out.meta["metrics"], [], [])
-            return True
-        pool, rank = home
-        args = TaskArgs(self.ex)
-        for ref in refs:
-            args.add(ref)
-        task = ShardTask(self.ex.node_id(self.plan, node, pool, rank),
-                         group_keys=self.group_keys.get(node.name, ()))
-        shard = self._submit(node, "gather", pool, rank, task, args, 0, extra=(rounds,))
-        self.outputs[node.name] = NodeOutput(node.name, [shard], [home], node.name)
-        return True
-
     # ---- calls: a slot layout says which rows each rank receives
     def _submit_call(self, node: PlanNode) -> bool:
         mode, layout, slots = self._slot_layout(node)
         if slots is None:
-            return self._submit_funnel(node, mode, layout)
+            return submit_funnel(self, node, mode, layout)
         if slots.slots == 1:  # every rank that runs takes the whole input, at once
             inputs, lineage = [self._whole_inputs(node)], node.name
         else:
@@ -347,33 +306,6 @@ class StepScheduler:
             if slot is not None:
                 refs[slot], homes[slot] = shard, (pool, rank)
         self.outputs[node.name] = NodeOutput(node.name, refs, homes, lineage)
-        return True
-
-    def _submit_funnel(self, node: PlanNode, mode: DispatchMode, layout: Layout) -> bool:
-        """A mode registered as a (dispatch, collect) pair (deprecated): rank 0 runs
-        the mode's dispatch on the whole input and its collect on the ranks' results."""
-        pool, size = node.pool, layout.world_size
-        args = TaskArgs(self.ex)
-        task = self._task(node, self._whole_inputs(node), args, pool, 0)
-        task.mode = mode
-        *parts, meta = self._submit_raw(node, "scatter", pool, 0, size + 1, task, args,
-                                        extra=(layout,))
-        self._record(node, pool, 0, meta, None, args.object_refs())
-        self.meta_of.update({part: meta for part in parts})
-        raw = []
-        for rank, part in enumerate(parts):
-            task = ShardTask(self.ex.node_id(self.plan, node, pool, rank), prepared=True,
-                             finish=False)
-            part_args = TaskArgs(self.ex)
-            part_args.add(part)
-            raw.append(self._submit(node, "run", pool, rank, task, part_args, None))
-        task = ShardTask(self.ex.node_id(self.plan, node, pool, 0),
-                         group_keys=self.group_keys.get(node.name, ()), mode=mode)
-        collect_args = TaskArgs(self.ex)
-        for shard in raw:
-            collect_args.add(shard)
-        shard = self._submit(node, "collect", pool, 0, task, collect_args, 0, extra=(layout,))
-        self.outputs[node.name] = NodeOutput(node.name, [shard], [(pool, 0)], node.name)
         return True
 
     # ---- function nodes on the workers
