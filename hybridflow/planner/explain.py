@@ -14,6 +14,10 @@ def reason_lost(candidate: Candidate, best: Candidate) -> str:
         return "ties with the best (same predicted step time); ranked after it by search order"
     pct = 100 * delta / best.step_seconds
     parts = [f"{delta:.1f} s (+{pct:.1f}%) slower than the best"]
+    if candidate.pipeline is not None and best.pipeline is not None:
+        parts.append(f"its pipelined step is {candidate.pipeline.describe()}, the best's "
+                     f"{best.pipeline.describe()}")
+        return "; ".join(parts)
     mine, theirs = candidate.node_seconds, best.node_seconds
     worst_diff, worst = max(((mine[n] - theirs[n], n)
                              for n in candidate.critical_path if n in theirs),
@@ -108,6 +112,8 @@ def paragraph(result: Ranking) -> str:
                     f"{result.colocated.reason}.")
     elif result.colocated is None:
         text.append("Colocating everything does not fit in memory.")
+    if result.pipeline is not None:
+        text += pipeline_sentences(result)
     if result.candidates:
         nxt = result.candidates[0]
         text.append(f"Runner-up {nxt.label()}: {nxt.reason}.")
@@ -118,10 +124,59 @@ def paragraph(result: Ranking) -> str:
     return " ".join(text)
 
 
+def pipeline_sentences(result: Ranking) -> list[str]:
+    """The async step of the best plan, and why the rollout apart wins or loses against
+    the rollout sharing the actor's devices, with the numbers."""
+    best, terms = result.best, result.best.pipeline
+    fixed = best.step_seconds - terms.overlapped - terms.sync
+    text = [f"Async: a step takes {terms.describe()}, "
+            f"+ {fixed:.1f} s fixed = {best.step_seconds:.1f} s; the same plan synchronous "
+            f"would take {terms.synchronous:.1f} s."]
+    generate = [n.name for n in result.nodes if n.kind == "generate"]
+    apart = next((c for c in result.ranked if c.pipeline.own_weights), None)
+    shared = next((c for c in result.ranked if not c.pipeline.own_weights), None)
+    if apart is None or shared is None:
+        text.append("No plan with the rollout on a pool of its own fits on this cluster."
+                    if apart is None else
+                    "Every plan that fits has the rollout on a pool of its own.")
+        return text
+    winner, loser = (apart, shared) if apart is result.ranked[0] else (shared, apart)
+    verdict = "beats" if winner is apart else "loses to"
+    text.append(f"The rollout on a pool of its own ({apart.label()}, {apart.step_seconds:.1f} "
+                f"s) {verdict} the rollout sharing the actor's devices ({shared.label()}, "
+                f"{shared.step_seconds:.1f} s): sharing, {_sharing(shared, generate)}; apart, "
+                f"{_apart(apart, generate)}.")
+    return text
+
+
+def _sharing(candidate: Candidate, generate: list[str]) -> str:
+    pool = candidate.timings[generate[0]].pool if generate else None
+    if pool is None:
+        return f"the step is {candidate.pipeline.describe()}"
+    gen = sum(candidate.node_seconds[n] for n in generate)
+    busy = candidate.pipeline.pool_busy[pool]
+    return (f"pool {pool} ({candidate.pool_of_name(pool).devices} dev) generates "
+            f"({gen:.1f} s) and runs its other passes ({busy - gen:.1f} s) one after another, "
+            f"busy {busy:.1f} s a step")
+
+
+def _apart(candidate: Candidate, generate: list[str]) -> str:
+    terms = candidate.pipeline
+    gen = sum(candidate.node_seconds[n] for n in generate)
+    pools = {candidate.timings[n].pool for n in generate}
+    devices = sum(candidate.pool_of_name(p).devices for p in pools if p)
+    others = ", ".join(f"pool {p} busy {s:.1f} s" for p, s in terms.pool_busy.items()
+                       if p not in pools)
+    return (f"generation takes {gen:.1f} s on {devices} dev while {others or 'nothing else'}"
+            f" runs, then the weights sync in {terms.sync:.1f} s; set by {terms.bound_by}")
+
+
 def explain(result: Ranking) -> str:
     head = (f"Placement of a {len(result.nodes)}-node graph on {result.cluster.describe()}; "
             f"workload {result.workload.describe()}; training {result.backend.describe()}; models "
             + ", ".join(f"{r}={m.name}" for r, m in result.models.items()))
+    if result.pipeline is not None:
+        head += f"; {result.pipeline.describe()}"
     parts = [head, "", table(result), "", paragraph(result), "", "Best plan, per node:",
              node_table(result.best)]
     if result.rejected:
@@ -146,6 +201,10 @@ def result_json(result: Ranking) -> dict:
                       "need_gib": round(s.need / GIB, 2),
                       "usable_gib": round(s.usable / GIB, 2), "reason": s.reason(label)}
                      for s in result.rejected],
+        "pipeline": None if result.pipeline is None else {
+            "staleness": result.pipeline.staleness,
+            "rollout_side": sorted(result.pipeline.rollout_side),
+            "movable": dict(result.pipeline.movable)},
         "search_seconds": round(result.search_seconds, 4),
         "plans_simulated": result.plans_simulated,
     }
