@@ -133,15 +133,13 @@ def pipeline_sentences(result: Ranking) -> list[str]:
             f"+ {fixed:.1f} s fixed = {best.step_seconds:.1f} s; the same plan synchronous "
             f"would take {terms.synchronous:.1f} s."]
     generate = [n.name for n in result.nodes if n.kind == "generate"]
-    apart = next((c for c in result.ranked if c.pipeline.own_weights), None)
-    shared = next((c for c in result.ranked if not c.pipeline.own_weights), None)
+    apart, shared = result.rollout_apart, result.rollout_shared
     if apart is None or shared is None:
         text.append("No plan with the rollout on a pool of its own fits on this cluster."
                     if apart is None else
                     "Every plan that fits has the rollout on a pool of its own.")
         return text
-    winner, loser = (apart, shared) if apart is result.ranked[0] else (shared, apart)
-    verdict = "beats" if winner is apart else "loses to"
+    verdict = "beats" if apart.step_seconds < shared.step_seconds else "loses to"
     text.append(f"The rollout on a pool of its own ({apart.label()}, {apart.step_seconds:.1f} "
                 f"s) {verdict} the rollout sharing the actor's devices ({shared.label()}, "
                 f"{shared.step_seconds:.1f} s): sharing, {_sharing(shared, generate)}; apart, "

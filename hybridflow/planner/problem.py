@@ -44,11 +44,11 @@ class Workload:
     padded_len: int = 0  # 0: passes pack each sequence's own tokens; N: every sequence padded to N
 
     def __post_init__(self) -> None:
-        for field in ("prompts", "samples_per_prompt", "prompt_len", "response_len",
-                      "ppo_epochs", "mini_batches", "micro_batch_tokens"):
-            if getattr(self, field) < 1:
-                raise PlanningError(f"workload {field} must be at least 1, "
-                                    f"got {getattr(self, field)}")
+        for name in ("prompts", "samples_per_prompt", "prompt_len", "response_len",
+                     "ppo_epochs", "mini_batches", "micro_batch_tokens"):
+            if getattr(self, name) < 1:
+                raise PlanningError(f"workload {name} must be at least 1, "
+                                    f"got {getattr(self, name)}")
         if not 0 <= self.response_mean <= self.response_len:
             raise PlanningError(f"workload response_mean {self.response_mean} must lie in "
                                 f"[0, response_len={self.response_len}] (0: all at the max)")

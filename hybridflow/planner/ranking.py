@@ -128,6 +128,10 @@ class Ranking:
     models: dict[str, ModelSpec] = field(default_factory=dict)
     backend: TrainingBackend = field(default_factory=TrainingBackend)
     pipeline: Pipeline | None = None  # staleness >= 1: steps are pipelined (pipeline.py)
+    # with a pipeline: the best plan with the rollout sharing its host's module, and the
+    # best with it on a pool of its own (None: none fits, or nothing may move)
+    rollout_shared: Candidate | None = None
+    rollout_apart: Candidate | None = None
 
     def driver_roles_text(self) -> str:
         roles = self.best.driver_roles

@@ -283,10 +283,18 @@ def plan_placement(graph, cluster: Cluster, models: dict[str, ModelSpec], worklo
         colocated = make_candidate(problem, searches[0].best[everything][1])
         if colocated.grouping != candidates[0].grouping:
             colocated.reason = reason_lost(colocated, candidates[0])
+    shared = best_of(searches[0]) if pipeline is not None else None
+    apart_best = best_of(searches[1]) if len(searches) > 1 else None
     return PlannerResult(candidates[0], candidates[1:], colocated, rejected,
                          time.perf_counter() - began,
                          sum(s.simulated for s in searches), problem.nodes, cluster, workload,
-                         dict(models), problem.backend, pipeline)
+                         dict(models), problem.backend, pipeline, shared, apart_best)
+
+
+def best_of(search: Search) -> Candidate | None:
+    if not search.best:
+        return None
+    return make_candidate(search.problem, min(search.best.values(), key=lambda b: b[0])[1])
 
 
 def collect_rejections(searches: list[Search]) -> list[Shortfall]:
