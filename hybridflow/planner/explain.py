@@ -107,7 +107,10 @@ def paragraph(result: Ranking) -> str:
            for p in best.pools for r, b in p.decode_batch.items()]
     if gen:
         text.append(" ".join(gen).capitalize() + ".")
-    if result.colocated is not None and not best.colocated:
+    shared = result.rollout_shared
+    said_below = shared is not None and result.colocated is not None and \
+        shared.label() == result.colocated.label()  # the async sentences compare it
+    if result.colocated is not None and not best.colocated and not said_below:
         text.append(f"Colocating everything would take {result.colocated.step_seconds:.1f} s: "
                     f"{result.colocated.reason}.")
     elif result.colocated is None:
