@@ -43,7 +43,7 @@ class Prediction:
 
 def predict_run(run: MeasuredRun, device: Device) -> Prediction:
     result = plan_placement(run.plan, run.cluster(device), run.models, run.workload,
-                            top_k=1, groupings=[run.groupings])
+                            top_k=1, groupings=[run.groupings], pipeline=run.pipeline)
     return Prediction(result.best.node_seconds, result.best.step_seconds)
 
 

@@ -253,20 +253,16 @@ def plan_placement(graph, cluster: Cluster, models: dict[str, ModelSpec], worklo
     `groupings` (tuples of role tuples) restricts the search to those
     colocations, e.g. a published system's own; `rollout_tp` fixes the rollout's
     tensor-parallel size where a pool allows it. With a `pipeline` (staleness >= 1)
-    every plan is timed as a pipelined step, and (unless `groupings` is given) the
-    plans with each movable generate node on a pool of its own, weights synced,
-    compete too (pipeline.py). Raises PlanningError for bad inputs and
-    NoFeasiblePlacement when nothing fits.
+    every plan is timed as a pipelined step, and the plans with each movable
+    generate node on a pool of its own, weights synced, compete too (pipeline.py);
+    `groupings` then place it apart where they name its role (e.g. "rollout").
+    Raises PlanningError for bad inputs and NoFeasiblePlacement when nothing fits.
     """
     from .explain import reason_lost  # explain imports result, which this module feeds
 
     began = time.perf_counter()
     problem = build_problem(graph, cluster, models, workload, backend, rollout_tp, pipeline)
-    searches = [Search(problem, top_k, groupings)]
-    apart = apart_problem(problem) if groupings is None else None
-    if apart is not None:
-        searches.append(Search(apart, top_k,
-                               apart_groupings(apart, set_partitions(apart.placed_roles))))
+    searches = searches_for(problem, apart_problem(problem), top_k, groupings)
     for search in searches:
         search.run()
     rejected = collect_rejections(searches)
@@ -289,6 +285,24 @@ def plan_placement(graph, cluster: Cluster, models: dict[str, ModelSpec], worklo
                          time.perf_counter() - began,
                          sum(s.simulated for s in searches), problem.nodes, cluster, workload,
                          dict(models), problem.backend, pipeline, shared, apart_best)
+
+
+def searches_for(problem: Problem, apart: Problem | None, top_k: int,
+                 groupings) -> list[Search]:
+    """The rollout shared with its host (folded), and when it may move, apart; given
+    groupings go to the apart search where they name a rollout role."""
+    if apart is None:
+        return [Search(problem, top_k, groupings)]
+    if groupings is None:
+        mine = apart_groupings(apart, set_partitions(apart.placed_roles))
+        return [Search(problem, top_k), Search(apart, top_k, mine)]
+
+    def names_rollout(grouping) -> bool:
+        return any(role in apart.own_weights for group in grouping for role in group)
+
+    shared = [g for g in groupings if not names_rollout(g)]
+    mine = apart_groupings(apart, [g for g in groupings if names_rollout(g)])
+    return [Search(problem, top_k, shared), Search(apart, top_k, mine)]
 
 
 def best_of(search: Search) -> Candidate | None:
