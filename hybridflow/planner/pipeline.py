@@ -57,16 +57,16 @@ class PipelineStep:
         """Which term sets the overlapped part, in words."""
         pool, busy = self.busiest
         if busy >= max(self.rollout_side, self.train_side):
-            return f"pool {pool} busy {busy:.1f} s on both sides"
+            return f"pool {pool} busy {_secs(busy)} s on both sides"
         if self.rollout_side >= self.train_side:
-            return f"the rollout side ({self.rollout_side:.1f} s)"
-        return f"the train side ({self.train_side:.1f} s)"
+            return f"the rollout side ({_secs(self.rollout_side)} s)"
+        return f"the train side ({_secs(self.train_side)} s)"
 
     def describe(self) -> str:
-        pools = ", ".join(f"{p} {s:.1f}" for p, s in self.pool_busy.items())
-        sync = f" + weight sync {self.sync:.1f} s" if self.own_weights else ""
-        return (f"max(rollout side {self.rollout_side:.1f}, train side {self.train_side:.1f}, "
-                f"pool busy [{pools}]) s{sync}; set by {self.bound_by}")
+        pools = ", ".join(f"{p} {_secs(s)}" for p, s in self.pool_busy.items())
+        sync = f" + weight sync {_secs(self.sync)} s" if self.own_weights else ""
+        return (f"max(rollout side {_secs(self.rollout_side)}, train side "
+                f"{_secs(self.train_side)}, pool busy [{pools}]) s{sync}; set by {self.bound_by}")
 
     def to_json(self) -> dict:
         return {"staleness": self.staleness, "rollout_side_s": round(self.rollout_side, 3),
@@ -74,6 +74,11 @@ class PipelineStep:
                 "pool_busy_s": {p: round(s, 3) for p, s in self.pool_busy.items()},
                 "sync_s": round(self.sync, 3), "synchronous_step_s": round(self.synchronous, 3),
                 "own_weights": dict(self.own_weights), "bound_by": self.bound_by}
+
+
+def _secs(seconds: float) -> str:
+    """One decimal for GPU-sized steps, three significant digits for a CPU's tiny ones."""
+    return f"{seconds:.1f}" if seconds >= 1 else f"{seconds:.3g}"
 
 
 class PipelinedSchedule:
