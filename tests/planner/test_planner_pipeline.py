@@ -166,3 +166,16 @@ def test_search_with_pruning_finds_the_brute_force_best_pipelined_plan(cluster):
     problem = build_problem(grpo_graph(), cluster, ACTOR_REF, LONG_TAIL, pipeline=PIPELINE)
     expected = min(brute_force_best(problem), brute_force_best(apart_problem(problem)))
     assert plan(cluster).best.step_seconds == pytest.approx(expected)
+
+
+def test_given_groupings_place_the_rollout_apart_where_they_name_it():
+    """A measured async run's own placement (run_dir.read_run): rollout on its own pool."""
+    apart = plan_placement(grpo_graph(), a100(16), ACTOR_REF, LONG_TAIL, pipeline=PIPELINE,
+                           groupings=[(("actor", "ref"), ("rollout",))])
+    assert apart.best.grouping == (("actor", "ref"), ("rollout",))
+    assert apart.best.pipeline.own_weights == {"rollout": "actor"}
+    assert apart.rollout_shared is None
+    shared = plan_placement(grpo_graph(), a100(16), ACTOR_REF, LONG_TAIL, pipeline=PIPELINE,
+                            groupings=[(("actor", "ref"),)])
+    assert shared.best.colocated and not shared.best.pipeline.own_weights
+    assert shared.rollout_apart is None
