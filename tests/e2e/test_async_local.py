@@ -72,6 +72,7 @@ def test_staleness_zero_is_the_synchronous_loop(tmp_path):
 @pytest.mark.parametrize("graph,extra", [
     ("ppo", ("critic.mini_batch_size=32", "critic.micro_batch_size=32")),
     ("dapo", ("data.batch_size=8",)),
+    ("agent_grpo", ()),  # multi-turn episodes with tools, on the actor's weights
 ])
 def test_other_graphs_train_async(tmp_path, graph, extra):
     _, seen = run_recording(tmp_path, "trainer.steps=3", "trainer.staleness=1",
