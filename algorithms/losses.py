@@ -242,7 +242,8 @@ def behaviour_weights(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor
     else:
         weights = torch.where(over, 0.0, torch.exp(torch.clamp(log_w, max=math.log(cap))))
     raw = torch.exp(torch.clamp(log_w, -_LOG_CLAMP, _LOG_CLAMP))
-    token_w = torch.exp(torch.clamp(token_log_w, -_LOG_CLAMP, _LOG_CLAMP))
+    token_log_w = torch.clamp(token_log_w, -_LOG_CLAMP, _LOG_CLAMP)
+    token_w = torch.exp(token_log_w)
     largest = torch.where(valid, raw, 0.0).max() if raw.numel() else raw.new_zeros(())
     metrics = {
         "is_weight_mean": _metric(weights, mask),
