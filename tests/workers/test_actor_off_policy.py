@@ -15,7 +15,8 @@ def test_the_config_chosen_loss_corrects_with_the_rollouts_log_probs():
     # same weights sampled and scored the batch: every weight ~1, none dropped
     assert metrics["actor/off_policy/is_weight_mean"] == pytest.approx(1.0, abs=1e-5)
     assert metrics["actor/off_policy/dropped_frac"] == 0.0
-    assert "rollout_log_probs" in method_spec(ActorWorker, "update").optional  # the engine passes it
+    # the engine passes the column to the update, where the default loss finds it
+    assert "rollout_log_probs" in method_spec(ActorWorker, "update").optional
 
 
 def test_a_corrected_update_without_the_behaviour_log_probs_names_them():
