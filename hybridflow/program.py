@@ -21,6 +21,7 @@ from types import ModuleType
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hybridflow.auto_placement import expand_auto, plan_auto_placement
+from hybridflow.async_split import attach_staleness
 from hybridflow.compiler import ExecutionPlan, compile_graph
 from hybridflow.config import (ConfigError, ParallelConfig, PoolConfig, RunConfig,
                                build_config, run_values)
@@ -140,6 +141,7 @@ def prepare(graph_path: str, overrides: list[str] | None = None,
     plan = compile_program(cfg, graph, bindings)
     if cfg.placement.auto:
         plan = _auto_place(cfg, graph, bindings, plan)
+    plan = attach_staleness(plan, cfg.trainer.staleness, cfg.trainer.allow_uncorrected_async)
     if preflight:
         from hybridflow.preflight import preflight as check_run
         check_run(cfg, plan)

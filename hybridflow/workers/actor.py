@@ -199,6 +199,9 @@ class ActorWorker(Worker):
                                      micro_batch_size=cfg.micro_batch_size,
                                      max_tokens=cfg.max_tokens_per_micro_batch,
                                      shuffle=cfg.shuffle, seed=self.ctx.seed)
+        # the version these weights had before this update: with the batch's
+        # `policy_version`, how stale its samples were (async/staleness/*)
+        metrics["trained_version"] = float(self.policy_version)
         self.policy_version += 1  # what every later generated row is stamped with
         return metrics_batch(Batch(), {f"actor/{k}": v for k, v in metrics.items()})
 
