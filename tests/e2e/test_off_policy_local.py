@@ -43,3 +43,14 @@ def test_synchronous_grpo_with_a_correction_has_unit_weights(correction, frac, t
     # same seed, same first rollout: the weights ~1 leave the loss as it was
     assert series(metrics, "actor/pg_loss")[0] == pytest.approx(
         series(uncorrected, "actor/pg_loss")[0], rel=1e-4, abs=1e-6)
+
+
+def test_async_grpo_with_a_correction_is_accepted_and_sees_the_stale_samples(tmp_path):
+    """trainer.staleness=1: step 1 trains on fresh samples, later steps on samples one
+    update old, so only then do the weights move off 1 and the KL off 0."""
+    _, metrics = train("grpo", tmp_path, *SMALL[1:], "trainer.steps=3", "trainer.staleness=1",
+                       "actor.off_policy=decoupled")
+    kl = series(metrics, "actor/off_policy/behav_kl")
+    assert series(metrics, "async/staleness/max") == [0.0, 1.0, 1.0]
+    assert kl[0] < 1e-9 and min(kl[1:]) > 1e-6
+    assert series(metrics, "actor/off_policy/is_weight_max")[1] > 1.0 + 1e-4
