@@ -79,7 +79,11 @@ def trained_roles(plan: ExecutionPlan) -> set[str]:
 
 
 def _generator_host(plan: ExecutionPlan, node: PlanNode) -> str:
-    """The role whose weights a generate node samples with."""
+    """The role whose weights a generate node samples with: the host serving it
+    (folded), the host it syncs from, or its own role."""
+    folded = plan.placement.folded.get(node.role)
+    if folded:
+        return folded
     cls = plan.bindings.get(node.role)
     return (weights_host(cls) if cls is not None else None) or node.role
 
