@@ -6,7 +6,7 @@
     hybridflow plan --measure-device --save mybox        # this machine as device entry "mybox"
     hybridflow plan --calibrate runs/grpo-1 --device mybox --save mybox-fit
     hybridflow plan graphs/grpo.py --device mybox-fit --nodes 1 --gpus-per-node 1 --model ...
-    hybridflow plan graphs/grpo.py --model 7b trainer.staleness=1 trainer.allow_uncorrected_async=true
+    hybridflow plan graphs/grpo.py --model 7b trainer.staleness=1 actor.off_policy=tis   # async
 
 A bare size (`--model 7b`) applies to every role of the graph except the rule
 roles (`--rule-roles`, default `reward`), which run on the driver unless given
