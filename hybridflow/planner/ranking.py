@@ -63,6 +63,8 @@ class Candidate:
     driver_roles: tuple[str, ...] = ()
     reason: str = ""  # why it lost to the best; empty for the best
     pipeline: PipelineStep | None = None  # the step's terms when rollout and training overlap
+    # the graph as this plan runs it (a rollout apart adds its role and the weight sync)
+    graph_nodes: tuple[NodeInfo, ...] = ()
 
     @property
     def node_seconds(self) -> dict[str, float]:

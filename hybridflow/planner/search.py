@@ -229,7 +229,8 @@ def make_candidate(problem: Problem, pools: tuple[PoolEval, ...]) -> Candidate:
     timings, path = schedule.timings(seconds, [p.name for p in plans])
     # fixed per-step costs (data, metrics, bookkeeping) come after the last node
     step = max((t.end for t in timings.values()), default=0.0) + overhead
-    return Candidate(tuple(plans), step, timings, path, problem.driver_roles)
+    return Candidate(tuple(plans), step, timings, path, problem.driver_roles,
+                     graph_nodes=problem.nodes)
 
 
 def pipelined_candidate(problem: Problem, plans: tuple[PoolPlan, ...], pool_of_role,
@@ -241,7 +242,8 @@ def pipelined_candidate(problem: Problem, plans: tuple[PoolPlan, ...], pool_of_r
     terms = PipelineStep(problem.pipeline.staleness, rollout, train, dict(zip(names, busy)),
                          sync, synchronous, dict(problem.own_weights))
     step = terms.overlapped + sync + problem.cluster.spec.efficiency.step_overhead_s
-    return Candidate(plans, step, timings, path, problem.driver_roles, pipeline=terms)
+    return Candidate(plans, step, timings, path, problem.driver_roles, pipeline=terms,
+                     graph_nodes=problem.nodes)
 
 
 def plan_placement(graph, cluster: Cluster, models: dict[str, ModelSpec], workload: Workload,

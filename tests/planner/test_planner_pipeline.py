@@ -179,3 +179,13 @@ def test_given_groupings_place_the_rollout_apart_where_they_name_it():
                             groupings=[(("actor", "ref"),)])
     assert shared.best.colocated and not shared.best.pipeline.own_weights
     assert shared.rollout_apart is None
+
+
+def test_the_drawing_of_a_split_plan_shows_the_rollout_role_and_its_weight_sync():
+    from hybridflow.planner.render import plan_to_dot
+    source = plan_to_dot(plan(a100(16))).source
+    assert "async staleness 1" in source
+    rollout_box = source[source.index("subgraph cluster_role_rollout"):]
+    rollout_box = rollout_box[:rollout_box.index("}")]
+    assert "actor.generate" in rollout_box and "weight_sync" in rollout_box
+    assert "weight_export -> weight_sync" in source
