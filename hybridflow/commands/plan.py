@@ -167,19 +167,20 @@ def run(args) -> int:
 
 def _plan_from_config(args, extra: dict):
     """The run `hybridflow run GRAPH overrides` would start, planned on `--device`."""
+    from hybridflow.async_planning import pipeline_view
     from hybridflow.auto_placement import run_models
     from hybridflow.planner import Cluster, plan_placement
-    from hybridflow.planner.run_dir import run_pools, run_workload
+    from hybridflow.planner.run_dir import run_pools, run_roles, run_workload
     from hybridflow.program import prepare
-    from hybridflow.weight_sync import planner_view
 
     loaded = prepare(args.graph, list(args.overrides or []), extra.get("yaml_file"),
                      preflight=False)
-    plan = planner_view(loaded.plan)
+    plan, pipeline = pipeline_view(loaded.plan)
     models = run_models(loaded.cfg, plan)
-    devices, grouping = run_pools(loaded.cfg, list(models))
+    devices, grouping = run_pools(loaded.cfg, run_roles(loaded.plan, pipeline, models))
     return plan_placement(plan, Cluster(1, devices, args.device), models,
-                          run_workload(loaded.cfg, [], ()), top_k=1, groupings=[grouping])
+                          run_workload(loaded.cfg, [], ()), top_k=1, groupings=[grouping],
+                          pipeline=pipeline)
 
 
 def _write_outputs(result, args) -> int:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .devices import GIB
+from .pipeline import seconds_text
 from .ranking import Candidate, Ranking
 
 IDLE_NOTE_FRACTION = 0.4  # mention a pool in a reason when it idles at least this much
@@ -132,15 +133,15 @@ def pipeline_sentences(result: Ranking) -> list[str]:
     the rollout sharing the actor's devices, with the numbers."""
     best, terms = result.best, result.best.pipeline
     fixed = best.step_seconds - terms.overlapped - terms.sync
-    text = [f"Async: a step takes {terms.describe()}, "
-            f"+ {fixed:.1f} s fixed = {best.step_seconds:.1f} s; the same plan synchronous "
-            f"would take {terms.synchronous:.1f} s."]
+    text = [f"Async: a step takes {terms.describe()}, + {seconds_text(fixed)} s fixed = "
+            f"{seconds_text(best.step_seconds)} s; the same plan synchronous would take "
+            f"{seconds_text(terms.synchronous)} s."]
     generate = [n.name for n in result.nodes if n.kind == "generate"]
     apart, shared = result.rollout_apart, result.rollout_shared
     if apart is None or shared is None:
-        text.append("No plan with the rollout on a pool of its own fits on this cluster."
-                    if apart is None else
-                    "Every plan that fits has the rollout on a pool of its own.")
+        text.append("No plan with the rollout on a pool of its own fits on this cluster "
+                    "(or the groupings searched keep it with the actor)." if apart is None else
+                    "Every plan searched has the rollout on a pool of its own.")
         return text
     verdict = "beats" if apart.step_seconds < shared.step_seconds else "loses to"
     text.append(f"The rollout on a pool of its own ({apart.label()}, {apart.step_seconds:.1f} "

@@ -57,16 +57,17 @@ class PipelineStep:
         """Which term sets the overlapped part, in words."""
         pool, busy = self.busiest
         if busy >= max(self.rollout_side, self.train_side):
-            return f"pool {pool} busy {_secs(busy)} s on both sides"
+            return f"pool {pool} busy {seconds_text(busy)} s on both sides"
         if self.rollout_side >= self.train_side:
-            return f"the rollout side ({_secs(self.rollout_side)} s)"
-        return f"the train side ({_secs(self.train_side)} s)"
+            return f"the rollout side ({seconds_text(self.rollout_side)} s)"
+        return f"the train side ({seconds_text(self.train_side)} s)"
 
     def describe(self) -> str:
-        pools = ", ".join(f"{p} {_secs(s)}" for p, s in self.pool_busy.items())
-        sync = f" + weight sync {_secs(self.sync)} s" if self.own_weights else ""
-        return (f"max(rollout side {_secs(self.rollout_side)}, train side "
-                f"{_secs(self.train_side)}, pool busy [{pools}]) s{sync}; set by {self.bound_by}")
+        pools = ", ".join(f"{p} {seconds_text(s)}" for p, s in self.pool_busy.items())
+        sync = f" + weight sync {seconds_text(self.sync)} s" if self.own_weights else ""
+        return (f"max(rollout side {seconds_text(self.rollout_side)}, train side "
+                f"{seconds_text(self.train_side)}, pool busy [{pools}]) s{sync}; "
+                f"set by {self.bound_by}")
 
     def to_json(self) -> dict:
         return {"staleness": self.staleness, "rollout_side_s": round(self.rollout_side, 3),
@@ -76,7 +77,7 @@ class PipelineStep:
                 "own_weights": dict(self.own_weights), "bound_by": self.bound_by}
 
 
-def _secs(seconds: float) -> str:
+def seconds_text(seconds: float) -> str:
     """One decimal for GPU-sized steps, three significant digits for a CPU's tiny ones."""
     return f"{seconds:.1f}" if seconds >= 1 else f"{seconds:.3g}"
 

@@ -71,11 +71,9 @@ def read_run(run_dir: str) -> MeasuredRun:
     steps = sorted({r["step"] for r in timeline})
     kept = tuple(steps[WARMUP_STEPS:] if len(steps) > WARMUP_STEPS else steps)
     models = run_models(cfg, plan)
-    folded = loaded.plan.placement.folded
-    apart = [] if pipeline is None else [  # an async run's rollout on a pool of its own
-        r for r in dict.fromkeys(pipeline.movable.values()) if r not in folded]
     return MeasuredRun(run_dir, plan, models, run_workload(cfg, metrics, kept),
-                       *run_pools(cfg, list(models) + apart), node_means(timeline, kept),
+                       *run_pools(cfg, run_roles(loaded.plan, pipeline, models)),
+                       node_means(timeline, kept),
                        _median([m["perf/time_per_step"] for m in metrics if m.get("step") in kept
                                 and "perf/time_per_step" in m]), kept, pipeline)
 
@@ -116,6 +114,15 @@ def run_workload(cfg, metrics: list[dict], steps: tuple[int, ...]) -> Workload:
                     mini_batches=max(1, math.ceil(sequences / cfg.actor.mini_batch_size)),
                     micro_batch_tokens=cfg.actor.micro_batch_size * padded,
                     response_mean=mean, padded_len=padded)
+
+
+def run_roles(compiled, pipeline, models: dict) -> list[str]:
+    """The roles a run places: those with a model, and an async run's rollout role when
+    the run put it on a pool of its own (not folded into its host)."""
+    folded = compiled.placement.folded
+    apart = [] if pipeline is None else [
+        r for r in dict.fromkeys(pipeline.movable.values()) if r not in folded]
+    return list(models) + apart
 
 
 def run_pools(cfg, roles: list[str]) -> tuple[int, tuple[tuple[str, ...], ...]]:
