@@ -79,9 +79,12 @@ def trained_roles(plan: ExecutionPlan) -> set[str]:
 
 
 def _generator_host(plan: ExecutionPlan, node: PlanNode) -> str:
-    """The role whose weights a generate node samples with."""
+    """The role whose weights a generate node samples with: the host it loads weights
+    from, else the role serving it (a folded role, e.g. an agent on the actor's
+    engine), else its own."""
     cls = plan.bindings.get(node.role)
-    return (weights_host(cls) if cls is not None else None) or node.role
+    return (weights_host(cls) if cls is not None else None) or \
+        plan.placement.folded.get(node.role) or node.role
 
 
 def split_sides(plan: ExecutionPlan, staleness: int) -> Sides:
@@ -220,6 +223,20 @@ def _plan(plan: ExecutionPlan, nodes: list[PlanNode], suffix: str,
                    report_groups=groups)
 
 
+def _train_first(train: list[PlanNode], ahead: list[PlanNode]) -> list[PlanNode]:
+    """The async step's node order: the train nodes that wait for no rollout-side node
+    first, then the rollout side, then the rest. The scheduler submits in plan order
+    and a worker runs its tasks in submission order, so a rollout-side call queued
+    first on a shared pool (a reward waiting for the generation) would hold back
+    training that could already run."""
+    rollout, behind, early = {n.name for n in ahead}, {n.name for n in train}, set()
+    for node in train:  # topological order: a node's train-side deps are decided
+        if all(d not in rollout and (d not in behind or d in early) for d in node.deps):
+            early.add(node.name)
+    return [n for n in train if n.name in early] + ahead + \
+        [n for n in train if n.name not in early]
+
+
 def iteration_plans(plan: ExecutionPlan) -> IterationPlans:
     """The rollout-only, both-sides and train-only plans of a plan with sides."""
     sides = plan.sides
@@ -235,5 +252,6 @@ def iteration_plans(plan: ExecutionPlan) -> IterationPlans:
     both_train = [replace(n, deps=n.deps + samplers)
                   if _waits_for_generation(n, shared, own) else n for n in behind]
     return IterationPlans(rollout=_plan(plan, ahead, "rollout side"),
-                          both=_plan(plan, ready + ahead + both_train, "async step", handoff),
+                          both=_plan(plan, ready + _train_first(both_train, ahead),
+                                     "async step", handoff),
                           train=_plan(plan, ready + behind, "train side", handoff))
