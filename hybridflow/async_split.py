@@ -102,7 +102,8 @@ def split_sides(plan: ExecutionPlan, staleness: int) -> Sides:
             problems.append(f"{node.where()}: this gather re-runs nodes of the train side, "
                             f"so it cannot run ahead of training (trainer.staleness="
                             f"{staleness}); gather before any node reading trained weights")
-        elif ahead and (node.op is not Op.CALL or node.role not in trained):
+        elif ahead and (node.op is not Op.CALL or node.role not in trained
+                        or node.kind is NodeKind.GENERATE):  # e.g. `actor.generate`
             rollout.add(node.name)
     if not any(plan.node(n).kind is NodeKind.GENERATE for n in rollout) and not problems:
         problems.append(f"trainer.staleness={staleness} runs the rollout ahead of training, "
