@@ -176,6 +176,11 @@ def _rows_svg(bars: list[dict], left: float, scale: float, span: float, width: f
     return out, y
 
 
+def _secs(t: float, span: float) -> str:
+    """Seconds with enough digits that the ticks of a short step differ."""
+    return f"{t:.{2 if span >= 0.5 else 3}f}s"
+
+
 def _axis_svg(starts: list[tuple[int, float]], left: float, scale: float, span: float,
               top: float, bottom: float) -> list[str]:
     """Time ticks; with several steps, a dashed line and a name where each begins."""
@@ -185,7 +190,7 @@ def _axis_svg(starts: list[tuple[int, float]], left: float, scale: float, span: 
         x = left + t * scale
         out.append(f'<line x1="{x:.1f}" y1="{top - 6}" x2="{x:.1f}" y2="{bottom}" '
                    f'stroke="#cccccc" stroke-dasharray="3,3"/><text x="{x:.1f}" '
-                   f'y="{top - 10}" font-size="10" text-anchor="middle">{t:.2f}s</text>')
+                   f'y="{top - 10}" font-size="10" text-anchor="middle">{_secs(t, span)}</text>')
     for step, t in starts if len(starts) > 1 else []:
         x = left + t * scale
         out.append(f'<g class="step-start"><line x1="{x:.1f}" y1="{top - 24}" x2="{x:.1f}" '
@@ -197,7 +202,7 @@ def _axis_svg(starts: list[tuple[int, float]], left: float, scale: float, span: 
 
 def _header(chosen: list[int], span: float, runs: int, sides: TimelineSides | None) -> list[str]:
     steps = f"step {chosen[0]}" if len(chosen) == 1 else f"steps {chosen[0]}–{chosen[-1]}"
-    title = f"{steps} · {span:.2f}s · {runs} node runs"
+    title = f"{steps} · {_secs(span, span)} · {runs} node runs"
     lines = [title + (f" · async, trainer.staleness={sides.staleness}" if sides else "")]
     if sides:
         lines.append(f"dashed blue outline: rollout side, generating the batch of the step "
