@@ -79,12 +79,13 @@ def trained_roles(plan: ExecutionPlan) -> set[str]:
 
 
 def _generator_host(plan: ExecutionPlan, node: PlanNode) -> str:
-    """The role whose weights a generate node samples with: the host it loads weights
-    from, else the role serving it (a folded role, e.g. an agent on the actor's
-    engine), else its own."""
+    """The role whose weights a generate node samples with: the host serving it
+    (folded), the host it syncs from, or its own role."""
+    folded = plan.placement.folded.get(node.role)
+    if folded:
+        return folded
     cls = plan.bindings.get(node.role)
-    return (weights_host(cls) if cls is not None else None) or \
-        plan.placement.folded.get(node.role) or node.role
+    return (weights_host(cls) if cls is not None else None) or node.role
 
 
 def split_sides(plan: ExecutionPlan, staleness: int) -> Sides:
@@ -118,15 +119,20 @@ def split_sides(plan: ExecutionPlan, staleness: int) -> Sides:
     return Sides(tuple(n for n in order if n in rollout), train, handoff, staleness)
 
 
-def correction_problems(plan: ExecutionPlan, sides: Sides) -> list[str]:
+def correction_problems(plan: ExecutionPlan, sides: Sides,
+                        default_corrects=lambda node: False) -> list[str]:
     """Updates of a generating policy that train on ahead-of-time samples without an
-    off-policy correction (their loss does not read `rollout_log_probs`)."""
+    off-policy correction: their loss does not read `rollout_log_probs`, and
+    `default_corrects(node)` says the default loss the worker builds from config
+    (a call without `loss=`) does not correct either."""
     hosts = {_generator_host(plan, plan.node(n)) for n in sides.rollout
              if plan.node(n).kind is NodeKind.GENERATE}
     rollout, k, problems = set(sides.rollout), sides.staleness, []
     for name in sides.train:
         node = plan.node(name)
         if not (node.kind.trains and node.role in hosts) or CORRECTION_KEY in node.reads:
+            continue
+        if CORRECTION_KEY in node.optional and default_corrects(node):
             continue
         if any(w in rollout for w in node.input_keys.values()):
             problems.append(
@@ -140,14 +146,15 @@ def correction_problems(plan: ExecutionPlan, sides: Sides) -> list[str]:
     return problems
 
 
-def attach_staleness(plan: ExecutionPlan, staleness: int,
-                     allow_uncorrected: bool = False) -> ExecutionPlan:
+def attach_staleness(plan: ExecutionPlan, staleness: int, allow_uncorrected: bool = False,
+                     default_corrects=lambda node: False) -> ExecutionPlan:
     """`plan` with its sides (`plan.sides`) when `staleness >= 1`; GraphError when the
     split is impossible or an update goes uncorrected without the opt-out."""
     if staleness < 1:
         return plan
     sides = split_sides(plan, staleness)
-    problems = [] if allow_uncorrected else correction_problems(plan, sides)
+    problems = [] if allow_uncorrected else \
+        correction_problems(plan, sides, default_corrects)
     if problems:
         raise GraphError(plan.graph_name, problems)
     return replace(plan, sides=sides)
