@@ -185,3 +185,12 @@ def test_command_refuses_a_bad_range_and_both_step_options(tmp_path, capsys):
     with pytest.raises(SystemExit):
         parse(["render", "--timeline", str(tmp_path), "-o", "t.svg", "--step", "1",
                "--steps", "1-2"])
+
+
+def test_a_timeline_without_a_config_is_drawn_without_a_note(tmp_path, capsys):
+    (tmp_path / "timeline.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in async_records()))
+    command, args = parse(["render", "--timeline", str(tmp_path / "timeline.jsonl"), "-o",
+                           str(tmp_path / "t.svg")])
+    assert command.run(args) == 0
+    assert capsys.readouterr().err == ""

@@ -71,28 +71,32 @@ def parse_steps(text: str | None) -> tuple[int, int] | None:
 
 
 def timeline_sides(run_dir: str):
-    """(the async sides of the run in `run_dir` for the chart, or None; a note when an
-    async run's sides could not be read)."""
+    """(the async sides of the run in `run_dir` for the chart, or None when it ran
+    synchronously or has no config.yaml; a note when an async run's sides could not
+    be read, or None)."""
     from omegaconf import OmegaConf
 
     from hybridflow.kinds import Op
     from hybridflow.render_timeline import TimelineSides
     path = Path(run_dir)
     path = path.parent if path.suffix == ".jsonl" else path
+    config = path / "config.yaml"
+    if not config.is_file():  # a timeline alone: nothing says it ran async
+        return None, None
     try:
-        cfg = OmegaConf.load(path / "config.yaml")
+        cfg = OmegaConf.load(config)
         if int(OmegaConf.select(cfg, "trainer.staleness", default=0) or 0) < 1:
             return None, None
         from hybridflow import program
         graph_file = json.loads((path / "graph.json").read_text())["file"]
-        plan = program.prepare(graph_file, [], yaml_file=str(path / "config.yaml"),
-                               preflight=False).plan
+        plan = program.prepare(graph_file, [], yaml_file=str(config), preflight=False).plan
     except Exception as err:  # noqa: BLE001 - the chart is still drawn, without sides
         return None, (f"note: the rollout side of {path} is not marked: its graph could "
                       f"not be compiled again ({type(err).__name__}: {err})")
-    sources = [n for n in plan.sides.rollout if plan.node(n).op is Op.SOURCE]
-    gathers = any(plan.node(n).op is Op.GATHER for n in plan.sides.rollout)
+    rollout = [plan.node(n) for n in plan.sides.rollout]
+    sources = [n.name for n in rollout if n.op is Op.SOURCE]
     # a gather's rounds draw and record the source again: calls cannot be counted
+    gathers = any(n.op is Op.GATHER for n in rollout)
     source = sources[0] if sources and not gathers else None
     return TimelineSides(frozenset(plan.sides.rollout), plan.sides.staleness, source,
                          int(cfg.trainer.steps)), None
