@@ -22,7 +22,8 @@ Three plans run the sides (`iteration_plans`):
   rollout side of step t + k, with ordering edges so the new batch is generated
   with the weights from before this step's update (the weight sync waits for the
   generation; a colocated update waits for it too). Both runtimes then use the same
-  weights version for the same batch;
+  weights version for the same batch. The train nodes that wait for nothing come
+  first in its order, as workers run tasks in the order they are submitted;
 - `train`: the train side alone (the last k steps, nothing left to generate).
 
 Stateless: plans are built once per run from the compiled plan.

@@ -156,6 +156,9 @@ def test_the_sides_of_an_async_run_come_from_its_graph_and_config(tmp_path):
                                              "grpo_advantages", "ref.logprob"}),
                                   staleness=1, source="prompts", last_step=3)
     assert timeline_sides(str(run_dir(tmp_path, 0))) == (None, None)
+    # DAPO's gather draws the source again in its rounds: calls cannot be counted
+    dapo, _ = timeline_sides(str(run_dir(tmp_path, 1, graph="dapo.py")))
+    assert "gather" in dapo.rollout and dapo.source is None
 
 
 def test_command_draws_steps_of_an_async_run(tmp_path, capsys):
