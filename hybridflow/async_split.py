@@ -22,7 +22,8 @@ Three plans run the sides (`iteration_plans`):
   rollout side of step t + k, with ordering edges so the new batch is generated
   with the weights from before this step's update (the weight sync waits for the
   generation; a colocated update waits for it too). Both runtimes then use the same
-  weights version for the same batch;
+  weights version for the same batch. The train nodes that wait for nothing come
+  first in its order, as workers run tasks in the order they are submitted;
 - `train`: the train side alone (the last k steps, nothing left to generate).
 
 Stateless: plans are built once per run from the compiled plan.
@@ -103,7 +104,8 @@ def split_sides(plan: ExecutionPlan, staleness: int) -> Sides:
             problems.append(f"{node.where()}: this gather re-runs nodes of the train side, "
                             f"so it cannot run ahead of training (trainer.staleness="
                             f"{staleness}); gather before any node reading trained weights")
-        elif ahead and (node.op is not Op.CALL or node.role not in trained):
+        elif ahead and (node.op is not Op.CALL or node.role not in trained
+                        or node.kind is NodeKind.GENERATE):  # e.g. `actor.generate`
             rollout.add(node.name)
     if not any(plan.node(n).kind is NodeKind.GENERATE for n in rollout) and not problems:
         problems.append(f"trainer.staleness={staleness} runs the rollout ahead of training, "
@@ -230,6 +232,20 @@ def _plan(plan: ExecutionPlan, nodes: list[PlanNode], suffix: str,
                    report_groups=groups)
 
 
+def _train_first(train: list[PlanNode], ahead: list[PlanNode]) -> list[PlanNode]:
+    """The async step's node order: the train nodes that wait for no rollout-side node
+    first, then the rollout side, then the rest. The scheduler submits in plan order
+    and a worker runs its tasks in submission order, so a rollout-side call queued
+    first on a shared pool (a reward waiting for the generation) would hold back
+    training that could already run."""
+    rollout, behind, early = {n.name for n in ahead}, {n.name for n in train}, set()
+    for node in train:  # topological order: a node's train-side deps are decided
+        if all(d not in rollout and (d not in behind or d in early) for d in node.deps):
+            early.add(node.name)
+    return [n for n in train if n.name in early] + ahead + \
+        [n for n in train if n.name not in early]
+
+
 def iteration_plans(plan: ExecutionPlan) -> IterationPlans:
     """The rollout-only, both-sides and train-only plans of a plan with sides."""
     sides = plan.sides
@@ -245,5 +261,6 @@ def iteration_plans(plan: ExecutionPlan) -> IterationPlans:
     both_train = [replace(n, deps=n.deps + samplers)
                   if _waits_for_generation(n, shared, own) else n for n in behind]
     return IterationPlans(rollout=_plan(plan, ahead, "rollout side"),
-                          both=_plan(plan, ready + ahead + both_train, "async step", handoff),
+                          both=_plan(plan, ready + _train_first(both_train, ahead),
+                                     "async step", handoff),
                           train=_plan(plan, ready + behind, "train side", handoff))
