@@ -25,10 +25,10 @@ class Efficiency:
     decode_step_overhead_s: float = 0.002  # scheduler, sampling, launches per decode step
     engine_switch_s: float = 8.0  # rollout engine wake-up/sleep per step (weights, KV, graphs)
     node_call_overhead_s: float = 0.05  # driver dispatch and collect per node call
-    step_overhead_s: float = 20.0  # per step: data, metrics, checkpoint-free bookkeeping
+    step_overhead_s: float = 5.0  # per step: data, metrics, checkpoint-free bookkeeping
     rule_seconds_per_sequence: float = 0.0  # a rule role's own work (e.g. a reward function)
     op_latency_s: float = 0.0  # per operator launch of a pass (matters on CPUs, tiny models)
-    host_adam_params_per_s: float = 2e8  # CPU Adam params/s per device, offloaded states
+    host_adam_params_per_s: float = 1e9  # CPU Adam params/s per device, offloaded states
 
     def to_json(self) -> dict:
         return asdict(self)

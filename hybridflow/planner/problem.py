@@ -42,6 +42,10 @@ class Workload:
     response_mean: float = 0.0  # mean response tokens; 0: every response is response_len long
     response_sigma: float = 0.6  # lognormal shape of response lengths (when response_mean > 0)
     padded_len: int = 0  # 0: passes pack each sequence's own tokens; N: every sequence padded to N
+    # sequences per call to a rollout replica; 0: all of its share in one call (continuous
+    # batching over the whole batch). N: the engine gets N at a time, call after call, as
+    # systems that make experience micro-batch by micro-batch do (OpenRLHF 2024).
+    rollout_call_sequences: int = 0
 
     def __post_init__(self) -> None:
         for name in ("prompts", "samples_per_prompt", "prompt_len", "response_len",
@@ -52,6 +56,9 @@ class Workload:
         if not 0 <= self.response_mean <= self.response_len:
             raise PlanningError(f"workload response_mean {self.response_mean} must lie in "
                                 f"[0, response_len={self.response_len}] (0: all at the max)")
+        if self.rollout_call_sequences < 0:
+            raise PlanningError(f"workload rollout_call_sequences must be >= 0 (0: one call), "
+                                f"got {self.rollout_call_sequences}")
         if self.response_sigma < 0:
             raise PlanningError(f"workload response_sigma must be >= 0, got {self.response_sigma}")
 

@@ -4,7 +4,10 @@ A replica decodes its m = N / dp sequences with continuous batching: up to
 `batch` sequences at once (the KV memory left, at most MAX_DECODE_BATCH);
 a finished sequence's slot is refilled at once. So it runs
     steps = max(m x mean response / batch, expected longest of its m responses)
-decode steps (lengths.py), each at the mean occupancy m x mean / steps. A step
+decode steps (lengths.py), each at the mean occupancy m x mean / steps. When
+the engine is fed `rollout_call_sequences` = b at a time (a system that makes
+experience micro-batch by micro-batch), it runs m / b calls of b sequences,
+each paying that formula with m = b: its own prefill and its own long tail. A step
 is memory-bound (rollout weights and KV cache read at HBM efficiency, which
 falls with tp) or compute-bound, plus 2 L tensor-parallel all-reduces, the
 engine's fixed per-step overhead and its operator launches. Before decoding, a
@@ -63,18 +66,35 @@ def rollout_cost(cost, role: str, devices: int, layout: Layout, cap: int) -> Gen
         return None
     model, work, eff = cost.problem.models[role], cost.workload, cost.eff
     per_replica = math.ceil(work.sequences / layout.dp)
-    batch = min(cap, per_replica)
-    tokens = per_replica * work.mean_response_len
-    steps = max(tokens / batch, expected_longest(work, per_replica))
-    occupancy = tokens / steps
-    seconds = prefill_seconds(cost, model, layout.tp, per_replica)
-    seconds += steps * decode_step_seconds(cost, model, layout.tp, occupancy)
+    calls, per_call = call_split(work, per_replica)
+    batch = min(cap, per_call)
+    steps, occupancy = call_decode_steps(work, per_call, batch)
+    seconds = calls * prefill_seconds(cost, model, layout.tp, per_call)
+    seconds += calls * steps * decode_step_seconds(cost, model, layout.tp, occupancy)
     if role not in cost.problem.own_weights:  # apart: no sleep and wake, weights come by sync
         seconds += switch_seconds(cost, model, devices, layout)
     seconds += eff.node_call_overhead_s
     transient = (generate_fixed_bytes(model, layout.tp)
                  + batch * kv_bytes_per_sequence(model, work, layout.tp))
-    return GenerateCost(seconds, batch, math.ceil(per_replica / batch), transient, steps)
+    return GenerateCost(seconds, batch, math.ceil(per_replica / batch), transient, calls * steps)
+
+
+def call_split(work: Workload, per_replica: int) -> tuple[int, int]:
+    """(calls, sequences per call) for a replica's share: one call, or calls of
+    `rollout_call_sequences` (the last one may be partial; costed as full)."""
+    size = work.rollout_call_sequences
+    if not size or size >= per_replica:
+        return 1, per_replica
+    return math.ceil(per_replica / size), size
+
+
+def call_decode_steps(work: Workload, sequences: int, batch: int) -> tuple[float, float]:
+    """(decode steps, mean occupancy) of one call decoding `sequences` at most `batch` at
+    once: the tokens over the batch, or the call's longest response, whichever is more.
+    Each call pays its own tail: the next call starts when the longest is done."""
+    tokens = sequences * work.mean_response_len
+    steps = max(tokens / batch, expected_longest(work, sequences))
+    return steps, tokens / steps
 
 
 def prefill_seconds(cost, model: ModelSpec, tp: int, prompts: int) -> float:

@@ -63,3 +63,37 @@ def test_engine_switch_and_resharding_are_paid_once_a_step():
     switch = switch_seconds(cost, model, 16, Layout(4, 4))
     assert switch > cost.eff.engine_switch_s  # plus all-gathering the rollout weights
     assert switch_seconds(cost, model, 16, Layout(1, 16)) == cost.eff.engine_switch_s
+
+
+def test_rollout_fed_in_calls_pays_each_calls_prefill_and_tail_by_hand():
+    """rollout_call_sequences=b: a replica's m sequences decode in m/b calls of b, each
+    running max(b x mean / batch, longest of b) steps (OpenRLHF 2024's micro-batched
+    experience). Checked against the formula written out by hand."""
+    from hybridflow.planner.formulas import Layout
+    from hybridflow.planner.rollout import decode_step_seconds, prefill_seconds, switch_seconds
+    work = dataclasses.replace(BASE, prompts=64, samples_per_prompt=1, response_mean=500,
+                               response_sigma=0.6, rollout_call_sequences=4)
+    devices = 4
+    cost = CostModel(build_problem(grpo_graph(), a100(devices), same_size("7b", ("actor", "ref")),
+                                   work))
+    model = cost.problem.models["actor"]
+    got = cost.generate_cost("actor", devices, 1, free_bytes=60 * GIB)
+    calls, per_call = 64 // devices // 4, 4  # 16 sequences a replica, 4 a call
+    longest = expected_longest(work, per_call)
+    steps = max(per_call * 500 / per_call, longest)  # the batch holds the whole call
+    assert longest > 500 and steps == longest
+    by_hand = (calls * prefill_seconds(cost, model, 1, per_call)
+               + calls * steps * decode_step_seconds(cost, model, 1, per_call * 500 / steps)
+               + switch_seconds(cost, model, devices, Layout(devices, 1))
+               + cost.eff.node_call_overhead_s)
+    assert got.seconds == pytest.approx(by_hand, rel=1e-9)
+    assert got.decode_steps == pytest.approx(calls * longest)
+    assert got.batch == per_call  # KV memory is held for one call's sequences only
+    one_call = generate_seconds(dataclasses.replace(work, rollout_call_sequences=0), devices)
+    assert one_call.seconds < got.seconds  # one call pays the tail once, not 4 times
+    assert one_call.decode_steps == pytest.approx(expected_longest(work, 16))
+
+
+def test_rollout_call_size_must_not_be_negative():
+    with pytest.raises(PlanningError, match="rollout_call_sequences"):
+        dataclasses.replace(BASE, rollout_call_sequences=-1)
