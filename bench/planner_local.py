@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -88,29 +89,15 @@ def async_case(run, fitted, fit_run) -> dict:
             "fit_run_measured_step": round(fit_run.step_seconds, 4)}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--fit-run", help="run directory the device is calibrated on")
-    parser.add_argument("--check-run", help="run directory predicted from the calibrated entry")
-    parser.add_argument("--async-run", help="async run directory (Ray, rollout apart, "
-                        "staleness 1) predicted from the calibrated entry")
-    parser.add_argument("--make-runs", action="store_true", help="start both runs here first")
-    parser.add_argument("--runtime", default="local", choices=("local", "ray"),
-                        help="runtime of the runs --make-runs starts")
-    parser.add_argument("--out", help="default: bench/results/planner_local[_ray].json")
-    args = parser.parse_args()
-    suffix = "" if args.runtime == "local" else f"_{args.runtime}"
-    args.out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                        f"planner_local{suffix}.json")
+def one_repeat(args, folder: str, index: int) -> dict:
+    """Micro-benchmark, then the fit run, the check run (and the async run), back to back,
+    so the micro-benchmark and the runs see the same load of the shared machine."""
+    measured = measure(args.torch_threads)
     if args.make_runs:
-        folder = tempfile.mkdtemp(prefix="planner-local-")
-        args.fit_run = make_run(folder, "fit", RUN_A, args.runtime)
-        args.check_run = make_run(folder, "check", RUN_B, args.runtime)
+        args.fit_run = make_run(folder, f"fit{index}", RUN_A, args.runtime)
+        args.check_run = make_run(folder, f"check{index}", RUN_B, args.runtime)
         if args.runtime == "ray":
-            args.async_run = make_run(folder, "async", RUN_ASYNC, args.runtime)
-    if not args.fit_run:
-        parser.error("give --fit-run RUN_DIR (and --check-run) or --make-runs")
-    measured = measure()
+            args.async_run = make_run(folder, f"async{index}", RUN_ASYNC, args.runtime)
     device = device_from(measured, "this-machine")
     fit_run = read_run(args.fit_run)
     out = {"micro_benchmark": measured.to_json(), "fit_run": args.fit_run,
@@ -128,6 +115,81 @@ def main() -> int:
                            out["calibrated_on_check_run"]))
     if args.async_run:
         out.update(async_case(read_run(args.async_run), fitted, fit_run))
+    return out
+
+
+def spread(repeats: list[dict]) -> dict:
+    """Per table and node: the median and range over repeats of measured seconds and of
+    predicted / measured."""
+    summary = {}
+    for key in ("micro_benchmark_only", "calibrated_on_fit_run", "calibrated_on_check_run",
+                "calibrated_on_async_run"):
+        tables = [r[key] for r in repeats if key in r]
+        if not tables:
+            continue
+        summary[key] = {}
+        for node in tables[0]:
+            measured = [t[node]["measured"] for t in tables if node in t]
+            ratios = [t[node]["ratio"] for t in tables if node in t and t[node]["ratio"]]
+            summary[key][node] = {"measured": _range(measured), "ratio": _range(ratios)}
+    return summary
+
+
+def _range(values: list[float]) -> dict | None:
+    if not values:
+        return None
+    return {"median": round(statistics.median(values), 4), "min": round(min(values), 4),
+            "max": round(max(values), 4), "n": len(values)}
+
+
+def spread_table(title: str, rows: dict) -> str:
+    lines = [title, f"{'node':<20}{'measured s median [min-max]':>30}"
+                    f"{'pred/meas median [min-max]':>30}"]
+    for node, r in rows.items():
+        m, q = r["measured"], r["ratio"]
+        meas = f"{m['median']:.4f} [{m['min']:.4f}-{m['max']:.4f}]" if m else "-"
+        ratio = f"{q['median']:.2f} [{q['min']:.2f}-{q['max']:.2f}]" if q else "-"
+        lines.append(f"{node:<20}{meas:>30}{ratio:>30}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--fit-run", help="run directory the device is calibrated on")
+    parser.add_argument("--check-run", help="run directory predicted from the calibrated entry")
+    parser.add_argument("--async-run", help="async run directory (Ray, rollout apart, "
+                        "staleness 1) predicted from the calibrated entry")
+    parser.add_argument("--make-runs", action="store_true", help="start both runs here first")
+    parser.add_argument("--runtime", default="local", choices=("local", "ray"),
+                        help="runtime of the runs --make-runs starts")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="with --make-runs: micro-benchmark and runs this many times, "
+                        "alternated, and report the spread")
+    parser.add_argument("--torch-threads", type=int, default=1,
+                        help="threads of the micro-benchmark; with --make-runs also "
+                        "OMP_NUM_THREADS of the runs (the local runtime runs roles in the "
+                        "driver process, which otherwise uses every core)")
+    parser.add_argument("--default-threads", action="store_true",
+                        help="with --make-runs: leave the runs' OMP_NUM_THREADS unset")
+    parser.add_argument("--out", help="default: bench/results/planner_local[_ray].json")
+    args = parser.parse_args()
+    suffix = "" if args.runtime == "local" else f"_{args.runtime}"
+    args.out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                        f"planner_local{suffix}.json")
+    if not args.make_runs and not args.fit_run:
+        parser.error("give --fit-run RUN_DIR (and --check-run) or --make-runs")
+    if args.make_runs and not args.default_threads:
+        os.environ["OMP_NUM_THREADS"] = str(args.torch_threads)
+    folder = tempfile.mkdtemp(prefix="planner-local-") if args.make_runs else ""
+    repeats = [one_repeat(args, folder, i) for i in range(args.repeats if args.make_runs else 1)]
+    out = dict(repeats[0])
+    out["runs_omp_num_threads"] = os.environ.get("OMP_NUM_THREADS", "unset")
+    out["load_average"] = os.getloadavg()
+    if len(repeats) > 1:
+        out["repeats"] = repeats
+        out["spread"] = spread(repeats)
+        for key, rows in out["spread"].items():
+            print("\n" + spread_table(f"{key} over {len(repeats)} repeats:", rows))
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as handle:
         json.dump(out, handle, indent=2)
