@@ -16,10 +16,13 @@ projections run on T tokens instead of rows x width, and the vocabulary projecti
 only on the positions that predict a response token (`logits_to_keep` as an index
 tensor). Attention under sdpa/eager (the CPU) is a dense `[T, T]` block-diagonal
 mask: its score matrix costs T^2 per head, where the padded batch's costs rows x
-width^2. Packing many rows into one long row can therefore spend *more* on
-attention than padding did; a token budget (`*.max_tokens_per_micro_batch`, which
-counts real tokens when packing) bounds T. Only flash-attention's varlen kernel
-costs sum(length^2).
+width^2, so packing many rows into one long row would spend *more* on attention
+than padding did. Hence models built with sdpa under `model.use_remove_padding`
+use `sdpa_varlen` (`varlen_attention.py`): one causal sdpa per packed sequence,
+sum(length^2), as flash-attention's varlen kernel costs on a GPU; the forward
+passes the sequences' offsets (`cu_seq_lens_q`) for both. Eager attention keeps
+the dense mask; a token budget (`*.max_tokens_per_micro_batch`, which counts real
+tokens when packing) bounds T there.
 
 Results come back in the padded layout: a value per response token, `[B, R]`,
 0 where the token is not attended (as a token-budget micro-batch's trimmed columns).
@@ -38,7 +41,9 @@ __all__ = ["PackedRows", "packed_logits", "packed_values"]
 class PackedRows:
     """One micro-batch packed into one row, and where its response tokens sit.
 
-    input_ids, position_ids: [1, T]; `keep`: [K] packed positions whose logits
+    input_ids, position_ids: [1, T]; `offsets`: [B + 1] int32, where each row starts
+    (flash-attention's `cu_seqlens`), `longest` its longest row; `keep`: [K] packed
+    positions whose logits
     predict a response token, ascending; `rows`, `cols`: [K] that token's place in
     the `[B, R]` response layout; `tokens`: [K] the token ids (`responses[rows, cols]`).
     """
@@ -50,7 +55,10 @@ class PackedRows:
         prompt_width = width - self.shape[1]
         self.input_ids = batch["input_ids"][attended].unsqueeze(0)
         self.position_ids = batch["position_ids"][attended].unsqueeze(0)
-        _check_restarts(self.position_ids[0], attended.sum(dim=1))
+        lengths = attended.sum(dim=1)
+        _check_restarts(self.position_ids[0], lengths)
+        self.offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).to(torch.int32)
+        self.longest = int(lengths.max()) if n_rows else 0
         slot = attended.flatten().long().cumsum(0).view(n_rows, width) - 1
         # the column before each response token: its predictor (none before column 0)
         before = torch.cat([attended.new_zeros(n_rows, 1), attended[:, :-1]], dim=1)
@@ -89,9 +97,13 @@ def _check_restarts(positions: torch.Tensor, lengths: torch.Tensor) -> None:
 
 
 def _model_kwargs(packed: PackedRows) -> dict:
-    # attention_mask=None is what makes transformers read the packing from position_ids
+    # attention_mask=None is what makes transformers read the packing from position_ids;
+    # the offsets are what flash-attention's and `sdpa_varlen`'s kernels read (others
+    # ignore them)
     return dict(input_ids=packed.input_ids, position_ids=packed.position_ids,
-                attention_mask=None, use_cache=False)
+                attention_mask=None, use_cache=False, cu_seq_lens_q=packed.offsets,
+                cu_seq_lens_k=packed.offsets, max_length_q=packed.longest,
+                max_length_k=packed.longest)
 
 
 def packed_logits(model, packed: PackedRows, temperature: float = 1.0) -> torch.Tensor:
