@@ -17,8 +17,12 @@ GRPO without a KL term (`actor.use_kl_loss=false`: no reference node), one PPO
 epoch, one mini-batch of every row, AdamW. Reported per variant: step time (median
 of `--reps` after `--warmup`), tokens/s (generated + trained, where trained is the
 real prompt + response tokens of the update), time per node, the update's padding
-fraction, and peak RSS of a fresh process running one step (`--memory`). TRL's
-GRPOTrainer is not a variant yet: see docs/benchmarks.md.
+fraction, and peak RSS of a fresh process running one step (`--no-memory` skips it).
+
+With `--trl` (and trl importable: `bench/scale_trl.py` says how to install it in a
+venv of its own) TRL's GRPOTrainer runs at matched settings, one engine step of
+each engine variant after each of its optimizer steps (alternated, not counted in
+TRL's time).
 
     python bench/scale.py                               # 5m model, 16 prompts x 4, R 256
     python bench/scale.py --size 10m --prompts 32 --reps 3
@@ -40,10 +44,12 @@ from bench import workload  # noqa: E402 - path
 from bench.harness import (machine, median, peak_rss_bytes, set_threads,  # noqa: E402
                            table, write_results)
 from bench.scale_loop import HandwrittenScale, write_prompts  # noqa: E402
+from bench.scale_trl import run_trl, trl_available  # noqa: E402
 
 GRPO = os.path.join(ROOT, "graphs", "grpo.py")
 VARIANTS = ("engine-padded", "handwritten", "engine-packed")
 TARGETS = {"engine_over_handwritten": 0.95, "packed_over_padded": 1.3}
+TARGET_OVER_TRL = 1.5
 MAX_PROMPT = 64
 
 
@@ -138,15 +144,27 @@ def summarise(samples: dict[str, list[dict]], hand: list[dict]) -> dict:
     return out
 
 
-def targets(summary: dict) -> dict:
+def training_seconds(variant: dict) -> float:
+    """The training-side passes of a step: old log-probs and the update."""
+    phases = variant["phases_s"]
+    return phases.get("actor.logprob", 0.0) + phases.get("actor.update", 0.0)
+
+
+def targets(summary: dict, trl: dict | None = None) -> dict:
     tps = {name: summary[name]["tokens_per_s"] for name in VARIANTS if name in summary}
     ratios = {"engine_over_handwritten": tps["engine-padded"] / tps["handwritten"],
               "packed_over_padded": tps["engine-packed"] / tps["engine-padded"],
-              "packed_engine_over_handwritten": tps["engine-packed"] / tps["handwritten"]}
+              "packed_engine_over_handwritten": tps["engine-packed"] / tps["handwritten"],
+              "packed_over_padded_training_passes":
+                  training_seconds(summary["engine-padded"])
+                  / training_seconds(summary["engine-packed"])}
     verdict = {f"{k}_ge_{v}": ratios[k] >= v for k, v in TARGETS.items()}
-    return {**ratios, "verdict": verdict,
-            "trl": "not run: see docs/benchmarks.md (GRPOTrainer at matched settings on "
-                   "this workload is not wired yet)"}
+    if trl and "trl_step_s" in trl:
+        for name in ("engine-padded", "engine-packed"):
+            key = f"{name}_over_trl".replace("-", "_")
+            ratios[key] = trl["trl_step_s"] / trl[f"{name}_step_s"]  # same tokens a step
+            verdict[f"{key}_ge_{TARGET_OVER_TRL}"] = ratios[key] >= TARGET_OVER_TRL
+    return {**ratios, "verdict": verdict}
 
 
 # ------------------------------------------------------------------- memory
@@ -177,19 +195,27 @@ def _dataset(s: dict) -> tuple[str, list[str]]:
 
 # ---------------------------------------------------------------------- run
 def run(s: dict, reps: int = 2, warmup: int = 1, with_memory: bool = True,
-        out: str | None = None, quiet: bool = False) -> dict:
+        out: str | None = None, quiet: bool = False, with_trl: bool = False) -> dict:
     _quiet_logs()
     set_threads(s["threads"])
     data_file, texts = _dataset(s)
     payload: dict = {"machine": machine(), "settings": s, "reps": reps, "warmup": warmup}
     steppers = {name: build(name, s, data_file, texts) for name in VARIANTS}
     samples = alternated(steppers, reps, warmup)
+    trl = None
+    if with_trl and trl_available():
+        engines = {name: steppers[name] for name in ("engine-padded", "engine-packed")}
+        runs = run_trl(s, texts, engines, reps, warmup)
+        trl = {key: median(values) for key, values in runs.items()}
+        payload["trl"] = {**trl, "samples": runs}
+    elif with_trl:
+        payload["trl"] = {"skipped": "trl is not importable here (see bench/scale_trl.py)"}
     for name in ("engine-padded", "engine-packed"):
         steppers[name].close()
     summary = summarise(samples, samples["handwritten"])
     payload["variants"] = {k: v for k, v in summary.items() if k in VARIANTS}
     payload["tokens"] = summary["tokens"]
-    payload["targets"] = targets(summary)
+    payload["targets"] = targets(summary, trl)
     if with_memory:
         payload["memory"] = memory(s)
         for name, probe_out in payload["memory"].items():
@@ -217,7 +243,14 @@ def report(p: dict) -> str:
             for name, v in p["variants"].items()]
     lines.append(table(["variant", "step s", "tokens/s", "padding", "peak RSS MiB"]
                        + [f"{ph} s" for ph in phases], rows))
-    lines.append("ratios (tokens/s) and targets:")
+    trl = p.get("trl", {})
+    if "trl_step_s" in trl:
+        lines.append(f"TRL GRPOTrainer (its own run, alternated with the engine): step "
+                     f"{trl['trl_step_s']:.2f} s; engine-padded {trl['engine-padded_step_s']:.2f}"
+                     f" s, engine-packed {trl['engine-packed_step_s']:.2f} s")
+    elif "skipped" in trl:
+        lines.append(f"TRL: {trl['skipped']}")
+    lines.append("ratios (tokens/s; TRL: step time, same tokens) and targets:")
     lines += [f"  {k}: {v}" for k, v in p["targets"].items()]
     return "\n".join(lines)
 
@@ -241,6 +274,7 @@ def main(argv=None) -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--trl", action="store_true", help="also TRL's GRPOTrainer")
     parser.add_argument("--out", default=None)
     parser.add_argument("--probe", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--settings", default=None, help=argparse.SUPPRESS)
@@ -249,7 +283,8 @@ def main(argv=None) -> None:
         _quiet_logs()
         print(json.dumps(probe(args.probe, json.loads(args.settings))))
         return
-    run(settings(args), args.reps, args.warmup, not args.no_memory, args.out)
+    run(settings(args), args.reps, args.warmup, not args.no_memory, args.out,
+        with_trl=args.trl)
 
 
 if __name__ == "__main__":
