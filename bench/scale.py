@@ -87,8 +87,15 @@ class EngineStep:
         loaded = prepare(GRPO, engine_overrides(s, data_file, packed))
         self.trainer = Trainer(loaded, RunDir(tempfile.mkdtemp(prefix="bench-scale-")))
         self.rows = s["prompts"] * s["n"]
+        self._steps = 0
+
+    @property
+    def generate_calls(self) -> int:
+        """Generate calls so far: the seed of the next step's drawn lengths."""
+        return self._steps  # one generate call a step
 
     def step(self) -> dict:
+        self._steps += 1
         metrics = self.trainer.train_step()
         phases = {k.split("/", 1)[1]: v for k, v in metrics.items()
                   if k.startswith("timing_s/")}

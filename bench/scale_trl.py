@@ -42,10 +42,12 @@ def trl_available() -> bool:
         return False
 
 
-def _length_sampled_generate(model, max_response: int, eos_id: int):
-    """Wrap `model.generate` so each call ends its rows at the lengths of seed k."""
+def _length_sampled_generate(model, max_response: int, eos_id: int, first_seed: int):
+    """Wrap `model.generate` so call k ends its rows at the lengths of seed
+    `first_seed + k` (the engines' generate calls so far: the same lengths as the
+    engine steps it alternates with)."""
     from transformers import LogitsProcessorList
-    original, calls = model.generate, [0]
+    original, calls = model.generate, [first_seed]
 
     def generate(*args, **kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
@@ -56,7 +58,7 @@ def _length_sampled_generate(model, max_response: int, eos_id: int):
     model.generate = generate
 
 
-def trl_trainer(s: dict, texts: list[str], steps: int, callback):
+def trl_trainer(s: dict, texts: list[str], steps: int, callback, first_seed: int = 0):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -67,7 +69,7 @@ def trl_trainer(s: dict, texts: list[str], steps: int, callback):
     model = workload.make_model(s["size"])
     model.generation_config.pad_token_id = tok.pad_token_id
     model.generation_config.eos_token_id = tok.eos_token_id
-    _length_sampled_generate(model, s["max_response"], tok.eos_token_id)
+    _length_sampled_generate(model, s["max_response"], tok.eos_token_id, first_seed)
 
     def reward(prompts, completions, **_):
         return [compute_score("scale", c, "0") for c in completions]
@@ -115,6 +117,8 @@ def run_trl(s: dict, texts: list[str], engines: dict, reps: int, warmup: int) ->
 
     callback = Alternate()
     torch.manual_seed(0)
-    trl_trainer(s, texts, warmup + reps, callback).train()
+    first_seed = min(getattr(e, "generate_calls", 0) for e in engines.values()) \
+        if engines else 0
+    trl_trainer(s, texts, warmup + reps, callback, first_seed).train()
     return {"trl_step_s": callback.trl_steps[warmup:],
             **{f"{name}_step_s": ts[warmup:] for name, ts in callback.engine_steps.items()}}

@@ -37,3 +37,14 @@ def test_scale_memory_probe_reports_a_peak():
     from bench import scale
     result = scale.probe("handwritten", dict(TINY))
     assert result["variant"] == "handwritten" and result["peak_rss"] > 0
+
+
+def test_scale_with_trl_adds_its_step_and_ratios(tmp_path):
+    import pytest
+    pytest.importorskip("trl")
+    pytest.importorskip("datasets")
+    from bench import scale
+    payload = scale.run(dict(TINY), reps=1, warmup=0, with_memory=False,
+                        out=str(tmp_path / "scale.json"), quiet=True, with_trl=True)
+    assert payload["trl"]["trl_step_s"] > 0
+    assert "engine_padded_over_trl" in payload["targets"]
