@@ -54,9 +54,11 @@ def step_seconds(trainer, batch, rows: int, max_tokens, packed: bool) -> float:
     return time.perf_counter() - start
 
 
-def make_model(size: str, packed: bool):
+def make_model(size: str, mode: str):
+    """`packed`: per-sequence sdpa (`sdpa_varlen`); `packed-dense`: transformers' sdpa
+    with its dense [T, T] block-diagonal mask, for what that attention costs."""
     model = workload.make_model(size)
-    if packed:
+    if mode == "packed":
         use_varlen_attention(model)
     return model
 
@@ -69,29 +71,33 @@ def main() -> None:
     parser.add_argument("--max-response", type=int, default=256)
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--dense", action="store_true",
+                        help="also packed with the dense block-diagonal mask")
     args = parser.parse_args()
+    modes = MODES + (("packed-dense",) if args.dense else ())
     torch.set_num_threads(1)
     batch = workload.make_rollout(args.prompts, args.n, args.max_response)
     width = batch["input_ids"].shape[1]
     budget = args.rows * width
     cfg = ActorConfig(lr=1e-6, mini_batch_size=len(batch), micro_batch_size=args.rows)
     ctx = SimpleNamespace(distributed=False, world_size=1)
-    trainers = {mode: Trainer(make_model(args.size, mode == "packed"), cfg, ctx,
-                              torch.device("cpu")) for mode in MODES}
-    limits = {"rows": None, "budget": budget, "packed": budget}
+    trainers = {mode: Trainer(make_model(args.size, mode), cfg, ctx,
+                              torch.device("cpu")) for mode in modes}
+    limits = {"rows": None, "budget": budget, "packed": budget, "packed-dense": budget}
     valid = int(batch["attention_mask"].sum())
     cells = {mode: sum(len(m.index) * m.batch["input_ids"].shape[1]
                        for m in micro_batches(batch, args.rows, limits[mode]))
              for mode in ("rows", "budget")}
     cells["packed"] = valid
-    times: dict[str, list[float]] = {mode: [] for mode in MODES}
+    times: dict[str, list[float]] = {mode: [] for mode in modes}
     for rep in range(args.reps + 1):
-        for mode in MODES[rep % 3:] + MODES[:rep % 3]:
+        k = rep % len(modes)
+        for mode in modes[k:] + modes[:k]:
             seconds = step_seconds(trainers[mode], batch, args.rows, limits[mode],
-                                   mode == "packed")
+                                   mode.startswith("packed"))
             if rep:
                 times[mode].append(seconds)
-            print(f"rep {rep} {mode:6s} {seconds:7.2f} s", flush=True)
+            print(f"rep {rep} {mode:12s} {seconds:7.2f} s", flush=True)
     rows_s, budget_s, packed_s = (statistics.median(times[m]) for m in MODES)
     print(f"{len(batch)} rows, width {width}, budget {budget} tokens; token cells computed: "
           f"rows {cells['rows']}, budget {cells['budget']}, packed {cells['packed']} "
@@ -99,6 +105,10 @@ def main() -> None:
     print(f"update step: rows {rows_s:.2f} s, budget {budget_s:.2f} s, packed "
           f"{packed_s:.2f} s; speed-up budget {rows_s / budget_s:.2f}x, packed "
           f"{rows_s / packed_s:.2f}x (packed over budget {budget_s / packed_s:.2f}x)")
+    if args.dense:
+        dense_s = statistics.median(times["packed-dense"])
+        print(f"packed with the dense block mask: {dense_s:.2f} s "
+              f"({dense_s / packed_s:.2f}x the per-sequence attention's time)")
 
 
 if __name__ == "__main__":
