@@ -75,6 +75,9 @@ class ExecutionPlan:
     bindings: dict[str, type]
     stages: list[list[str]]        # nodes in one stage may run at the same time
     warnings: list[str] = field(default_factory=list)
+    sides: Any = None              # async_split.Sides when trainer.staleness >= 1
+    handoff: dict[str, str] = field(default_factory=dict)  # source fed a node's output
+    report_groups: dict[str, tuple] = field(default_factory=dict)  # group ids a later step reads
 
     def node(self, name: str) -> PlanNode:
         for node in self.nodes:
@@ -110,6 +113,8 @@ class ExecutionPlan:
                              f"its own)")
         lines.append("  concurrency: " + " | ".join("{" + ", ".join(s) + "}" for s in self.stages))
         lines += [f"  warning: {w}" for w in self.warnings]
+        if self.sides is not None:  # trainer.staleness >= 1 (async_split.py)
+            lines.append(self.sides.summary(self))
         return "\n".join(lines)
 
 

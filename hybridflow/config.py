@@ -46,6 +46,9 @@ class TrainerConfig:
     tensorboard: bool = False
     wandb: bool = False
     check_finite: bool = True    # stop on NaN/inf in losses or rewards
+    # async: generate up to `staleness` steps ahead of training (0: synchronous)
+    staleness: int = checked(0, at_least(0))
+    allow_uncorrected_async: bool = False  # train stale samples with no off-policy correction
 
 
 @dataclass

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
+from hybridflow.async_loop import AsyncSchedule, busy_fractions
 from hybridflow.checkpoint import (latest_checkpoint, load_trainer_state, restore_rng,
                                    save_checkpoint)
 from hybridflow.compiler import ExecutionPlan
@@ -89,10 +90,16 @@ class Trainer:
         self.train_loader, self.val_loader = self._make_loaders()
         self.val_plan = self._compile_validation() if cfg.trainer.val_every > 0 else None
         self.step, self.saved_step = 0, None
+        self.last_result = None  # the last step's StepResult (outputs left on the workers)
         self.resumed_from, self.notes = None, []  # what a resume loaded; what it trimmed
         self.sinks = None
+        # trainer.staleness >= 1: the rollout runs ahead of training (async_loop.py)
+        self.ahead = AsyncSchedule(self.plan, self.train_loader) if self.plan.sides else None
+        extra = [self.val_plan] if self.val_plan is not None else []
         self.runtime = make_runtime(self.plan, loaded.values,
-                                    [self.val_plan] if self.val_plan is not None else [])
+                                    extra + (self.ahead.extra_plans if self.ahead else []))
+        if self.ahead:
+            self.ahead.runtime = self.runtime
         try:  # the caller gets no trainer to close on failure: stop the workers here
             if resume_from:
                 self._resume(resume_from)
@@ -196,8 +203,13 @@ class Trainer:
 
     def train_step(self) -> dict:
         start = time.perf_counter()
-        feeds = {name: self.train_loader.next_batch() for name in self.sources()}
-        result = self.runtime.run_step(feeds, draw=lambda source: self.train_loader.next_batch())
+        if self.ahead is not None:
+            result, _ = self.ahead.run(self.step, self.cfg.trainer.steps)
+        else:
+            feeds = {name: self.train_loader.next_batch() for name in self.sources()}
+            result = self.runtime.run_step(feeds,
+                                           draw=lambda source: self.train_loader.next_batch())
+        self.last_result = result
         if self.cfg.trainer.check_finite:
             check_finite(self.step, result.node_metrics)
         elapsed = time.perf_counter() - start
@@ -211,6 +223,7 @@ class Trainer:
                      if n.kind is NodeKind.GENERATE)
         if tokens:
             metrics["perf/throughput"] = tokens / elapsed  # response tokens per second
+        metrics.update(busy_fractions(result.timeline, self.runtime.pool_size))
         self.sinks.log_timeline(self.step, result.timeline)
         return metrics
 
@@ -245,7 +258,8 @@ class Trainer:
         def save_roles(root: str) -> None:
             for role in self.trained_roles():
                 self.runtime.call_role(role, "save_checkpoint", f"{root}/{role}")
-        state = {"loader": self.train_loader.state_dict(),
+        loader = self.ahead.loader_state() if self.ahead else self.train_loader.state_dict()
+        state = {"loader": loader,
                  "nodes": {n.name: n.fn.state_dict() for n in self.stateful_nodes()}}
         path = save_checkpoint(self.run.checkpoints, self.step, save_roles, state,
                                keep=self.cfg.trainer.max_checkpoints)
@@ -265,6 +279,8 @@ class Trainer:
         for role in self.trained_roles():
             self.runtime.call_role(role, "load_checkpoint", f"{path}/{role}")
         self.train_loader.load_state_dict(state["loader"])
+        if self.ahead:  # the batches queued at the save are drawn again
+            self.ahead.reset()
         for node in self.stateful_nodes():
             if node.name in state.get("nodes", {}):
                 node.fn.load_state_dict(state["nodes"][node.name])

@@ -84,6 +84,8 @@ def analyse(plan: ExecutionPlan) -> PlanAnalysis:
             if dep is not None and key == node.group_by and node.op is Op.FN:
                 group_keys.setdefault(dep, set()).add(key)
         suppliers[node.name] = [d for d in node.deps if d in deps]
+    for name, keys in plan.report_groups.items():  # read by a later step (async)
+        group_keys.setdefault(name, set()).update(keys)
     unread = {n.name: tuple(d for d in n.deps if d not in suppliers[n.name])
               for n in plan.nodes}
     return PlanAnalysis(suppliers, {k: tuple(sorted(v)) for k, v in group_keys.items()},

@@ -66,6 +66,11 @@ class NodeBatches(Mapping):
                                                  {**batch.meta, "metrics": metrics})
         return self._batches[name]
 
+    def handle(self, name: str):
+        """The node's `NodeOutput` itself (its shards on the workers), e.g. to feed a
+        later step."""
+        return self._outputs[name]
+
     def __contains__(self, name) -> bool:
         return name in self._outputs
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import time
 import traceback
+from dataclasses import replace
 from typing import Callable
 
 from hybridflow.batch import Batch
@@ -64,9 +65,11 @@ def keeps_state(node: PlanNode) -> bool:
     return callable(getattr(node.fn, "state_dict", None))
 
 
-def run_step(executor: Executor, plan: ExecutionPlan, feeds: dict[str, Batch],
+def run_step(executor: Executor, plan: ExecutionPlan, feeds: dict[str, Batch | NodeOutput],
              draw: Callable[[str], Batch] | None = None) -> StepResult:
-    """Every node of `plan` once; `draw(source)` gives more batches for gathers."""
+    """Every node of `plan` once; `draw(source)` gives more batches for gathers. A feed
+    may be a `NodeOutput` of an earlier step (async: a rollout generated ahead), used
+    as it is, its shards never leaving the workers."""
     if executor.broken:
         raise RuntimeError(f"the runtime cannot run another step: {executor.broken}; "
                            f"shut it down and start a new one")
@@ -196,6 +199,10 @@ class StepScheduler:
     def _submit_source(self, node: PlanNode) -> bool:
         if node.name not in self.feeds:
             raise ValueError(f"{node.where()}: no batch was fed to this source")
+        feed = self.feeds[node.name]
+        if isinstance(feed, NodeOutput):  # an earlier step's output, left on the workers
+            self.outputs[node.name] = replace(feed, node=node.name)
+            return True
         start = time.time()
         self._put(node, self._io(node).finish(self.feeds[node.name]))
         self._record_driver_node(node, start)

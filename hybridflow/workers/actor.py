@@ -175,7 +175,7 @@ class ActorWorker(Worker):
     # ----------------------------------------------------------------- update
     @takes_loss(model_reads=POLICY_INPUTS)
     @method(dispatch=DP, reads=UPDATE_READS, writes=(), kind="train",
-            optional=("ref_log_prob", "loss_mask"))
+            optional=("ref_log_prob", "loss_mask", "rollout_log_probs"))
     def update(self, batch: Batch, temperature: float | None = None, loss=None,
                epochs: int | None = None) -> Batch:
         """Epochs over mini-batches (one optimizer step each) of micro-batches, minimising
@@ -201,6 +201,9 @@ class ActorWorker(Worker):
                                      micro_batch_size=cfg.micro_batch_size,
                                      max_tokens=cfg.max_tokens_per_micro_batch, packed=packed,
                                      shuffle=cfg.shuffle, seed=self.ctx.seed)
+        # the version these weights had before this update: with the batch's
+        # `policy_version`, how stale its samples were (async/staleness/*)
+        metrics["trained_version"] = float(self.policy_version)
         self.policy_version += 1  # what every later generated row is stamped with
         return metrics_batch(Batch(), {f"actor/{k}": v for k, v in metrics.items()})
 

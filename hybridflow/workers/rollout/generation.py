@@ -83,6 +83,8 @@ def generate_rows(engine, batch: Batch, opts: RolloutConfig, sync_s: float = 0.0
         "rollout/gen_s": gen_s,
         "rollout/tokens_per_s": float(lengths.sum()) / max(gen_s, 1e-9),
         "response_length/mean": float(lengths.mean()) if len(lengths) else 0.0,
+        # the version every row of this call is stamped with (async/staleness/*)
+        "rollout/sampled_version": int(engine.policy_version),
     }
     out.meta = {**out.meta, "metrics": {k: float(v) for k, v in metrics.items()}}
     return out
