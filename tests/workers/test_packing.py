@@ -183,3 +183,30 @@ def test_packed_logprobs_under_eager_attention_match_padded(rollout):
         results.append(ActorWorker(cfg).logprob(rollout, micro_batch_size=8)["old_log_probs"])
     mask = rollout["response_mask"].bool()
     torch.testing.assert_close(results[1][mask], results[0][mask], rtol=0, atol=1e-5)
+
+
+def test_packed_lora_update_makes_the_padded_update(rollout):
+    weights = {}
+    for packed in (False, True):
+        actor = ActorWorker(cfg_for("qwen2", packed, actor={"mini_batch_size": 8,
+                                                             "lora": {"rank": 4}}))
+        old = actor.logprob(rollout)["old_log_probs"]
+        actor.update(rollout.update(Batch({"old_log_probs": old})))
+        weights[packed] = [p.detach().clone() for p in actor.module.parameters()
+                           if p.requires_grad]
+    assert weights[True] and any(w.abs().max() > 0 for w in weights[True])
+    for a, b in zip(weights[False], weights[True]):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-5)
+
+
+def test_packed_bf16_logprobs_match_padded_to_bf16_rounding(rollout):
+    results = []
+    for packed in (False, True):
+        cfg = cfg_for("qwen2", packed)
+        cfg["model"]["dtype"] = "bfloat16"
+        actor = ActorWorker(cfg)
+        results.append(actor.logprob(rollout, micro_batch_size=4)["old_log_probs"])
+        actor.update(rollout.update(Batch({"old_log_probs": results[-1]})))  # it trains
+    mask = rollout["response_mask"].bool()
+    assert results[0][mask].abs().min() > 0.1  # real log-probs, not zeros
+    torch.testing.assert_close(results[1][mask], results[0][mask], rtol=0, atol=5e-2)
