@@ -96,6 +96,13 @@ def _check_restarts(positions: torch.Tensor, lengths: torch.Tensor) -> None:
             "model.use_remove_padding off")
 
 
+def _check_not_empty(packed: PackedRows) -> None:
+    if len(packed) == 0:
+        raise ValueError("model.use_remove_padding: a micro-batch has no attended token "
+                         "(attention_mask is 0 on every row); drop empty rows before the "
+                         "call or turn model.use_remove_padding off")
+
+
 def _model_kwargs(packed: PackedRows) -> dict:
     # attention_mask=None is what makes transformers read the packing from position_ids;
     # the offsets are what flash-attention's and `sdpa_varlen`'s kernels read (others
@@ -107,10 +114,10 @@ def _model_kwargs(packed: PackedRows) -> dict:
 
 
 def packed_logits(model, packed: PackedRows, temperature: float = 1.0) -> torch.Tensor:
-    """Float32 logits [K, V] at the positions that predict response tokens."""
-    if len(packed.keep) == 0:
-        vocab = model.get_output_embeddings().weight.shape[0]
-        return torch.zeros(0, vocab, device=packed.input_ids.device)
+    """Float32 logits [K, V] at the positions that predict response tokens. With no
+    response token (K = 0) the model still runs: the loss keeps a graph to backward
+    through, as the padded forward's does."""
+    _check_not_empty(packed)
     try:
         logits = model(**_model_kwargs(packed), logits_to_keep=packed.keep).logits[0]
     except TypeError:  # a model without logits_to_keep: project every position
@@ -121,6 +128,5 @@ def packed_logits(model, packed: PackedRows, temperature: float = 1.0) -> torch.
 
 def packed_values(model, packed: PackedRows) -> torch.Tensor:
     """Float32 values [K] (a token-level head of width 1) at the predicting positions."""
-    if len(packed.keep) == 0:
-        return torch.zeros(0, device=packed.input_ids.device)
+    _check_not_empty(packed)
     return model(**_model_kwargs(packed)).logits[0, packed.keep, 0].float()

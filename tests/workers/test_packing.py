@@ -210,3 +210,28 @@ def test_packed_bf16_logprobs_match_padded_to_bf16_rounding(rollout):
     mask = rollout["response_mask"].bool()
     assert results[0][mask].abs().min() > 0.1  # real log-probs, not zeros
     torch.testing.assert_close(results[1][mask], results[0][mask], rtol=0, atol=5e-2)
+
+
+def test_a_packed_micro_batch_without_response_tokens_still_backpropagates(rollout):
+    from hybridflow.workers.packing import packed_logits
+    actor = ActorWorker(cfg_for("llama", True))
+    micro = rollout.take(slice(0, 2))
+    width = micro["responses"].shape[1]
+    micro["attention_mask"][:, -width:] = 0  # responses empty: prompts only
+    packed = PackedRows(micro)
+    logits = packed_logits(actor.module, packed)
+    assert logits.shape[0] == 0 and logits.requires_grad
+    packed.unpack(token_logprobs_of(logits, packed)).sum().backward()  # no error
+
+
+def token_logprobs_of(logits, packed):
+    from hybridflow.workers.sequences import token_logprobs
+    return token_logprobs(logits, packed.tokens)
+
+
+def test_a_micro_batch_with_no_attended_token_is_refused_by_name(rollout):
+    from hybridflow.workers.packing import packed_logits
+    micro = rollout.take(slice(0, 1))
+    micro["attention_mask"][:] = 0
+    with pytest.raises(ValueError, match="no attended token"):
+        packed_logits(ActorWorker(cfg_for("llama", True)).module, PackedRows(micro))
