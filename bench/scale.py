@@ -179,14 +179,19 @@ def probe(name: str, s: dict) -> dict:
     """In a fresh process: build one variant, run one step, report VmHWM."""
     set_threads(s["threads"])
     data_file, texts = _dataset(s)
-    stepper = build(name, s, data_file, texts)
-    stepper.step()
+    if name == "trl":
+        from transformers import TrainerCallback
+
+        from bench.scale_trl import trl_trainer
+        trl_trainer(s, texts, 1, TrainerCallback()).train()
+    else:
+        build(name, s, data_file, texts).step()
     return {"variant": name, "peak_rss": peak_rss_bytes()}
 
 
-def memory(s: dict) -> dict:
+def memory(s: dict, with_trl: bool = False) -> dict:
     out = {}
-    for name in VARIANTS:
+    for name in VARIANTS + (("trl",) if with_trl else ()):
         proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--probe", name,
                                "--settings", json.dumps(s)], capture_output=True, text=True,
                               timeout=900, cwd=ROOT)
@@ -224,8 +229,12 @@ def run(s: dict, reps: int = 2, warmup: int = 1, with_memory: bool = True,
     payload["tokens"] = summary["tokens"]
     payload["targets"] = targets(summary, trl)
     if with_memory:
-        payload["memory"] = memory(s)
+        payload["memory"] = memory(s, with_trl and trl_available())
+        if "trl" in payload["memory"] and "trl_step_s" in payload.get("trl", {}):
+            payload["trl"]["peak_rss_mib"] = payload["memory"]["trl"].get("peak_rss", 0) / 2**20
         for name, probe_out in payload["memory"].items():
+            if name not in payload["variants"]:
+                continue
             payload["variants"][name]["peak_rss_mib"] = probe_out.get("peak_rss", 0) / 2**20 \
                 if "peak_rss" in probe_out else None
     path = write_results("scale", payload, out)
@@ -254,7 +263,8 @@ def report(p: dict) -> str:
     if "trl_step_s" in trl:
         lines.append(f"TRL GRPOTrainer (its own run, alternated with the engine): step "
                      f"{trl['trl_step_s']:.2f} s; engine-padded {trl['engine-padded_step_s']:.2f}"
-                     f" s, engine-packed {trl['engine-packed_step_s']:.2f} s")
+                     f" s, engine-packed {trl['engine-packed_step_s']:.2f} s; TRL peak RSS "
+                     f"{trl.get('peak_rss_mib', float('nan')):.0f} MiB")
     elif "skipped" in trl:
         lines.append(f"TRL: {trl['skipped']}")
     lines.append("ratios (tokens/s; TRL: step time, same tokens) and targets:")
