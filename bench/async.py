@@ -1,0 +1,334 @@
+"""Async training (issue 15): steps per second and time to 0.9 held-out greedy
+accuracy of `trainer.staleness = 1` and `2` against the synchronous run (`0`).
+
+Every variant is the embedded GRPO (graphs/grpo.py: the shipped toy base model, the
+toy arithmetic task, the KL loss on) on the Ray runtime with the rollout on a pool
+of its own (`placement.pools.gen.devices_per_node=1 placement.roles.rollout=gen`):
+one worker process generates, another (actor, reference, reward) trains, each with
+`runtime.torch_threads` torch threads. Only the load changes from the embedded
+default: `--prompts` x `--n` rows a step and `--max-new-tokens`, chosen so that
+generating takes about as long as the main pool's work (the shipped base model
+rarely stops after its answer, so its responses run to `max_new_tokens` until RL
+teaches it to stop).
+
+One alternated run: each repetition starts a fresh trainer per variant from the base
+model (seed = repetition + 1, the same for every variant) in one Ray session, then
+steps them one step each in turn (the first variant rotates every step) for
+`--steps` steps, validating greedy accuracy every `--val-every` steps (validation
+not timed). Per repetition and variant:
+  - steps/s: 1 / median step time over the steady window (steps after `--warmup`
+    and before the last k steps of any variant, which have nothing left to generate
+    ahead);
+  - time to 0.9: training seconds (every step, warm-up included) up to the first
+    validation at or above `--target-accuracy`;
+  - `async/staleness/mean|max`, `async/ahead`, `perf/busy/<pool>` and the node
+    timings, so the table shows what was overlapped.
+Ratios are taken within a repetition (same seed, same minutes of machine load), then
+the median over repetitions is reported.
+
+Async runs need an off-policy choice: `actor.off_policy=tis` when this tree has it,
+else `trainer.allow_uncorrected_async=true` (`--off-policy` forces one).
+
+    python bench/async.py [--reps 3] [--steps 24] [--prompts 16] [--n 8]
+                          [--max-new-tokens 16] [--staleness 0 1 2] [--out PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, ROOT)
+
+from bench.harness import machine, median, table, write_results  # noqa: E402 - path
+
+GRPO = os.path.join(ROOT, "graphs", "grpo.py")
+VAL_KEY = "val/toy_arith/greedy"
+TARGET_STEPS_PER_S = 1.6      # staleness 1 over staleness 0, at least
+TARGET_TIME_TO_ACCURACY = 0.75  # staleness 1 over staleness 0, at most
+MAIN_NODES = ("actor.logprob", "actor.update", "ref.logprob", "reward.score")
+
+
+def quiet_logs() -> None:
+    import logging
+    import warnings
+    warnings.filterwarnings("ignore")
+    from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    logging.getLogger("ray").setLevel(logging.WARNING)
+
+
+def off_policy_override(choice: str) -> tuple[str, str]:
+    """(what the async runs used, its override). 'auto': the TIS correction when the
+    actor's config has `off_policy` (another engineer's work), else uncorrected."""
+    if choice == "auto":
+        import dataclasses
+
+        from hybridflow.workers.config import ActorConfig
+        names = {f.name for f in dataclasses.fields(ActorConfig)}
+        choice = "tis" if "off_policy" in names else "uncorrected"
+    if choice == "uncorrected":
+        return choice, "trainer.allow_uncorrected_async=true"
+    return choice, f"actor.off_policy={choice}"
+
+
+def overrides(args, k: int, seed: int, correction: str) -> list[str]:
+    out = ["runtime.name=ray", "placement.pools.gen.devices_per_node=1",
+           "placement.roles.rollout=gen", *side_roles(args.rollout_side_on),
+           f"runtime.torch_threads={args.threads}",
+           f"trainer.staleness={k}", f"trainer.steps={args.steps}", f"trainer.seed={seed}",
+           f"trainer.val_every={args.val_every}", "trainer.val_samples=1",
+           "trainer.progress=false", f"data.batch_size={args.prompts}", f"rollout.n={args.n}",
+           f"rollout.max_new_tokens={args.max_new_tokens}",
+           f"rollout.micro_batch_size={args.prompts * args.n}"]
+    return out + ([correction] if k else []) + list(args.extra)
+
+
+def side_roles(pool: str) -> list[str]:
+    """Where the rollout side's other calls (reference log-probs, reward) run. On the
+    main pool they are queued on the actor's worker ahead of the train side and wait
+    for the generation they read (see docs/benchmarks.md, Async): 'gen' keeps the
+    train side free to start at once."""
+    return [f"placement.roles.ref={pool}", f"placement.roles.reward={pool}"]
+
+
+class Variant:
+    """One trainer (fresh from the base model) and what its steps measured."""
+
+    def __init__(self, args, k: int, seed: int, correction: str):
+        from hybridflow.loop import Trainer
+        from hybridflow.program import prepare
+        from hybridflow.tracking import RunDir
+        self.k, self.name = k, f"staleness {k}"
+        loaded = prepare(GRPO, overrides(args, k, seed, correction))
+        self.trainer = Trainer(loaded, RunDir(tempfile.mkdtemp(prefix=f"bench-async-{k}-")))
+        self.steps: list[dict] = []           # train_step metrics, one per step
+        self.accuracy: list[tuple[int, float]] = []  # (step, greedy accuracy)
+        self.val_every = args.val_every
+
+    def validate(self) -> None:
+        self.accuracy.append((self.trainer.step, self.trainer.validate()[VAL_KEY]))
+
+    def step(self) -> None:
+        self.trainer.step += 1
+        self.steps.append(self.trainer.train_step())
+        if self.trainer.step % self.val_every == 0:
+            self.validate()
+
+    def worker_pids(self) -> dict[str, list[int]]:
+        runtime = self.trainer.runtime
+        return {pool: [info["pid"] for info in runtime.worker_info(pool)]
+                for pool in ("main", "gen")}
+
+    def close(self) -> None:
+        self.trainer.close()
+
+
+def summarize(v: Variant, window: range, target: float) -> dict:
+    """Steady-state figures over `window` (0-based step indices) and time to target."""
+    steady = [v.steps[i] for i in window]
+    step_s = median([m["perf/time_per_step"] for m in steady])
+
+    def med(key):
+        values = [m[key] for m in steady if key in m]
+        return median(values) if values else None
+
+    main_s = sum(med(f"timing_s/{n}") or 0.0 for n in MAIN_NODES)
+    reached, seconds = None, None
+    for step, accuracy in v.accuracy:
+        if accuracy >= target:
+            reached = step
+            seconds = sum(m["perf/time_per_step"] for m in v.steps[:step])
+            break
+    stale = [m for m in v.steps if "async/staleness/mean" in m]
+    return {
+        "staleness": v.k, "step_s": step_s, "steps_per_s": 1.0 / step_s,
+        "all_steps_s": sum(m["perf/time_per_step"] for m in v.steps),
+        "generate_s": med("timing_s/rollout.generate"), "main_pool_s": main_s,
+        "train_s": (med("timing_s/actor.logprob") or 0.0) + (med("timing_s/actor.update") or 0.0),
+        "response_length": med("response_length/mean"),
+        "busy_main": med("perf/busy/main"), "busy_gen": med("perf/busy/gen"),
+        "ahead": med("async/ahead"),
+        "staleness_mean": (sum(m["async/staleness/mean"] for m in stale) / len(stale)
+                           if stale else 0.0),
+        "staleness_max": max((m["async/staleness/max"] for m in stale), default=0.0),
+        "step_reached": reached, "time_to_accuracy_s": seconds,
+        "accuracy": v.accuracy,
+    }
+
+
+def repetition(args, rep: int, correction: str) -> dict[int, dict]:
+    """Fresh trainers for every variant, stepped in turn; their summaries by k."""
+    seed = rep + 1
+    variants = [Variant(args, k, seed, correction) for k in args.staleness]
+    try:
+        for v in variants:
+            v.validate()  # step 0: the base model (also warms the validation plan)
+        for i in range(args.steps):
+            first = (rep + i) % len(variants)
+            for v in variants[first:] + variants[:first]:
+                v.step()
+        if args.profile:
+            profile_note(variants, args)
+    finally:
+        for v in variants:
+            v.close()
+    window = range(args.warmup, args.steps - max(args.staleness))
+    return {v.k: summarize(v, window, args.target_accuracy) for v in variants}
+
+
+def profile_note(variants, args) -> None:
+    """Print where to point py-spy (the pids of each variant's workers)."""
+    for v in variants:
+        print(f"{v.name}: driver {os.getpid()}, workers {v.worker_pids()}")
+
+
+def ratios(reps: list[dict[int, dict]], k: int) -> dict:
+    """k over staleness 0, per repetition, and their medians."""
+    speed = [r[k]["steps_per_s"] / r[0]["steps_per_s"] for r in reps]
+    times = [r[k]["time_to_accuracy_s"] / r[0]["time_to_accuracy_s"] for r in reps
+             if r[k]["time_to_accuracy_s"] and r[0]["time_to_accuracy_s"]]
+    return {"steps_per_s": speed, "steps_per_s_median": median(speed),
+            "time_to_accuracy": times,
+            "time_to_accuracy_median": median(times) if times else None,
+            "time_to_accuracy_reached": f"{len(times)}/{len(reps)}"}
+
+
+def run(args) -> dict:
+    import ray
+    quiet_logs()
+    correction, _ = off_policy_override(args.off_policy)
+    _, correction_override = off_policy_override(correction)
+    ray.init(num_cpus=8, num_gpus=2 * len(args.staleness), include_dashboard=False,
+             log_to_driver=False)
+    start = time.perf_counter()
+    reps = []
+    try:
+        for rep in range(args.reps):
+            reps.append(repetition(args, rep, correction_override))
+            if not args.quiet:
+                print(rep_table(reps[-1], rep), flush=True)
+    finally:
+        ray.shutdown()
+    payload = {
+        "machine": machine(),
+        "setup": {"graph": "graphs/grpo.py (embedded default model and task)",
+                  "placement": f"pools main (actor) and gen (rollout), 1 worker each; "
+                               f"ref and reward on {args.rollout_side_on}",
+                  "extra_overrides": list(args.extra),
+                  "prompts": args.prompts, "n": args.n, "max_new_tokens": args.max_new_tokens,
+                  "steps": args.steps, "warmup": args.warmup, "val_every": args.val_every,
+                  "reps": args.reps, "torch_threads": args.threads,
+                  "staleness": args.staleness, "target_accuracy": args.target_accuracy,
+                  "off_policy": correction, "off_policy_override": correction_override},
+        "reps": [{str(k): r for k, r in rep.items()} for rep in reps],
+        "rows": [median_row(reps, k) for k in args.staleness],
+        "ratios": {str(k): ratios(reps, k) for k in args.staleness if k},
+        "wall_s": time.perf_counter() - start,
+    }
+    payload["targets"] = targets(payload)
+    path = write_results("async", payload, args.out)
+    if not args.quiet:
+        print(report(payload))
+        print(f"-> {path}")
+    return payload
+
+
+def median_row(reps: list[dict[int, dict]], k: int) -> dict:
+    keys = ["step_s", "steps_per_s", "generate_s", "main_pool_s", "train_s",
+            "response_length", "busy_main", "busy_gen", "ahead", "staleness_mean",
+            "staleness_max", "step_reached", "time_to_accuracy_s"]
+    row = {"staleness": k}
+    for key in keys:
+        values = [r[k][key] for r in reps if r[k][key] is not None]
+        row[key] = median(values) if values else None
+    return row
+
+
+def targets(p: dict) -> dict:
+    one = p["ratios"].get("1")
+    if not one:
+        return {}
+    speed, tta = one["steps_per_s_median"], one["time_to_accuracy_median"]
+    return {"steps_per_s_k1": {"value": speed, "target": f">= {TARGET_STEPS_PER_S}",
+                               "verdict": "met" if speed >= TARGET_STEPS_PER_S else "missed"},
+            "time_to_accuracy_k1": {
+                "value": tta, "target": f"<= {TARGET_TIME_TO_ACCURACY}",
+                "verdict": "met" if tta is not None and tta <= TARGET_TIME_TO_ACCURACY
+                else "missed"}}
+
+
+HEADERS = ["staleness", "step s", "steps/s", "generate s", "main pool s", "busy main",
+           "busy gen", "stale mean", "stale max", "0.9 at step", "0.9 after s"]
+
+
+def _cells(r: dict) -> list:
+    return [r["staleness"], r["step_s"], r["steps_per_s"], r["generate_s"], r["main_pool_s"],
+            r["busy_main"], r["busy_gen"], r["staleness_mean"], r["staleness_max"],
+            r["step_reached"], r["time_to_accuracy_s"]]
+
+
+def rep_table(rep: dict[int, dict], index: int) -> str:
+    return f"repetition {index + 1}:\n" + table(HEADERS, [_cells(r) for r in rep.values()])
+
+
+def report(p: dict) -> str:
+    m = p["machine"]
+    lines = [f"machine: {m['cpu']}, {m['cores']} cores, load {m['load_avg_1m_at_start']}",
+             f"setup: {p['setup']}", "medians over repetitions:",
+             table(HEADERS, [_cells(r) for r in p["rows"]])]
+    for k, r in p["ratios"].items():
+        tta = r["time_to_accuracy_median"]
+        lines.append(f"staleness {k} / 0: steps/s {r['steps_per_s_median']:.2f}x "
+                     f"(per rep {[round(x, 2) for x in r['steps_per_s']]}), time to "
+                     f"{p['setup']['target_accuracy']}: "
+                     + (f"{tta:.2f}x" if tta is not None else "-")
+                     + f" (per rep {[round(x, 2) for x in r['time_to_accuracy']]}, "
+                       f"reached {r['time_to_accuracy_reached']})")
+    for name, t in p["targets"].items():
+        value = "-" if t["value"] is None else f"{t['value']:.2f}"
+        lines.append(f"target {name}: {value} ({t['target']}): {t['verdict']}")
+    lines.append(f"off-policy choice of the async runs: {p['setup']['off_policy']} "
+                 f"({p['setup']['off_policy_override']}); wall {p['wall_s']:.0f} s")
+    return "\n".join(lines)
+
+
+def parse(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument("--warmup", type=int, default=2, help="steps left out of steps/s")
+    parser.add_argument("--val-every", type=int, default=2)
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--n", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=16)
+    parser.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--threads", type=int, default=1, help="torch threads a worker")
+    parser.add_argument("--target-accuracy", type=float, default=0.9)
+    parser.add_argument("--off-policy", default="auto",
+                        choices=["auto", "tis", "decoupled", "uncorrected"])
+    parser.add_argument("--profile", action="store_true", help="print worker pids")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--rollout-side-on", default="gen", choices=["gen", "main"],
+                        help="pool of the reference and reward roles")
+    parser.add_argument("--extra", nargs="*", default=[], help="more key=value overrides")
+    args = parser.parse_args(argv)
+    if 0 not in args.staleness:
+        parser.error("--staleness must include 0 (the ratios are against it)")
+    args.staleness = sorted(set(args.staleness))
+    if args.steps <= args.warmup + max(args.staleness):
+        parser.error("--steps must exceed --warmup plus the largest staleness")
+    return args
+
+
+def main(argv=None) -> None:
+    run(parse(argv))
+
+
+if __name__ == "__main__":
+    main()
