@@ -29,8 +29,8 @@ the median over repetitions is reported.
 Async runs need an off-policy choice: `actor.off_policy=tis` when this tree has it,
 else `trainer.allow_uncorrected_async=true` (`--off-policy` forces one).
 
-    python bench/async.py [--reps 3] [--steps 24] [--prompts 16] [--n 8]
-                          [--max-new-tokens 16] [--staleness 0 1 2] [--out PATH]
+    python bench/async.py [--reps 5] [--steps 30] [--prompts 16] [--n 8]
+                          [--max-new-tokens 32] [--staleness 0 1 2] [--out PATH]
 """
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ GRPO = os.path.join(ROOT, "graphs", "grpo.py")
 VAL_KEY = "val/toy_arith/greedy"
 TARGET_STEPS_PER_S = 1.6      # staleness 1 over staleness 0, at least
 TARGET_TIME_TO_ACCURACY = 0.75  # staleness 1 over staleness 0, at most
-MAIN_NODES = ("actor.logprob", "actor.update", "ref.logprob", "reward.score")
+TRAIN_NODES = ("actor.logprob", "actor.update")
+ROLLOUT_SIDE_NODES = ("ref.logprob", "reward.score")  # on --rollout-side-on
 
 
 def quiet_logs() -> None:
@@ -128,7 +129,15 @@ class Variant:
         self.trainer.close()
 
 
-def summarize(v: Variant, window: range, target: float) -> dict:
+def pool_seconds(med, side_on: str) -> dict[str, float]:
+    """Median seconds of work a step puts on each pool (node timings summed)."""
+    work = {"gen": med("timing_s/rollout.generate") or 0.0,
+            "main": sum(med(f"timing_s/{n}") or 0.0 for n in TRAIN_NODES)}
+    work[side_on] += sum(med(f"timing_s/{n}") or 0.0 for n in ROLLOUT_SIDE_NODES)
+    return work
+
+
+def summarize(v: Variant, window: range, target: float, side_on: str) -> dict:
     """Steady-state figures over `window` (0-based step indices) and time to target."""
     steady = [v.steps[i] for i in window]
     step_s = median([m["perf/time_per_step"] for m in steady])
@@ -137,7 +146,7 @@ def summarize(v: Variant, window: range, target: float) -> dict:
         values = [m[key] for m in steady if key in m]
         return median(values) if values else None
 
-    main_s = sum(med(f"timing_s/{n}") or 0.0 for n in MAIN_NODES)
+    work = pool_seconds(med, side_on)
     reached, seconds = None, None
     for step, accuracy in v.accuracy:
         if accuracy >= target:
@@ -148,8 +157,8 @@ def summarize(v: Variant, window: range, target: float) -> dict:
     return {
         "staleness": v.k, "step_s": step_s, "steps_per_s": 1.0 / step_s,
         "all_steps_s": sum(m["perf/time_per_step"] for m in v.steps),
-        "generate_s": med("timing_s/rollout.generate"), "main_pool_s": main_s,
-        "train_s": (med("timing_s/actor.logprob") or 0.0) + (med("timing_s/actor.update") or 0.0),
+        "generate_s": med("timing_s/rollout.generate"),
+        "gen_pool_s": work["gen"], "main_pool_s": work["main"],
         "response_length": med("response_length/mean"),
         "busy_main": med("perf/busy/main"), "busy_gen": med("perf/busy/gen"),
         "ahead": med("async/ahead"),
@@ -178,7 +187,8 @@ def repetition(args, rep: int, correction: str) -> dict[int, dict]:
         for v in variants:
             v.close()
     window = range(args.warmup, args.steps - max(args.staleness))
-    return {v.k: summarize(v, window, args.target_accuracy) for v in variants}
+    return {v.k: summarize(v, window, args.target_accuracy, args.rollout_side_on)
+            for v in variants}
 
 
 def profile_note(variants, args) -> None:
@@ -188,11 +198,17 @@ def profile_note(variants, args) -> None:
 
 
 def ratios(reps: list[dict[int, dict]], k: int) -> dict:
-    """k over staleness 0, per repetition, and their medians."""
+    """k over staleness 0, per repetition, and their medians. `overlap_bound`: the
+    ratio if the lighter pool's work hid entirely behind the busier one's, both
+    pools keeping their synchronous speed (no contention for the cores) and the
+    step its other costs: synchronous step / (step - lighter pool's seconds)."""
     speed = [r[k]["steps_per_s"] / r[0]["steps_per_s"] for r in reps]
+    bound = [r[0]["step_s"] / (r[0]["step_s"] - min(r[0]["gen_pool_s"], r[0]["main_pool_s"]))
+             for r in reps]
     times = [r[k]["time_to_accuracy_s"] / r[0]["time_to_accuracy_s"] for r in reps
              if r[k]["time_to_accuracy_s"] and r[0]["time_to_accuracy_s"]]
     return {"steps_per_s": speed, "steps_per_s_median": median(speed),
+            "overlap_bound": bound, "overlap_bound_median": median(bound),
             "time_to_accuracy": times,
             "time_to_accuracy_median": median(times) if times else None,
             "time_to_accuracy_reached": f"{len(times)}/{len(reps)}"}
@@ -203,6 +219,9 @@ def run(args) -> dict:
     quiet_logs()
     correction, _ = off_policy_override(args.off_policy)
     _, correction_override = off_policy_override(correction)
+    # Ray starts its workers at nice 15: on a machine shared with other jobs they then
+    # get the CPU last, while the driver does not (see docs/benchmarks.md, Async)
+    os.environ["RAY_worker_niceness"] = str(args.worker_niceness)
     ray.init(num_cpus=8, num_gpus=2 * len(args.staleness), include_dashboard=False,
              log_to_driver=False)
     start = time.perf_counter()
@@ -223,6 +242,7 @@ def run(args) -> dict:
                   "prompts": args.prompts, "n": args.n, "max_new_tokens": args.max_new_tokens,
                   "steps": args.steps, "warmup": args.warmup, "val_every": args.val_every,
                   "reps": args.reps, "torch_threads": args.threads,
+                  "worker_niceness": args.worker_niceness,
                   "staleness": args.staleness, "target_accuracy": args.target_accuracy,
                   "off_policy": correction, "off_policy_override": correction_override},
         "reps": [{str(k): r for k, r in rep.items()} for rep in reps],
@@ -239,7 +259,7 @@ def run(args) -> dict:
 
 
 def median_row(reps: list[dict[int, dict]], k: int) -> dict:
-    keys = ["step_s", "steps_per_s", "generate_s", "main_pool_s", "train_s",
+    keys = ["step_s", "steps_per_s", "generate_s", "gen_pool_s", "main_pool_s",
             "response_length", "busy_main", "busy_gen", "ahead", "staleness_mean",
             "staleness_max", "step_reached", "time_to_accuracy_s"]
     row = {"staleness": k}
@@ -262,13 +282,14 @@ def targets(p: dict) -> dict:
                 else "missed"}}
 
 
-HEADERS = ["staleness", "step s", "steps/s", "generate s", "main pool s", "busy main",
-           "busy gen", "stale mean", "stale max", "0.9 at step", "0.9 after s"]
+HEADERS = ["staleness", "step s", "steps/s", "gen pool s", "main pool s", "resp len",
+           "busy gen", "busy main", "stale mean", "stale max", "0.9 at step", "0.9 after s"]
 
 
 def _cells(r: dict) -> list:
-    return [r["staleness"], r["step_s"], r["steps_per_s"], r["generate_s"], r["main_pool_s"],
-            r["busy_main"], r["busy_gen"], r["staleness_mean"], r["staleness_max"],
+    return [r["staleness"], r["step_s"], r["steps_per_s"], r["gen_pool_s"], r["main_pool_s"],
+            r["response_length"], r["busy_gen"], r["busy_main"], r["staleness_mean"],
+            r["staleness_max"],
             r["step_reached"], r["time_to_accuracy_s"]]
 
 
@@ -284,7 +305,8 @@ def report(p: dict) -> str:
     for k, r in p["ratios"].items():
         tta = r["time_to_accuracy_median"]
         lines.append(f"staleness {k} / 0: steps/s {r['steps_per_s_median']:.2f}x "
-                     f"(per rep {[round(x, 2) for x in r['steps_per_s']]}), time to "
+                     f"(per rep {[round(x, 2) for x in r['steps_per_s']]}; bound "
+                     f"{r['overlap_bound_median']:.2f}x), time to "
                      f"{p['setup']['target_accuracy']}: "
                      + (f"{tta:.2f}x" if tta is not None else "-")
                      + f" (per rep {[round(x, 2) for x in r['time_to_accuracy']]}, "
@@ -299,13 +321,13 @@ def report(p: dict) -> str:
 
 def parse(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=2, help="steps left out of steps/s")
     parser.add_argument("--val-every", type=int, default=2)
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--n", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--threads", type=int, default=1, help="torch threads a worker")
     parser.add_argument("--target-accuracy", type=float, default=0.9)
@@ -316,6 +338,8 @@ def parse(argv=None):
     parser.add_argument("--quiet", action="store_true")
     parser.add_argument("--rollout-side-on", default="gen", choices=["gen", "main"],
                         help="pool of the reference and reward roles")
+    parser.add_argument("--worker-niceness", type=int, default=0,
+                        help="nice level of the Ray workers (Ray's default is 15)")
     parser.add_argument("--extra", nargs="*", default=[], help="more key=value overrides")
     args = parser.parse_args(argv)
     if 0 not in args.staleness:
