@@ -77,16 +77,20 @@ def off_policy_override(choice: str) -> tuple[str, str]:
     return choice, f"actor.off_policy={choice}"
 
 
-def overrides(args, k: int, seed: int, correction: str) -> list[str]:
+def overrides(args, k: int, seed: int, correction: str, fixed: bool) -> list[str]:
+    """The run's overrides; `fixed`: a learning rate of 0 and no validation (the
+    policy, hence every step's work, stays the base model's)."""
+    val_every, steps = (0, args.fixed_steps) if fixed else (args.val_every, args.steps)
     out = ["runtime.name=ray", "placement.pools.gen.devices_per_node=1",
            "placement.roles.rollout=gen", *side_roles(args.rollout_side_on),
            f"runtime.torch_threads={args.threads}",
-           f"trainer.staleness={k}", f"trainer.steps={args.steps}", f"trainer.seed={seed}",
-           f"trainer.val_every={args.val_every}", "trainer.val_samples=1",
+           f"trainer.staleness={k}", f"trainer.steps={steps}", f"trainer.seed={seed}",
+           f"trainer.val_every={val_every}", "trainer.val_samples=1",
            "trainer.progress=false", f"data.batch_size={args.prompts}", f"rollout.n={args.n}",
            f"rollout.max_new_tokens={args.max_new_tokens}",
            f"rollout.micro_batch_size={args.prompts * args.n}"]
-    return out + ([correction] if k else []) + list(args.extra)
+    return out + ([correction] if k else []) + (["actor.lr=0"] if fixed else []) \
+        + list(args.extra)
 
 
 def side_roles(pool: str) -> list[str]:
@@ -100,24 +104,34 @@ def side_roles(pool: str) -> list[str]:
 class Variant:
     """One trainer (fresh from the base model) and what its steps measured."""
 
-    def __init__(self, args, k: int, seed: int, correction: str):
+    def __init__(self, args, k: int, seed: int, correction: str, fixed: bool = False):
         from hybridflow.loop import Trainer
         from hybridflow.program import prepare
         from hybridflow.tracking import RunDir
         self.k, self.name = k, f"staleness {k}"
-        loaded = prepare(GRPO, overrides(args, k, seed, correction))
+        loaded = prepare(GRPO, overrides(args, k, seed, correction, fixed))
         self.trainer = Trainer(loaded, RunDir(tempfile.mkdtemp(prefix=f"bench-async-{k}-")))
         self.steps: list[dict] = []           # train_step metrics, one per step
         self.accuracy: list[tuple[int, float]] = []  # (step, greedy accuracy)
-        self.val_every = args.val_every
+        self.val_every = 0 if fixed else args.val_every
+        self.pids = self.worker_pids()
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds used so far by each pool's workers and by this (driver) process."""
+        out = {pool: sum(process_cpu_s(pid) for pid in pids) for pool, pids in self.pids.items()}
+        return {**out, "driver": time.process_time()}  # finer than /proc's 10 ms ticks
 
     def validate(self) -> None:
         self.accuracy.append((self.trainer.step, self.trainer.validate()[VAL_KEY]))
 
     def step(self) -> None:
         self.trainer.step += 1
-        self.steps.append(self.trainer.train_step())
-        if self.trainer.step % self.val_every == 0:
+        before = self.cpu_seconds()
+        metrics = self.trainer.train_step()
+        after = self.cpu_seconds()
+        metrics.update({f"cpu_s/{name}": after[name] - before[name] for name in after})
+        self.steps.append(metrics)
+        if self.val_every and self.trainer.step % self.val_every == 0:
             self.validate()
 
     def worker_pids(self) -> dict[str, list[int]]:
@@ -127,6 +141,24 @@ class Variant:
 
     def close(self) -> None:
         self.trainer.close()
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process on this machine (0 once it has gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_share(steady: list[dict], pool: str) -> float | None:
+    """CPU seconds a pool's worker process used per second it was inside a task:
+    below 1, its tasks waited for a core (or blocked). Ray's own threads in the
+    worker count too, so an idle-free worker can show a little above 1."""
+    busy = sum(m.get(f"perf/busy/{pool}", 0.0) * m["perf/time_per_step"] for m in steady)
+    return sum(m[f"cpu_s/{pool}"] for m in steady) / busy if busy else None
 
 
 def pool_seconds(med, side_on: str) -> dict[str, float]:
@@ -162,6 +194,8 @@ def summarize(v: Variant, window: range, target: float, side_on: str) -> dict:
         "response_length": med("response_length/mean"),
         "busy_main": med("perf/busy/main"), "busy_gen": med("perf/busy/gen"),
         "ahead": med("async/ahead"),
+        "cpu_share_gen": cpu_share(steady, "gen"), "cpu_share_main": cpu_share(steady, "main"),
+        "driver_cpu_s": sum(m["cpu_s/driver"] for m in steady) / len(steady),
         "staleness_mean": (sum(m["async/staleness/mean"] for m in stale) / len(stale)
                            if stale else 0.0),
         "staleness_max": max((m["async/staleness/max"] for m in stale), default=0.0),
@@ -170,31 +204,39 @@ def summarize(v: Variant, window: range, target: float, side_on: str) -> dict:
     }
 
 
-def repetition(args, rep: int, correction: str) -> dict[int, dict]:
+def repetition(args, rep: int, correction: str, fixed: bool) -> dict[int, dict]:
     """Fresh trainers for every variant, stepped in turn; their summaries by k."""
-    seed = rep + 1
-    variants = [Variant(args, k, seed, correction) for k in args.staleness]
+    seed, steps = rep + 1, args.fixed_steps if fixed else args.steps
+    variants = [Variant(args, k, seed, correction, fixed) for k in args.staleness]
     try:
-        for v in variants:
-            v.validate()  # step 0: the base model (also warms the validation plan)
-        for i in range(args.steps):
+        if args.profile:  # where to point py-spy
+            for v in variants:
+                print(f"{v.name}: driver {os.getpid()}, workers {v.worker_pids()}", flush=True)
+        if not fixed:
+            for v in variants:
+                v.validate()  # step 0: the base model (also warms the validation plan)
+        for i in range(steps):
             first = (rep + i) % len(variants)
             for v in variants[first:] + variants[:first]:
                 v.step()
-        if args.profile:
-            profile_note(variants, args)
     finally:
         for v in variants:
             v.close()
-    window = range(args.warmup, args.steps - max(args.staleness))
+    window = range(args.warmup, steps - max(args.staleness))
     return {v.k: summarize(v, window, args.target_accuracy, args.rollout_side_on)
             for v in variants}
 
 
-def profile_note(variants, args) -> None:
-    """Print where to point py-spy (the pids of each variant's workers)."""
-    for v in variants:
-        print(f"{v.name}: driver {os.getpid()}, workers {v.worker_pids()}")
+def phase(args, correction: str, fixed: bool) -> dict:
+    """Every repetition of one phase, and its medians and ratios."""
+    reps = []
+    for rep in range(args.reps):
+        reps.append(repetition(args, rep, correction, fixed))
+        if not args.quiet:
+            print(rep_table(reps[-1], rep, fixed), flush=True)
+    return {"reps": [{str(k): r for k, r in rep.items()} for rep in reps],
+            "rows": [median_row(reps, k) for k in args.staleness],
+            "ratios": {str(k): ratios(reps, k) for k in args.staleness if k}}
 
 
 def ratios(reps: list[dict[int, dict]], k: int) -> dict:
@@ -222,17 +264,17 @@ def run(args) -> dict:
     # Ray starts its workers at nice 15: on a machine shared with other jobs they then
     # get the CPU last, while the driver does not (see docs/benchmarks.md, Async)
     os.environ["RAY_worker_niceness"] = str(args.worker_niceness)
-    ray.init(num_cpus=8, num_gpus=2 * len(args.staleness), include_dashboard=False,
-             log_to_driver=False)
+    started = not ray.is_initialized()
+    if started:  # two logical GPUs (pools main and gen) a variant
+        ray.init(num_cpus=8, num_gpus=2 * len(args.staleness), include_dashboard=False,
+                 log_to_driver=False)
     start = time.perf_counter()
-    reps = []
     try:
-        for rep in range(args.reps):
-            reps.append(repetition(args, rep, correction_override))
-            if not args.quiet:
-                print(rep_table(reps[-1], rep), flush=True)
+        learning = phase(args, correction_override, fixed=False)
+        fixed = phase(args, correction_override, fixed=True) if args.fixed_steps else None
     finally:
-        ray.shutdown()
+        if started:
+            ray.shutdown()
     payload = {
         "machine": machine(),
         "setup": {"graph": "graphs/grpo.py (embedded default model and task)",
@@ -241,13 +283,13 @@ def run(args) -> dict:
                   "extra_overrides": list(args.extra),
                   "prompts": args.prompts, "n": args.n, "max_new_tokens": args.max_new_tokens,
                   "steps": args.steps, "warmup": args.warmup, "val_every": args.val_every,
+                  "fixed_policy_steps": args.fixed_steps,
                   "reps": args.reps, "torch_threads": args.threads,
                   "worker_niceness": args.worker_niceness,
                   "staleness": args.staleness, "target_accuracy": args.target_accuracy,
                   "off_policy": correction, "off_policy_override": correction_override},
-        "reps": [{str(k): r for k, r in rep.items()} for rep in reps],
-        "rows": [median_row(reps, k) for k in args.staleness],
-        "ratios": {str(k): ratios(reps, k) for k in args.staleness if k},
+        **learning,
+        "fixed_policy": fixed,
         "wall_s": time.perf_counter() - start,
     }
     payload["targets"] = targets(payload)
@@ -260,7 +302,8 @@ def run(args) -> dict:
 
 def median_row(reps: list[dict[int, dict]], k: int) -> dict:
     keys = ["step_s", "steps_per_s", "generate_s", "gen_pool_s", "main_pool_s",
-            "response_length", "busy_main", "busy_gen", "ahead", "staleness_mean",
+            "response_length", "busy_main", "busy_gen", "ahead", "cpu_share_gen",
+            "cpu_share_main", "driver_cpu_s", "staleness_mean",
             "staleness_max", "step_reached", "time_to_accuracy_s"]
     row = {"staleness": k}
     for key in keys:
@@ -274,43 +317,67 @@ def targets(p: dict) -> dict:
     if not one:
         return {}
     speed, tta = one["steps_per_s_median"], one["time_to_accuracy_median"]
-    return {"steps_per_s_k1": {"value": speed, "target": f">= {TARGET_STEPS_PER_S}",
-                               "verdict": "met" if speed >= TARGET_STEPS_PER_S else "missed"},
-            "time_to_accuracy_k1": {
-                "value": tta, "target": f"<= {TARGET_TIME_TO_ACCURACY}",
-                "verdict": "met" if tta is not None and tta <= TARGET_TIME_TO_ACCURACY
-                else "missed"}}
+    out = {"steps_per_s_k1": _verdict(speed, f">= {TARGET_STEPS_PER_S}",
+                                      speed >= TARGET_STEPS_PER_S),
+           "time_to_accuracy_k1": _verdict(tta, f"<= {TARGET_TIME_TO_ACCURACY}",
+                                           tta is not None and tta <= TARGET_TIME_TO_ACCURACY)}
+    fixed = (p.get("fixed_policy") or {}).get("ratios", {}).get("1")
+    if fixed:
+        speed = fixed["steps_per_s_median"]
+        out["steps_per_s_k1_fixed_policy"] = _verdict(speed, f">= {TARGET_STEPS_PER_S}",
+                                                      speed >= TARGET_STEPS_PER_S)
+    return out
+
+
+def _verdict(value, target: str, met: bool) -> dict:
+    return {"value": value, "target": target, "verdict": "met" if met else "missed"}
 
 
 HEADERS = ["staleness", "step s", "steps/s", "gen pool s", "main pool s", "resp len",
-           "busy gen", "busy main", "stale mean", "stale max", "0.9 at step", "0.9 after s"]
+           "busy gen", "busy main", "cpu/busy gen", "cpu/busy main", "driver cpu s",
+           "stale mean", "stale max", "0.9 at step", "0.9 after s"]
 
 
 def _cells(r: dict) -> list:
     return [r["staleness"], r["step_s"], r["steps_per_s"], r["gen_pool_s"], r["main_pool_s"],
-            r["response_length"], r["busy_gen"], r["busy_main"], r["staleness_mean"],
-            r["staleness_max"],
-            r["step_reached"], r["time_to_accuracy_s"]]
+            r["response_length"], r["busy_gen"], r["busy_main"], r["cpu_share_gen"],
+            r["cpu_share_main"], r["driver_cpu_s"], r["staleness_mean"],
+            r["staleness_max"], r["step_reached"], r["time_to_accuracy_s"]]
 
 
-def rep_table(rep: dict[int, dict], index: int) -> str:
-    return f"repetition {index + 1}:\n" + table(HEADERS, [_cells(r) for r in rep.values()])
+def _title(fixed: bool) -> str:
+    return "fixed policy (actor.lr=0)" if fixed else "learning"
+
+
+def rep_table(rep: dict[int, dict], index: int, fixed: bool = False) -> str:
+    return (f"{_title(fixed)}, repetition {index + 1}:\n"
+            + table(HEADERS, [_cells(r) for r in rep.values()]))
+
+
+def phase_lines(ph: dict, fixed: bool, target_accuracy: float) -> list[str]:
+    lines = [f"{_title(fixed)}: medians over repetitions",
+             table(HEADERS, [_cells(r) for r in ph["rows"]])]
+    for k, r in ph["ratios"].items():
+        line = (f"staleness {k} / 0: steps/s {r['steps_per_s_median']:.2f}x "
+                f"(per rep {[round(x, 2) for x in r['steps_per_s']]}; overlap bound "
+                f"{r['overlap_bound_median']:.2f}x)")
+        if not fixed:
+            tta = r["time_to_accuracy_median"]
+            line += (f", time to {target_accuracy}: "
+                     + (f"{tta:.2f}x" if tta is not None else "-")
+                     + f" (per rep {[round(x, 2) for x in r['time_to_accuracy']]}, "
+                       f"both reached in {r['time_to_accuracy_reached']})")
+        lines.append(line)
+    return lines
 
 
 def report(p: dict) -> str:
     m = p["machine"]
     lines = [f"machine: {m['cpu']}, {m['cores']} cores, load {m['load_avg_1m_at_start']}",
-             f"setup: {p['setup']}", "medians over repetitions:",
-             table(HEADERS, [_cells(r) for r in p["rows"]])]
-    for k, r in p["ratios"].items():
-        tta = r["time_to_accuracy_median"]
-        lines.append(f"staleness {k} / 0: steps/s {r['steps_per_s_median']:.2f}x "
-                     f"(per rep {[round(x, 2) for x in r['steps_per_s']]}; bound "
-                     f"{r['overlap_bound_median']:.2f}x), time to "
-                     f"{p['setup']['target_accuracy']}: "
-                     + (f"{tta:.2f}x" if tta is not None else "-")
-                     + f" (per rep {[round(x, 2) for x in r['time_to_accuracy']]}, "
-                       f"reached {r['time_to_accuracy_reached']})")
+             f"setup: {p['setup']}"]
+    lines += phase_lines(p, False, p["setup"]["target_accuracy"])
+    if p.get("fixed_policy"):
+        lines += phase_lines(p["fixed_policy"], True, p["setup"]["target_accuracy"])
     for name, t in p["targets"].items():
         value = "-" if t["value"] is None else f"{t['value']:.2f}"
         lines.append(f"target {name}: {value} ({t['target']}): {t['verdict']}")
@@ -323,6 +390,8 @@ def parse(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--fixed-steps", type=int, default=12,
+                        help="steps of the fixed-policy phase (0: skip it)")
     parser.add_argument("--warmup", type=int, default=2, help="steps left out of steps/s")
     parser.add_argument("--val-every", type=int, default=2)
     parser.add_argument("--prompts", type=int, default=16)
@@ -345,8 +414,10 @@ def parse(argv=None):
     if 0 not in args.staleness:
         parser.error("--staleness must include 0 (the ratios are against it)")
     args.staleness = sorted(set(args.staleness))
-    if args.steps <= args.warmup + max(args.staleness):
-        parser.error("--steps must exceed --warmup plus the largest staleness")
+    for steps in (args.steps, args.fixed_steps or args.steps):
+        if steps <= args.warmup + max(args.staleness):
+            parser.error("--steps and --fixed-steps must exceed --warmup plus the "
+                         "largest staleness")
     return args
 
 
