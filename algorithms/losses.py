@@ -1,4 +1,6 @@
-"""Policy and value losses, their aggregation over tokens, and the entropy.
+"""Policy and value losses, their aggregation over tokens, the entropy, and the
+off-policy importance weights (`behaviour_weights`) a policy loss takes as
+`is_weights` when the samples came from older weights or another engine.
 
 Shapes: `log_prob`, `old_log_prob`, `advantages`, `values`, ... are [B, T];
 `mask` [B, T] is the response mask. Every loss returns `(loss, metrics)`:
@@ -13,6 +15,7 @@ the rank losses sum to the unsplit loss. A gradient all-reduce that averages
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -77,10 +80,17 @@ def _metric(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return masked_mean(x.detach().to(torch.float32), mask)
 
 
+def _weighted(losses: torch.Tensor, is_weights: torch.Tensor | None) -> torch.Tensor:
+    """Per-token losses times the off-policy weights (`behaviour_weights`); None leaves
+    them untouched, so an uncorrected loss is bit-identical to one without the argument."""
+    return losses if is_weights is None else losses * is_weights
+
+
 def ppo_policy_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor,
                     mask: torch.Tensor, clip_low: float = 0.2, clip_high: float = 0.2,
                     clip_c: float = 3.0, mode: str = "token-mean", *, global_tokens: Count = None,
                     global_seqs: Count = None, norm_constant: float | None = None,
+                    is_weights: torch.Tensor | None = None,
                     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped PPO surrogate with dual clip, all inputs [B, T].
 
@@ -99,7 +109,8 @@ def ppo_policy_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantag
     dual_bound = -advantages * clip_c
     negative = advantages < 0
     losses = torch.where(negative, torch.minimum(dual_bound, clipped), clipped)
-    loss = aggregate(losses, mask, mode, global_tokens, global_seqs, norm_constant)
+    loss = aggregate(_weighted(losses, is_weights), mask, mode, global_tokens, global_seqs,
+                     norm_constant)
     metrics = {
         "pg_clipfrac": _metric(clipped_ratio > unclipped, mask),
         "ppo_kl": _metric(old_log_prob - log_prob, mask),
@@ -112,6 +123,7 @@ def gspo_policy_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advanta
                      mask: torch.Tensor, clip_low: float = 3e-4, clip_high: float = 4e-4,
                      mode: str = "seq-mean-token-mean", *, global_tokens: Count = None,
                      global_seqs: Count = None, norm_constant: float | None = None,
+                     is_weights: torch.Tensor | None = None,
                      ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GSPO: PPO clipping with a sequence-level importance ratio, inputs [B, T].
 
@@ -128,7 +140,8 @@ def gspo_policy_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advanta
     unclipped = -advantages * ratio
     clipped_ratio = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     losses = torch.maximum(unclipped, clipped_ratio)
-    loss = aggregate(losses, mask, mode, global_tokens, global_seqs, norm_constant)
+    loss = aggregate(_weighted(losses, is_weights), mask, mode, global_tokens, global_seqs,
+                     norm_constant)
     metrics = {
         "pg_clipfrac": _metric(clipped_ratio > unclipped, mask),
         "ppo_kl": _metric(-log_ratio, mask),
@@ -141,6 +154,7 @@ def cispo_policy_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advant
                       mask: torch.Tensor, clip_low: float = 0.2, clip_high: float = 0.2,
                       mode: str = "token-mean", *, global_tokens: Count = None,
                       global_seqs: Count = None, norm_constant: float | None = None,
+                      is_weights: torch.Tensor | None = None,
                       ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """CISPO: `-sg(clamp(ratio, 1 - clip_low, 1 + clip_high)) * A * log_prob`, inputs [B, T].
 
@@ -151,7 +165,8 @@ def cispo_policy_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advant
     ratio = torch.exp(torch.clamp(log_prob - old_log_prob, -20.0, 20.0))
     weight = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high).detach()
     losses = -weight * advantages * log_prob
-    loss = aggregate(losses, mask, mode, global_tokens, global_seqs, norm_constant)
+    loss = aggregate(_weighted(losses, is_weights), mask, mode, global_tokens, global_seqs,
+                     norm_constant)
     lower = ratio < 1.0 - clip_low
     metrics = {
         "pg_clipfrac": _metric(lower | (ratio > 1.0 + clip_high), mask),
@@ -172,6 +187,71 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {
 def get_policy_loss(name: str) -> PolicyLoss:
     """The policy loss registered as `name`; ValueError listing valid names otherwise."""
     return lookup(POLICY_LOSSES, name, "policy loss")
+
+
+# ------------------------------------------------------- off-policy corrections
+OFF_POLICY_CORRECTIONS = ("none", "tis", "decoupled")
+IS_LEVELS = ("token", "sequence")
+_LOG_CLAMP = 20.0  # exp(20) ~ 5e8: a diagnostic stays finite however stale the sample
+
+
+def check_off_policy(correction: str, level: str = "token", cap: float = 2.0) -> None:
+    """ValueError naming the actor config key when a correction setting is invalid."""
+    if correction not in OFF_POLICY_CORRECTIONS:
+        raise ValueError(f"unknown off-policy correction {correction!r} (actor.off_policy); "
+                         f"valid: {', '.join(OFF_POLICY_CORRECTIONS)}")
+    if level not in IS_LEVELS:
+        raise ValueError(f"unknown importance-sampling level {level!r} (actor.is_level); "
+                         f"valid: {', '.join(IS_LEVELS)}")
+    if correction == "decoupled" and level != "token":
+        raise ValueError("actor.is_level=sequence applies to actor.off_policy=tis only: "
+                         "decoupled PPO weighs and drops single tokens; set "
+                         "actor.is_level=token")
+    if not cap > 1.0:
+        raise ValueError(f"the importance weight cap actor.is_cap must be > 1, got {cap}")
+
+
+def behaviour_weights(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor,
+                      mask: torch.Tensor, correction: str = "tis", cap: float = 2.0,
+                      level: str = "token") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Detached importance weights [B, T] of the proximal policy (`old_log_prob`, the
+    trainer's weights before this update) over the behaviour policy that sampled the
+    tokens (`rollout_log_prob`), to multiply a surrogate's per-token losses by.
+
+    `w = exp(old - rollout)`; `level="sequence"` (tis only) takes
+    `exp(sum over the sequence's masked tokens of (old - rollout))` on all its tokens.
+    - tis: `min(w, cap)` (truncated importance sampling);
+    - decoupled: `w`, or 0 where `w > cap` (the token is dropped).
+    Metrics (masked means unless said): is_weight_mean (of the applied weight, a
+    dropped token counting 0), is_weight_max (largest uncapped weight),
+    truncated_frac (tis) or dropped_frac (decoupled): tokens whose weight exceeds
+    `cap`; behav_kl: k3 estimate of KL(behaviour || proximal), `w_t - 1 - log w_t`
+    per token (non-negative; its mean is unbiased under the behaviour's samples).
+    """
+    check_off_policy(correction, level, cap)
+    if correction == "none":
+        raise ValueError("behaviour_weights needs a correction ('tis' or 'decoupled')")
+    valid = mask.bool()
+    token_log_w = torch.where(valid, (old_log_prob - rollout_log_prob).detach().float(), 0.0)
+    log_w = token_log_w
+    if level == "sequence":
+        log_w = token_log_w.sum(dim=-1, keepdim=True).expand_as(token_log_w)
+    over = log_w > math.log(cap)
+    if correction == "tis":  # exp(min(log w, log cap)): no overflow however stale
+        weights = torch.exp(torch.clamp(log_w, max=math.log(cap)))
+    else:
+        weights = torch.where(over, 0.0, torch.exp(torch.clamp(log_w, max=math.log(cap))))
+    raw = torch.exp(torch.clamp(log_w, -_LOG_CLAMP, _LOG_CLAMP))
+    # k3 in float64 with expm1: near on-policy it is ~x^2/2, below float32's rounding
+    token_log_w = torch.clamp(token_log_w, -_LOG_CLAMP, _LOG_CLAMP).double()
+    largest = torch.where(valid, raw, 0.0).max() if raw.numel() else raw.new_zeros(())
+    metrics = {
+        "is_weight_mean": _metric(weights, mask),
+        "is_weight_max": largest,
+        ("truncated_frac" if correction == "tis" else "dropped_frac"): _metric(over, mask),
+        "behav_kl": _metric(torch.expm1(token_log_w) - token_log_w, mask),
+    }
+    return weights.to(old_log_prob.dtype), metrics
 
 
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,

@@ -5,13 +5,17 @@
 2. Calibrate the device on that run (`--calibrate`), then predict a second run
    with a different workload from the calibrated entry: the honest test, since
    the second run was not fitted.
+3. With `--async-run` (made by --make-runs with --runtime ray): an async run
+   (Ray, the rollout on a pool of its own, trainer.staleness=1) predicted from the
+   device calibrated on the (synchronous) fit run: the pipelined step of
+   docs/placement.md "Async (staleness >= 1)" against the measured one.
 Runs come from `hybridflow run graphs/grpo.py trainer.steps=6 trainer.val_every=0`
 (and overrides); pass their directories, or let --make-runs start them. Each
 node's median over the steps after the first counts.
 
-    python bench/planner_local.py --fit-run RUN_A --check-run RUN_B
+    python bench/planner_local.py --fit-run RUN_A --check-run RUN_B [--async-run RUN_C]
     python bench/planner_local.py --make-runs      # runs both here first (about a minute)
-    python bench/planner_local.py --make-runs --runtime ray
+    python bench/planner_local.py --make-runs --runtime ray      # and the async run
 
 Writes bench/results/planner_local.json (planner_local_ray.json for Ray runs).
 Targets: within +-30% per node and per step.
@@ -35,6 +39,8 @@ from hybridflow.planner.run_dir import read_run  # noqa: E402
 RUN_A = ["trainer.steps=6", "trainer.val_every=0"]  # 5 steps kept: medians resist a stall
 RUN_B = ["trainer.steps=6", "trainer.val_every=0", "rollout.n=4", "data.batch_size=32",
          "rollout.max_new_tokens=6"]
+RUN_ASYNC = RUN_A + ["placement.pools.gen.devices_per_node=1", "placement.roles.rollout=gen",
+                     "trainer.staleness=1", "trainer.allow_uncorrected_async=true"]
 
 
 def make_run(folder: str, name: str, overrides: list[str], runtime: str) -> str:
@@ -67,10 +73,27 @@ def table(title: str, rows: dict) -> str:
     return "\n".join(lines)
 
 
+def async_case(run, fitted, fit_run) -> dict:
+    """The async run predicted from the entry calibrated on the synchronous fit run."""
+    prediction = predict_run(run, fitted)
+    rows = compare(run, prediction)
+    print("\n" + table(f"calibrated on the fit run, predicting the async run {run.run_dir}:",
+                       rows))
+    terms = prediction.pipeline
+    print(f"predicted pipelined step: {terms.describe()}; the same placement synchronous "
+          f"{terms.synchronous:.4f} s; measured: async {run.step_seconds:.4f} s, "
+          f"fit run (synchronous, colocated) {fit_run.step_seconds:.4f} s")
+    return {"async_run": run.run_dir, "calibrated_on_async_run": rows,
+            "async_predicted_terms": terms.to_json(),
+            "fit_run_measured_step": round(fit_run.step_seconds, 4)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fit-run", help="run directory the device is calibrated on")
     parser.add_argument("--check-run", help="run directory predicted from the calibrated entry")
+    parser.add_argument("--async-run", help="async run directory (Ray, rollout apart, "
+                        "staleness 1) predicted from the calibrated entry")
     parser.add_argument("--make-runs", action="store_true", help="start both runs here first")
     parser.add_argument("--runtime", default="local", choices=("local", "ray"),
                         help="runtime of the runs --make-runs starts")
@@ -83,6 +106,8 @@ def main() -> int:
         folder = tempfile.mkdtemp(prefix="planner-local-")
         args.fit_run = make_run(folder, "fit", RUN_A, args.runtime)
         args.check_run = make_run(folder, "check", RUN_B, args.runtime)
+        if args.runtime == "ray":
+            args.async_run = make_run(folder, "async", RUN_ASYNC, args.runtime)
     if not args.fit_run:
         parser.error("give --fit-run RUN_DIR (and --check-run) or --make-runs")
     measured = measure()
@@ -101,6 +126,8 @@ def main() -> int:
         out["calibrated_on_check_run"] = compare(check_run, predict_run(check_run, fitted))
         print("\n" + table(f"calibrated on the fit run, predicting {args.check_run}:",
                            out["calibrated_on_check_run"]))
+    if args.async_run:
+        out.update(async_case(read_run(args.async_run), fitted, fit_run))
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as handle:
         json.dump(out, handle, indent=2)

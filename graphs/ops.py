@@ -8,8 +8,8 @@ declared with `@loss_fn` (the keys it reads). The math itself lives in
 `algorithms/`; these adapters only pick columns and name the outputs. On import this
 module registers the default losses of `actor.update`, `actor.sft` and
 `critic.update` (today's config-chosen losses) for graphs that pass none, and the
-names those losses read from config (policy loss, KL kind, aggregation mode), which
-`build_config` checks before launch.
+names those losses read from config (policy loss, KL kind, aggregation mode,
+off-policy correction), which `build_config` checks before launch.
 
 Masks: advantages, KL and losses count the batch's training mask (`_mask` here,
 `out.mask` in a loss): an agent rollout's `loss_mask` (the model's tokens, not the
@@ -21,7 +21,9 @@ import torch
 
 from algorithms import advantages as adv
 from algorithms.kl import KL_KINDS, AdaptiveKL, FixedKL, apply_kl_in_reward, kl_penalty
-from algorithms.losses import AGG_MODES, POLICY_LOSSES, aggregate, get_policy_loss, value_loss
+from algorithms.losses import (AGG_MODES, OFF_POLICY_CORRECTIONS, POLICY_LOSSES, aggregate,
+                               behaviour_weights, check_off_policy, get_policy_loss,
+                               value_loss)
 from algorithms.masked import masked_mean
 from hybridflow import Batch, node_fn
 from hybridflow.loss import loss_fn, register_default_loss
@@ -31,7 +33,8 @@ from hybridflow.workers.sequences import training_mask
 __all__ = ["grpo_advantages", "rloo_advantages", "reinforce_pp_advantages",
            "reinforce_pp_baseline_advantages", "remax_advantages", "gae_advantages",
            "KLInReward", "AdaptiveKLInReward", "kl_in_reward", "scores_to_rewards",
-           "PolicyLoss", "policy_loss", "ppo_loss", "gspo_loss", "cispo_loss", "sft_loss",
+           "PolicyLoss", "policy_loss", "ppo_loss", "gspo_loss", "cispo_loss", "tis_loss",
+           "decoupled_ppo_loss", "sft_loss",
            "ValueLoss", "critic_value_loss", "response_loss_mask"]
 
 
@@ -213,11 +216,19 @@ class PolicyLoss:
     (`algorithms/losses.py`: ppo with dual clip, gspo or cispo), minus an entropy
     bonus when `entropy_coeff` is set, plus a KL-to-reference term when `kl_coef` is
     set (the term reads `ref_log_prob`). Metrics: pg_loss and the surrogate's
-    (pg_clipfrac, ppo_kl, pg_clipfrac_lower), entropy, kl_loss."""
+    (pg_clipfrac, ppo_kl, pg_clipfrac_lower), entropy, kl_loss.
+
+    Off-policy correction (`off_policy` "tis" or "decoupled"; the loss then reads
+    `rollout_log_probs`, the behaviour policy's): the surrogate's per-token losses,
+    taken against `old_log_probs` (the proximal policy), are weighted by
+    `behaviour_weights` (capped at `is_cap`; per token, or per sequence with
+    `is_level="sequence"` under tis). Metrics under off_policy/: is_weight_mean,
+    is_weight_max, truncated_frac or dropped_frac, behav_kl."""
 
     def __init__(self, kind: str = "ppo", clip_low: float = 0.2, clip_high: float = 0.2,
                  clip_c: float = 3.0, agg: str = "token-mean", entropy_coeff: float = 0.0,
-                 kl_coef: float | None = None, kl_type: str = "low_var_kl"):
+                 kl_coef: float | None = None, kl_type: str = "low_var_kl",
+                 off_policy: str = "none", is_level: str = "token", is_cap: float = 2.0):
         self.surrogate = get_policy_loss(kind)  # unknown names fail at graph build time
         if agg not in AGG_MODES:
             raise ValueError(f"unknown loss aggregation {agg!r} (actor.loss_agg_mode); "
@@ -225,28 +236,53 @@ class PolicyLoss:
         if kl_coef is not None and kl_type not in KL_KINDS:
             raise ValueError(f"unknown KL kind {kl_type!r} (actor.kl_loss_type); valid "
                              f"kinds: {', '.join(KL_KINDS)}")
+        check_off_policy(off_policy, is_level, is_cap)
         self.kind, self.agg, self.entropy_coeff = kind, agg, entropy_coeff
         self.clip = {"clip_low": clip_low, "clip_high": clip_high,
                      **({"clip_c": clip_c} if kind == "ppo" else {})}
         self.kl_coef, self.kl_type = kl_coef, kl_type
+        self.off_policy, self.is_level, self.is_cap = off_policy, is_level, float(is_cap)
         self.__name__ = f"{kind}_loss"
         loss_fn(reads=("old_log_probs", "advantages")
+                + (("rollout_log_probs",) if self.corrected else ())
                 + (("ref_log_prob",) if kl_coef is not None else ()))(self)
+
+    @property
+    def corrected(self) -> bool:
+        """True when the loss weighs tokens by the behaviour policy (reads its log-probs)."""
+        return self.off_policy != "none"
 
     def __repr__(self) -> str:
         kl = f", kl={self.kl_type}*{self.kl_coef}" if self.kl_coef is not None else ""
         ent = f", entropy={self.entropy_coeff}" if self.entropy_coeff else ""
-        return f"{self.__name__}({self.agg}{ent}{kl})"
+        level = f"{self.is_level}, " if self.off_policy == "tis" else ""
+        off = f", {self.off_policy}({level}cap={self.is_cap})" if self.corrected else ""
+        return f"{self.__name__}({self.agg}{ent}{kl}{off})"
+
+    def _behaviour_weights(self, micro: Batch, mask, share) -> tuple[dict, dict]:
+        """({} or {"is_weights": w}) for the surrogate, and the off_policy/ metrics as
+        this micro-batch's share (is_weight_max: its largest weight times its share,
+        since the trainer sums metrics over micro-batches and ranks)."""
+        if not self.corrected:
+            return {}, {}
+        weights, metrics = behaviour_weights(micro["old_log_probs"], micro["rollout_log_probs"],
+                                             mask, self.off_policy, self.is_cap, self.is_level)
+        return {"is_weights": weights}, {f"off_policy/{k}": v * share
+                                         for k, v in metrics.items()}
 
     def __call__(self, micro: Batch, out):
         mask = out.mask  # the training mask: an agent's model tokens only
         logp = out.log_probs
         agg = dict(mode=self.agg, global_tokens=out.tokens, global_seqs=out.seqs,
                    norm_constant=float(mask.shape[1]))
+        share = out.share
+        weighting, off_metrics = self._behaviour_weights(micro, mask, share)
         pg_loss, pg_metrics = self.surrogate(logp, micro["old_log_probs"],
-                                             micro["advantages"], mask, **self.clip, **agg)
-        loss, share = pg_loss, out.share
-        parts = {"pg_loss": pg_loss, **{k: v * share for k, v in pg_metrics.items()}}
+                                             micro["advantages"], mask, **self.clip, **agg,
+                                             **weighting)
+        loss = pg_loss
+        parts = {"pg_loss": pg_loss, **{k: v * share for k, v in pg_metrics.items()},
+                 **off_metrics}
         if self.entropy_coeff != 0:
             entropy = aggregate(out.entropy(grad=True), mask, **agg)
             loss = loss - self.entropy_coeff * entropy
@@ -260,12 +296,16 @@ class PolicyLoss:
         return loss, parts
 
 
-def policy_loss(actor, kind: str | None = None) -> PolicyLoss:
+def policy_loss(actor, kind: str | None = None, off_policy: str | None = None,
+                is_level: str | None = None) -> PolicyLoss:
     """The actor's loss from its config section: `actor.policy_loss` (or `kind`), its
-    clip range, aggregation, entropy bonus and KL loss (`actor.use_kl_loss`)."""
+    clip range, aggregation, entropy bonus, KL loss (`actor.use_kl_loss`) and
+    off-policy correction (`actor.off_policy`, `actor.is_level`, `actor.is_cap`; the
+    arguments, when given, override the config's)."""
     return PolicyLoss(kind or actor.policy_loss, actor.clip_low, actor.clip_high,
                       actor.clip_c, actor.loss_agg_mode, actor.entropy_coeff,
-                      actor.kl_loss_coef if actor.use_kl_loss else None, actor.kl_loss_type)
+                      actor.kl_loss_coef if actor.use_kl_loss else None, actor.kl_loss_type,
+                      off_policy or actor.off_policy, is_level or actor.is_level, actor.is_cap)
 
 
 def ppo_loss(actor) -> PolicyLoss:
@@ -281,6 +321,18 @@ def gspo_loss(actor) -> PolicyLoss:
 def cispo_loss(actor) -> PolicyLoss:
     """CISPO: the clipped ratio as a constant weight on `A * log_prob`."""
     return policy_loss(actor, "cispo")
+
+
+def tis_loss(actor) -> PolicyLoss:
+    """`actor.policy_loss` with truncated importance sampling towards the behaviour
+    policy whatever `actor.off_policy` says (`actor.is_level`, `actor.is_cap`)."""
+    return policy_loss(actor, off_policy="tis")
+
+
+def decoupled_ppo_loss(actor) -> PolicyLoss:
+    """Decoupled PPO: the PPO surrogate against the proximal policy (`old_log_probs`)
+    weighted by the behaviour's importance weight, tokens above `actor.is_cap` dropped."""
+    return policy_loss(actor, "ppo", off_policy="decoupled", is_level="token")
 
 
 @loss_fn()
@@ -328,3 +380,4 @@ register_default_loss("critic.update", critic_value_loss)
 register_setting_names("policy loss", sorted(POLICY_LOSSES))
 register_setting_names("KL kind", KL_KINDS)
 register_setting_names("loss aggregation mode", AGG_MODES)
+register_setting_names("off-policy correction", OFF_POLICY_CORRECTIONS)

@@ -22,7 +22,8 @@ Three plans run the sides (`iteration_plans`):
   rollout side of step t + k, with ordering edges so the new batch is generated
   with the weights from before this step's update (the weight sync waits for the
   generation; a colocated update waits for it too). Both runtimes then use the same
-  weights version for the same batch;
+  weights version for the same batch. The train nodes that wait for nothing come
+  first in its order, as workers run tasks in the order they are submitted;
 - `train`: the train side alone (the last k steps, nothing left to generate).
 
 Stateless: plans are built once per run from the compiled plan.
@@ -79,7 +80,11 @@ def trained_roles(plan: ExecutionPlan) -> set[str]:
 
 
 def _generator_host(plan: ExecutionPlan, node: PlanNode) -> str:
-    """The role whose weights a generate node samples with."""
+    """The role whose weights a generate node samples with: the host serving it
+    (folded), the host it syncs from, or its own role."""
+    folded = plan.placement.folded.get(node.role)
+    if folded:
+        return folded
     cls = plan.bindings.get(node.role)
     return (weights_host(cls) if cls is not None else None) or node.role
 
@@ -99,7 +104,8 @@ def split_sides(plan: ExecutionPlan, staleness: int) -> Sides:
             problems.append(f"{node.where()}: this gather re-runs nodes of the train side, "
                             f"so it cannot run ahead of training (trainer.staleness="
                             f"{staleness}); gather before any node reading trained weights")
-        elif ahead and (node.op is not Op.CALL or node.role not in trained):
+        elif ahead and (node.op is not Op.CALL or node.role not in trained
+                        or node.kind is NodeKind.GENERATE):  # e.g. `actor.generate`
             rollout.add(node.name)
     if not any(plan.node(n).kind is NodeKind.GENERATE for n in rollout) and not problems:
         problems.append(f"trainer.staleness={staleness} runs the rollout ahead of training, "
@@ -114,15 +120,20 @@ def split_sides(plan: ExecutionPlan, staleness: int) -> Sides:
     return Sides(tuple(n for n in order if n in rollout), train, handoff, staleness)
 
 
-def correction_problems(plan: ExecutionPlan, sides: Sides) -> list[str]:
+def correction_problems(plan: ExecutionPlan, sides: Sides,
+                        default_corrects=lambda node: False) -> list[str]:
     """Updates of a generating policy that train on ahead-of-time samples without an
-    off-policy correction (their loss does not read `rollout_log_probs`)."""
+    off-policy correction: their loss does not read `rollout_log_probs`, and
+    `default_corrects(node)` says the default loss the worker builds from config
+    (a call without `loss=`) does not correct either."""
     hosts = {_generator_host(plan, plan.node(n)) for n in sides.rollout
              if plan.node(n).kind is NodeKind.GENERATE}
     rollout, k, problems = set(sides.rollout), sides.staleness, []
     for name in sides.train:
         node = plan.node(name)
         if not (node.kind.trains and node.role in hosts) or CORRECTION_KEY in node.reads:
+            continue
+        if CORRECTION_KEY in node.optional and default_corrects(node):
             continue
         if any(w in rollout for w in node.input_keys.values()):
             problems.append(
@@ -136,14 +147,15 @@ def correction_problems(plan: ExecutionPlan, sides: Sides) -> list[str]:
     return problems
 
 
-def attach_staleness(plan: ExecutionPlan, staleness: int,
-                     allow_uncorrected: bool = False) -> ExecutionPlan:
+def attach_staleness(plan: ExecutionPlan, staleness: int, allow_uncorrected: bool = False,
+                     default_corrects=lambda node: False) -> ExecutionPlan:
     """`plan` with its sides (`plan.sides`) when `staleness >= 1`; GraphError when the
     split is impossible or an update goes uncorrected without the opt-out."""
     if staleness < 1:
         return plan
     sides = split_sides(plan, staleness)
-    problems = [] if allow_uncorrected else correction_problems(plan, sides)
+    problems = [] if allow_uncorrected else \
+        correction_problems(plan, sides, default_corrects)
     if problems:
         raise GraphError(plan.graph_name, problems)
     return replace(plan, sides=sides)
@@ -220,6 +232,20 @@ def _plan(plan: ExecutionPlan, nodes: list[PlanNode], suffix: str,
                    report_groups=groups)
 
 
+def _train_first(train: list[PlanNode], ahead: list[PlanNode]) -> list[PlanNode]:
+    """The async step's node order: the train nodes that wait for no rollout-side node
+    first, then the rollout side, then the rest. The scheduler submits in plan order
+    and a worker runs its tasks in submission order, so a rollout-side call queued
+    first on a shared pool (a reward waiting for the generation) would hold back
+    training that could already run."""
+    rollout, behind, early = {n.name for n in ahead}, {n.name for n in train}, set()
+    for node in train:  # topological order: a node's train-side deps are decided
+        if all(d not in rollout and (d not in behind or d in early) for d in node.deps):
+            early.add(node.name)
+    return [n for n in train if n.name in early] + ahead + \
+        [n for n in train if n.name not in early]
+
+
 def iteration_plans(plan: ExecutionPlan) -> IterationPlans:
     """The rollout-only, both-sides and train-only plans of a plan with sides."""
     sides = plan.sides
@@ -235,5 +261,6 @@ def iteration_plans(plan: ExecutionPlan) -> IterationPlans:
     both_train = [replace(n, deps=n.deps + samplers)
                   if _waits_for_generation(n, shared, own) else n for n in behind]
     return IterationPlans(rollout=_plan(plan, ahead, "rollout side"),
-                          both=_plan(plan, ready + ahead + both_train, "async step", handoff),
+                          both=_plan(plan, ready + _train_first(both_train, ahead),
+                                     "async step", handoff),
                           train=_plan(plan, ready + behind, "train side", handoff))

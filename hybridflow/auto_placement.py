@@ -3,7 +3,9 @@ on the compiled graph and use its best placement for the run.
 
 The cluster is `placement.cluster`; model shapes come from each role's model config;
 the workload from the data and rollout sections. Roles without a model (a rule
-reward) run beside the others and cost the planner nothing.
+reward) run beside the others and cost the planner nothing. With
+`trainer.staleness >= 1` the planner times pipelined steps and may place the
+rollout role on a pool of its own (`placement.roles.rollout`).
 """
 from __future__ import annotations
 
@@ -46,10 +48,12 @@ def run_models(cfg: DictConfig, plan: ExecutionPlan) -> dict:
 
 def plan_auto_placement(cfg: DictConfig, plan: ExecutionPlan) -> tuple[dict, str]:
     """The planner's best placement section for this run, and its explanation."""
+    from hybridflow.async_planning import pipeline_view
     from hybridflow.planner import Cluster, PlanningError, Workload, plan_placement
-    from hybridflow.weight_sync import planner_view
     cluster_cfg = cfg.placement.cluster
-    plan = planner_view(plan)  # a colocated rollout is planned as the actor
+    # a colocated rollout is planned as the actor; with trainer.staleness >= 1 the
+    # planner also weighs it on a pool of its own, weights synced (async_planning.py)
+    plan, pipeline = pipeline_view(plan, cfg.trainer.staleness)
     try:
         result = plan_placement(
             plan, Cluster(cluster_cfg.nodes, cluster_cfg.devices_per_node, cluster_cfg.device),
@@ -59,7 +63,8 @@ def plan_auto_placement(cfg: DictConfig, plan: ExecutionPlan) -> tuple[dict, str
                      response_len=cfg.rollout.max_new_tokens,
                      ppo_epochs=cfg.actor.ppo_epochs,
                      mini_batches=max(1, -(-cfg.data.batch_size * cfg.rollout.n
-                                          // cfg.actor.mini_batch_size))))
+                                          // cfg.actor.mini_batch_size))),
+            pipeline=pipeline)
     except (PlanningError, ValueError) as err:
         raise ConfigError(f"placement=auto: {err}") from None
     return result.best.to_placement_config(), result.explain()

@@ -141,11 +141,21 @@ def prepare(graph_path: str, overrides: list[str] | None = None,
     plan = compile_program(cfg, graph, bindings)
     if cfg.placement.auto:
         plan = _auto_place(cfg, graph, bindings, plan)
-    plan = attach_staleness(plan, cfg.trainer.staleness, cfg.trainer.allow_uncorrected_async)
+    plan = attach_staleness(plan, cfg.trainer.staleness, cfg.trainer.allow_uncorrected_async,
+                            lambda node: _default_loss_corrects(cfg, node))
     if preflight:
         from hybridflow.preflight import preflight as check_run
         check_run(cfg, plan)
     return LoadedGraph(module, cfg, graph, plan, run_values(cfg))
+
+
+def _default_loss_corrects(cfg: DictConfig, node) -> bool:
+    """A training call without `loss=` gets its role's default loss, built from the
+    role's section: it corrects for stale samples when `<role>.off_policy` says so."""
+    if node.kwargs.get("loss") is not None:
+        return False
+    section = cfg.get(node.role) if node.role in cfg else None
+    return section is not None and str(section.get("off_policy", "none")) != "none"
 
 
 def _auto_place(cfg: DictConfig, graph: Graph, bindings, plan: ExecutionPlan) -> ExecutionPlan:

@@ -20,3 +20,29 @@ def test_auto_placement_replaces_the_placement_section(capsys):
 def test_auto_placement_on_one_device_colocates_everything(capsys):
     loaded = prepare(PPO, ["placement=auto"], preflight=False)
     assert len(loaded.plan.placement.pools) == 1
+
+
+GRPO = os.path.join(os.path.dirname(PPO), "grpo.py")
+ASYNC_AUTO = ["placement=auto", "placement.cluster.device=a100-80g", "trainer.staleness=1",
+              "trainer.allow_uncorrected_async=true", "runtime.name=ray"]
+
+
+def test_async_auto_placement_puts_the_rollout_on_a_pool_of_its_own_when_that_wins(capsys):
+    """Two GPUs: a rollout apart skips the engine switch each step and overlaps training."""
+    loaded = prepare(GRPO, ASYNC_AUTO + ["placement.cluster.devices_per_node=2"],
+                     preflight=False)
+    roles = loaded.plan.placement.roles
+    assert roles["rollout"] != roles["actor"]
+    assert "rollout" not in loaded.plan.placement.folded
+    assert "weight_sync" in {n.name for n in loaded.plan.nodes}  # the compiler's real sync
+    assert loaded.plan.sides is not None
+    out = capsys.readouterr().out
+    assert "beats the rollout sharing the actor's devices" in out
+
+
+def test_async_auto_placement_on_one_device_keeps_the_rollout_folded(capsys):
+    loaded = prepare(GRPO, ASYNC_AUTO + ["placement.cluster.devices_per_node=1"],
+                     preflight=False)
+    assert loaded.plan.placement.folded == {"rollout": "actor"}
+    assert "weight_sync" not in {n.name for n in loaded.plan.nodes}
+    assert "No plan with the rollout on a pool of its own fits" in capsys.readouterr().out

@@ -288,3 +288,69 @@ def test_command_needs_a_graph_or_a_timeline(tmp_path, capsys):
     command, args = parse(["render", "-o", str(tmp_path / "g.svg")])
     assert command.run(args) == 1
     assert "graph file" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------- async sides
+def async_plan(staleness: int = 1):
+    from hybridflow.async_split import attach_staleness
+    return attach_staleness(ppo_plan(), staleness, allow_uncorrected=True)
+
+
+def dot_block(source: str, cluster: str) -> str:
+    """The DOT text of one cluster, up to its closing brace."""
+    start = source.index(f"subgraph {cluster} {{")
+    depth, i = 0, start
+    while True:
+        depth += {"{": 1, "}": -1}.get(source[i], 0)
+        if depth == 0 and source[i] == "}":
+            return source[start:i]
+        i += 1
+
+
+def edge_line(source: str, a: str, b: str) -> str:
+    return next(line for line in source.splitlines() if line.strip().startswith(f"{a} -> {b} "))
+
+
+def test_an_async_plan_is_drawn_as_two_sides_with_the_waiting_edges_labelled():
+    plan = async_plan()
+    source = render.plan_to_dot(plan).source
+    rollout, train = dot_block(source, "cluster_side_rollout"), \
+        dot_block(source, "cluster_side_train")
+    assert 'label="rollout side (runs 1 step ahead)"' in rollout
+    assert 'label="train side"' in train
+    for name in plan.sides.rollout:
+        assert re.search(rf"^\s*{name} \[", rollout, re.M) and name not in train, name
+    for name in plan.sides.train:
+        assert re.search(rf"^\s*{name} \[", train, re.M), name
+    crossing = plan.sides.crossing_edges(plan)
+    assert ("generate", "update_actor") in crossing and ("reward", "advantages") in crossing
+    for node in plan.nodes:
+        for dep in node.deps:
+            line = edge_line(source, dep, node.name)
+            assert ("waits ≤1 step" in line) == ((dep, node.name) in crossing), line
+    assert "async: trainer.staleness=1" in source
+    assert "≤2 steps" in render.plan_to_dot(async_plan(2)).source
+
+
+def test_the_placement_view_of_an_async_plan_outlines_the_rollout_side():
+    plan = async_plan()
+    source = render.plan_to_dot(plan, show_plan=True).source
+    assert "cluster_side_" not in source and "cluster_pool_main" in source
+    for node in plan.nodes:
+        line = next(x for x in source.splitlines() if re.match(rf"\s*{node.name} \[", x))
+        assert (render.ROLLOUT_SIDE_COLOR in line) == (node.name in plan.sides.rollout)
+    assert "waits ≤1 step" in edge_line(source, "ref_logprob", "update_actor")
+    assert "rollout side (1 step ahead)" in source  # the legend
+
+
+def test_a_synchronous_plan_has_no_sides_drawn():
+    for show_plan in (False, True):
+        source = render.plan_to_dot(ppo_plan(), show_plan=show_plan).source
+        assert "cluster_side" not in source and "waits" not in source
+        assert render.ROLLOUT_SIDE_COLOR not in source and "async" not in source
+
+
+@needs_dot
+def test_async_svg_names_the_sides_and_the_wait(tmp_path):
+    texts = set(svg_texts(render_graph(async_plan(), tmp_path / "g.svg")))
+    assert {"rollout side (runs 1 step ahead)", "train side", "waits ≤1 step"} <= texts

@@ -44,5 +44,7 @@ def play_batch(runner: EpisodeRunner, batch: Batch, pad_id: int, n: int = 1,
     for key, values in prompts.non_tensors.items():
         if key not in out:
             out[key] = values
-    out.meta = {**out.meta, "metrics": dict(result.metrics)}
+    # the version every episode of this call played with (async/staleness/*)
+    out.meta = {**out.meta, "metrics": {**result.metrics,
+                                        "rollout/sampled_version": int(policy_version)}}
     return out

@@ -6,10 +6,13 @@
     hybridflow plan --measure-device --save mybox        # this machine as device entry "mybox"
     hybridflow plan --calibrate runs/grpo-1 --device mybox --save mybox-fit
     hybridflow plan graphs/grpo.py --device mybox-fit --nodes 1 --gpus-per-node 1 --model ...
+    hybridflow plan graphs/grpo.py --model 7b trainer.staleness=1 actor.off_policy=tis   # async
 
 A bare size (`--model 7b`) applies to every role of the graph except the rule
 roles (`--rule-roles`, default `reward`), which run on the driver unless given
 a size by name. A size is a name (7b, 13b, ...) or a Hugging Face config.json.
+With `trainer.staleness >= 1` the step is pipelined, and the planner also weighs
+the rollout on a pool of its own (hybridflow/async_planning.py).
 """
 from __future__ import annotations
 
@@ -135,12 +138,13 @@ def run(args) -> int:
         return 2
     try:
         extra = {"yaml_file": args.config} if args.config else {}
-        from hybridflow.weight_sync import planner_view
+        from hybridflow.async_planning import pipeline_view
         if args.from_config:
             result = _plan_from_config(args, extra)
             print(json.dumps(result.to_json(), indent=2) if args.json else result.explain())
             return 0
-        plan = planner_view(load_plan(args.graph, list(args.overrides or []), **extra))
+        plan, pipeline = pipeline_view(load_plan(args.graph, list(args.overrides or []),
+                                                 **extra))
         roles = device_roles(plan)
         rule_roles = {r.strip() for r in args.rule_roles.split(",") if r.strip()}
         models = parse_models(args.model, roles, rule_roles)
@@ -150,7 +154,7 @@ def run(args) -> int:
                             args.response_mean, args.response_sigma, args.padded_len)
         backend = TrainingBackend(args.train_backend, args.train_tp, args.train_pp, args.offload)
         result = plan_placement(plan, cluster, models, workload, top_k=args.top_k,
-                                backend=backend)
+                                backend=backend, pipeline=pipeline)
     except NoFeasiblePlacement as err:
         print(f"hybridflow plan: {err}", file=sys.stderr)
         return 1
@@ -163,19 +167,20 @@ def run(args) -> int:
 
 def _plan_from_config(args, extra: dict):
     """The run `hybridflow run GRAPH overrides` would start, planned on `--device`."""
+    from hybridflow.async_planning import pipeline_view
     from hybridflow.auto_placement import run_models
     from hybridflow.planner import Cluster, plan_placement
-    from hybridflow.planner.run_dir import run_pools, run_workload
+    from hybridflow.planner.run_dir import run_pools, run_roles, run_workload
     from hybridflow.program import prepare
-    from hybridflow.weight_sync import planner_view
 
     loaded = prepare(args.graph, list(args.overrides or []), extra.get("yaml_file"),
                      preflight=False)
-    plan = planner_view(loaded.plan)
+    plan, pipeline = pipeline_view(loaded.plan)
     models = run_models(loaded.cfg, plan)
-    devices, grouping = run_pools(loaded.cfg, list(models))
+    devices, grouping = run_pools(loaded.cfg, run_roles(loaded.plan, pipeline, models))
     return plan_placement(plan, Cluster(1, devices, args.device), models,
-                          run_workload(loaded.cfg, [], ()), top_k=1, groupings=[grouping])
+                          run_workload(loaded.cfg, [], ()), top_k=1, groupings=[grouping],
+                          pipeline=pipeline)
 
 
 def _write_outputs(result, args) -> int:

@@ -1,16 +1,22 @@
-"""`hybridflow render`: draw a graph (and its placement), or a recorded step's timeline.
+"""`hybridflow render`: draw a graph (and its placement), or recorded steps' timeline.
 
     hybridflow render graphs/ppo.py -o ppo.svg [--plan] [key=value ...]
-    hybridflow render --timeline RUN_DIR -o timeline.svg [--step N]
+    hybridflow render --timeline RUN_DIR -o timeline.svg [--step N | --steps A-B]
+
+The timeline of an async run (`trainer.staleness >= 1` in RUN_DIR/config.yaml) marks
+its rollout-side nodes: their names come from compiling the run's graph file (named
+in RUN_DIR/graph.json) with its saved config; when that fails the chart is drawn
+without them, and a note says why.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
-__all__ = ["add_parser", "run", "read_timeline"]
+__all__ = ["add_parser", "run", "read_timeline", "parse_steps", "timeline_sides"]
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -28,7 +34,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("-c", "--config", help="YAML config file, merged before overrides")
     parser.add_argument("--timeline", metavar="RUN_DIR",
                         help="draw RUN_DIR/timeline.jsonl instead of a graph")
-    parser.add_argument("--step", type=int, help="timeline step (default: the last recorded)")
+    steps = parser.add_mutually_exclusive_group()
+    steps.add_argument("--step", type=int, help="timeline step (default: the last recorded)")
+    steps.add_argument("--steps", metavar="A-B",
+                       help="timeline steps A to B laid end to end (e.g. 3-5), to see "
+                            "an async run pipeline across steps")
     parser.set_defaults(run=run)
     return parser
 
@@ -50,16 +60,67 @@ def read_timeline(run_dir: str) -> list[dict]:
     return records
 
 
+def parse_steps(text: str | None) -> tuple[int, int] | None:
+    """'3-5' -> (3, 5); '4' -> (4, 4); ValueError naming the option otherwise."""
+    if text is None:
+        return None
+    match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", text)
+    if not match or int(match[2] or match[1]) < int(match[1]):
+        raise ValueError(f"--steps {text!r}: give a range of steps like 3-5 (first <= last)")
+    return int(match[1]), int(match[2] or match[1])
+
+
+def timeline_sides(run_dir: str):
+    """(the async sides of the run in `run_dir` for the chart, or None when it ran
+    synchronously or has no config.yaml; a note when an async run's sides could not
+    be read, or None)."""
+    from omegaconf import OmegaConf
+
+    from hybridflow.kinds import Op
+    from hybridflow.render_timeline import TimelineSides
+    path = Path(run_dir)
+    path = path.parent if path.suffix == ".jsonl" else path
+    config = path / "config.yaml"
+    if not config.is_file():  # a timeline alone: nothing says it ran async
+        return None, None
+    try:
+        cfg = OmegaConf.load(config)
+        if int(OmegaConf.select(cfg, "trainer.staleness", default=0) or 0) < 1:
+            return None, None
+        from hybridflow import program
+        graph_file = json.loads((path / "graph.json").read_text())["file"]
+        plan = program.prepare(graph_file, [], yaml_file=str(config), preflight=False).plan
+    except Exception as err:  # noqa: BLE001 - the chart is still drawn, without sides
+        return None, (f"note: the rollout side of {path} is not marked: its graph could "
+                      f"not be compiled again ({type(err).__name__}: {err})")
+    rollout = [plan.node(n) for n in plan.sides.rollout]
+    sources = [n.name for n in rollout if n.op is Op.SOURCE]
+    # a gather's rounds draw and record the source again: calls cannot be counted
+    gathers = any(n.op is Op.GATHER for n in rollout)
+    source = sources[0] if sources and not gathers else None
+    return TimelineSides(frozenset(plan.sides.rollout), plan.sides.staleness, source,
+                         int(cfg.trainer.steps)), None
+
+
+def _render_timeline(args: argparse.Namespace):
+    from hybridflow.render import render_timeline
+    records = read_timeline(args.timeline)
+    sides, note = timeline_sides(args.timeline)
+    if note:
+        print(note, file=sys.stderr)
+    return render_timeline(records, args.output, args.step, sides, parse_steps(args.steps))
+
+
 def run(args: argparse.Namespace) -> int:
     from hybridflow.compiler import GraphError
     from hybridflow.config import ConfigError
-    from hybridflow.render import RenderError, render_graph, render_timeline
+    from hybridflow.render import RenderError, render_graph
 
     try:
         if args.timeline:
             if args.graph:
                 raise RenderError("give either a graph file or --timeline RUN_DIR, not both")
-            out = render_timeline(read_timeline(args.timeline), args.output, args.step)
+            out = _render_timeline(args)
         elif args.graph:
             from hybridflow import program
             extra = {"yaml_file": args.config} if args.config else {}

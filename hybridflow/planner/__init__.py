@@ -9,7 +9,8 @@
 
 Modules: devices (device table, Cluster), models (ModelSpec), problem (graph
 view, Workload), cost (memory and time of one role), pool (colocated roles),
-schedule (step simulation), search (enumeration and pruning), ranking (the
+schedule (step simulation), pipeline (the overlapped step of an async run, the
+rollout apart), search (enumeration and pruning), ranking (the
 result as data), explain (table, paragraph, JSON), render (graphviz) and result
 (PlannerResult: the ranking with its words and drawing, on top of both).
 """
@@ -17,7 +18,8 @@ from .cost import Layout
 from .devices import DEVICES, Cluster, Device, get_device
 from .models import KNOWN_SIZES, ModelSpec
 from .efficiency import Efficiency
-from .problem import NodeInfo, PlanningError, TrainingBackend, Workload
+from .pipeline import PipelineStep
+from .problem import NodeInfo, Pipeline, PlanningError, TrainingBackend, Workload
 from .ranking import Candidate, PoolPlan
 from .result import PlannerResult
 from .search import NoFeasiblePlacement, plan_placement
@@ -33,6 +35,8 @@ __all__ = [
     "ModelSpec",
     "NoFeasiblePlacement",
     "NodeInfo",
+    "Pipeline",
+    "PipelineStep",
     "PlannerResult",
     "PlanningError",
     "PoolPlan",

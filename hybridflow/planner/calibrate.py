@@ -39,12 +39,13 @@ BISECTIONS = 60
 class Prediction:
     node_seconds: dict[str, float]
     step_seconds: float
+    pipeline: object = None  # an async run's step terms (planner.PipelineStep)
 
 
 def predict_run(run: MeasuredRun, device: Device) -> Prediction:
     result = plan_placement(run.plan, run.cluster(device), run.models, run.workload,
-                            top_k=1, groupings=[run.groupings])
-    return Prediction(result.best.node_seconds, result.best.step_seconds)
+                            top_k=1, groupings=[run.groupings], pipeline=run.pipeline)
+    return Prediction(result.best.node_seconds, result.best.step_seconds, result.best.pipeline)
 
 
 def calibrate(run: MeasuredRun, device: Device) -> Device:

@@ -31,8 +31,9 @@ from .formulas import (BF16_BYTES, FSDP_COLLECTIVES_FORWARD, FSDP_COLLECTIVES_TR
                        TRAIN_PASS_FLOPS, TRAIN_STATE_BYTES, Layout, activation_bytes,
                        allgather_seconds, allreduce_seconds, forward_flops_per_token, pass_ops)
 from .models import ModelSpec
-from .problem import Problem, Workload
-from .rollout import batch_cap, generate_fixed_bytes, kv_bytes_per_sequence, rollout_cost
+from .problem import SYNC_KIND, Problem, Workload
+from .rollout import (batch_cap, export_seconds, generate_fixed_bytes, kv_bytes_per_sequence,
+                      load_seconds, rollout_cost)
 
 MEMORY_USABLE_FRACTION = 0.90  # CUDA context, NCCL buffers, fragmentation
 
@@ -104,6 +105,8 @@ class CostModel:
 
     def static_bytes(self, role: str, devices: int) -> float:
         model = self.problem.models[role]
+        if role in self.problem.own_weights and not self.problem.trains(role):
+            return 0.0  # an engine apart: its weights are its generate node's (rollout.py)
         if model.lora_rank and not self.problem.trains(role):
             return 0.0  # the LoRA actor with its adapters off serves it: no weights of its own
         if model.lora_rank:  # frozen bf16 base, full training state for the adapters only
@@ -130,11 +133,20 @@ class CostModel:
         for node in self.problem.role_nodes(role):
             if node.kind == "generate":
                 continue
+            if node.kind == SYNC_KIND:  # weight sync of a rollout apart: no pass, no activations
+                seconds[node.name] = self.sync_seconds(role, devices)
+                continue
             train = node.kind == "train"
             seconds[node.name], transient = self._pass(role, devices, train)
             if transient > peak:
                 peak, peak_node = transient, node.name
         return RoleCost(role, layout, self.static_bytes(role, devices), peak, peak_node, seconds)
+
+    def sync_seconds(self, role: str, devices: int) -> float:
+        """A weight-sync node: the host exports (`role` trains), the rollout loads."""
+        if self.problem.trains(role):
+            return export_seconds(self, role, devices)
+        return load_seconds(self, role)
 
     def micro_batches(self, sequences: float) -> tuple[int, float]:
         """(count, tokens each) for `sequences` on one rank, packed up to micro_batch_tokens."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .devices import GIB
+from .pipeline import seconds_text
 from .ranking import Candidate, Ranking
 
 IDLE_NOTE_FRACTION = 0.4  # mention a pool in a reason when it idles at least this much
@@ -14,6 +15,10 @@ def reason_lost(candidate: Candidate, best: Candidate) -> str:
         return "ties with the best (same predicted step time); ranked after it by search order"
     pct = 100 * delta / best.step_seconds
     parts = [f"{delta:.1f} s (+{pct:.1f}%) slower than the best"]
+    if candidate.pipeline is not None and best.pipeline is not None:
+        parts.append(f"its pipelined step is {candidate.pipeline.describe()}, the best's "
+                     f"{best.pipeline.describe()}")
+        return "; ".join(parts)
     mine, theirs = candidate.node_seconds, best.node_seconds
     worst_diff, worst = max(((mine[n] - theirs[n], n)
                              for n in candidate.critical_path if n in theirs),
@@ -103,11 +108,16 @@ def paragraph(result: Ranking) -> str:
            for p in best.pools for r, b in p.decode_batch.items()]
     if gen:
         text.append(" ".join(gen).capitalize() + ".")
-    if result.colocated is not None and not best.colocated:
+    shared = result.rollout_shared
+    said_below = shared is not None and result.colocated is not None and \
+        shared.label() == result.colocated.label()  # the async sentences compare it
+    if result.colocated is not None and not best.colocated and not said_below:
         text.append(f"Colocating everything would take {result.colocated.step_seconds:.1f} s: "
                     f"{result.colocated.reason}.")
     elif result.colocated is None:
         text.append("Colocating everything does not fit in memory.")
+    if result.pipeline is not None:
+        text += pipeline_sentences(result)
     if result.candidates:
         nxt = result.candidates[0]
         text.append(f"Runner-up {nxt.label()}: {nxt.reason}.")
@@ -118,10 +128,57 @@ def paragraph(result: Ranking) -> str:
     return " ".join(text)
 
 
+def pipeline_sentences(result: Ranking) -> list[str]:
+    """The async step of the best plan, and why the rollout apart wins or loses against
+    the rollout sharing the actor's devices, with the numbers."""
+    best, terms = result.best, result.best.pipeline
+    fixed = best.step_seconds - terms.overlapped - terms.sync
+    text = [f"Async: a step takes {terms.describe()}, + {seconds_text(fixed)} s fixed = "
+            f"{seconds_text(best.step_seconds)} s; the same plan synchronous would take "
+            f"{seconds_text(terms.synchronous)} s."]
+    generate = [n.name for n in result.nodes if n.kind == "generate"]
+    apart, shared = result.rollout_apart, result.rollout_shared
+    if apart is None or shared is None:
+        text.append("No plan with the rollout on a pool of its own fits on this cluster "
+                    "(or the groupings searched keep it with the actor)." if apart is None else
+                    "Every plan searched has the rollout on a pool of its own.")
+        return text
+    verdict = "beats" if apart.step_seconds < shared.step_seconds else "loses to"
+    text.append(f"The rollout on a pool of its own ({apart.label()}, {apart.step_seconds:.1f} "
+                f"s) {verdict} the rollout sharing the actor's devices ({shared.label()}, "
+                f"{shared.step_seconds:.1f} s): sharing, {_sharing(shared, generate)}; apart, "
+                f"{_apart(apart, generate)}.")
+    return text
+
+
+def _sharing(candidate: Candidate, generate: list[str]) -> str:
+    pool = candidate.timings[generate[0]].pool if generate else None
+    if pool is None:
+        return f"the step is {candidate.pipeline.describe()}"
+    gen = sum(candidate.node_seconds[n] for n in generate)
+    busy = candidate.pipeline.pool_busy[pool]
+    return (f"pool {pool} ({candidate.pool_of_name(pool).devices} dev) generates "
+            f"({gen:.1f} s) and runs its other passes ({busy - gen:.1f} s) one after another, "
+            f"busy {busy:.1f} s a step")
+
+
+def _apart(candidate: Candidate, generate: list[str]) -> str:
+    terms = candidate.pipeline
+    gen = sum(candidate.node_seconds[n] for n in generate)
+    pools = {candidate.timings[n].pool for n in generate}
+    devices = sum(candidate.pool_of_name(p).devices for p in pools if p)
+    others = ", ".join(f"pool {p} busy {s:.1f} s" for p, s in terms.pool_busy.items()
+                       if p not in pools)
+    return (f"generation takes {gen:.1f} s on {devices} dev while {others or 'nothing else'}"
+            f" runs, then the weights sync in {terms.sync:.1f} s; set by {terms.bound_by}")
+
+
 def explain(result: Ranking) -> str:
     head = (f"Placement of a {len(result.nodes)}-node graph on {result.cluster.describe()}; "
             f"workload {result.workload.describe()}; training {result.backend.describe()}; models "
             + ", ".join(f"{r}={m.name}" for r, m in result.models.items()))
+    if result.pipeline is not None:
+        head += f"; {result.pipeline.describe()}"
     parts = [head, "", table(result), "", paragraph(result), "", "Best plan, per node:",
              node_table(result.best)]
     if result.rejected:
@@ -146,6 +203,10 @@ def result_json(result: Ranking) -> dict:
                       "need_gib": round(s.need / GIB, 2),
                       "usable_gib": round(s.usable / GIB, 2), "reason": s.reason(label)}
                      for s in result.rejected],
+        "pipeline": None if result.pipeline is None else {
+            "staleness": result.pipeline.staleness,
+            "rollout_side": sorted(result.pipeline.rollout_side),
+            "movable": dict(result.pipeline.movable)},
         "search_seconds": round(result.search_seconds, 4),
         "plans_simulated": result.plans_simulated,
     }

@@ -8,13 +8,14 @@ and tests can build it from a tiny dataclass.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .devices import Cluster
 from .models import ModelSpec
 
 NODE_KINDS = ("source", "generate", "inference", "train", "function")
 DEVICE_KINDS = ("generate", "inference", "train")  # kinds a role runs on its pool
+SYNC_KIND = "sync"  # planner-made weight-sync nodes of a rollout placed apart (pipeline.py)
 
 
 class PlanningError(ValueError):
@@ -43,11 +44,11 @@ class Workload:
     padded_len: int = 0  # 0: passes pack each sequence's own tokens; N: every sequence padded to N
 
     def __post_init__(self) -> None:
-        for field in ("prompts", "samples_per_prompt", "prompt_len", "response_len",
-                      "ppo_epochs", "mini_batches", "micro_batch_tokens"):
-            if getattr(self, field) < 1:
-                raise PlanningError(f"workload {field} must be at least 1, "
-                                    f"got {getattr(self, field)}")
+        for name in ("prompts", "samples_per_prompt", "prompt_len", "response_len",
+                     "ppo_epochs", "mini_batches", "micro_batch_tokens"):
+            if getattr(self, name) < 1:
+                raise PlanningError(f"workload {name} must be at least 1, "
+                                    f"got {getattr(self, name)}")
         if not 0 <= self.response_mean <= self.response_len:
             raise PlanningError(f"workload response_mean {self.response_mean} must lie in "
                                 f"[0, response_len={self.response_len}] (0: all at the max)")
@@ -136,6 +137,32 @@ class NodeInfo:
 
 
 @dataclass(frozen=True)
+class Pipeline:
+    """`trainer.staleness >= 1` as the planner sees it: rollout and training overlap.
+
+    `rollout_side` names the nodes that run ahead of training (the compiler's
+    `async_split.split_sides(plan, k).rollout`); every other node is on the train
+    side. `movable` maps a generate node that may run on a pool of its own, with
+    weights of its own synced after each update, to the role that then runs it
+    (e.g. "rollout.generate" -> "rollout"); in the graph the planner gets, such a
+    node belongs to the role whose weights it samples with (its host).
+    """
+
+    staleness: int
+    rollout_side: frozenset[str]
+    movable: dict[str, str] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        if self.staleness < 1:
+            raise PlanningError(f"a pipelined step needs staleness >= 1, got {self.staleness}; "
+                                "plan a synchronous step without a Pipeline")
+
+    def describe(self) -> str:
+        return (f"async, staleness {self.staleness}: the rollout side of step t+{self.staleness} "
+                "runs while step t trains")
+
+
+@dataclass(frozen=True)
 class Problem:
     """Validated planner input. `placed_roles` need devices; other roles run on the driver."""
 
@@ -147,6 +174,10 @@ class Problem:
     driver_roles: tuple[str, ...]
     backend: TrainingBackend = TrainingBackend()
     rollout_tp: int = 0  # 0: the search picks each generating role's tp; N: only tp N
+    pipeline: Pipeline | None = None  # None: synchronous steps (trainer.staleness=0)
+    # generating roles placed apart from the role whose weights they sample with
+    # (role -> host): they hold their own copy, synced after each update (pipeline.py)
+    own_weights: dict[str, str] = field(default_factory=dict, hash=False)
 
     def role_nodes(self, role: str) -> list[NodeInfo]:
         return [n for n in self.nodes if n.role == role]
@@ -184,8 +215,10 @@ def read_nodes(graph) -> tuple[NodeInfo, ...]:
 
 def build_problem(graph, cluster: Cluster, models: dict[str, ModelSpec],
                   workload: Workload, backend: TrainingBackend | None = None,
-                  rollout_tp: int = 0) -> Problem:
+                  rollout_tp: int = 0, pipeline: Pipeline | None = None) -> Problem:
     nodes = read_nodes(graph)
+    if pipeline is not None:
+        check_pipeline(nodes, pipeline)
     roles = list(dict.fromkeys(n.role for n in nodes if n.role))
     unknown = sorted(set(models) - set(roles))
     if unknown:
@@ -204,4 +237,19 @@ def build_problem(graph, cluster: Cluster, models: dict[str, ModelSpec],
     if not placed:
         raise PlanningError("no role has a model size, so there is nothing to place on devices")
     return Problem(nodes, cluster, dict(models), workload, tuple(placed), tuple(driver),
-                   backend or TrainingBackend(), rollout_tp)
+                   backend or TrainingBackend(), rollout_tp, pipeline)
+
+
+def check_pipeline(nodes: tuple[NodeInfo, ...], pipeline: Pipeline) -> None:
+    by_name = {n.name: n for n in nodes}
+    unknown = sorted((set(pipeline.rollout_side) | set(pipeline.movable)) - set(by_name))
+    if unknown:
+        raise PlanningError(f"the pipeline names nodes the graph does not have: {unknown}")
+    for name, role in pipeline.movable.items():
+        node = by_name[name]
+        if node.kind != "generate" or name not in pipeline.rollout_side:
+            raise PlanningError(f"node {name!r} ({node.kind}) cannot run apart as role "
+                                f"{role!r}: only a rollout-side generate node can")
+        if role in {n.role for n in nodes}:
+            raise PlanningError(f"node {name!r} would run apart as role {role!r}, which the "
+                                "graph already has; fold it into its host first")

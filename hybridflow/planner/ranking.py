@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from .cost import Layout
 from .devices import Cluster
 from .models import ModelSpec
+from .pipeline import PipelineStep
 from .pool import MemoryUse, Shortfall
-from .problem import NodeInfo, TrainingBackend, Workload
+from .problem import NodeInfo, Pipeline, TrainingBackend, Workload
 from .schedule import NodeTiming
 
 
@@ -61,6 +62,9 @@ class Candidate:
     critical_path: list[str]
     driver_roles: tuple[str, ...] = ()
     reason: str = ""  # why it lost to the best; empty for the best
+    pipeline: PipelineStep | None = None  # the step's terms when rollout and training overlap
+    # the graph as this plan runs it (a rollout apart adds its role and the weight sync)
+    graph_nodes: tuple[NodeInfo, ...] = ()
 
     @property
     def node_seconds(self) -> dict[str, float]:
@@ -106,6 +110,7 @@ class Candidate:
             "driver_roles": list(self.driver_roles),
             "reason": self.reason,
             "placement": self.to_placement_config(),
+            **({"pipeline": self.pipeline.to_json()} if self.pipeline else {}),
         }
 
 
@@ -124,6 +129,11 @@ class Ranking:
     workload: Workload
     models: dict[str, ModelSpec] = field(default_factory=dict)
     backend: TrainingBackend = field(default_factory=TrainingBackend)
+    pipeline: Pipeline | None = None  # staleness >= 1: steps are pipelined (pipeline.py)
+    # with a pipeline: the best plan with the rollout sharing its host's module, and the
+    # best with it on a pool of its own (None: none fits, or nothing may move)
+    rollout_shared: Candidate | None = None
+    rollout_apart: Candidate | None = None
 
     def driver_roles_text(self) -> str:
         roles = self.best.driver_roles

@@ -34,7 +34,7 @@ def plan_to_dot(result: Ranking, rank: int = 0) -> graphviz.Digraph:
         _pool_cluster(dot, result, candidate, i)
     _driver_cluster(dot, result, candidate)
     on_path = set(zip(candidate.critical_path, candidate.critical_path[1:]))
-    for node in result.nodes:
+    for node in candidate.graph_nodes or result.nodes:
         for dep in node.deps:
             attrs = {"color": "#d93025", "penwidth": "2.2"} if (dep, node.name) in on_path else {}
             dot.edge(dep, node.name, **attrs)
@@ -43,6 +43,8 @@ def plan_to_dot(result: Ranking, rank: int = 0) -> graphviz.Digraph:
 
 def _title(result: Ranking, candidate: Candidate) -> str:
     kind = "colocated" if candidate.colocated else f"{len(candidate.pools)} pools"
+    if candidate.pipeline is not None:  # the step overlaps the two sides
+        kind += f", async staleness {candidate.pipeline.staleness}"
     return (f"{kind}: predicted step {candidate.step_seconds:.1f} s "
             f"on {result.cluster.describe()}\n"
             f"{result.workload.describe()}  (red: critical path)")
@@ -73,7 +75,7 @@ def _pool_cluster(dot: graphviz.Digraph, result: Ranking, candidate: Candidate, 
                 box.attr(label=role_label, style="rounded,filled", fillcolor="white",
                          color="#bdc1c6",
                          fontsize="11")
-                for node in result.nodes:
+                for node in candidate.graph_nodes or result.nodes:
                     if node.role == role:
                         box.node(node.name,
                                  f"{node.name}\n{candidate.timings[node.name].seconds:.1f} s")
@@ -90,7 +92,7 @@ def _training(result: Ranking) -> str:
 def _driver_cluster(dot: graphviz.Digraph, result: Ranking, candidate: Candidate) -> None:
     with dot.subgraph(name="cluster_driver") as sub:
         sub.attr(label="driver (no device)", style="dashed", color="#9aa0a6", fontsize="12")
-        for node in result.nodes:
+        for node in candidate.graph_nodes or result.nodes:
             if candidate.timings[node.name].pool is None:
                 shape = "ellipse" if node.kind == "source" else "box"
                 kind = "rule function" if node.role else node.kind

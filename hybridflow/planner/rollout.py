@@ -9,7 +9,9 @@ is memory-bound (rollout weights and KV cache read at HBM efficiency, which
 falls with tp) or compute-bound, plus 2 L tensor-parallel all-reduces, the
 engine's fixed per-step overhead and its operator launches. Before decoding, a
 prefill of the m prompts; once per step, the engine switch (wake-up, weights
-resharded from the training shards). Stateless.
+resharded from the training shards) — unless the role holds weights of its own on
+a pool apart from its host (an async split): its engine stays awake, and the
+weights arrive by the sync (`export_seconds`, `load_seconds`). Stateless.
 """
 from __future__ import annotations
 
@@ -67,7 +69,9 @@ def rollout_cost(cost, role: str, devices: int, layout: Layout, cap: int) -> Gen
     occupancy = tokens / steps
     seconds = prefill_seconds(cost, model, layout.tp, per_replica)
     seconds += steps * decode_step_seconds(cost, model, layout.tp, occupancy)
-    seconds += switch_seconds(cost, model, devices, layout) + eff.node_call_overhead_s
+    if role not in cost.problem.own_weights:  # apart: no sleep and wake, weights come by sync
+        seconds += switch_seconds(cost, model, devices, layout)
+    seconds += eff.node_call_overhead_s
     transient = (generate_fixed_bytes(model, layout.tp)
                  + batch * kv_bytes_per_sequence(model, work, layout.tp))
     return GenerateCost(seconds, batch, math.ceil(per_replica / batch), transient, steps)
@@ -104,3 +108,23 @@ def switch_seconds(cost, model: ModelSpec, devices: int, layout: Layout) -> floa
     bandwidth, latency = cost.dp_link(devices)
     shard = BF16_BYTES * model.params / layout.tp
     return cost.eff.engine_switch_s + allgather_seconds(shard, layout.dp, bandwidth, latency)
+
+
+def export_seconds(cost, role: str, devices: int) -> float:
+    """The host's half of a weight sync: its bf16 weights gathered from the training
+    shards on its `devices` devices, for sending (bucket by bucket)."""
+    bandwidth, latency = cost.dp_link(devices)
+    weights = BF16_BYTES * cost.problem.models[role].params
+    return allgather_seconds(weights, devices, bandwidth, latency) + cost.eff.node_call_overhead_s
+
+
+def load_seconds(cost, role: str) -> float:
+    """The rollout's half: the whole bf16 model sent from the host's pool to this pool
+    (a pipelined broadcast to its replicas costs about one copy), over NVLink on a
+    one-node cluster, else over the NIC (the pools may sit on different nodes)."""
+    eff, device = cost.eff, cost.device
+    one_node = cost.cluster.nodes == 1
+    bandwidth = (device.intra_node_bandwidth if one_node else device.inter_node_bandwidth)
+    latency = eff.intra_node_latency_s if one_node else eff.inter_node_latency_s
+    weights = BF16_BYTES * cost.problem.models[role].params
+    return weights / (bandwidth * eff.link_efficiency) + latency + eff.node_call_overhead_s

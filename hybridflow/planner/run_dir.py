@@ -6,7 +6,9 @@ metrics.jsonl (mean response length, step time) and timeline.jsonl (start and
 end of every node of every step). The first step warms up (imports, allocator,
 lazy init) and is left out when the run has more; of the steps kept, each
 node's median counts, so one stalled step (a busy machine) does not skew it.
-Keeps no state: one read gives a frozen `MeasuredRun`.
+An async run (`trainer.staleness >= 1`) carries its planner `Pipeline`, and its
+rollout role when the run placed it on a pool of its own. Keeps no state: one read
+gives a frozen `MeasuredRun`.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ class MeasuredRun:
     node_seconds: dict[str, float]  # median over the steps kept
     step_seconds: float  # median wall time of the steps kept (the loop's perf/time_per_step)
     steps: tuple[int, ...]
+    pipeline: object = None  # planner.Pipeline of an async run (trainer.staleness >= 1)
 
     def cluster(self, device) -> Cluster:
         """One node of the run's devices; `device` is a name or a Device."""
@@ -49,9 +52,9 @@ def _jsonl(path: str) -> list[dict]:
 
 
 def read_run(run_dir: str) -> MeasuredRun:
+    from hybridflow.async_planning import pipeline_view
     from hybridflow.auto_placement import run_models
     from hybridflow.program import prepare
-    from hybridflow.weight_sync import planner_view
 
     config_path = os.path.join(run_dir, "config.yaml")
     graph_json = os.path.join(run_dir, "graph.json")
@@ -61,16 +64,18 @@ def read_run(run_dir: str) -> MeasuredRun:
     with open(graph_json) as handle:
         graph_file = json.load(handle)["file"]
     loaded = prepare(graph_file, [], config_path, preflight=False)  # defaults + the saved config
-    plan, cfg = planner_view(loaded.plan), loaded.cfg  # a folded rollout is the actor
+    plan, pipeline = pipeline_view(loaded.plan)  # a folded rollout is the actor
+    cfg = loaded.cfg
     timeline = _jsonl(os.path.join(run_dir, "timeline.jsonl"))
     metrics = _jsonl(os.path.join(run_dir, "metrics.jsonl"))
     steps = sorted({r["step"] for r in timeline})
     kept = tuple(steps[WARMUP_STEPS:] if len(steps) > WARMUP_STEPS else steps)
     models = run_models(cfg, plan)
     return MeasuredRun(run_dir, plan, models, run_workload(cfg, metrics, kept),
-                       *run_pools(cfg, list(models)), node_means(timeline, kept),
+                       *run_pools(cfg, run_roles(loaded.plan, pipeline, models)),
+                       node_means(timeline, kept),
                        _median([m["perf/time_per_step"] for m in metrics if m.get("step") in kept
-                                and "perf/time_per_step" in m]), kept)
+                                and "perf/time_per_step" in m]), kept, pipeline)
 
 
 def node_means(timeline: list[dict], steps: tuple[int, ...]) -> dict[str, float]:
@@ -109,6 +114,15 @@ def run_workload(cfg, metrics: list[dict], steps: tuple[int, ...]) -> Workload:
                     mini_batches=max(1, math.ceil(sequences / cfg.actor.mini_batch_size)),
                     micro_batch_tokens=cfg.actor.micro_batch_size * padded,
                     response_mean=mean, padded_len=padded)
+
+
+def run_roles(compiled, pipeline, models: dict) -> list[str]:
+    """The roles a run places: those with a model, and an async run's rollout role when
+    the run put it on a pool of its own (not folded into its host)."""
+    folded = compiled.placement.folded
+    apart = [] if pipeline is None else [
+        r for r in dict.fromkeys(pipeline.movable.values()) if r not in folded]
+    return list(models) + apart
 
 
 def run_pools(cfg, roles: list[str]) -> tuple[int, tuple[tuple[str, ...], ...]]:

@@ -28,8 +28,10 @@ from .bounds import GroupBounds, partial_bound
 from .cost import CostModel
 from .devices import Cluster
 from .models import ModelSpec
+from .pipeline import PipelinedSchedule, PipelineStep, apart_groupings, apart_problem
 from .pool import PoolEval, Shortfall, pool_options
-from .problem import PlanningError, Problem, TrainingBackend, Workload, build_problem
+from .problem import (Pipeline, PlanningError, Problem, TrainingBackend, Workload,
+                      build_problem)
 from .ranking import Candidate, PoolPlan
 from .result import PlannerResult
 from .schedule import StepSchedule
@@ -136,14 +138,16 @@ class Search:
     def run(self) -> None:
         sizes = allowed_pool_sizes(self.problem.cluster)
         base = [driver_seconds(self.problem, n) for n in self.problem.nodes]
-        for partition in self.groupings or set_partitions(self.problem.placed_roles):
+        partitions = (set_partitions(self.problem.placed_roles) if self.groupings is None
+                      else self.groupings)
+        for partition in partitions:
             schedule = self.schedule_for(partition)
             tables = [self.group_bounds(group, sizes) for group in partition]
             self.extend(partition, schedule, tables, base, (), self.problem.cluster.devices)
 
-    def schedule_for(self, partition) -> StepSchedule:
+    def schedule_for(self, partition) -> StepSchedule | PipelinedSchedule:
         pool_of_role = {role: i for i, group in enumerate(partition) for role in group}
-        return StepSchedule(self.problem.nodes, pool_of_role, len(partition))
+        return step_schedule(self.problem, pool_of_role, len(partition))
 
     def group_bounds(self, group: tuple[str, ...], sizes: list[int]) -> GroupBounds:
         if group not in self.bounds:
@@ -199,6 +203,14 @@ def node_seconds(problem: Problem, pools: tuple[PoolEval, ...]) -> list[float]:
     return [merged.get(n.name, driver_seconds(problem, n)) for n in problem.nodes]
 
 
+def step_schedule(problem: Problem, pool_of_role: dict[str, int],
+                  pools: int) -> StepSchedule | PipelinedSchedule:
+    """The synchronous step, or with `problem.pipeline` the pipelined one (pipeline.py)."""
+    if problem.pipeline is None:
+        return StepSchedule(problem.nodes, pool_of_role, pools)
+    return PipelinedSchedule(problem.nodes, pool_of_role, pools, problem.pipeline.rollout_side)
+
+
 def make_candidate(problem: Problem, pools: tuple[PoolEval, ...]) -> Candidate:
     """Full timings, critical path and pool descriptions for one plan."""
     gpn = problem.cluster.gpus_per_node
@@ -207,57 +219,108 @@ def make_candidate(problem: Problem, pools: tuple[PoolEval, ...]) -> Candidate:
         nodes, per_node = (ev.devices // gpn, gpn) if ev.devices >= gpn else (1, ev.devices)
         plans.append(PoolPlan("_".join(ev.roles), ev.roles, ev.devices, nodes, per_node,
                               dict(ev.layouts), ev.memory, ev.busy_seconds, dict(ev.decode_batch)))
-    schedule = StepSchedule(problem.nodes, {r: i for i, ev in enumerate(pools) for r in ev.roles},
-                            len(pools))
+    pool_of_role = {r: i for i, ev in enumerate(pools) for r in ev.roles}
+    schedule = StepSchedule(problem.nodes, pool_of_role, len(pools))
     seconds = node_seconds(problem, pools)
+    overhead = problem.cluster.spec.efficiency.step_overhead_s
+    if problem.pipeline is not None:
+        return pipelined_candidate(problem, tuple(plans), pool_of_role, seconds,
+                                   schedule.makespan(seconds) + overhead)
     timings, path = schedule.timings(seconds, [p.name for p in plans])
     # fixed per-step costs (data, metrics, bookkeeping) come after the last node
-    step = max((t.end for t in timings.values()), default=0.0)
-    step += problem.cluster.spec.efficiency.step_overhead_s
-    return Candidate(tuple(plans), step, timings, path, problem.driver_roles)
+    step = max((t.end for t in timings.values()), default=0.0) + overhead
+    return Candidate(tuple(plans), step, timings, path, problem.driver_roles,
+                     graph_nodes=problem.nodes)
+
+
+def pipelined_candidate(problem: Problem, plans: tuple[PoolPlan, ...], pool_of_role,
+                        seconds: list[float], synchronous: float) -> Candidate:
+    schedule = PipelinedSchedule(problem.nodes, pool_of_role, len(plans),
+                                 problem.pipeline.rollout_side)
+    names = [p.name for p in plans]
+    timings, path, (rollout, train, busy, sync) = schedule.timings(seconds, names)
+    terms = PipelineStep(problem.pipeline.staleness, rollout, train, dict(zip(names, busy)),
+                         sync, synchronous, dict(problem.own_weights))
+    step = terms.overlapped + sync + problem.cluster.spec.efficiency.step_overhead_s
+    return Candidate(plans, step, timings, path, problem.driver_roles, pipeline=terms,
+                     graph_nodes=problem.nodes)
 
 
 def plan_placement(graph, cluster: Cluster, models: dict[str, ModelSpec], workload: Workload,
                    top_k: int = 5, backend: TrainingBackend | None = None,
-                   groupings=None, rollout_tp: int = 0) -> PlannerResult:
+                   groupings=None, rollout_tp: int = 0,
+                   pipeline: Pipeline | None = None) -> PlannerResult:
     """Choose colocation, pool sizes and per-role (dp, tp) for `graph` on `cluster`.
 
     `groupings` (tuples of role tuples) restricts the search to those
     colocations, e.g. a published system's own; `rollout_tp` fixes the rollout's
-    tensor-parallel size where a pool allows it. Raises PlanningError for bad
-    inputs and NoFeasiblePlacement when nothing fits.
+    tensor-parallel size where a pool allows it. With a `pipeline` (staleness >= 1)
+    every plan is timed as a pipelined step, and the plans with each movable
+    generate node on a pool of its own, weights synced, compete too (pipeline.py);
+    `groupings` then place it apart where they name its role (e.g. "rollout").
+    Raises PlanningError for bad inputs and NoFeasiblePlacement when nothing fits.
     """
     from .explain import reason_lost  # explain imports result, which this module feeds
 
     began = time.perf_counter()
-    problem = build_problem(graph, cluster, models, workload, backend, rollout_tp)
-    search = Search(problem, top_k, groupings)
-    search.run()
-    rejected = collect_rejections(search)
-    if not search.best:
+    problem = build_problem(graph, cluster, models, workload, backend, rollout_tp, pipeline)
+    searches = searches_for(problem, apart_problem(problem), top_k, groupings)
+    for search in searches:
+        search.run()
+    rejected = collect_rejections(searches)
+    found = [(step, combo, s.problem) for s in searches for step, combo in s.best.values()]
+    if not found:
         raise NoFeasiblePlacement(no_fit_message(problem, rejected), rejected)
-    ranked = sorted(search.best.values(), key=lambda item: item[0])[: search.top_k]
-    candidates = [make_candidate(problem, combo) for _, combo in ranked]
+    ranked = sorted(found, key=lambda item: item[0])[: max(1, top_k)]
+    candidates = [make_candidate(p, combo) for _, combo, p in ranked]
     for runner_up in candidates[1:]:
         runner_up.reason = reason_lost(runner_up, candidates[0])
     everything = (problem.placed_roles,)
     colocated = None
-    if everything in search.best:
-        colocated = make_candidate(problem, search.best[everything][1])
+    if everything in searches[0].best:
+        colocated = make_candidate(problem, searches[0].best[everything][1])
         if colocated.grouping != candidates[0].grouping:
             colocated.reason = reason_lost(colocated, candidates[0])
+    shared = best_of(searches[0]) if pipeline is not None else None
+    apart_best = best_of(searches[1]) if len(searches) > 1 else None
     return PlannerResult(candidates[0], candidates[1:], colocated, rejected,
                          time.perf_counter() - began,
-                         search.simulated, problem.nodes, cluster, workload, dict(models),
-                         problem.backend)
+                         sum(s.simulated for s in searches), problem.nodes, cluster, workload,
+                         dict(models), problem.backend, pipeline, shared, apart_best)
 
 
-def collect_rejections(search: Search) -> list[Shortfall]:
+def searches_for(problem: Problem, apart: Problem | None, top_k: int,
+                 groupings) -> list[Search]:
+    """The rollout shared with its host (folded), and when it may move, apart; given
+    groupings go to the apart search where they name a rollout role."""
+    if apart is None:
+        return [Search(problem, top_k, groupings)]
+    if groupings is None:
+        mine = apart_groupings(apart, set_partitions(apart.placed_roles))
+        return [Search(problem, top_k), Search(apart, top_k, mine)]
+
+    def names_rollout(grouping) -> bool:
+        return any(role in apart.own_weights for group in grouping for role in group)
+
+    shared = [g for g in groupings if not names_rollout(g)]
+    mine = apart_groupings(apart, [g for g in groupings if names_rollout(g)])
+    return [Search(problem, top_k, shared), Search(apart, top_k, mine)]
+
+
+def best_of(search: Search) -> Candidate | None:
+    if not search.best:
+        return None
+    return make_candidate(search.problem, min(search.best.values(), key=lambda b: b[0])[1])
+
+
+def collect_rejections(searches: list[Search]) -> list[Shortfall]:
     """For each group of roles, the largest pool that still does not fit."""
     worst: dict[tuple, Shortfall] = {}
-    for (roles, devices), options in search.pools.items():
-        if isinstance(options, Shortfall) and devices > getattr(worst.get(roles), "devices", 0):
-            worst[roles] = options
+    for search in searches:
+        for (roles, devices), options in search.pools.items():
+            if isinstance(options, Shortfall) and devices > getattr(worst.get(roles), "devices",
+                                                                    0):
+                worst[roles] = options
     return sorted(worst.values(), key=lambda s: (-len(s.roles), s.roles))
 
 

@@ -174,7 +174,7 @@ class ActorWorker(Worker):
     # ----------------------------------------------------------------- update
     @takes_loss(model_reads=POLICY_INPUTS)
     @method(dispatch=DP, reads=UPDATE_READS, writes=(), kind="train",
-            optional=("ref_log_prob", "loss_mask"))
+            optional=("ref_log_prob", "loss_mask", "rollout_log_probs"))
     def update(self, batch: Batch, temperature: float | None = None, loss=None,
                epochs: int | None = None) -> Batch:
         """Epochs over mini-batches (one optimizer step each) of micro-batches, minimising

@@ -11,8 +11,9 @@ Each field declares its allowed values with `checked(default, rule)` (see
 `hybridflow/constraints.py`); `build_config` checks them all before launch. Names
 that belong to code outside the engine are checked against registries: training
 strategies against `workers/backends`, rollout engines against theirs, and the
-default losses' names (policy loss, KL kind, aggregation mode) against
-`LOSS_SETTING_NAMES`, the module state that the loss providers fill on import.
+default losses' names (policy loss, KL kind, aggregation mode, off-policy
+correction) against `LOSS_SETTING_NAMES`, the module state that the loss providers
+fill on import.
 
 Batch sizes count *rows* (responses, i.e. prompts x n) over the whole worker
 group: a mini-batch of 16 on 2 data-parallel ranks is 8 rows on each. A
@@ -94,6 +95,9 @@ _POLICY_LOSS = _registered("policy loss", lambda: setting_names("policy loss"))
 _KL_KIND = _registered("KL kind", lambda: setting_names("KL kind"))
 _AGG_MODE = _registered("loss aggregation mode",
                         lambda: setting_names("loss aggregation mode"))
+_OFF_POLICY = _registered("off-policy correction",
+                          lambda: setting_names("off-policy correction"))
+_IS_LEVEL = one_of("token", "sequence", what="importance-sampling level")
 _LR_SCHEDULE = one_of("constant", "cosine", what="lr schedule")
 
 
@@ -155,6 +159,11 @@ class ActorConfig:
     kl_loss_coef: float = checked(0.001, at_least(0))
     kl_loss_type: str = checked("low_var_kl", _KL_KIND)
     entropy_coeff: float = 0.0
+    # samples from other weights (trainer.staleness >= 1) or another engine: "none",
+    # "tis" or "decoupled" (names: graphs/ops.py registers them; docs/algorithms.md)
+    off_policy: str = checked("none", _OFF_POLICY)
+    is_level: str = checked("token", _IS_LEVEL)  # "sequence": one weight a response (tis)
+    is_cap: float = checked(2.0, above(1))       # tis truncates at it, decoupled drops above
     shuffle: bool = False
     strategy: str = checked("ddp", _STRATEGY)  # "fsdp2": CUDA (nccl) or CPU (gloo)
     lora: LoraConfig = field(default_factory=LoraConfig)

@@ -1,5 +1,6 @@
 """`hybridflow plan` parses sizes and workload, prints a table or JSON, saves and draws."""
 import json
+import os
 
 import pytest
 import yaml
@@ -113,3 +114,22 @@ def test_a_measured_device_entry_is_saved_and_usable(tmp_path, monkeypatch, caps
                  "--gpus-per-node", "1", "--model", "0.5b", "--prompts", "16",
                  "--prompt-len", "8", "--response-len", "4", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["cluster"]["device"] == "box"
+
+
+def test_plan_with_staleness_plans_pipelined_steps_and_weighs_the_rollout_apart(
+        monkeypatch, capsys):
+    monkeypatch.undo()  # the real graph file: the compiler splits it into sides
+    grpo = os.path.join(os.path.dirname(__file__), "..", "..", "graphs", "grpo.py")
+    code = main(["plan", grpo, "--model", "7b", "--nodes", "2", "--prompts", "128",
+                 "--samples", "8", "--prompt-len", "512", "--response-len", "4096",
+                 "--response-mean", "1000", "--json", "trainer.staleness=1",
+                 "trainer.allow_uncorrected_async=true"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert data["pipeline"]["staleness"] == 1
+    assert data["pipeline"]["movable"] == {"rollout.generate": "rollout"}
+    assert "actor.update" not in data["pipeline"]["rollout_side"]
+    best = data["best"]
+    assert best["pipeline"]["own_weights"] == {"rollout": "actor"}
+    assert best["placement"]["roles"]["rollout"] != best["placement"]["roles"]["actor"]
+    assert {"weight_export", "weight_sync"} <= set(best["nodes"])

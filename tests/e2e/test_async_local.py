@@ -1,0 +1,93 @@
+"""Async training (`trainer.staleness=k`) on the local runtime: every step trains on
+rows generated with exactly the promised weights version, on the same prompts as a
+synchronous run, and a resumed run neither loses nor repeats a prompt."""
+from __future__ import annotations
+
+import pytest
+
+from hybridflow.runtime.common import NodeFailure
+from tests.support.async_runs import SPLIT, UNCORRECTED, run_recording
+from tests.support.e2e import train
+from tests.support.runs import FAST, stable
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_each_step_trains_on_the_weights_version_it_promises(tmp_path, k):
+    _, seen = run_recording(tmp_path, "trainer.steps=5", f"trainer.staleness={k}",
+                            *UNCORRECTED, *FAST)
+    for step, (_, versions, metrics) in seen.items():
+        expected = max(0, step - k - 1)  # batch t is sampled after update t - k - 1
+        assert set(versions) == {expected}, step
+        assert metrics["async/staleness/max"] == min(step - 1, k)
+    assert seen[5][2]["async/ahead"] == 0  # nothing generated past the last step
+
+
+def test_async_trains_the_same_prompts_in_the_same_steps_as_sync(tmp_path):
+    _, sync = run_recording(tmp_path / "sync", "trainer.steps=4", *FAST)
+    _, ahead = run_recording(tmp_path / "async", "trainer.steps=4", "trainer.staleness=1",
+                             *UNCORRECTED, *FAST)
+    assert {s: v[0] for s, v in sync.items()} == {s: v[0] for s, v in ahead.items()}
+    assert [v[1] for v in sync.values()] == [[s - 1] * len(v[1]) for s, v in sync.items()]
+
+
+def test_a_rollout_on_its_own_pool_samples_with_the_synced_version(tmp_path):
+    _, seen = run_recording(tmp_path, "trainer.steps=4", "trainer.staleness=1",
+                            *UNCORRECTED, *SPLIT, *FAST)
+    assert {s: set(v[1]) for s, v in seen.items()} == {1: {0}, 2: {0}, 3: {1}, 4: {2}}
+    assert seen[4][2]["engine/weight_sync_bytes"] > 0
+    assert {"perf/busy/gen", "perf/busy/main"} <= set(seen[3][2])
+
+
+def test_resume_redraws_the_queued_prompts_and_repeats_none(tmp_path):
+    args = ("trainer.steps=5", "trainer.staleness=2", "trainer.save_every=2",
+            *UNCORRECTED, *FAST)
+    _, whole = run_recording(tmp_path / "whole", *args)
+    trainer, part = run_recording(tmp_path / "part", *args, stop_after=3)
+    assert trainer.saved_step == 2  # steps 3 and 4 were queued (step 3 trained, unsaved)
+    _, resumed = run_recording(tmp_path / "part", *args, resume=trainer.run.path)
+    assert sorted(resumed) == [3, 4, 5]
+    trained = [uid for s in (1, 2) for uid in part[s][0]] + \
+        [uid for s in (3, 4, 5) for uid in resumed[s][0]]
+    assert trained == [uid for s in range(1, 6) for uid in whole[s][0]]
+    assert len(set(trained)) == len(trained) // 4  # each prompt once, its 4 samples
+    # the re-drawn batches were generated again, from the restored weights
+    assert set(resumed[3][1]) == {2} and set(whole[3][1]) == {0}
+
+
+def test_async_runs_are_deterministic(tmp_path):
+    args = ("trainer.steps=3", "trainer.staleness=1", *UNCORRECTED, *FAST)
+    _, first = train("grpo", tmp_path / "a", *args)
+    _, second = train("grpo", tmp_path / "b", *args)
+    assert stable(first) == stable(second)
+
+
+def test_staleness_zero_is_the_synchronous_loop(tmp_path):
+    trainer, zero = train("grpo", tmp_path / "zero", "trainer.steps=2",
+                          "trainer.staleness=0", *FAST)
+    _, default = train("grpo", tmp_path / "default", "trainer.steps=2", *FAST)
+    assert trainer.ahead is None and trainer.plan.sides is None
+    assert stable(zero) == stable(default)
+
+
+@pytest.mark.parametrize("graph,extra", [
+    ("ppo", ("critic.mini_batch_size=32", "critic.micro_batch_size=32")),
+    ("dapo", ("data.batch_size=8",)),
+    ("agent_grpo", ()),  # multi-turn episodes with tools, on the actor's weights
+])
+def test_other_graphs_train_async(tmp_path, graph, extra):
+    _, seen = run_recording(tmp_path, "trainer.steps=3", "trainer.staleness=1",
+                            *UNCORRECTED, *FAST, *extra, graph=graph)
+    assert sorted(seen) == [1, 2, 3]
+    assert {s: set(v[1]) for s, v in seen.items()} == {1: {0}, 2: {0}, 3: {1}}
+    steps = [set(v[0]) for v in seen.values()]
+    assert sum(map(len, steps)) == len(set().union(*steps))  # no prompt in two steps
+    assert all(v[2]["async/staleness/max"] <= 1 for v in seen.values())
+
+
+def test_a_failure_on_the_rollout_side_names_the_node(tmp_path):
+    scorer = tmp_path / "scorer.py"
+    scorer.write_text("def compute_score(data_source, solution_str, ground_truth, "
+                      "extra_info=None):\n    raise RuntimeError('scorer broke')\n")
+    with pytest.raises(NodeFailure, match=r"node 'reward.score'.*role 'reward' rank 0"):
+        run_recording(tmp_path, "trainer.steps=3", "trainer.staleness=1", *UNCORRECTED,
+                      *FAST, f"reward.function_path={scorer}")

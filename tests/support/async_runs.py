@@ -1,0 +1,40 @@
+"""Async runs from tests: train a graph and record, per step, the rows the update read."""
+from __future__ import annotations
+
+from hybridflow.async_split import READY
+from hybridflow.loop import Trainer
+from hybridflow.program import prepare
+from hybridflow.tracking import RunDir, new_run_dir
+from tests.support.e2e import graph_file
+
+UNCORRECTED = ("trainer.allow_uncorrected_async=true",)
+SPLIT = ("placement.pools.gen.devices_per_node=1", "placement.roles.rollout=gen")
+
+
+class StopAfter(Exception):
+    pass
+
+
+def run_recording(tmp_path, *overrides, graph="grpo", resume=None, stop_after=None):
+    """Train; per step, the `uid` and `policy_version` of the rows the update read."""
+    loaded = prepare(graph_file(graph), [f"trainer.runs_dir={tmp_path}",
+                                         "trainer.progress=false", *overrides])
+    run = RunDir(resume) if resume else new_run_dir(str(tmp_path), loaded.graph.name)
+    trainer = Trainer(loaded, run, resume_from=resume)
+    seen = {}
+    # the samples the update reads: the generate node's, or a gather's of them
+    samples = [n.name for n in loaded.plan.nodes if n.kind == "generate" or n.op == "gather"]
+    name = READY + samples[-1] if loaded.plan.sides else samples[-1]
+
+    def record(step, metrics):
+        rows = trainer.runtime.fetch(trainer.last_result, name, ("uid", "policy_version"))
+        seen[step] = (list(rows["uid"]), rows["policy_version"].tolist(), metrics)
+        if step == stop_after:
+            raise StopAfter()
+    try:
+        trainer.fit(on_step=record)
+    except StopAfter:
+        pass
+    finally:
+        trainer.close()
+    return trainer, seen
