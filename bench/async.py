@@ -161,6 +161,26 @@ def cpu_share(steady: list[dict], pool: str) -> float | None:
     return sum(m[f"cpu_s/{pool}"] for m in steady) / busy if busy else None
 
 
+def _spin(n: int) -> float:
+    start = time.perf_counter()
+    total = 0
+    for i in range(n):
+        total += i * i
+    return time.perf_counter() - start
+
+
+def machine_parallelism(n: int = 2_000_000) -> float:
+    """How many cores two CPU-bound processes got at once, right now: 2 x (one spin
+    alone) / (two spins together, the slower). 2.0 on two idle cores; what other jobs
+    on a shared machine leave bounds what any overlap of two workers can gain."""
+    import multiprocessing
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        pool.map(_spin, [n // 10] * 2)  # both processes started
+        alone = pool.apply(_spin, (n,))
+        together = max(pool.map(_spin, [n, n], chunksize=1))
+    return 2 * alone / together
+
+
 def pool_seconds(med, side_on: str) -> dict[str, float]:
     """Median seconds of work a step puts on each pool (node timings summed)."""
     work = {"gen": med("timing_s/rollout.generate") or 0.0,
@@ -207,6 +227,7 @@ def summarize(v: Variant, window: range, target: float, side_on: str) -> dict:
 def repetition(args, rep: int, correction: str, fixed: bool) -> dict[int, dict]:
     """Fresh trainers for every variant, stepped in turn; their summaries by k."""
     seed, steps = rep + 1, args.fixed_steps if fixed else args.steps
+    parallelism = [machine_parallelism()]  # before and after: the load of the moment
     variants = [Variant(args, k, seed, correction, fixed) for k in args.staleness]
     try:
         if args.profile:  # where to point py-spy
@@ -223,8 +244,9 @@ def repetition(args, rep: int, correction: str, fixed: bool) -> dict[int, dict]:
         for v in variants:
             v.close()
     window = range(args.warmup, steps - max(args.staleness))
-    return {v.k: summarize(v, window, args.target_accuracy, args.rollout_side_on)
-            for v in variants}
+    parallelism.append(machine_parallelism())
+    return {v.k: {**summarize(v, window, args.target_accuracy, args.rollout_side_on),
+                  "machine_parallelism": sum(parallelism) / 2} for v in variants}
 
 
 def phase(args, correction: str, fixed: bool) -> dict:
@@ -303,7 +325,7 @@ def run(args) -> dict:
 def median_row(reps: list[dict[int, dict]], k: int) -> dict:
     keys = ["step_s", "steps_per_s", "generate_s", "gen_pool_s", "main_pool_s",
             "response_length", "busy_main", "busy_gen", "ahead", "cpu_share_gen",
-            "cpu_share_main", "driver_cpu_s", "staleness_mean",
+            "cpu_share_main", "driver_cpu_s", "machine_parallelism", "staleness_mean",
             "staleness_max", "step_reached", "time_to_accuracy_s"]
     row = {"staleness": k}
     for key in keys:
@@ -334,15 +356,15 @@ def _verdict(value, target: str, met: bool) -> dict:
 
 
 HEADERS = ["staleness", "step s", "steps/s", "gen pool s", "main pool s", "resp len",
-           "busy gen", "busy main", "cpu/busy gen", "cpu/busy main", "driver cpu s",
+           "busy gen", "busy main", "cpu/busy gen", "cpu/busy main", "driver cpu s", "cores free",
            "stale mean", "stale max", "0.9 at step", "0.9 after s"]
 
 
 def _cells(r: dict) -> list:
     return [r["staleness"], r["step_s"], r["steps_per_s"], r["gen_pool_s"], r["main_pool_s"],
             r["response_length"], r["busy_gen"], r["busy_main"], r["cpu_share_gen"],
-            r["cpu_share_main"], r["driver_cpu_s"], r["staleness_mean"],
-            r["staleness_max"], r["step_reached"], r["time_to_accuracy_s"]]
+            r["cpu_share_main"], r["driver_cpu_s"], r.get("machine_parallelism"),
+            r["staleness_mean"], r["staleness_max"], r["step_reached"], r["time_to_accuracy_s"]]
 
 
 def _title(fixed: bool) -> str:
