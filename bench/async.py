@@ -43,7 +43,8 @@ import time
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
-from bench.harness import machine, median, table, write_results  # noqa: E402 - path
+from bench.harness import (machine, median, set_threads, table,  # noqa: E402 - path
+                           write_results)
 
 GRPO = os.path.join(ROOT, "graphs", "grpo.py")
 VAL_KEY = "val/toy_arith/greedy"
@@ -174,10 +175,14 @@ def machine_parallelism(n: int = 2_000_000) -> float:
     alone) / (two spins together, the slower). 2.0 on two idle cores; what other jobs
     on a shared machine leave bounds what any overlap of two workers can gain."""
     import multiprocessing
-    with multiprocessing.get_context("fork").Pool(2) as pool:
+    pool = multiprocessing.get_context("fork").Pool(2)
+    try:
         pool.map(_spin, [n // 10] * 2)  # both processes started
         alone = pool.apply(_spin, (n,))
         together = max(pool.map(_spin, [n, n], chunksize=1))
+    finally:  # let them exit (terminate's SIGTERM makes Ray's inherited handler print)
+        pool.close()
+        pool.join()
     return 2 * alone / together
 
 
@@ -281,6 +286,7 @@ def ratios(reps: list[dict[int, dict]], k: int) -> dict:
 def run(args) -> dict:
     import ray
     quiet_logs()
+    set_threads(args.threads)  # the driver's too (it runs the loader and small fn nodes)
     correction, _ = off_policy_override(args.off_policy)
     _, correction_override = off_policy_override(correction)
     # Ray starts its workers at nice 15: on a machine shared with other jobs they then
