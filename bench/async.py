@@ -3,34 +3,37 @@ accuracy of `trainer.staleness = 1` and `2` against the synchronous run (`0`).
 
 Every variant is the embedded GRPO (graphs/grpo.py: the shipped toy base model, the
 toy arithmetic task, the KL loss on) on the Ray runtime with the rollout on a pool
-of its own (`placement.pools.gen.devices_per_node=1 placement.roles.rollout=gen`):
-one worker process generates, another (actor, reference, reward) trains, each with
-`runtime.torch_threads` torch threads. Only the load changes from the embedded
-default: `--prompts` x `--n` rows a step and `--max-new-tokens`, chosen so that
-generating takes about as long as the main pool's work (the shipped base model
-rarely stops after its answer, so its responses run to `max_new_tokens` until RL
-teaches it to stop).
+of its own (`placement.pools.gen.devices_per_node=1 placement.roles.rollout=gen`),
+and by default the rest of the rollout side (reference, reward) beside it: one
+worker process generates, another (the actor) trains, `runtime.torch_threads` torch
+threads each. Only the load changes from the embedded default: `--prompts` x `--n`
+rows a step and `--max-new-tokens`, chosen so that the two pools work about as long
+(the base model rarely stops after its answer, so its responses run to
+`max_new_tokens` until RL teaches it to stop).
 
 One alternated run: each repetition starts a fresh trainer per variant from the base
 model (seed = repetition + 1, the same for every variant) in one Ray session, then
-steps them one step each in turn (the first variant rotates every step) for
-`--steps` steps, validating greedy accuracy every `--val-every` steps (validation
-not timed). Per repetition and variant:
+steps them one step each in turn (the first variant rotating every step). Two
+phases: learning (`--steps`, greedy accuracy validated every `--val-every` steps,
+not timed) and fixed policy (`--fixed-steps` with `actor.lr=0`: the same work every
+step in every variant). Per repetition and variant:
   - steps/s: 1 / median step time over the steady window (steps after `--warmup`
-    and before the last k steps of any variant, which have nothing left to generate
-    ahead);
+    and before the last k steps, which have nothing left to generate ahead);
   - time to 0.9: training seconds (every step, warm-up included) up to the first
     validation at or above `--target-accuracy`;
-  - `async/staleness/mean|max`, `async/ahead`, `perf/busy/<pool>` and the node
-    timings, so the table shows what was overlapped.
+  - `async/staleness/mean|max`, `async/ahead`, `perf/busy/<pool>`, each pool's
+    seconds of work, its worker's CPU seconds per busy second (below 1: waiting
+    for a core), the driver's CPU a step, and how many cores two processes got at
+    once around the repetition (bench/cpu.py).
 Ratios are taken within a repetition (same seed, same minutes of machine load), then
-the median over repetitions is reported.
+the median over repetitions is reported (bench/async_report.py).
 
 Async runs need an off-policy choice: `actor.off_policy=tis` when this tree has it,
 else `trainer.allow_uncorrected_async=true` (`--off-policy` forces one).
 
-    python bench/async.py [--reps 5] [--steps 30] [--prompts 16] [--n 8]
-                          [--max-new-tokens 32] [--staleness 0 1 2] [--out PATH]
+    python bench/async.py [--reps 5] [--steps 30] [--fixed-steps 12] [--prompts 16]
+                          [--n 8] [--max-new-tokens 32] [--staleness 0 1 2]
+                          [--rollout-side-on gen|main] [--out PATH]
 """
 from __future__ import annotations
 
@@ -43,13 +46,12 @@ import time
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
-from bench.harness import (machine, median, set_threads, table,  # noqa: E402 - path
-                           write_results)
+from bench.async_report import rep_table, report, targets  # noqa: E402 - path
+from bench.cpu import machine_parallelism, process_cpu_s  # noqa: E402
+from bench.harness import machine, median, set_threads, write_results  # noqa: E402
 
 GRPO = os.path.join(ROOT, "graphs", "grpo.py")
 VAL_KEY = "val/toy_arith/greedy"
-TARGET_STEPS_PER_S = 1.6      # staleness 1 over staleness 0, at least
-TARGET_TIME_TO_ACCURACY = 0.75  # staleness 1 over staleness 0, at most
 TRAIN_NODES = ("actor.logprob", "actor.update")
 ROLLOUT_SIDE_NODES = ("ref.logprob", "reward.score")  # on --rollout-side-on
 
@@ -144,46 +146,12 @@ class Variant:
         self.trainer.close()
 
 
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process on this machine (0 once it has gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def cpu_share(steady: list[dict], pool: str) -> float | None:
     """CPU seconds a pool's worker process used per second it was inside a task:
     below 1, its tasks waited for a core (or blocked). Ray's own threads in the
     worker count too, so an idle-free worker can show a little above 1."""
     busy = sum(m.get(f"perf/busy/{pool}", 0.0) * m["perf/time_per_step"] for m in steady)
     return sum(m[f"cpu_s/{pool}"] for m in steady) / busy if busy else None
-
-
-def _spin(n: int) -> float:
-    start = time.perf_counter()
-    total = 0
-    for i in range(n):
-        total += i * i
-    return time.perf_counter() - start
-
-
-def machine_parallelism(n: int = 2_000_000) -> float:
-    """How many cores two CPU-bound processes got at once, right now: 2 x (one spin
-    alone) / (two spins together, the slower). 2.0 on two idle cores; what other jobs
-    on a shared machine leave bounds what any overlap of two workers can gain."""
-    import multiprocessing
-    pool = multiprocessing.get_context("fork").Pool(2)
-    try:
-        pool.map(_spin, [n // 10] * 2)  # both processes started
-        alone = pool.apply(_spin, (n,))
-        together = max(pool.map(_spin, [n, n], chunksize=1))
-    finally:  # let them exit (terminate's SIGTERM makes Ray's inherited handler print)
-        pool.close()
-        pool.join()
-    return 2 * alone / together
 
 
 def pool_seconds(med, side_on: str) -> dict[str, float]:
@@ -338,80 +306,6 @@ def median_row(reps: list[dict[int, dict]], k: int) -> dict:
         values = [r[k][key] for r in reps if r[k][key] is not None]
         row[key] = median(values) if values else None
     return row
-
-
-def targets(p: dict) -> dict:
-    one = p["ratios"].get("1")
-    if not one:
-        return {}
-    speed, tta = one["steps_per_s_median"], one["time_to_accuracy_median"]
-    out = {"steps_per_s_k1": _verdict(speed, f">= {TARGET_STEPS_PER_S}",
-                                      speed >= TARGET_STEPS_PER_S),
-           "time_to_accuracy_k1": _verdict(tta, f"<= {TARGET_TIME_TO_ACCURACY}",
-                                           tta is not None and tta <= TARGET_TIME_TO_ACCURACY)}
-    fixed = (p.get("fixed_policy") or {}).get("ratios", {}).get("1")
-    if fixed:
-        speed = fixed["steps_per_s_median"]
-        out["steps_per_s_k1_fixed_policy"] = _verdict(speed, f">= {TARGET_STEPS_PER_S}",
-                                                      speed >= TARGET_STEPS_PER_S)
-    return out
-
-
-def _verdict(value, target: str, met: bool) -> dict:
-    return {"value": value, "target": target, "verdict": "met" if met else "missed"}
-
-
-HEADERS = ["staleness", "step s", "steps/s", "gen pool s", "main pool s", "resp len",
-           "busy gen", "busy main", "cpu/busy gen", "cpu/busy main", "driver cpu s", "cores free",
-           "stale mean", "stale max", "0.9 at step", "0.9 after s"]
-
-
-def _cells(r: dict) -> list:
-    return [r["staleness"], r["step_s"], r["steps_per_s"], r["gen_pool_s"], r["main_pool_s"],
-            r["response_length"], r["busy_gen"], r["busy_main"], r["cpu_share_gen"],
-            r["cpu_share_main"], r["driver_cpu_s"], r.get("machine_parallelism"),
-            r["staleness_mean"], r["staleness_max"], r["step_reached"], r["time_to_accuracy_s"]]
-
-
-def _title(fixed: bool) -> str:
-    return "fixed policy (actor.lr=0)" if fixed else "learning"
-
-
-def rep_table(rep: dict[int, dict], index: int, fixed: bool = False) -> str:
-    return (f"{_title(fixed)}, repetition {index + 1}:\n"
-            + table(HEADERS, [_cells(r) for r in rep.values()]))
-
-
-def phase_lines(ph: dict, fixed: bool, target_accuracy: float) -> list[str]:
-    lines = [f"{_title(fixed)}: medians over repetitions",
-             table(HEADERS, [_cells(r) for r in ph["rows"]])]
-    for k, r in ph["ratios"].items():
-        line = (f"staleness {k} / 0: steps/s {r['steps_per_s_median']:.2f}x "
-                f"(per rep {[round(x, 2) for x in r['steps_per_s']]}; overlap bound "
-                f"{r['overlap_bound_median']:.2f}x)")
-        if not fixed:
-            tta = r["time_to_accuracy_median"]
-            line += (f", time to {target_accuracy}: "
-                     + (f"{tta:.2f}x" if tta is not None else "-")
-                     + f" (per rep {[round(x, 2) for x in r['time_to_accuracy']]}, "
-                       f"both reached in {r['time_to_accuracy_reached']})")
-        lines.append(line)
-    return lines
-
-
-def report(p: dict) -> str:
-    m = p["machine"]
-    lines = [f"machine: {m['cpu']}, {m['cores']} cores, load {m['load_avg_1m_at_start']}",
-             f"setup: {p['setup']}"]
-    lines += phase_lines(p, False, p["setup"]["target_accuracy"])
-    if p.get("fixed_policy"):
-        lines += phase_lines(p["fixed_policy"], True, p["setup"]["target_accuracy"])
-    for name, t in p["targets"].items():
-        value = "-" if t["value"] is None else f"{t['value']:.2f}"
-        lines.append(f"target {name}: {value} ({t['target']}): {t['verdict']}")
-    lines.append(f"off-policy choice of the async runs: {p['setup']['off_policy']} "
-                 f"({p['setup']['off_policy_override']}); wall {p['wall_s']:.0f} s")
-    return "\n".join(lines)
 
 
 def parse(argv=None):
