@@ -248,6 +248,18 @@ class Trainer:
     def trained_roles(self) -> list[str]:
         return sorted({n.role for n in self.plan.nodes if n.kind.trains})
 
+    def untrained_processes(self) -> list[str]:
+        """One role per pool that hosts no trained role: the processes whose random
+        generators (e.g. a rollout's sampling) no role checkpoint saves."""
+        placed = self.plan.placement.roles
+        trained_pools = {placed.get(r) for r in self.trained_roles()}
+        first = {}
+        for role in self.plan.roles:
+            pool = placed.get(role)
+            if pool not in trained_pools and role not in self.plan.placement.folded:
+                first.setdefault(pool, role)
+        return sorted(first.values())
+
     def stateful_nodes(self) -> list:
         """Function nodes that keep state across steps on the driver (`state_dict()`
         and `load_state_dict()`, e.g. an adaptive KL coefficient): saved with the run."""
@@ -258,6 +270,8 @@ class Trainer:
         def save_roles(root: str) -> None:
             for role in self.trained_roles():
                 self.runtime.call_role(role, "save_checkpoint", f"{root}/{role}")
+            for role in self.untrained_processes():
+                self.runtime.call_role(role, "save_process_rng", f"{root}/rng/{role}")
         loader = self.ahead.loader_state() if self.ahead else self.train_loader.state_dict()
         state = {"loader": loader,
                  "nodes": {n.name: n.fn.state_dict() for n in self.stateful_nodes()}}
@@ -278,6 +292,8 @@ class Trainer:
         state, torch_rng = load_trainer_state(path)  # verifies every file's sha256
         for role in self.trained_roles():
             self.runtime.call_role(role, "load_checkpoint", f"{path}/{role}")
+        for role in self.untrained_processes():
+            self.runtime.call_role(role, "load_process_rng", f"{path}/rng/{role}")
         self.train_loader.load_state_dict(state["loader"])
         if self.ahead:  # the batches queued at the save are drawn again
             self.ahead.reset()

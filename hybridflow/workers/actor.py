@@ -168,7 +168,8 @@ class ActorWorker(Worker):
         with self.trainer.autocast():  # the update's compute dtype: first ratios are 1
             logp, ent = response_logprobs(
                 self.module, batch, mbs, self.device, temp, with_entropy,
-                max_tokens_per_micro_batch or self.rollout_cfg.log_prob_max_tokens_per_micro_batch)
+                max_tokens_per_micro_batch or self.rollout_cfg.log_prob_max_tokens_per_micro_batch,
+                packed=self.model_cfg.use_remove_padding)
         return metrics_batch(Batch({"old_log_probs": logp}), _logprob_metrics(batch, logp, ent))
 
     # ----------------------------------------------------------------- update
@@ -188,16 +189,17 @@ class ActorWorker(Worker):
         mask_key = training_mask_key(batch)
         inputs = POLICY_INPUTS + ((mask_key,) if mask_key not in POLICY_INPUTS else ())
         data = select_for_loss(batch, inputs, loss, "actor.update")
+        packed = self.model_cfg.use_remove_padding
 
         def trainer_loss(model, micro: Batch, tokens, seqs):
             return run_loss(loss, micro, PolicyOutputs(model, micro, tokens, seqs, mask_key,
-                                                       temperature=temp))
+                                                       temperature=temp, packed=packed))
 
         metrics = self.trainer.train(data, trainer_loss, mask_key=mask_key,
                                      epochs=cfg.ppo_epochs if epochs is None else epochs,
                                      mini_batch_size=cfg.mini_batch_size,
                                      micro_batch_size=cfg.micro_batch_size,
-                                     max_tokens=cfg.max_tokens_per_micro_batch,
+                                     max_tokens=cfg.max_tokens_per_micro_batch, packed=packed,
                                      shuffle=cfg.shuffle, seed=self.ctx.seed)
         # the version these weights had before this update: with the batch's
         # `policy_version`, how stale its samples were (async/staleness/*)

@@ -147,6 +147,14 @@ class Worker:
             save_weights(self.module, directory)
         save_rng(directory, self.ctx.rank)
 
+    def save_process_rng(self, directory: str) -> None:
+        """Only this process's generators: for a process that hosts no trained role
+        (a rollout on its own pool samples from them)."""
+        save_rng(directory, self.ctx.rank)
+
+    def load_process_rng(self, directory: str) -> None:
+        load_rng(directory, self.ctx.rank)
+
     def load_checkpoint(self, directory: str) -> None:
         if self.trainer is not None:
             self.trainer.load(directory, self.ctx.rank)

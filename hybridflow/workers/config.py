@@ -18,7 +18,8 @@ fill on import.
 Batch sizes count *rows* (responses, i.e. prompts x n) over the whole worker
 group: a mini-batch of 16 on 2 data-parallel ranks is 8 rows on each. A
 `*max_tokens_per_micro_batch` (None: off) counts padded tokens per rank and, when
-set, replaces the row count of micro-batches (`workers/micro_batches.py`).
+set, replaces the row count of micro-batches (`workers/micro_batches.py`); under
+`model.use_remove_padding` it counts real tokens (the rows' summed lengths).
 """
 from __future__ import annotations
 
@@ -124,6 +125,10 @@ class ModelConfig:
     dtype: str = "float32"                # "float32" | "bfloat16"
     device: str = checked("auto", _DEVICE)
     gradient_checkpointing: bool = False
+    # packed sequences (workers/packing.py): the actor's log-prob and update, the
+    # reference's log-prob and the critic's values and update run each micro-batch as
+    # one row of its real tokens, no pad tokens; a token budget then counts real tokens
+    use_remove_padding: bool = False
 
 
 @dataclass

@@ -48,7 +48,8 @@ class CriticWorker(Worker):
             values = response_values_batched(
                 self.module, batch, micro_batch_size or self.critic_cfg.micro_batch_size,
                 self.device,
-                max_tokens_per_micro_batch or self.critic_cfg.max_tokens_per_micro_batch)
+                max_tokens_per_micro_batch or self.critic_cfg.max_tokens_per_micro_batch,
+                packed=self.model_cfg.use_remove_padding)
         return metrics_batch(Batch({"values": values}), {})
 
     @takes_loss(model_reads=VALUE_INPUTS)
@@ -65,14 +66,16 @@ class CriticWorker(Worker):
         mask_key = training_mask_key(batch)
         inputs = VALUE_INPUTS + ((mask_key,) if mask_key not in VALUE_INPUTS else ())
         data = select_for_loss(batch, inputs, loss, "critic.update")
+        packed = self.model_cfg.use_remove_padding
 
         def trainer_loss(model, micro: Batch, tokens, seqs):
-            return run_loss(loss, micro, ValueOutputs(model, micro, tokens, seqs, mask_key))
+            return run_loss(loss, micro, ValueOutputs(model, micro, tokens, seqs, mask_key,
+                                                      packed=packed))
 
         metrics = self.trainer.train(data, trainer_loss, mask_key=mask_key,
                                      epochs=cfg.ppo_epochs if epochs is None else epochs,
                                      mini_batch_size=cfg.mini_batch_size,
                                      micro_batch_size=cfg.micro_batch_size,
-                                     max_tokens=cfg.max_tokens_per_micro_batch,
+                                     max_tokens=cfg.max_tokens_per_micro_batch, packed=packed,
                                      shuffle=cfg.shuffle, seed=self.ctx.seed)
         return metrics_batch(Batch(), {f"critic/{k}": v for k, v in metrics.items()})

@@ -18,7 +18,10 @@ and rank its share of the whole mini-batch's loss (see `training.py`):
 
 Policy outputs: `logits` [B, R, V] (float32, over the sampling temperature),
 `log_probs` [B, R] of `responses`, `entropy(grad=True)` [B, R]. Value outputs:
-`values` [B, R].
+`values` [B, R]. With `packed=True` (`model.use_remove_padding`, `packing.py`) the
+forward runs on the micro-batch packed into one row; log-probs and entropy are
+computed on the response tokens' logits only and unpacked to [B, R] (0 where no
+response token is attended); `logits` is unpacked to [B, R, V] only if a loss reads it.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from functools import cached_property
 import torch
 
 from hybridflow.batch import Batch
+from hybridflow.workers.packing import PackedRows, packed_logits
 from hybridflow.workers.sequences import (entropy_from_logits, response_logits,
                                           response_values, token_logprobs)
 
@@ -55,32 +59,49 @@ class LossInputs:
 
 class PolicyOutputs(LossInputs):
     def __init__(self, model, micro: Batch, tokens, seqs, mask_key: str = "response_mask",
-                 temperature: float = 1.0):
+                 temperature: float = 1.0, packed: bool = False):
         super().__init__(model, micro, tokens, seqs, mask_key)
         self.temperature = temperature
+        self._rows = PackedRows(micro) if packed else None
         self._entropy: dict[bool, torch.Tensor] = {}
 
     @cached_property
+    def _token_logits(self) -> torch.Tensor:
+        """[B, R, V], or packed [K, V] (the response tokens' positions only)."""
+        if self._rows is None:
+            return response_logits(self.model, self.micro, self.temperature)
+        return packed_logits(self.model, self._rows, self.temperature)
+
+    def _unpacked(self, values: torch.Tensor) -> torch.Tensor:
+        return values if self._rows is None else self._rows.unpack(values)
+
+    @cached_property
     def logits(self) -> torch.Tensor:
-        return response_logits(self.model, self.micro, self.temperature)
+        return self._unpacked(self._token_logits)
 
     @cached_property
     def log_probs(self) -> torch.Tensor:
-        return token_logprobs(self.logits, self.micro["responses"])
+        tokens = self.micro["responses"] if self._rows is None else self._rows.tokens
+        return self._unpacked(token_logprobs(self._token_logits, tokens))
 
     def entropy(self, grad: bool = True) -> torch.Tensor:
         """Per-token entropy; `grad=False` for a metric (no backward memory)."""
         if grad not in self._entropy:
             with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
-                logits = self.logits if grad else self.logits.detach()
-                self._entropy[grad] = entropy_from_logits(logits)
+                logits = self._token_logits if grad else self._token_logits.detach()
+                self._entropy[grad] = self._unpacked(entropy_from_logits(logits))
         return self._entropy[grad]
 
 
 class ValueOutputs(LossInputs):
+    def __init__(self, model, micro: Batch, tokens, seqs, mask_key: str = "response_mask",
+                 packed: bool = False):
+        super().__init__(model, micro, tokens, seqs, mask_key)
+        self.packed = packed
+
     @cached_property
     def values(self) -> torch.Tensor:
-        return response_values(self.model, self.micro)
+        return response_values(self.model, self.micro, self.packed)
 
 
 def run_loss(loss, micro: Batch, out: LossInputs) -> tuple[torch.Tensor, dict]:

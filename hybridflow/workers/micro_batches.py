@@ -13,7 +13,12 @@ right-padded response]`. Tensors of the full row's width [B, P + R] lose prompt
 columns on the left and response columns on the right; tensors of the response's
 width [B, R] lose columns on the right. A row's extent is read from
 `attention_mask` (its first and last attended column), so the dropped columns are
-never attended and every masked quantity is unchanged. Stateless.
+never attended and every masked quantity is unchanged.
+
+Packed (`model.use_remove_padding`, `packing.py`): a micro-batch runs as one row of
+its real tokens, so the budget counts real tokens: the sum of the rows' lengths
+(prompt + response, from `attention_mask`) stays within `max_tokens`, not rows x
+the longest. Stateless.
 """
 from __future__ import annotations
 
@@ -42,30 +47,36 @@ def row_extents(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     return (prompt_width - first).cpu(), (last - prompt_width).cpu()
 
 
-def micro_batches(batch: Batch, rows: int, max_tokens: int | None = None) -> list[MicroBatch]:
+def micro_batches(batch: Batch, rows: int, max_tokens: int | None = None,
+                  packed: bool = False) -> list[MicroBatch]:
     """The micro-batches of `batch`: slices of `rows` rows, or, with `max_tokens`,
-    length-sorted groups within the budget, each trimmed to its longest row."""
+    length-sorted groups within the budget (padded tokens, or real tokens when
+    `packed`), each trimmed to its longest row."""
     if not max_tokens:
         return [MicroBatch(torch.arange(i, min(i + rows, len(batch))),
                            batch.take(slice(i, i + rows))) for i in range(0, len(batch), rows)]
     prompt_len, response_len = row_extents(batch)
     order = torch.argsort(prompt_len + response_len, descending=True, stable=True)
-    groups = _fill_budget(order, prompt_len, response_len, max_tokens)
+    groups = _fill_budget(order, prompt_len, response_len, max_tokens, packed)
     return [MicroBatch(index, _trim(batch.take(index), int(prompt_len[index].max()),
                                     int(response_len[index].max()))) for index in groups]
 
 
-def _fill_budget(order, prompt_len, response_len, max_tokens: int) -> list[torch.Tensor]:
-    """Consecutive runs of `order` whose rows x (longest prompt + longest response)
-    stays within `max_tokens` (at least one row each)."""
-    groups, current, p_max, r_max = [], [], 0, 0
+def _fill_budget(order, prompt_len, response_len, max_tokens: int,
+                 packed: bool = False) -> list[torch.Tensor]:
+    """Consecutive runs of `order` whose rows x (longest prompt + longest response),
+    or when `packed` whose summed lengths, stay within `max_tokens` (at least one
+    row each)."""
+    groups, current, p_max, r_max, real = [], [], 0, 0, 0
     for row in order.tolist():
+        length = int(prompt_len[row]) + int(response_len[row])
         p, r = max(p_max, int(prompt_len[row])), max(r_max, int(response_len[row]))
-        if current and (len(current) + 1) * (p + r) > max_tokens:
+        cost = real + length if packed else (len(current) + 1) * (p + r)
+        if current and cost > max_tokens:
             groups.append(torch.tensor(current))
-            current, p, r = [], int(prompt_len[row]), int(response_len[row])
+            current, p, r, real = [], int(prompt_len[row]), int(response_len[row]), 0
         current.append(row)
-        p_max, r_max = p, r
+        p_max, r_max, real = p, r, real + length
     if current:
         groups.append(torch.tensor(current))
     return groups

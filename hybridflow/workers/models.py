@@ -3,7 +3,8 @@
 A model comes from a local directory (`from_pretrained`) or from a config dict
 (`hf_config`, the tiny default for tests and the toy task). Building from a config
 is seeded, so every data-parallel rank, and the reference beside the actor, starts
-from exactly the same weights without any broadcast.
+from exactly the same weights without any broadcast. Under `model.use_remove_padding`
+a model with sdpa attention gets `sdpa_varlen` (`varlen_attention.py`).
 """
 from __future__ import annotations
 
@@ -118,6 +119,9 @@ def _build(auto_cls, model_cfg: ModelConfig, tokenizer, device, seed: int,
             model = auto_cls.from_config(config).to(dtype)
     if model_cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
+    if model_cfg.use_remove_padding:  # packed forwards: attention per sequence
+        from hybridflow.workers.varlen_attention import use_varlen_attention
+        use_varlen_attention(model)
     return model.to(device)
 
 

@@ -87,5 +87,6 @@ class ReferenceWorker(Worker):
             logp, _ = response_logprobs(model, batch,
                                         micro_batch_size or self.ref_cfg.micro_batch_size,
                                         self.device, temp, max_tokens=max_tokens_per_micro_batch
-                                        or self.ref_cfg.max_tokens_per_micro_batch)
+                                        or self.ref_cfg.max_tokens_per_micro_batch,
+                                        packed=self.model_cfg.use_remove_padding)
         return metrics_batch(Batch({"ref_log_prob": logp}), {})

@@ -10,6 +10,10 @@ The training mask: `response_mask` is what attention covers; an agent rollout ad
 Losses, advantages, KL and per-token metrics use `training_mask(batch)`: `loss_mask`
 when the batch has one of the responses' width, else `response_mask`. (`actor.sft`'s
 `loss_mask` spans the whole row, [B, P + R]: it is not a response mask.)
+
+`packed=True` (`model.use_remove_padding`) runs each micro-batch as one row of its
+real tokens (`packing.py`) and returns the same [B, R] results, 0 where a response
+token is not attended.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import torch
 
 from hybridflow.batch import Batch
 from hybridflow.workers.micro_batches import micro_batches, scatter_rows
+from hybridflow.workers.packing import PackedRows, packed_logits, packed_values
 
 __all__ = ["position_ids_from_mask", "response_mask_from_ids", "pad_right",
            "response_logits", "token_logprobs", "entropy_from_logits", "forward_response",
@@ -116,25 +121,36 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def forward_response(model, batch: Batch, temperature: float = 1.0,
                      with_entropy: bool = False, entropy_grad: bool = True,
-                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     packed: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-prob of `responses` [B, R] (float32), and the entropy if asked
     (detached unless `entropy_grad`: a metric costs no backward memory)."""
-    logits = response_logits(model, batch, temperature)
-    log_probs = token_logprobs(logits, batch["responses"])
+    rows = PackedRows(batch) if packed else None
+    if rows is None:
+        logits, tokens = response_logits(model, batch, temperature), batch["responses"]
+    else:  # [K, V]: only the response tokens' logits, unpacked after the reduction
+        logits, tokens = packed_logits(model, rows, temperature), rows.tokens
+    log_probs = token_logprobs(logits, tokens)
     entropy = None
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             entropy = entropy_from_logits(logits if entropy_grad else logits.detach())
+    if rows is not None:
+        log_probs = rows.unpack(log_probs)
+        entropy = rows.unpack(entropy) if entropy is not None else None
     return log_probs, entropy
 
 
-def response_values(model, batch: Batch) -> torch.Tensor:
+def response_values(model, batch: Batch, packed: bool = False) -> torch.Tensor:
     """Value per response token [B, R], float32, masked to 0 outside `response_mask`,
     read at the position that predicts the token (the log-probs' slice), as in verl."""
     width = batch["responses"].shape[1]
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                position_ids=batch["position_ids"], use_cache=False)
-    values = out.logits.squeeze(-1)[:, -width - 1:-1].float()
+    if packed:
+        rows = PackedRows(batch)
+        values = rows.unpack(packed_values(model, rows))
+    else:
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                    position_ids=batch["position_ids"], use_cache=False)
+        values = out.logits.squeeze(-1)[:, -width - 1:-1].float()
     if "response_mask" in batch:
         values = values * batch["response_mask"].to(values.dtype)
     return values
@@ -143,7 +159,7 @@ def response_values(model, batch: Batch) -> torch.Tensor:
 @torch.no_grad()
 def response_logprobs(model, batch: Batch, micro_batch_size: int, device,
                       temperature: float = 1.0, with_entropy: bool = False,
-                      max_tokens: int | None = None):
+                      max_tokens: int | None = None, packed: bool = False):
     """`forward_response` over micro-batches (rows, or a token budget: see
     `micro_batches.py`), without gradient; results on CPU. Under a token budget the
     columns a micro-batch trims (past every row's last token) hold 0."""
@@ -152,8 +168,9 @@ def response_logprobs(model, batch: Batch, micro_batch_size: int, device,
         empty = torch.zeros(0, width, dtype=torch.float32)
         return empty, (empty.clone() if with_entropy else None)
     logps, ents = [], []
-    for micro in micro_batches(batch, micro_batch_size, max_tokens):
-        logp, ent = forward_response(model, micro.batch.to(device), temperature, with_entropy)
+    for micro in micro_batches(batch, micro_batch_size, max_tokens, packed):
+        logp, ent = forward_response(model, micro.batch.to(device), temperature, with_entropy,
+                                     packed=packed)
         logps.append((micro.index, logp.cpu()))
         if ent is not None:
             ents.append((micro.index, ent.cpu()))
@@ -163,11 +180,12 @@ def response_logprobs(model, batch: Batch, micro_batch_size: int, device,
 
 @torch.no_grad()
 def response_values_batched(model, batch: Batch, micro_batch_size: int, device,
-                            max_tokens: int | None = None) -> torch.Tensor:
+                            max_tokens: int | None = None, packed: bool = False
+                            ) -> torch.Tensor:
     """`response_values` over micro-batches (rows or a token budget), on CPU."""
     width = batch["responses"].shape[1]
     if len(batch) == 0:
         return torch.zeros(0, width)
-    parts = [(micro.index, response_values(model, micro.batch.to(device)).cpu())
-             for micro in micro_batches(batch, micro_batch_size, max_tokens)]
+    parts = [(micro.index, response_values(model, micro.batch.to(device), packed).cpu())
+             for micro in micro_batches(batch, micro_batch_size, max_tokens, packed)]
     return scatter_rows(parts, len(batch), width)

@@ -10,8 +10,9 @@ the same update as 1 rank on the same global batch. Ranks agree on the number of
 mini- and micro-batches, and a rank that runs out of rows runs a zero-loss dummy
 step, so the collective calls always match. Micro-batches are row slices, or with
 `max_tokens` length-sorted groups within a token budget, trimmed to their longest row
-(`micro_batches.py`); the counts are the mini-batch's either way, so the gradient is
-the same.
+(`micro_batches.py`; `packed`: the budget counts real tokens, for a `loss_fn` that
+packs each micro-batch, `packing.py`); the counts are the mini-batch's either way, so
+the gradient is the same.
 
 `loss_fn(model, micro, global_tokens, global_seqs) -> (loss, contributions)`, where
 `contributions` are 0-dim tensors that sum, over micro-batches and ranks, to the
@@ -120,7 +121,8 @@ class Trainer:
     # ------------------------------------------------------------------- step
     def train(self, batch: Batch, loss_fn: Callable, *, epochs: int, mini_batch_size: int,
               micro_batch_size: int, mask_key: str = "response_mask", shuffle: bool = False,
-              seed: int = 0, max_tokens: int | None = None) -> dict[str, float]:
+              seed: int = 0, max_tokens: int | None = None,
+              packed: bool = False) -> dict[str, float]:
         local_mini = max(1, math.ceil(mini_batch_size / self.world))
         n_minis = self.agreed_max(math.ceil(len(batch) / local_mini))
         totals: dict[str, float] = {}
@@ -131,21 +133,22 @@ class Trainer:
                 seed + epoch)) if shuffle else torch.arange(len(batch))).numpy()
             for j in range(n_minis):
                 mini = batch.take(order[j * local_mini:(j + 1) * local_mini]).to(self.device)
-                metrics = self._step(mini, loss_fn, micro_batch_size, mask_key, max_tokens)
+                metrics = self._step(mini, loss_fn, micro_batch_size, mask_key, max_tokens,
+                                     packed)
                 for k, v in metrics.items():
                     totals[k] = totals.get(k, 0.0) + v
                 steps += 1
         return {k: v / max(1, steps) for k, v in totals.items()}
 
     def _step(self, mini: Batch, loss_fn, micro_batch_size: int, mask_key: str,
-              max_tokens: int | None = None) -> dict:
+              max_tokens: int | None = None, packed: bool = False) -> dict:
         if len(mini):
             mask = mini[mask_key]  # valid tokens, and sequences with at least one
             tokens, seqs = mask.sum(), (mask.sum(dim=-1) > 0).sum()
         else:
             tokens = seqs = torch.zeros((), device=self.device)
         counts = self.all_reduce(torch.stack([tokens, seqs]).to(torch.float64))
-        micros = [m.batch for m in micro_batches(mini, micro_batch_size, max_tokens)]
+        micros = [m.batch for m in micro_batches(mini, micro_batch_size, max_tokens, packed)]
         n_micro = self.agreed_max(len(micros))
         self.optimizer.zero_grad(set_to_none=True)
         contrib: dict[str, torch.Tensor] = {}

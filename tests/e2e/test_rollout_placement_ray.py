@@ -47,3 +47,15 @@ def test_grpo_with_the_rollout_on_its_own_pool_learns_as_well_as_colocated(tmp_p
     assert last >= first + 0.3, accuracy
     # separate processes draw different samples, so "as well" is to a tolerance
     assert last >= accuracy["colocated"][-1] - 0.15, accuracy
+
+
+def test_a_resumed_split_rollout_run_samples_what_an_uninterrupted_one_does(tmp_path):
+    """The rollout's own process keeps sampling generators no role checkpoint holds:
+    the run saves and restores them (rng/<role> in the checkpoint)."""
+    from tests.support.runs import stable
+    args = (*FAST, *SPLIT)
+    _, whole = train("grpo", tmp_path / "whole", "trainer.steps=3", *args)
+    trainer, _ = train("grpo", tmp_path / "part", "trainer.steps=2", *args)
+    _, resumed = train("grpo", tmp_path / "part", "trainer.steps=3", *args,
+                       resume=trainer.run.path)
+    assert stable(resumed) == stable(whole)

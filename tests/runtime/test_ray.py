@@ -157,7 +157,6 @@ def test_independent_nodes_on_disjoint_pools_overlap(ppo):
         return min(e["start"] for e in entries), max(e["end"] for e in entries)
     (ref_start, ref_end), (rew_start, rew_end) = span("ref.logprob"), span("reward.score")
     assert ref_start < rew_end and rew_start < ref_end  # the intervals intersect
-    assert max(ref_end, rew_end) - min(ref_start, rew_start) < 0.9
 
 
 def test_colocated_roles_share_one_process_per_rank(ppo):

@@ -50,13 +50,13 @@ def failure(rt, method: str) -> tuple[NodeFailure, float]:
 
 def test_worker_exception_names_node_role_rank_and_traceback(shared):
     runtime = shared
-    err, took = failure(runtime, "fail_on_rank1")
+    err, _ = failure(runtime, "fail_on_rank1")
     assert (err.node, err.rank) == ("echo.fail_on_rank1", 1)
     text = str(err)
     assert "role 'echo' rank 1" in text and "runtime_fakes.py" in text.splitlines()[0]
     assert "ZeroDivisionError: fake failure in the worker" in text
     assert "in fail_on_rank1" in text  # the worker's own traceback
-    assert took < TIMEOUT
+    assert "call_timeout_s" not in text  # reported by the worker, not by the deadline
     # an exception does not break the workers: the next step runs
     result = runtime.run_step(feeds(), plan=plan("dp"))
     assert runtime.fetch(result, "echo.dp", ["y"])["y"].shape[0] == 4
@@ -83,20 +83,20 @@ def test_a_hung_worker_fails_after_the_call_timeout(runtime):
     err, took = failure(runtime, "hang")
     assert (err.node, err.rank) == ("echo.hang", 0)
     assert "call_timeout_s=4s" in str(err)
-    assert TIMEOUT <= took < TIMEOUT + 3
+    assert took >= TIMEOUT  # the deadline, not an earlier error, stopped it
     with pytest.raises(RuntimeError, match="cannot run another step"):
         runtime.run_step(feeds(), plan=plan("dp"))
 
 
 def test_a_worker_process_that_exits_fails_fast(runtime):
-    err, took = failure(runtime, "die_on_rank1")
+    err, _ = failure(runtime, "die_on_rank1")
     assert (err.node, err.rank) == ("echo.die_on_rank1", 1)
     assert "worker process of pool 'wide' rank 1 died" in str(err)
-    assert took < TIMEOUT
+    assert "call_timeout_s" not in str(err)  # seen as a death, not waited out
 
 
 def test_a_killed_actor_fails_the_next_step_fast(runtime):
     ray.kill(runtime.actors("wide")[1], no_restart=True)
-    err, took = failure(runtime, "dp")
+    err, _ = failure(runtime, "dp")
     assert (err.node, err.rank) == ("echo.dp", 1)
-    assert "died" in str(err) and took < TIMEOUT
+    assert "died" in str(err) and "call_timeout_s" not in str(err)

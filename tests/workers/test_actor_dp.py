@@ -23,8 +23,12 @@ CONFIGS = {
     # runs a dummy; the single rank groups the 8 rows differently again
     "token_budget": (make_cfg(actor={"lr": 1e-2, "mini_batch_size": 8, "micro_batch_size": 2,
                                      "max_tokens_per_micro_batch": 20}), 8),
+    # packed sequences under a real-token budget: the ranks pack their own shards
+    "packed_budget": (make_cfg(model={"use_remove_padding": True},
+                               actor={"lr": 1e-2, "mini_batch_size": 8, "micro_batch_size": 2,
+                                      "max_tokens_per_micro_batch": 30}), 8),
 }
-RAGGED = {"token_budget": [6, 1, 2, 6, 3, 1, 5, 2]}
+RAGGED = {"token_budget": [6, 1, 2, 6, 3, 1, 5, 2], "packed_budget": [6, 1, 2, 6, 3, 1, 5, 2]}
 
 
 def _free_port() -> int:

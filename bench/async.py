@@ -1,0 +1,351 @@
+"""Async training (issue 15): steps per second and time to 0.9 held-out greedy
+accuracy of `trainer.staleness = 1` and `2` against the synchronous run (`0`).
+
+Every variant is the embedded GRPO (graphs/grpo.py: the shipped toy base model, the
+toy arithmetic task, the KL loss on) on the Ray runtime with the rollout on a pool
+of its own (`placement.pools.gen.devices_per_node=1 placement.roles.rollout=gen`),
+and by default the rest of the rollout side (reference, reward) beside it: one
+worker process generates, another (the actor) trains, `runtime.torch_threads` torch
+threads each. Only the load changes from the embedded default: `--prompts` x `--n`
+rows a step and `--max-new-tokens`, chosen so that the two pools work about as long
+(the base model rarely stops after its answer, so its responses run to
+`max_new_tokens` until RL teaches it to stop).
+
+One alternated run: each repetition starts a fresh trainer per variant from the base
+model (seed = repetition + 1, the same for every variant) in one Ray session, then
+steps them one step each in turn (the first variant rotating every step). Two
+phases: learning (`--steps`, greedy accuracy validated every `--val-every` steps,
+not timed) and fixed policy (`--fixed-steps` with `actor.lr=0`: the same work every
+step in every variant). Per repetition and variant:
+  - steps/s: 1 / median step time over the steady window (steps after `--warmup`
+    and before the last k steps, which have nothing left to generate ahead);
+  - time to 0.9: training seconds (every step, warm-up included) up to the first
+    validation at or above `--target-accuracy`;
+  - `async/staleness/mean|max`, `async/ahead`, `perf/busy/<pool>`, each pool's
+    seconds of work, its worker's CPU seconds per busy second (below 1: waiting
+    for a core), the driver's CPU a step, and how many cores two processes got at
+    once around the repetition (bench/cpu.py).
+Ratios are taken within a repetition (same seed, same minutes of machine load), then
+the median over repetitions is reported (bench/async_report.py).
+
+Async runs need an off-policy choice: `actor.off_policy=tis` when this tree has it,
+else `trainer.allow_uncorrected_async=true` (`--off-policy` forces one).
+
+    python bench/async.py [--reps 5] [--steps 30] [--fixed-steps 12] [--prompts 16]
+                          [--n 8] [--max-new-tokens 32] [--staleness 0 1 2]
+                          [--rollout-side-on gen|main] [--out PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, ROOT)
+
+from bench.async_report import rep_table, report, targets  # noqa: E402 - path
+from bench.cpu import machine_parallelism, process_cpu_s  # noqa: E402
+from bench.harness import machine, median, set_threads, write_results  # noqa: E402
+
+GRPO = os.path.join(ROOT, "graphs", "grpo.py")
+VAL_KEY = "val/toy_arith/greedy"
+TRAIN_NODES = ("actor.logprob", "actor.update")
+ROLLOUT_SIDE_NODES = ("ref.logprob", "reward.score")  # on --rollout-side-on
+
+
+def quiet_logs() -> None:
+    import logging
+    import warnings
+    warnings.filterwarnings("ignore")
+    from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    logging.getLogger("ray").setLevel(logging.WARNING)
+
+
+def off_policy_override(choice: str) -> tuple[str, str]:
+    """(what the async runs used, its override). 'auto': the TIS correction when the
+    actor's config has `off_policy` (another engineer's work), else uncorrected."""
+    if choice == "auto":
+        import dataclasses
+
+        from hybridflow.workers.config import ActorConfig
+        names = {f.name for f in dataclasses.fields(ActorConfig)}
+        choice = "tis" if "off_policy" in names else "uncorrected"
+    if choice == "uncorrected":
+        return choice, "trainer.allow_uncorrected_async=true"
+    return choice, f"actor.off_policy={choice}"
+
+
+def overrides(args, k: int, seed: int, correction: str, fixed: bool) -> list[str]:
+    """The run's overrides; `fixed`: a learning rate of 0 and no validation (the
+    policy, hence every step's work, stays the base model's)."""
+    val_every, steps = (0, args.fixed_steps) if fixed else (args.val_every, args.steps)
+    out = ["runtime.name=ray", "placement.pools.gen.devices_per_node=1",
+           "placement.roles.rollout=gen", *side_roles(args.rollout_side_on),
+           f"runtime.torch_threads={args.threads}",
+           f"trainer.staleness={k}", f"trainer.steps={steps}", f"trainer.seed={seed}",
+           f"trainer.val_every={val_every}", "trainer.val_samples=1",
+           "trainer.progress=false", f"data.batch_size={args.prompts}", f"rollout.n={args.n}",
+           f"rollout.max_new_tokens={args.max_new_tokens}",
+           f"rollout.micro_batch_size={args.prompts * args.n}"]
+    return out + ([correction] if k else []) + (["actor.lr=0"] if fixed else []) \
+        + list(args.extra)
+
+
+def side_roles(pool: str) -> list[str]:
+    """Where the rollout side's other calls (reference log-probs, reward) run. On the
+    main pool they are queued on the actor's worker ahead of the train side and wait
+    for the generation they read (see docs/benchmarks.md, Async): 'gen' keeps the
+    train side free to start at once."""
+    return [f"placement.roles.ref={pool}", f"placement.roles.reward={pool}"]
+
+
+class Variant:
+    """One trainer (fresh from the base model) and what its steps measured."""
+
+    def __init__(self, args, k: int, seed: int, correction: str, fixed: bool = False):
+        from hybridflow.loop import Trainer
+        from hybridflow.program import prepare
+        from hybridflow.tracking import RunDir
+        self.k, self.name = k, f"staleness {k}"
+        loaded = prepare(GRPO, overrides(args, k, seed, correction, fixed))
+        self.trainer = Trainer(loaded, RunDir(tempfile.mkdtemp(prefix=f"bench-async-{k}-")))
+        self.steps: list[dict] = []           # train_step metrics, one per step
+        self.accuracy: list[tuple[int, float]] = []  # (step, greedy accuracy)
+        self.val_every = 0 if fixed else args.val_every
+        self.pids = self.worker_pids()
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds used so far by each pool's workers and by this (driver) process."""
+        out = {pool: sum(process_cpu_s(pid) for pid in pids) for pool, pids in self.pids.items()}
+        return {**out, "driver": time.process_time()}  # finer than /proc's 10 ms ticks
+
+    def validate(self) -> None:
+        self.accuracy.append((self.trainer.step, self.trainer.validate()[VAL_KEY]))
+
+    def step(self) -> None:
+        self.trainer.step += 1
+        before = self.cpu_seconds()
+        metrics = self.trainer.train_step()
+        after = self.cpu_seconds()
+        metrics.update({f"cpu_s/{name}": after[name] - before[name] for name in after})
+        self.steps.append(metrics)
+        if self.val_every and self.trainer.step % self.val_every == 0:
+            self.validate()
+
+    def worker_pids(self) -> dict[str, list[int]]:
+        runtime = self.trainer.runtime
+        return {pool: [info["pid"] for info in runtime.worker_info(pool)]
+                for pool in ("main", "gen")}
+
+    def close(self) -> None:
+        self.trainer.close()
+
+
+def cpu_share(steady: list[dict], pool: str) -> float | None:
+    """CPU seconds a pool's worker process used per second it was inside a task:
+    below 1, its tasks waited for a core (or blocked). Ray's own threads in the
+    worker count too, so an idle-free worker can show a little above 1."""
+    busy = sum(m.get(f"perf/busy/{pool}", 0.0) * m["perf/time_per_step"] for m in steady)
+    return sum(m[f"cpu_s/{pool}"] for m in steady) / busy if busy else None
+
+
+def pool_seconds(med, side_on: str) -> dict[str, float]:
+    """Median seconds of work a step puts on each pool (node timings summed)."""
+    work = {"gen": med("timing_s/rollout.generate") or 0.0,
+            "main": sum(med(f"timing_s/{n}") or 0.0 for n in TRAIN_NODES)}
+    work[side_on] += sum(med(f"timing_s/{n}") or 0.0 for n in ROLLOUT_SIDE_NODES)
+    return work
+
+
+def summarize(v: Variant, window: range, target: float, side_on: str) -> dict:
+    """Steady-state figures over `window` (0-based step indices) and time to target."""
+    steady = [v.steps[i] for i in window]
+    step_s = median([m["perf/time_per_step"] for m in steady])
+
+    def med(key):
+        values = [m[key] for m in steady if key in m]
+        return median(values) if values else None
+
+    work = pool_seconds(med, side_on)
+    reached, seconds = None, None
+    for step, accuracy in v.accuracy:
+        if accuracy >= target:
+            reached = step
+            seconds = sum(m["perf/time_per_step"] for m in v.steps[:step])
+            break
+    stale = [m for m in v.steps if "async/staleness/mean" in m]
+    return {
+        "staleness": v.k, "step_s": step_s, "steps_per_s": 1.0 / step_s,
+        "all_steps_s": sum(m["perf/time_per_step"] for m in v.steps),
+        "generate_s": med("timing_s/rollout.generate"),
+        "gen_pool_s": work["gen"], "main_pool_s": work["main"],
+        "response_length": med("response_length/mean"),
+        "busy_main": med("perf/busy/main"), "busy_gen": med("perf/busy/gen"),
+        "ahead": med("async/ahead"),
+        "cpu_share_gen": cpu_share(steady, "gen"), "cpu_share_main": cpu_share(steady, "main"),
+        "driver_cpu_s": sum(m["cpu_s/driver"] for m in steady) / len(steady),
+        "staleness_mean": (sum(m["async/staleness/mean"] for m in stale) / len(stale)
+                           if stale else 0.0),
+        "staleness_max": max((m["async/staleness/max"] for m in stale), default=0.0),
+        "step_reached": reached, "time_to_accuracy_s": seconds,
+        "accuracy": v.accuracy,
+    }
+
+
+def repetition(args, rep: int, correction: str, fixed: bool) -> dict[int, dict]:
+    """Fresh trainers for every variant, stepped in turn; their summaries by k."""
+    seed, steps = rep + 1, args.fixed_steps if fixed else args.steps
+    parallelism = [machine_parallelism()]  # before and after: the load of the moment
+    variants = [Variant(args, k, seed, correction, fixed) for k in args.staleness]
+    try:
+        if args.profile:  # where to point py-spy
+            for v in variants:
+                print(f"{v.name}: driver {os.getpid()}, workers {v.worker_pids()}", flush=True)
+        if not fixed:
+            for v in variants:
+                v.validate()  # step 0: the base model (also warms the validation plan)
+        for i in range(steps):
+            first = (rep + i) % len(variants)
+            for v in variants[first:] + variants[:first]:
+                v.step()
+    finally:
+        for v in variants:
+            v.close()
+    window = range(args.warmup, steps - max(args.staleness))
+    parallelism.append(machine_parallelism())
+    return {v.k: {**summarize(v, window, args.target_accuracy, args.rollout_side_on),
+                  "machine_parallelism": sum(parallelism) / 2} for v in variants}
+
+
+def phase(args, correction: str, fixed: bool) -> dict:
+    """Every repetition of one phase, and its medians and ratios."""
+    reps = []
+    for rep in range(args.reps):
+        reps.append(repetition(args, rep, correction, fixed))
+        if not args.quiet:
+            print(rep_table(reps[-1], rep, fixed), flush=True)
+    return {"reps": [{str(k): r for k, r in rep.items()} for rep in reps],
+            "rows": [median_row(reps, k) for k in args.staleness],
+            "ratios": {str(k): ratios(reps, k) for k in args.staleness if k}}
+
+
+def ratios(reps: list[dict[int, dict]], k: int) -> dict:
+    """k over staleness 0, per repetition, and their medians. `overlap_bound`: the
+    ratio if the lighter pool's work hid entirely behind the busier one's, both
+    pools keeping their synchronous speed (no contention for the cores) and the
+    step its other costs: synchronous step / (step - lighter pool's seconds)."""
+    speed = [r[k]["steps_per_s"] / r[0]["steps_per_s"] for r in reps]
+    bound = [r[0]["step_s"] / (r[0]["step_s"] - min(r[0]["gen_pool_s"], r[0]["main_pool_s"]))
+             for r in reps]
+    times = [r[k]["time_to_accuracy_s"] / r[0]["time_to_accuracy_s"] for r in reps
+             if r[k]["time_to_accuracy_s"] and r[0]["time_to_accuracy_s"]]
+    return {"steps_per_s": speed, "steps_per_s_median": median(speed),
+            "overlap_bound": bound, "overlap_bound_median": median(bound),
+            "time_to_accuracy": times,
+            "time_to_accuracy_median": median(times) if times else None,
+            "time_to_accuracy_reached": f"{len(times)}/{len(reps)}"}
+
+
+def run(args) -> dict:
+    import ray
+    quiet_logs()
+    set_threads(args.threads)  # the driver's too (it runs the loader and small fn nodes)
+    correction, _ = off_policy_override(args.off_policy)
+    _, correction_override = off_policy_override(correction)
+    # Ray starts its workers at nice 15: on a machine shared with other jobs they then
+    # get the CPU last, while the driver does not (see docs/benchmarks.md, Async)
+    os.environ["RAY_worker_niceness"] = str(args.worker_niceness)
+    started = not ray.is_initialized()
+    if started:  # two logical GPUs (pools main and gen) a variant
+        ray.init(num_cpus=8, num_gpus=2 * len(args.staleness), include_dashboard=False,
+                 log_to_driver=False)
+    start = time.perf_counter()
+    try:
+        learning = phase(args, correction_override, fixed=False)
+        fixed = phase(args, correction_override, fixed=True) if args.fixed_steps else None
+    finally:
+        if started:
+            ray.shutdown()
+    payload = {
+        "machine": machine(),
+        "setup": {"graph": "graphs/grpo.py (embedded default model and task)",
+                  "placement": f"pools main (actor) and gen (rollout), 1 worker each; "
+                               f"ref and reward on {args.rollout_side_on}",
+                  "extra_overrides": list(args.extra),
+                  "prompts": args.prompts, "n": args.n, "max_new_tokens": args.max_new_tokens,
+                  "steps": args.steps, "warmup": args.warmup, "val_every": args.val_every,
+                  "fixed_policy_steps": args.fixed_steps,
+                  "reps": args.reps, "torch_threads": args.threads,
+                  "worker_niceness": args.worker_niceness,
+                  "staleness": args.staleness, "target_accuracy": args.target_accuracy,
+                  "off_policy": correction, "off_policy_override": correction_override},
+        **learning,
+        "fixed_policy": fixed,
+        "wall_s": time.perf_counter() - start,
+    }
+    payload["targets"] = targets(payload)
+    path = write_results("async", payload, args.out)
+    if not args.quiet:
+        print(report(payload))
+        print(f"-> {path}")
+    return payload
+
+
+def median_row(reps: list[dict[int, dict]], k: int) -> dict:
+    keys = ["step_s", "steps_per_s", "generate_s", "gen_pool_s", "main_pool_s",
+            "response_length", "busy_main", "busy_gen", "ahead", "cpu_share_gen",
+            "cpu_share_main", "driver_cpu_s", "machine_parallelism", "staleness_mean",
+            "staleness_max", "step_reached", "time_to_accuracy_s"]
+    row = {"staleness": k}
+    for key in keys:
+        values = [r[k][key] for r in reps if r[k][key] is not None]
+        row[key] = median(values) if values else None
+    return row
+
+
+def parse(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--fixed-steps", type=int, default=12,
+                        help="steps of the fixed-policy phase (0: skip it)")
+    parser.add_argument("--warmup", type=int, default=2, help="steps left out of steps/s")
+    parser.add_argument("--val-every", type=int, default=2)
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--n", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--threads", type=int, default=1, help="torch threads a worker")
+    parser.add_argument("--target-accuracy", type=float, default=0.9)
+    parser.add_argument("--off-policy", default="auto",
+                        choices=["auto", "tis", "decoupled", "uncorrected"])
+    parser.add_argument("--profile", action="store_true", help="print worker pids")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--rollout-side-on", default="gen", choices=["gen", "main"],
+                        help="pool of the reference and reward roles")
+    parser.add_argument("--worker-niceness", type=int, default=0,
+                        help="nice level of the Ray workers (Ray's default is 15)")
+    parser.add_argument("--extra", nargs="*", default=[], help="more key=value overrides")
+    args = parser.parse_args(argv)
+    if 0 not in args.staleness:
+        parser.error("--staleness must include 0 (the ratios are against it)")
+    args.staleness = sorted(set(args.staleness))
+    for steps in (args.steps, args.fixed_steps or args.steps):
+        if steps <= args.warmup + max(args.staleness):
+            parser.error("--steps and --fixed-steps must exceed --warmup plus the "
+                         "largest staleness")
+    return args
+
+
+def main(argv=None) -> None:
+    run(parse(argv))
+
+
+if __name__ == "__main__":
+    main()
