@@ -187,13 +187,15 @@ class Search:
 
 
 def driver_seconds(problem: Problem, node) -> float:
-    """Sources are free; functions cost one driver round trip; rule roles also their own work
-    per sequence."""
+    """Sources are free; a function node or a rule role's node costs one driver round trip
+    plus its own work per sequence (a function's math, a rule's reward), which grows with
+    the batch."""
     if node.kind == "source":
         return 0.0
     eff = problem.cluster.spec.efficiency
-    rule = eff.rule_seconds_per_sequence * problem.workload.sequences if node.role else 0.0
-    return eff.node_call_overhead_s + rule
+    per_sequence = (eff.rule_seconds_per_sequence if node.role
+                    else eff.function_seconds_per_sequence)
+    return eff.node_call_overhead_s + per_sequence * problem.workload.sequences
 
 
 def node_seconds(problem: Problem, pools: tuple[PoolEval, ...]) -> list[float]:
