@@ -5,13 +5,9 @@ colocation on `device` and returns the predicted seconds per node and per step.
 `calibrate(run, device)` returns `device` with its constants fitted so the
 prediction meets the measurement, each from the nodes it governs, in an order
 where each fit only depends on the ones before:
-1. `function_seconds_per_sequence`: what the cheapest function node (a one-off
-   stall only adds to the others) takes beyond the device's `node_call_overhead_s`
-   (the micro-benchmark's measured round trip; lowered to that node's time if it
-   is larger, e.g. a GPU entry's 50 ms), per sequence: a function over the batch
-   (advantages) costs per row, as measured on this machine (twice the rows,
-   1.6-1.8x the time); `rule_seconds_per_sequence`: what a rule role's node (a
-   reward function on the driver) takes beyond the round trip, per sequence;
+1. `node_call_overhead_s`: function nodes cost exactly that (the cheapest is
+   taken: a one-off stall only adds to it); `rule_seconds_per_sequence`: what a
+   rule role's node (a reward function on the driver) takes beyond it, per sequence;
 2. `mfu_forward`: inference nodes (forward passes), whose time falls as it grows;
    on a tiny model it is the whole pass's effective rate, overheads included;
 3. `decode_step_overhead_s`: generate nodes, given the prefill rate of step 2;
@@ -53,17 +49,13 @@ def predict_run(run: MeasuredRun, device: Device) -> Prediction:
 
 
 def calibrate(run: MeasuredRun, device: Device) -> Device:
-    """`device` with the constants of KIND_CONSTANT, the driver nodes' and step_overhead_s
+    """`device` with the constants of KIND_CONSTANT, node_call_overhead_s and step_overhead_s
     fitted to `run`."""
     kinds = {n.name: n.kind for n in run.plan.nodes}
     eff = device.efficiency
     functions = [s for n, s in run.node_seconds.items() if kinds.get(n) == "function"]
-    if functions:  # the device's round trip stays (measured); the rest is per-sequence work
-        cheapest = min(functions)
-        call = min(eff.node_call_overhead_s, cheapest)
-        eff = dataclasses.replace(eff, node_call_overhead_s=call,
-                                  function_seconds_per_sequence=(cheapest - call)
-                                  / run.workload.sequences)
+    if functions:
+        eff = dataclasses.replace(eff, node_call_overhead_s=min(functions))
     rules = [s for n, s in run.node_seconds.items()
              if _on_driver(run, n, kinds) and kinds.get(n) != "function"]
     if rules:

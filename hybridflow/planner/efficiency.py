@@ -27,7 +27,6 @@ class Efficiency:
     node_call_overhead_s: float = 0.05  # driver dispatch and collect per node call
     step_overhead_s: float = 5.0  # per step: data, metrics, checkpoint-free bookkeeping
     rule_seconds_per_sequence: float = 0.0  # a rule role's own work (e.g. a reward function)
-    function_seconds_per_sequence: float = 0.0  # a function node's own work (driver math)
     op_latency_s: float = 0.0  # per operator launch of a pass (matters on CPUs, tiny models)
     host_adam_params_per_s: float = 1e9  # CPU Adam params/s per device, offloaded states
 

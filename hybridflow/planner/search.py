@@ -187,15 +187,13 @@ class Search:
 
 
 def driver_seconds(problem: Problem, node) -> float:
-    """Sources are free; a function node or a rule role's node costs one driver round trip
-    plus its own work per sequence (a function's math, a rule's reward), which grows with
-    the batch."""
+    """Sources are free; functions cost one driver round trip; rule roles also their own work
+    per sequence."""
     if node.kind == "source":
         return 0.0
     eff = problem.cluster.spec.efficiency
-    per_sequence = (eff.rule_seconds_per_sequence if node.role
-                    else eff.function_seconds_per_sequence)
-    return eff.node_call_overhead_s + per_sequence * problem.workload.sequences
+    rule = eff.rule_seconds_per_sequence * problem.workload.sequences if node.role else 0.0
+    return eff.node_call_overhead_s + rule
 
 
 def node_seconds(problem: Problem, pools: tuple[PoolEval, ...]) -> list[float]:

@@ -133,36 +133,3 @@ def test_plan_from_config_predicts_the_embedded_default_run(capsys):
     assert data["models"]["actor"]["params"] < 1e6  # the embedded toy model
     assert data["best"]["label"] == "actor+ref[1: actor 1x1 ref 1x1]"
     assert data["best"]["nodes"]["rollout.generate"]["seconds"] > 0
-
-
-def test_function_nodes_cost_the_round_trip_plus_work_per_sequence_by_hand():
-    """A function node (advantages on the driver) costs node_call_overhead_s +
-    function_seconds_per_sequence x sequences: twice the rows, about twice the work."""
-    from hybridflow.planner.problem import build_problem
-    from hybridflow.planner.search import driver_seconds
-    cpu = get_device("cpu")
-    eff = dataclasses.replace(cpu.efficiency, node_call_overhead_s=2e-5,
-                              function_seconds_per_sequence=1e-5, rule_seconds_per_sequence=3e-5)
-    device = dataclasses.replace(cpu, efficiency=eff)
-    models = {"actor": TINY, "ref": TINY}
-    for work in (WORK, dataclasses.replace(WORK, prompts=32)):
-        problem = build_problem(grpo_graph(), Cluster(1, 1, device), models, work)
-        nodes = {n.kind if n.role is None else n.role: n for n in problem.nodes}
-        sequences = work.prompts * work.samples_per_prompt  # 128, then 256
-        assert driver_seconds(problem, nodes["function"]) == pytest.approx(2e-5 + 1e-5 * sequences)
-        assert driver_seconds(problem, nodes["reward"]) == pytest.approx(2e-5 + 3e-5 * sequences)
-        assert driver_seconds(problem, nodes["source"]) == 0.0
-
-
-def test_calibration_keeps_the_measured_round_trip_and_fits_function_work_per_sequence():
-    cpu = get_device("cpu")
-    measured = dataclasses.replace(cpu, efficiency=dataclasses.replace(
-        cpu.efficiency, node_call_overhead_s=2e-5))  # the micro-benchmark's round trip
-    truth = dataclasses.replace(measured, efficiency=dataclasses.replace(
-        measured.efficiency, **{**TRUE, "node_call_overhead_s": 2e-5,
-                                "function_seconds_per_sequence": 4e-6}))
-    fitted = calibrate(synthetic_run(truth), measured).efficiency
-    assert fitted.node_call_overhead_s == 2e-5
-    assert fitted.function_seconds_per_sequence == pytest.approx(4e-6, rel=0.02)
-    assert fitted.rule_seconds_per_sequence == pytest.approx(TRUE["rule_seconds_per_sequence"],
-                                                             rel=0.02)
