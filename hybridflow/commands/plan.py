@@ -72,6 +72,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                       help="lognormal shape of response lengths around --response-mean")
     work.add_argument("--padded-len", type=int, default=0,
                       help="pad every sequence to this many tokens in passes (0: packed)")
+    work.add_argument("--rollout-call", type=int, default=0, metavar="N",
+                      help="sequences per call to a rollout replica, call after call (a system "
+                      "that makes experience micro-batch by micro-batch); 0: one call")
     train = parser.add_argument_group("training backend")
     train.add_argument("--train-backend", default="fsdp", choices=("fsdp", "megatron"))
     train.add_argument("--train-tp", type=int, default=1, help="megatron tensor parallel size")
@@ -151,7 +154,8 @@ def run(args) -> int:
         cluster = Cluster(args.nodes, args.gpus_per_node, args.device)
         workload = Workload(args.prompts, args.samples, args.prompt_len, args.response_len,
                             args.epochs, args.mini_batches, args.micro_batch_tokens,
-                            args.response_mean, args.response_sigma, args.padded_len)
+                            args.response_mean, args.response_sigma, args.padded_len,
+                            args.rollout_call)
         backend = TrainingBackend(args.train_backend, args.train_tp, args.train_pp, args.offload)
         result = plan_placement(plan, cluster, models, workload, top_k=args.top_k,
                                 backend=backend, pipeline=pipeline)

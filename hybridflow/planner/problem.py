@@ -91,9 +91,11 @@ class Workload:
     def describe(self) -> str:
         response = (f"{self.response_len}" if not self.response_mean else
                     f"{self.response_mean:.0f} (max {self.response_len})")
+        calls = (f", rollout fed {self.rollout_call_sequences} sequences a call"
+                 if self.rollout_call_sequences else "")
         return (f"{self.prompts} prompts x {self.samples_per_prompt} sample(s), "
                 f"{self.prompt_len}+{response} tokens, {self.ppo_epochs} epoch(s) "
-                f"of {self.mini_batches} mini-batch(es)")
+                f"of {self.mini_batches} mini-batch(es){calls}")
 
 
 TRAIN_BACKENDS = ("fsdp", "megatron")

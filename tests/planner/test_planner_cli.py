@@ -133,3 +133,15 @@ def test_plan_with_staleness_plans_pipelined_steps_and_weighs_the_rollout_apart(
     assert best["pipeline"]["own_weights"] == {"rollout": "actor"}
     assert best["placement"]["roles"]["rollout"] != best["placement"]["roles"]["actor"]
     assert {"weight_export", "weight_sync"} <= set(best["nodes"])
+
+
+def test_plan_rollout_call_feeds_the_engine_in_calls_and_says_so(capsys):
+    args = ["plan", "graphs/ppo.py", "--model", "7b", "--nodes", "2", "--response-mean", "512",
+            "--top-k", "1"]
+    assert main(args) == 0
+    one_call = capsys.readouterr().out
+    assert main(args + ["--rollout-call", "16"]) == 0
+    in_calls = capsys.readouterr().out
+    assert "rollout fed 16 sequences a call" in in_calls and "a call" not in one_call
+    assert main(args + ["--rollout-call", "-1"]) == 2  # a usage error
+    assert "rollout_call_sequences must be >= 0" in capsys.readouterr().err
