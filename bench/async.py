@@ -84,8 +84,9 @@ def overrides(args, k: int, seed: int, correction: str, fixed: bool) -> list[str
     """The run's overrides; `fixed`: a learning rate of 0 and no validation (the
     policy, hence every step's work, stays the base model's)."""
     val_every, steps = (0, args.fixed_steps) if fixed else (args.val_every, args.steps)
+    rollout = ["placement.roles.rollout=gen"] if args.rollout_on == "gen" else []
     out = ["runtime.name=ray", "placement.pools.gen.devices_per_node=1",
-           "placement.roles.rollout=gen", *side_roles(args.rollout_side_on),
+           *rollout, *side_roles(args.rollout_side_on),
            f"runtime.torch_threads={args.threads}",
            f"trainer.staleness={k}", f"trainer.steps={steps}", f"trainer.seed={seed}",
            f"trainer.val_every={val_every}", "trainer.val_samples=1",
@@ -94,6 +95,10 @@ def overrides(args, k: int, seed: int, correction: str, fixed: bool) -> list[str
            f"rollout.micro_batch_size={args.prompts * args.n}"]
     return out + ([correction] if k else []) + (["actor.lr=0"] if fixed else []) \
         + list(args.extra)
+
+
+def _rollout_words(pool: str) -> str:
+    return "its own pool" if pool == "gen" else "colocated with the actor"
 
 
 def side_roles(pool: str) -> list[str]:
@@ -274,7 +279,8 @@ def run(args) -> dict:
     payload = {
         "machine": machine(),
         "setup": {"graph": "graphs/grpo.py (embedded default model and task)",
-                  "placement": f"pools main (actor) and gen (rollout), 1 worker each; "
+                  "placement": f"pools main (actor) and gen, 1 worker each; rollout on "
+                               f"{args.rollout_on} ({_rollout_words(args.rollout_on)}); "
                                f"ref and reward on {args.rollout_side_on}",
                   "extra_overrides": list(args.extra),
                   "prompts": args.prompts, "n": args.n, "max_new_tokens": args.max_new_tokens,
@@ -329,6 +335,9 @@ def parse(argv=None):
     parser.add_argument("--quiet", action="store_true")
     parser.add_argument("--rollout-side-on", default="gen", choices=["gen", "main"],
                         help="pool of the reference and reward roles")
+    parser.add_argument("--rollout-on", default="gen", choices=["gen", "main"],
+                        help="pool of the rollout role: 'main' colocates it with the actor "
+                             "(generation and training cannot overlap)")
     parser.add_argument("--worker-niceness", type=int, default=0,
                         help="nice level of the Ray workers (Ray's default is 15)")
     parser.add_argument("--extra", nargs="*", default=[], help="more key=value overrides")

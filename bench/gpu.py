@@ -4,10 +4,13 @@ generates, scores log-probs and takes an update step on the realistic workload's
 lengths (bench/workload.py), printing tokens/s per phase and the peak memory of each
 phase (`torch.cuda.max_memory_allocated`) against `hybridflow.memory`'s prediction.
 
-It has not run yet (no GPU where it was written). Without CUDA it stops at once.
+It has not run yet (no GPU where it was written). Without CUDA it stops at once;
+its log-prob and update passes are exercised on the CPU by tests/bench.
 
     python bench/gpu.py                    # 64 prompts x 4 samples, responses <= 512
     python bench/gpu.py --prompts 32 --max-response 256 --micro 8
+    python bench/gpu.py --max-tokens 0     # row micro-batches instead of a token budget
+    python bench/gpu.py --packed           # packed sequences (model.use_remove_padding)
 """
 from __future__ import annotations
 
@@ -41,6 +44,11 @@ def parse_args(argv=None):
     parser.add_argument("--micro", type=int, default=16, help="rows per log-prob/update "
                         "forward")
     parser.add_argument("--gen-micro", type=int, default=256, help="rows per generate call")
+    parser.add_argument("--max-tokens", type=int, default=8192,
+                        help="token budget per log-prob/update micro-batch (verl's "
+                             "use_dynamic_bsz; 0: --micro rows)")
+    parser.add_argument("--packed", action="store_true",
+                        help="packed sequences (model.use_remove_padding)")
     parser.add_argument("--device", default="cuda")
     return parser.parse_args(argv)
 
@@ -84,17 +92,22 @@ def generate(model, args, device):
     return outs
 
 
-def logprob_pass(model, batch, micro, device):
+def logprob_pass(model, batch, args, device):
     from hybridflow.workers.sequences import response_logprobs
-    return response_logprobs(model, batch, micro, device)
+    logp, _ = response_logprobs(model, batch, args.micro, device,
+                                max_tokens=args.max_tokens or None, packed=args.packed)
+    return logp
 
 
-def update_step(model, optimizer, batch, micro, device):
+def update_step(model, optimizer, batch, args, device):
+    """One AdamW step over the engine's micro-batches (rows or a token budget, trimmed
+    to each micro-batch's longest row; packed when asked), token-mean loss."""
+    from hybridflow.workers.micro_batches import micro_batches
     from hybridflow.workers.sequences import forward_response
     tokens = batch["response_mask"].sum().clamp(min=1).to(device)
-    for i in range(0, len(batch), micro):
-        part = batch.take(slice(i, i + micro)).to(device)
-        logp, _ = forward_response(model, part)
+    for micro in micro_batches(batch, args.micro, args.max_tokens or None, args.packed):
+        part = micro.batch.to(device)
+        logp, _ = forward_response(model, part, packed=args.packed)
         mask = part["response_mask"]
         loss = -(logp * part["advantages"] * mask).sum() / tokens
         loss.backward()
@@ -107,7 +120,10 @@ def predictions(config, args, rows):
     from hybridflow.memory import MicroBatch, model_size, training_state
     from hybridflow.memory.passes import generate_pass, inference_pass, train_pass
     size = model_size(config, "causal", torch.bfloat16)
-    micro = MicroBatch(min(args.micro, rows), args.max_prompt, args.max_response)
+    from hybridflow.memory.roles import micro_rows
+    micro = MicroBatch(micro_rows(rows, args.micro, args.max_tokens or None,
+                                  args.max_prompt + args.max_response),
+                       args.max_prompt, args.max_response)
     return size, {
         # plain HF generate here: no scores kept (the engine's `hf` backend keeps them)
         "generate": sum(generate_pass(size, min(args.gen_micro, rows), args.max_prompt,
@@ -135,12 +151,12 @@ def main(argv=None) -> int:
     generated = sum(int((o != workload.PAD_ID).sum()) for o in outs)
     batch = workload.make_rollout(args.prompts, args.n, args.max_response, args.max_prompt)
     trained = int(batch["attention_mask"].sum())
-    _, lp_s, lp_peak = timed(lambda: logprob_pass(model, batch, args.micro, device), device)
+    _, lp_s, lp_peak = timed(lambda: logprob_pass(model, batch, args, device), device)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    update_step(model, optimizer, batch, args.micro, device)  # allocates the moments
-    _, up_s, up_peak = timed(lambda: update_step(model, optimizer, batch, args.micro,
-                                                 device), device)
+    update_step(model, optimizer, batch, args, device)  # allocates the moments
+    _, up_s, up_peak = timed(lambda: update_step(model, optimizer, batch, args, device),
+                             device)
     up_peak += torch.cuda.memory_allocated(device) - size.weight_bytes  # moments were there
     print(f"{'phase':<9} {'tokens/s':>10} {'peak GiB':>9} {'predicted GiB':>14}")
     for name, tokens, seconds, peak in (("generate", generated, gen_s, gen_peak),

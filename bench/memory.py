@@ -54,12 +54,14 @@ class Case:
     response: int = 128
     dtype: str = "float32"
     lora: int = 0          # LoRA rank (0: off)
+    budget: int = 0        # tokens per micro-batch (`*max_tokens_per_micro_batch`; 0: rows)
 
     @property
     def name(self) -> str:
         lora = f" lora{self.lora}" if self.lora else ""
+        budget = f" tok{self.budget}" if self.budget else ""
         return (f"{self.kind} {self.size} {self.dtype} rows{self.rows} mb{self.micro} "
-                f"P{self.prompt} R{self.response}{lora}")
+                f"P{self.prompt} R{self.response}{lora}{budget}")
 
 
 CASES = (
@@ -92,19 +94,26 @@ CASES = (
     Case("critic-update", "10m", 8, 4, 64, 128),
     Case("critic-update", "28m", 8, 2, 64, 256),
     Case("values", "10m", 16, 8, 64, 128),
+    # token budgets: the budget, not the row count, sizes the micro-batch
+    Case("update", "5m", 16, 16, 64, 128, budget=768),
+    Case("logprob", "10m", 16, 16, 64, 256, budget=1280),
+    Case("critic-update", "10m", 8, 8, 64, 128, budget=384),
 )
 QUICK = (CASES[0], CASES[9], CASES[14], CASES[18])
 
 
 def run_config(case: Case, device: str) -> dict:
     lora = {"rank": case.lora, "alpha": 2 * max(case.lora, 1)}
+    budget = case.budget or None
     return {"model": {"hf_config": workload.hf_config(case.size), "dtype": case.dtype,
                       "device": device},
             "actor": {"micro_batch_size": case.micro, "mini_batch_size": case.rows,
-                      "lora": lora},
-            "critic": {"micro_batch_size": case.micro, "mini_batch_size": case.rows},
+                      "lora": lora, "max_tokens_per_micro_batch": budget},
+            "critic": {"micro_batch_size": case.micro, "mini_batch_size": case.rows,
+                       "max_tokens_per_micro_batch": budget},
             "rollout": {"max_new_tokens": case.response, "micro_batch_size": case.micro,
-                        "log_prob_micro_batch_size": case.micro, "n": 1},
+                        "log_prob_micro_batch_size": case.micro, "n": 1,
+                        "log_prob_max_tokens_per_micro_batch": budget},
             "data": {"max_prompt_length": case.prompt, "batch_size": case.rows}}
 
 
@@ -258,6 +267,8 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:<index>")
     parser.add_argument("--quick", action="store_true", help="four small configurations")
     parser.add_argument("--kinds", nargs="*", help="only these passes (e.g. update values)")
+    parser.add_argument("--budgets", action="store_true",
+                        help="only the token-budget configurations")
     parser.add_argument("--out", default=RESULTS, help="JSON results file")
     args = parser.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -265,6 +276,8 @@ def main(argv=None) -> int:
     cases = QUICK if args.quick else CASES
     if args.kinds:
         cases = tuple(c for c in cases if c.kind in args.kinds)
+    if args.budgets:
+        cases = tuple(c for c in cases if c.budget)
     payload = run(cases, args.device, args.out)
     print(report(payload))
     return 0

@@ -216,3 +216,27 @@ def test_trained_bf16_models_count_float32_master_weights():
     assert counted.dtype_bytes == 2  # the forward still computes in bf16
     frozen = model_size(_config(LLAMA), "causal", torch.bfloat16)  # reference
     assert frozen.param_bytes == 2 * frozen.params
+
+
+def test_micro_rows_by_rows_or_by_token_budget():
+    from hybridflow.memory.roles import micro_rows
+    assert micro_rows(64, 16, None, 40) == 16          # rows
+    assert micro_rows(64, 16, 400, 40) == 10           # 400 tokens of 40-wide rows
+    assert micro_rows(64, 16, 10_000, 40) == 64        # never more rows than the batch
+    assert micro_rows(64, 16, 30, 40) == 1             # a row wider than the budget: alone
+
+
+def test_a_token_budget_sizes_the_predicted_activations():
+    """The budget, not `micro_batch_size`, decides a budgeted pass's micro-batch: a
+    budget of one row's width predicts the activations of one-row micro-batches."""
+    common = ("data.batch_size=8", "rollout.n=4", "actor.micro_batch_size=32",
+              "actor.mini_batch_size=32", "rollout.log_prob_micro_batch_size=32")
+    rows = _actor_memory(*common)
+    width = 16 + 4  # data.max_prompt_length + rollout.max_new_tokens (embedded defaults)
+    budget = _actor_memory(*common, f"actor.max_tokens_per_micro_batch={width}",
+                           f"rollout.log_prob_max_tokens_per_micro_batch={width}")
+    one_row = _actor_memory(*common[:2], "actor.micro_batch_size=1",
+                            "actor.mini_batch_size=32", "rollout.log_prob_micro_batch_size=1")
+    for node in ("actor.update", "actor.logprob"):
+        assert budget.passes[node] == one_row.passes[node]
+        assert sum(budget.passes[node].values()) < sum(rows.passes[node].values())

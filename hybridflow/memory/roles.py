@@ -126,14 +126,26 @@ def actor_pass_memory(cfg, kind: str, rows: int, cuda: bool = False) -> dict[str
     return out
 
 
+def micro_rows(rows: int, row_cap: int, budget: int | None, width: int) -> int:
+    """Rows of a pass's largest micro-batch: `row_cap` rows, or under a token budget
+    (`*max_tokens_per_micro_batch`) the full-width rows that fit in it. Micro-batches
+    of shorter rows hold more rows but no more tokens, and activations grow with
+    tokens, so this is the peak; a row wider than the budget runs alone."""
+    if not budget:
+        return min(rows, row_cap)
+    return min(rows, max(1, budget // max(1, width)))
+
+
 def critic_pass_memory(cfg, kind: str, rows: int, cuda: bool = False) -> dict[str, int]:
     """Peak bytes of one critic pass ("update" or "values") on `rows` rows of one
     rank, resident state included: what bench/memory.py measures."""
     s = _sections(cfg)
     _, prompt = _data(cfg)
     size = role_model_size(cfg, head="value", path=s["critic"].path, trained=True)
-    micro = MicroBatch(min(rows, s["critic"].micro_batch_size), prompt,
-                       s["rollout"].max_new_tokens)
+    response = s["rollout"].max_new_tokens
+    micro = MicroBatch(micro_rows(rows, s["critic"].micro_batch_size,
+                                  s["critic"].max_tokens_per_micro_batch, prompt + response),
+                       prompt, response)
     batch = batch_bytes(rows, prompt, micro.response)
     if kind != "update":
         return {"weights": size.weight_bytes, **inference_pass(size, micro, vocab_head=False),
@@ -154,13 +166,17 @@ def _actor_pass(size: ModelSize, s, kind: str, rows: int, prompt: int, state: di
         return {**generate_pass(size, micro, prompt, response, scores, state["cuda"]),
                 "batch": batch_bytes(rows, prompt, response)}
     if kind == "train":
-        micro = MicroBatch(min(rows, given or s["actor"].micro_batch_size), prompt,
+        budget = None if method == "sft" else s["actor"].max_tokens_per_micro_batch
+        micro = MicroBatch(micro_rows(rows, given or s["actor"].micro_batch_size, budget,
+                                      prompt + response), prompt,
                            response, full_logits=method == "sft")
         return {**train_pass(size, micro, temperature=temperature,
                              checkpointing=s["model"].gradient_checkpointing, **state),
                 "batch": 2 * batch_bytes(rows, prompt, response)}  # + the mini-batch copy
-    micro = MicroBatch(min(rows, given or s["rollout"].log_prob_micro_batch_size), prompt,
-                       response)
+    budget = (node.kwargs.get("max_tokens_per_micro_batch") if node is not None else None) \
+        or s["rollout"].log_prob_max_tokens_per_micro_batch
+    micro = MicroBatch(micro_rows(rows, given or s["rollout"].log_prob_micro_batch_size, budget,
+                                  prompt + response), prompt, response)
     return {**inference_pass(size, micro, temperature=temperature),
             "batch": batch_bytes(rows, prompt, response)}
 
@@ -269,7 +285,9 @@ def _fill(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int,
                                else None, trained=folded)
         if not folded:
             memory.resident = {"weights": size.weight_bytes}
-        micro = MicroBatch(min(rows, s["ref"].micro_batch_size), prompt, response)
+        micro = MicroBatch(micro_rows(rows, s["ref"].micro_batch_size,
+                                      s["ref"].max_tokens_per_micro_batch, prompt + response),
+                           prompt, response)
         for node in nodes:
             memory.passes[f"ref.{node.method}"] = {
                 **inference_pass(size, micro, temperature=s["rollout"].temperature),
@@ -278,7 +296,9 @@ def _fill(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int,
     if role == "critic":
         size = role_model_size(cfg, head="value", path=s["critic"].path, trained=True)
         memory.resident = _resident(size, state)
-        micro = MicroBatch(min(rows, s["critic"].micro_batch_size), prompt, response)
+        micro = MicroBatch(micro_rows(rows, s["critic"].micro_batch_size,
+                                      s["critic"].max_tokens_per_micro_batch, prompt + response),
+                           prompt, response)
         for node in nodes:
             parts = train_pass(size, micro, vocab_head=False,
                                checkpointing=s["model"].gradient_checkpointing, **state) \

@@ -77,3 +77,22 @@ def test_engine_overrides_put_a_shipped_graph_on_the_workload_model():
     assert loaded.cfg.model.path is None
     assert loaded.cfg.model.hf_config.hidden_size == workload.SIZES["5m"][0]
     assert (loaded.cfg.data.batch_size, loaded.cfg.rollout.n) == (16, 4)
+
+
+@pytest.mark.parametrize("extra", [[], ["--max-tokens", "0"], ["--packed"]])
+def test_gpu_bench_passes_run_on_the_cpu(extra):
+    """The GPU script's log-prob and update passes (token budget, rows, packed) run
+    here on a small model, so the script is known to work before a GPU is lent."""
+    from bench import gpu, workload
+    args = gpu.parse_args(["--micro", "4", "--max-tokens", "256", *extra])
+    model = workload.make_model("5m")
+    if args.packed:
+        from hybridflow.workers.varlen_attention import use_varlen_attention
+        use_varlen_attention(model)
+    batch = workload.make_rollout(2, 4, max_response=32, max_prompt=16)
+    logp = gpu.logprob_pass(model, batch, args, "cpu")
+    assert logp.shape == batch["responses"].shape and torch.isfinite(logp).all()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    before = [p.detach().clone() for p in model.parameters()]
+    gpu.update_step(model, optimizer, batch, args, "cpu")
+    assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
