@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Callable
 
+import torch
+
 from hybridflow.batch import Batch
 from hybridflow.compiler import ExecutionPlan, PlanNode
 from hybridflow.config import RuntimeConfig
@@ -122,7 +124,12 @@ class LocalRuntime:
         """`extra_plans` (e.g. validation) run on the same workers; their roles start too."""
         self.plan, self.cfg, self.make_context = plan, cfg, make_context
         # user code (methods, function nodes) is bounded here as Ray bounds it
-        self.call_timeout_s = read_section(cfg, "runtime", RuntimeConfig).call_timeout_s
+        settings = read_section(cfg, "runtime", RuntimeConfig)
+        self.call_timeout_s = settings.call_timeout_s
+        # the workers run in this process: give it the threads a Ray worker gets. Left
+        # at torch's default (every core), tiny operators wait at OpenMP barriers for
+        # descheduled threads on a busy machine: 10-50x slower steps were measured
+        torch.set_num_threads(settings.torch_threads)
         self.broken: str | None = None
         self.plans = PlanCache()
         self.ranks: dict[str, list[dict]] = {}

@@ -6,8 +6,21 @@ import json
 import os
 import sys
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
+
+@pytest.fixture(autouse=True)
+def engine_registry():
+    """scale.py names its engine by import path, which registers it process-wide:
+    put the registry back, so later tests see only the built-in engines."""
+    from hybridflow.workers.rollout import engine
+    saved = dict(engine._ENGINES)
+    yield
+    engine._ENGINES.clear()
+    engine._ENGINES.update(saved)
+
 
 TINY = {"size": "5m", "prompts": 2, "n": 2, "max_response": 24, "micro": 2, "threads": 1,
         "budget_tokens": 2 * (64 + 24)}
