@@ -22,6 +22,7 @@ from algorithms.advantages import grpo
 from algorithms.losses import entropy_from_logits, ppo_policy_loss
 from algorithms.masked import masked_mean
 from algorithms.rewards import compute_score
+from bench import workload
 from graphs.common import TOY_BASE
 
 __all__ = ["HandwrittenGRPO", "Settings"]
@@ -87,14 +88,7 @@ class HandwrittenGRPO:
         return rows
 
     def left_pad(self, rows) -> tuple[torch.Tensor, torch.Tensor]:
-        ids = [self._ids(r) for r in rows]
-        width = max(map(len, ids))
-        input_ids = torch.full((len(ids), width), self.pad, dtype=torch.long)
-        mask = torch.zeros_like(input_ids)
-        for i, row in enumerate(ids):
-            input_ids[i, width - len(row):] = torch.tensor(row)
-            mask[i, width - len(row):] = 1
-        return input_ids, mask
+        return workload.left_pad([self._ids(r) for r in rows], self.pad)
 
     # ------------------------------------------------------------- rollout
     @torch.no_grad()

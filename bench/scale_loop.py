@@ -145,12 +145,7 @@ class HandwrittenScale:
         texts = [self.texts[(self.cursor + i) % len(self.texts)] for i in range(self.prompts)]
         self.cursor += self.prompts
         ids = [self.tok(t, add_special_tokens=False)["input_ids"] for t in texts]
-        width = max(map(len, ids))
-        input_ids = torch.full((len(ids), width), self.pad, dtype=torch.long)
-        mask = torch.zeros_like(input_ids)
-        for i, row in enumerate(ids):
-            input_ids[i, width - len(row):] = torch.tensor(row)
-            mask[i, width - len(row):] = 1
+        input_ids, mask = workload.left_pad(ids, self.pad)
         return input_ids.repeat_interleave(self.n, 0), mask.repeat_interleave(self.n, 0)
 
     def _logprobs(self, ids, attn, pos, resp, with_entropy=False):

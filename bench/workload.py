@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 __all__ = ["SIZES", "VOCAB", "PAD_ID", "EOS_ID", "hf_config", "engine_overrides", "make_model",
-           "response_lengths", "make_prompts", "make_rollout", "LengthSampler"]
+           "response_lengths", "make_prompts", "make_rollout", "LengthSampler", "left_pad"]
 
 VOCAB = 16384
 PAD_ID, EOS_ID, BOS_ID = 0, 1, 2
@@ -149,3 +149,14 @@ class LengthSampler:
         scores[done] = float("-inf")
         scores[done, EOS_ID] = 0.0
         return scores
+
+
+def left_pad(ids: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token id lists as a left-padded [B, longest] batch and its attention mask."""
+    width = max(map(len, ids))
+    input_ids = torch.full((len(ids), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(input_ids)
+    for i, row in enumerate(ids):
+        input_ids[i, width - len(row):] = torch.tensor(row)
+        mask[i, width - len(row):] = 1
+    return input_ids, mask

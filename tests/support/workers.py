@@ -79,3 +79,23 @@ def leave_process_group(rank: int, out_dir: str, timeout_s: float = 120.0) -> No
     while time.monotonic() < deadline and not all(os.path.exists(p) for p in others):
         time.sleep(0.05)
     dist.destroy_process_group()
+
+
+QWEN2 = {**TINY, "model_type": "qwen2", "rope_theta": 10000.0}
+MODELS = {"llama": TINY, "qwen2": QWEN2}  # the tiny architectures packed tests cover
+
+
+def packed_cfg(model_type: str, packed: bool, **sections) -> dict:
+    """A worker config on a tiny `model_type` model, packed sequences on or off."""
+    cfg = make_cfg(**sections)
+    cfg["model"] = {**cfg["model"], "hf_config": dict(MODELS[model_type]),
+                    "use_remove_padding": packed}
+    return cfg
+
+
+def ragged_rollout(lengths) -> Batch:
+    """A rollout of the tiny actor whose responses end at `lengths` (ragged)."""
+    from hybridflow.workers import ActorWorker
+    actor = ActorWorker(make_cfg())
+    batch = rollout_for_update(actor, n=2)
+    return ragged_responses(batch, lengths, actor.tokenizer.pad_token_id)

@@ -4,29 +4,18 @@ the padded forward, on Llama and Qwen2, with ragged lengths."""
 import pytest
 import torch
 
-from tests.support.workers import TINY, make_cfg, ragged_responses, rollout_for_update
+from tests.support.workers import packed_cfg, ragged_rollout
 from hybridflow.batch import Batch
 from hybridflow.workers import ActorWorker, CriticWorker
 from hybridflow.workers.micro_batches import micro_batches, row_extents
 from hybridflow.workers.packing import PackedRows
 
 RESPONSE_LENGTHS = [6, 1, 2, 6, 3, 1, 5, 2]  # ragged, as sampling makes them
-QWEN2 = {**TINY, "model_type": "qwen2", "rope_theta": 10000.0}
-MODELS = {"llama": TINY, "qwen2": QWEN2}
-
-
-def cfg_for(model_type: str, packed: bool, **sections) -> dict:
-    cfg = make_cfg(**sections)
-    cfg["model"] = {**cfg["model"], "hf_config": dict(MODELS[model_type]),
-                    "use_remove_padding": packed}
-    return cfg
 
 
 @pytest.fixture(scope="module")
 def rollout():
-    actor = ActorWorker(make_cfg())
-    batch = rollout_for_update(actor, n=2)
-    return ragged_responses(batch, RESPONSE_LENGTHS, actor.tokenizer.pad_token_id)
+    return ragged_rollout(RESPONSE_LENGTHS)
 
 
 def test_packed_rows_hold_only_real_tokens_with_restarting_positions(rollout):
@@ -49,9 +38,9 @@ def test_packed_rows_hold_only_real_tokens_with_restarting_positions(rollout):
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen2"])
 def test_packed_logprobs_and_entropy_match_padded(rollout, model_type):
-    padded = ActorWorker(cfg_for(model_type, False)).logprob(rollout, micro_batch_size=4,
+    padded = ActorWorker(packed_cfg(model_type, False)).logprob(rollout, micro_batch_size=4,
                                                               with_entropy=True)
-    packed = ActorWorker(cfg_for(model_type, True)).logprob(rollout, micro_batch_size=4,
+    packed = ActorWorker(packed_cfg(model_type, True)).logprob(rollout, micro_batch_size=4,
                                                              with_entropy=True)
     mask = rollout["response_mask"].bool()
     torch.testing.assert_close(packed["old_log_probs"][mask], padded["old_log_probs"][mask],
@@ -63,7 +52,7 @@ def test_packed_logprobs_and_entropy_match_padded(rollout, model_type):
 
 
 def test_packed_rows_do_not_attend_to_each_other(rollout):
-    actor = ActorWorker(cfg_for("qwen2", True))
+    actor = ActorWorker(packed_cfg("qwen2", True))
     before = actor.logprob(rollout, micro_batch_size=8)["old_log_probs"]
     changed = rollout.take(slice(0, len(rollout)))
     attended = changed["attention_mask"][0].bool()
@@ -75,15 +64,15 @@ def test_packed_rows_do_not_attend_to_each_other(rollout):
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen2"])
 def test_packed_values_match_padded(rollout, model_type):
-    padded = CriticWorker(cfg_for(model_type, False)).values(rollout, micro_batch_size=4)
-    packed = CriticWorker(cfg_for(model_type, True)).values(rollout, micro_batch_size=4)
+    padded = CriticWorker(packed_cfg(model_type, False)).values(rollout, micro_batch_size=4)
+    packed = CriticWorker(packed_cfg(model_type, True)).values(rollout, micro_batch_size=4)
     torch.testing.assert_close(packed["values"], padded["values"], rtol=0, atol=1e-5)
 
 
 def test_packed_reference_logprobs_match_padded(rollout):
     from hybridflow.workers import ReferenceWorker
-    padded = ReferenceWorker(cfg_for("llama", False)).logprob(rollout, micro_batch_size=3)
-    packed = ReferenceWorker(cfg_for("llama", True)).logprob(rollout, micro_batch_size=3)
+    padded = ReferenceWorker(packed_cfg("llama", False)).logprob(rollout, micro_batch_size=3)
+    packed = ReferenceWorker(packed_cfg("llama", True)).logprob(rollout, micro_batch_size=3)
     mask = rollout["response_mask"].bool()
     torch.testing.assert_close(packed["ref_log_prob"][mask], padded["ref_log_prob"][mask],
                                rtol=0, atol=1e-5)
@@ -92,7 +81,7 @@ def test_packed_reference_logprobs_match_padded(rollout):
 def actor_update(rollout, model_type: str, packed: bool, agg_mode: str, budget=None):
     """Gradients at the optimizer step, the weights after it, the update's metrics and
     each forward's input width."""
-    actor = ActorWorker(cfg_for(model_type, packed, actor={
+    actor = ActorWorker(packed_cfg(model_type, packed, actor={
         "loss_agg_mode": agg_mode, "mini_batch_size": 8, "max_tokens_per_micro_batch": budget,
         "entropy_coeff": 0.01}))
     grads, widths = [], []
@@ -139,7 +128,7 @@ def test_packed_critic_update_makes_the_padded_update(rollout):
                                  "returns": torch.randn(rollout["responses"].shape)}))
     weights = {}
     for packed in (False, True):
-        critic = CriticWorker(cfg_for("qwen2", packed, critic={"mini_batch_size": 8,
+        critic = CriticWorker(packed_cfg("qwen2", packed, critic={"mini_batch_size": 8,
                                                                 "micro_batch_size": 3}))
         critic.update(data)
         weights[packed] = [p.detach().clone() for p in critic.module.parameters()]
@@ -178,7 +167,7 @@ def test_remove_padding_is_off_by_default_and_settable():
 def test_packed_logprobs_under_eager_attention_match_padded(rollout):
     results = []
     for packed in (False, True):
-        cfg = cfg_for("qwen2", packed)
+        cfg = packed_cfg("qwen2", packed)
         cfg["model"]["hf_config"]["attn_implementation"] = "eager"  # dense block mask
         results.append(ActorWorker(cfg).logprob(rollout, micro_batch_size=8)["old_log_probs"])
     mask = rollout["response_mask"].bool()
@@ -188,7 +177,7 @@ def test_packed_logprobs_under_eager_attention_match_padded(rollout):
 def test_packed_lora_update_makes_the_padded_update(rollout):
     weights = {}
     for packed in (False, True):
-        actor = ActorWorker(cfg_for("qwen2", packed, actor={"mini_batch_size": 8,
+        actor = ActorWorker(packed_cfg("qwen2", packed, actor={"mini_batch_size": 8,
                                                              "lora": {"rank": 4}}))
         old = actor.logprob(rollout)["old_log_probs"]
         actor.update(rollout.update(Batch({"old_log_probs": old})))
@@ -202,7 +191,7 @@ def test_packed_lora_update_makes_the_padded_update(rollout):
 def test_packed_bf16_logprobs_match_padded_to_bf16_rounding(rollout):
     results = []
     for packed in (False, True):
-        cfg = cfg_for("qwen2", packed)
+        cfg = packed_cfg("qwen2", packed)
         cfg["model"]["dtype"] = "bfloat16"
         actor = ActorWorker(cfg)
         results.append(actor.logprob(rollout, micro_batch_size=4)["old_log_probs"])
@@ -214,7 +203,7 @@ def test_packed_bf16_logprobs_match_padded_to_bf16_rounding(rollout):
 
 def test_a_packed_micro_batch_without_response_tokens_still_backpropagates(rollout):
     from hybridflow.workers.packing import packed_logits
-    actor = ActorWorker(cfg_for("llama", True))
+    actor = ActorWorker(packed_cfg("llama", True))
     micro = rollout.take(slice(0, 2))
     width = micro["responses"].shape[1]
     micro["attention_mask"][:, -width:] = 0  # responses empty: prompts only
@@ -234,4 +223,4 @@ def test_a_micro_batch_with_no_attended_token_is_refused_by_name(rollout):
     micro = rollout.take(slice(0, 1))
     micro["attention_mask"][:] = 0
     with pytest.raises(ValueError, match="no attended token"):
-        packed_logits(ActorWorker(cfg_for("llama", True)).module, PackedRows(micro))
+        packed_logits(ActorWorker(packed_cfg("llama", True)).module, PackedRows(micro))

@@ -3,32 +3,20 @@ sequence, and it is transformers' sdpa whenever a call is not packed."""
 import pytest
 import torch
 
-from tests.support.workers import TINY, make_cfg, ragged_responses, rollout_for_update
+from tests.support.workers import packed_cfg, ragged_rollout
 from hybridflow.workers import ActorWorker
-
-QWEN2 = {**TINY, "model_type": "qwen2", "rope_theta": 10000.0}
-MODELS = {"llama": TINY, "qwen2": QWEN2}
-
-
-def cfg_for(model_type: str, packed: bool, **sections) -> dict:
-    cfg = make_cfg(**sections)
-    cfg["model"] = {**cfg["model"], "hf_config": dict(MODELS[model_type]),
-                    "use_remove_padding": packed}
-    return cfg
 
 
 @pytest.fixture(scope="module")
 def rollout():
-    actor = ActorWorker(make_cfg())
-    batch = rollout_for_update(actor, n=2)
-    return ragged_responses(batch, [6, 1, 2, 6, 3, 1, 5, 2], actor.tokenizer.pad_token_id)
+    return ragged_rollout([6, 1, 2, 6, 3, 1, 5, 2])
 
 
 def test_sdpa_models_attend_per_sequence_and_match_the_dense_block_mask(rollout):
     from transformers import AttentionInterface
 
     from hybridflow.workers import varlen_attention
-    actor = ActorWorker(cfg_for("qwen2", True))
+    actor = ActorWorker(packed_cfg("qwen2", True))
     assert actor.module.config._attn_implementation == varlen_attention.VARLEN
     offsets = []
 
@@ -51,17 +39,17 @@ def test_generation_is_unchanged_by_the_varlen_attention():
     from tests.support.workers import PROMPTS, prompt_batch
     outs = []
     for packed in (False, True):
-        actor = ActorWorker(cfg_for("llama", packed, rollout={"do_sample": False}))
+        actor = ActorWorker(packed_cfg("llama", packed, rollout={"do_sample": False}))
         outs.append(actor.generate(prompt_batch(actor.tokenizer, PROMPTS), n=1)["responses"])
     assert torch.equal(outs[0], outs[1])
 
 
 def test_only_sdpa_models_switch_and_eager_keeps_its_mask():
     from hybridflow.workers.varlen_attention import VARLEN, use_varlen_attention
-    cfg = cfg_for("llama", True)
+    cfg = packed_cfg("llama", True)
     cfg["model"]["hf_config"]["attn_implementation"] = "eager"
     actor = ActorWorker(cfg)
     assert actor.module.config._attn_implementation == "eager"
     assert not use_varlen_attention(actor.module)
-    assert ActorWorker(cfg_for("llama", False)).module.config._attn_implementation == "sdpa"
-    assert ActorWorker(cfg_for("llama", True)).module.config._attn_implementation == VARLEN
+    assert ActorWorker(packed_cfg("llama", False)).module.config._attn_implementation == "sdpa"
+    assert ActorWorker(packed_cfg("llama", True)).module.config._attn_implementation == VARLEN
