@@ -89,6 +89,13 @@ def _generator_host(plan: ExecutionPlan, node: PlanNode) -> str:
     return (weights_host(cls) if cls is not None else None) or node.role
 
 
+def _keeps_state(node: PlanNode) -> bool:
+    """A function node with state across steps (checkpointed with the run) stays on
+    the train side: it sees each batch once, in step order, when it is trained, so
+    a resume that re-draws the queued batches does not count them twice."""
+    return node.op is Op.FN and callable(getattr(node.fn, "state_dict", None))
+
+
 def split_sides(plan: ExecutionPlan, staleness: int) -> Sides:
     """The two sides of `plan`; GraphError naming the node when they cannot be split."""
     trained, rollout, problems = trained_roles(plan), set(), []
@@ -104,8 +111,9 @@ def split_sides(plan: ExecutionPlan, staleness: int) -> Sides:
             problems.append(f"{node.where()}: this gather re-runs nodes of the train side, "
                             f"so it cannot run ahead of training (trainer.staleness="
                             f"{staleness}); gather before any node reading trained weights")
-        elif ahead and (node.op is not Op.CALL or node.role not in trained
-                        or node.kind is NodeKind.GENERATE):  # e.g. `actor.generate`
+        elif ahead and not _keeps_state(node) and (
+                node.op is not Op.CALL or node.role not in trained
+                or node.kind is NodeKind.GENERATE):  # e.g. `actor.generate`
             rollout.add(node.name)
     if not any(plan.node(n).kind is NodeKind.GENERATE for n in rollout) and not problems:
         problems.append(f"trainer.staleness={staleness} runs the rollout ahead of training, "

@@ -191,3 +191,53 @@ def test_a_trained_role_generating_itself_runs_its_generation_ahead(tmp_path):
     assert "actor.generate" in iteration_plans(plan).both.node("actor.update").deps
     with pytest.raises(GraphError, match="node 'actor.update'.*no off-policy correction"):
         prepare(path, FAKE_BINDINGS + ["trainer.staleness=1"], preflight=False)
+
+
+STATEFUL_GRAPH = '''
+from hybridflow import Graph, node_fn
+from hybridflow.batch import Batch
+from graphs import ops
+from graphs.common import embedded_defaults
+
+
+class RunningScale:
+    """Divides scores by a running mean of their magnitude: state across steps."""
+
+    def __init__(self):
+        self.mean, self.__name__ = 1.0, "running_scale"
+        node_fn(reads=("scores",), writes=("scores",), overwrites=("scores",))(self)
+
+    def __call__(self, batch):
+        self.mean = 0.9 * self.mean + 0.1 * float(batch["scores"].abs().mean())
+        return Batch({"scores": batch["scores"] / max(self.mean, 1e-3)})
+
+    def state_dict(self):
+        return {"mean": self.mean}
+
+    def load_state_dict(self, state):
+        self.mean = state["mean"]
+
+
+def defaults():
+    return embedded_defaults(rollout={"n": 4})
+
+
+def build(cfg):
+    g = Graph("stateful")
+    rollout = g.call("rollout.generate", g.source("prompts"), n=cfg.rollout.n)
+    scaled = g.fn(RunningScale(), g.call("reward.score", rollout))
+    adv = g.fn(ops.grpo_advantages, rollout, scaled)
+    g.call("actor.update", rollout, g.call("actor.logprob", rollout), adv,
+           loss=ops.policy_loss(cfg.actor))
+    return g
+'''
+
+
+def test_a_function_node_with_state_stays_on_the_train_side(tmp_path):
+    """It then sees each batch once, in step order: a resume that re-draws the queued
+    batches would otherwise count them twice in its checkpointed state."""
+    path = tmp_path / "stateful.py"
+    path.write_text(STATEFUL_GRAPH)
+    plan = prepare(str(path), [*ASYNC], preflight=False).plan
+    assert plan.sides.rollout == ("prompts", "rollout.generate", "reward.score")
+    assert plan.sides.train[:2] == ("running_scale", "grpo_advantages")
