@@ -49,6 +49,8 @@ class TrainerConfig:
     # async: generate up to `staleness` steps ahead of training (0: synchronous)
     staleness: int = checked(0, at_least(0))
     allow_uncorrected_async: bool = False  # train stale samples with no off-policy correction
+    # reorder each generated batch so data-parallel ranks get equal tokens (balance.py)
+    balance_batch: bool = False
 
 
 @dataclass

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hybridflow.auto_placement import expand_auto, plan_auto_placement
 from hybridflow.async_split import attach_staleness
+from hybridflow.balance import insert_token_balance
 from hybridflow.compiler import ExecutionPlan, compile_graph
 from hybridflow.config import (ConfigError, ParallelConfig, PoolConfig, RunConfig,
                                build_config, run_values)
@@ -141,6 +142,8 @@ def prepare(graph_path: str, overrides: list[str] | None = None,
     plan = compile_program(cfg, graph, bindings)
     if cfg.placement.auto:
         plan = _auto_place(cfg, graph, bindings, plan)
+    if cfg.trainer.balance_batch:
+        plan = insert_token_balance(plan)
     plan = attach_staleness(plan, cfg.trainer.staleness, cfg.trainer.allow_uncorrected_async,
                             lambda node: _default_loss_corrects(cfg, node))
     if preflight:
