@@ -11,11 +11,13 @@ node after each generate node,
                      -> every node that read the generate node
 
 which permutes the rows so that each contiguous chunk holds a near-equal share of
-the tokens (`attention_mask`), longest rows placed first into the lightest chunk
-that still has room. Everything downstream reads the permuted rows, so row i of
-every input still means the same sample; groups are found by `uid`, never by
-position. Losses normalised over the mini-batch are unchanged; with several
-mini-batches, which rows share one differs (as in verl).
+the tokens (`attention_mask`), heaviest first into the lightest chunk that still
+has room. The samples of one prompt (`uid`) move together and stay contiguous, as
+group functions (GRPO's advantages) need them. Everything downstream reads the
+permuted rows, so row i of every input still means the same sample. A loss
+normalised over the whole mini-batch is unchanged; one normalised per rank (a
+token mean of each rank's tokens under data parallelism) and the mini-batches'
+membership change with which rows land together, as in verl.
 
 Stateless: the plan transformation and the node function.
 """
@@ -39,19 +41,34 @@ def chunk_sizes(rows: int, parts: int) -> list[int]:
     return [size + (1 if i < extra else 0) for i in range(parts)]
 
 
-def balanced_order(lengths: list[int], parts: int) -> list[int]:
+def balanced_order(lengths: list[int], parts: int, groups: list | None = None) -> list[int]:
     """A permutation of rows whose contiguous chunks (`chunk_sizes`) hold near-equal
-    token totals: longest rows first, each into the lightest chunk with room; rows
-    keep their relative order inside a chunk."""
+    token totals. With `groups` (a group id per row, e.g. `uid`), a group's rows move
+    together and stay contiguous, as group functions need them: whole groups are
+    placed, heaviest first, each into the chunk that most lacks tokens among those
+    with rows left (a group may run past a chunk's end, as in any row order).
+    Without, single rows are placed the same way and keep their order in a chunk."""
+    units = _units(len(lengths), groups)
     sizes = chunk_sizes(len(lengths), parts)
-    bins: list[list[int]] = [[] for _ in range(parts)]
-    totals = [0] * parts
-    for row in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
-        part = min((p for p in range(parts) if len(bins[p]) < sizes[p]),
-                   key=lambda p: (totals[p], p))
-        bins[part].append(row)
-        totals[part] += lengths[row]
-    return [row for rows in bins for row in sorted(rows)]
+    bins: list[list[list[int]]] = [[] for _ in range(parts)]
+    rows_in, totals = [0] * parts, [0] * parts
+    for unit in sorted(units, key=lambda u: (-sum(lengths[i] for i in u), u[0])):
+        room = [p for p in range(parts) if rows_in[p] < sizes[p]] or list(range(parts))
+        part = min(room, key=lambda p: (totals[p], p))
+        bins[part].append(unit)
+        rows_in[part] += len(unit)
+        totals[part] += sum(lengths[i] for i in unit)
+    return [row for units_of in bins for unit in sorted(units_of) for row in unit]
+
+
+def _units(rows: int, groups) -> list[list[int]]:
+    """Rows that move together: one per row, or one per group (first-seen order)."""
+    if groups is None:
+        return [[i] for i in range(rows)]
+    members: dict = {}
+    for i, gid in enumerate(groups):
+        members.setdefault(gid, []).append(i)
+    return list(members.values())
 
 
 def _spread(lengths: list[int], parts: int) -> float:
@@ -64,14 +81,18 @@ def _spread(lengths: list[int], parts: int) -> float:
     return (max(totals) - min(totals)) / mean if mean else 0.0
 
 
-def balance_tokens(batch, parts: int):
-    """The batch with its rows reordered for `parts` data-parallel ranks; metrics:
-    the spread of tokens per rank before and after (`balance/token_spread_*`)."""
+def balance_tokens(batch, parts: int, group_by: str | None = "uid"):
+    """The batch with its rows reordered for `parts` data-parallel ranks, each group
+    of `group_by` kept together (when the batch has that column); metrics: the
+    spread of tokens per rank before and after (`balance/token_spread_*`)."""
     lengths = [int(n) for n in batch["attention_mask"].sum(-1).tolist()]
-    order = balanced_order(lengths, parts)
+    groups = list(batch[group_by]) if group_by and group_by in batch else None
+    order = balanced_order(lengths, parts, groups)
+    before, after = _spread(lengths, parts), _spread([lengths[i] for i in order], parts)
+    if after > before:  # whole groups can land worse than the order they came in
+        order, after = list(range(len(lengths))), before
     out = batch.take(order)
-    metrics = {"balance/token_spread_before": _spread(lengths, parts),
-               "balance/token_spread_after": _spread([lengths[i] for i in order], parts)}
+    metrics = {"balance/token_spread_before": before, "balance/token_spread_after": after}
     out.meta = {**out.meta, "metrics": {**out.meta.get("metrics", {}), **metrics}}
     return out
 

@@ -34,6 +34,18 @@ def test_balanced_order_keeps_row_counts_and_evens_tokens(rows, parts):
     assert max(after) - min(after) <= max(before) - min(before)
 
 
+def test_groups_move_whole_and_stay_contiguous():
+    lengths = [50, 50, 1, 1, 40, 40, 2, 2, 30, 30, 3, 3]
+    groups = ["a", "a", "b", "b", "c", "c", "d", "d", "e", "e", "f", "f"]
+    order = balanced_order(lengths, 2, groups)
+    ordered = [groups[i] for i in order]
+    runs = [g for i, g in enumerate(ordered) if i == 0 or g != ordered[i - 1]]
+    assert sorted(runs) == sorted(set(groups))  # each group one contiguous run
+    totals = chunk_totals([lengths[i] for i in order], 2)
+    assert max(totals) - min(totals) < max(chunk_totals(lengths, 2)) - min(
+        chunk_totals(lengths, 2))
+
+
 def test_balance_tokens_permutes_every_column_together():
     mask = torch.zeros(6, 8, dtype=torch.long)
     for row, n in enumerate([8, 7, 6, 1, 1, 1]):
@@ -74,3 +86,5 @@ def test_balanced_training_sees_the_same_samples(tmp_path):
                     "response_length/mean"):
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
         assert b["balance/token_spread_after"] <= b["balance/token_spread_before"]
+    assert any(m["balance/token_spread_after"] < m["balance/token_spread_before"]
+               for m in balanced)  # rows did move

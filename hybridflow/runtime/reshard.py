@@ -72,7 +72,15 @@ def grouped_inputs(node: PlanNode, deps: list[NodeOutput], slots: int):
         len(np.unique(np.concatenate(per_slot)))
     if whole and aligned(deps, slots) and len(keyed.refs) == slots:
         return slot_inputs(node, deps, slots)
-    ids = Batch(non_tensors={key: np.concatenate(per_slot)})
+    hashes = np.concatenate(per_slot)
+    runs = 1 + int(np.count_nonzero(hashes[1:] != hashes[:-1])) if len(hashes) else 0
+    if runs != len(np.unique(hashes)):
+        # regrouping would hand the rows back in another order than the one every
+        # other input of the node's consumers has: refuse rather than misalign them
+        raise NodeFailure(node, None, f"the rows of a '{key}' group are not next to each "
+                                      f"other in its input, and they span several shards; "
+                                      f"keep each group's rows together before this node")
+    ids = Batch(non_tensors={key: hashes})
     inputs = [{} for _ in range(slots)]
     for s, index in enumerate(split_indices(ids, slots, group_by=key)):
         for dep in deps:
