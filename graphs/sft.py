@@ -20,11 +20,12 @@ import torch
 from hybridflow import Batch, Graph, node_fn
 from hybridflow.constraints import checked, probability
 
+from algorithms.seeded import SeededDraws
 from graphs import ops
 from graphs.common import embedded_defaults
 
 
-class SFTExamples:
+class SFTExamples(SeededDraws):
     """Prompt rows -> right-padded `prompt + answer + eos` token rows with a loss mask
     over the answer and EOS. Holds the tokenizer, so it runs on the driver."""
 
@@ -36,15 +37,6 @@ class SFTExamples:
         node_fn(reads=("raw_prompt", "ground_truth"),
                 writes=("input_ids", "attention_mask", "position_ids", "loss_mask"),
                 overwrites=("input_ids", "attention_mask", "position_ids"))(self)
-
-    def state_dict(self) -> dict:
-        """Where the stop/run-on draws are, so a resumed run draws what it would have."""
-        version, internal, gauss = self.rng.getstate()
-        return {"rng": [version, list(internal), gauss]}
-
-    def load_state_dict(self, state: dict) -> None:
-        version, internal, gauss = state["rng"]
-        self.rng.setstate((version, tuple(internal), gauss))
 
     def _answer(self, answer: str) -> list[int]:
         """The answer, then EOS, or (the habit) a run-on into another problem."""

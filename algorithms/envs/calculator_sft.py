@@ -23,6 +23,7 @@ import random
 import torch
 
 from algorithms.envs import calculator
+from algorithms.seeded import SeededDraws
 from hybridflow import Batch, node_fn
 from hybridflow.agents import Trajectory, make_chat_format
 
@@ -43,7 +44,7 @@ def demonstration_tokens(fmt, prompt: str, pieces: list[tuple[str, bool]]) -> Tr
     return traj
 
 
-class ToolSFTExamples:
+class ToolSFTExamples(SeededDraws):
     """Prompt rows (`raw_prompt`, `ground_truth`) -> right-padded demonstrations with
     `loss_mask` on the model's turns. Holds the tokenizer, so it runs on the driver."""
 
@@ -59,14 +60,6 @@ class ToolSFTExamples:
         node_fn(reads=("raw_prompt", "ground_truth"),
                 writes=("input_ids", "attention_mask", "position_ids", "loss_mask"),
                 overwrites=("input_ids", "attention_mask", "position_ids"))(self)
-
-    def state_dict(self) -> dict:
-        version, internal, gauss = self.rng.getstate()
-        return {"rng": [version, list(internal), gauss]}
-
-    def load_state_dict(self, state: dict) -> None:
-        version, internal, gauss = state["rng"]
-        self.rng.setstate((version, tuple(internal), gauss))
 
     def __call__(self, batch: Batch) -> Batch:
         trajs = []
