@@ -32,9 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import networkx as nx
-
-from hybridflow.compiler import ExecutionPlan, GraphError, PlanNode
+from hybridflow.compiler import ExecutionPlan, GraphError, PlanNode, plan_stages
 from hybridflow.kinds import NodeKind, Op
 from hybridflow.weight_sync import LOAD_METHOD, weights_host
 
@@ -208,13 +206,6 @@ def _weight_owners(plan: ExecutionPlan, ahead: list[PlanNode]) -> tuple[set, set
     return shared, own
 
 
-def _stages(nodes: list[PlanNode]) -> list[list[str]]:
-    graph = nx.DiGraph()
-    graph.add_nodes_from(n.name for n in nodes)
-    graph.add_edges_from((d, n.name) for n in nodes for d in n.deps)
-    return [sorted(g) for g in nx.topological_generations(graph)]
-
-
 def _groups_read_later(plan: ExecutionPlan, sides: Sides) -> dict[str, tuple]:
     """Group-id columns (a grouped function's `group_by`) the train side reads from a
     handed-over output: the rollout side's run must report them with its rows."""
@@ -236,7 +227,7 @@ def _plan(plan: ExecutionPlan, nodes: list[PlanNode], suffix: str,
     names = {n.name for n in nodes}
     groups = {n: k for n, k in _groups_read_later(plan, plan.sides).items() if n in names}
     return replace(plan, graph_name=f"{plan.graph_name}:{suffix}", nodes=nodes,
-                   stages=_stages(nodes), warnings=[], handoff=dict(handoff or {}),
+                   stages=plan_stages(nodes), warnings=[], handoff=dict(handoff or {}),
                    report_groups=groups)
 
 

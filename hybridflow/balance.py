@@ -25,8 +25,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import networkx as nx
-
+from hybridflow.compiler import plan_stages
 from hybridflow.kinds import NodeKind, Op
 
 __all__ = ["balanced_order", "balance_tokens", "insert_token_balance", "BALANCE_NODE"]
@@ -139,11 +138,6 @@ def insert_token_balance(plan):
                      balance)
     if len(nodes) == len(plan.nodes):
         return plan
-    return replace(plan, nodes=nodes, stages=_stages(nodes))
+    return replace(plan, nodes=nodes, stages=plan_stages(nodes))
 
 
-def _stages(nodes) -> list[list[str]]:
-    graph = nx.DiGraph()
-    graph.add_nodes_from(n.name for n in nodes)
-    graph.add_edges_from((d, n.name) for n in nodes for d in n.deps)
-    return [sorted(g) for g in nx.topological_generations(graph)]

@@ -19,7 +19,7 @@ from hybridflow.loss import call_keys
 from hybridflow.placement import Placement
 from hybridflow.weight_sync import insert_weight_sync
 
-__all__ = ["GraphError", "PlanNode", "ExecutionPlan", "compile_graph"]
+__all__ = ["GraphError", "PlanNode", "ExecutionPlan", "compile_graph", "plan_stages"]
 
 
 class GraphError(ValueError):
@@ -335,6 +335,12 @@ class _Checker:
             monitor = getattr(self.graph.nodes.get(name), "monitor", False)
             if name not in consumed and not node.kind.trains and not monitor:
                 self.warnings.append(f"{node.where()}: its output is consumed by no node")
+
+
+def plan_stages(nodes: list[PlanNode]) -> list[list[str]]:
+    """The stages of nodes in topological order (`ExecutionPlan.stages`), for plans
+    derived from a compiled one (async sides, an inserted node)."""
+    return _stages([n.name for n in nodes], {n.name: n for n in nodes})
 
 
 def _stages(order: list[str], nodes: dict[str, PlanNode]) -> list[list[str]]:
