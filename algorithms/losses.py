@@ -22,7 +22,7 @@ import torch
 
 from algorithms.masked import masked_mean, masked_sum
 from algorithms.registry import lookup
-from hybridflow.workers.sequences import entropy_from_logits  # noqa: F401  (re-export)
+from hybridflow.core.tokens import entropy_from_logits  # noqa: F401  (re-export)
 
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 Count = torch.Tensor | float | int | None

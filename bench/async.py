@@ -113,9 +113,9 @@ class Variant:
     """One trainer (fresh from the base model) and what its steps measured."""
 
     def __init__(self, args, k: int, seed: int, correction: str, fixed: bool = False):
-        from hybridflow.loop import Trainer
-        from hybridflow.program import prepare
-        from hybridflow.tracking import RunDir
+        from hybridflow.run.loop import Trainer
+        from hybridflow.program.assemble import prepare
+        from hybridflow.run.tracking import RunDir
         self.k, self.name = k, f"staleness {k}"
         loaded = prepare(GRPO, overrides(args, k, seed, correction, fixed))
         self.trainer = Trainer(loaded, RunDir(tempfile.mkdtemp(prefix=f"bench-async-{k}-")))

@@ -36,7 +36,7 @@ import torch
 
 from bench import noop_workers
 from bench.harness import alternate, machine, median, set_threads, table, write_results
-from hybridflow.batch import Batch
+from hybridflow.core.batch import Batch
 from hybridflow.runtime.local import LocalRuntime
 
 WORKERS = 2
@@ -85,7 +85,7 @@ def start_ray() -> None:
 
 
 def ray_runtime(threads: int):
-    from hybridflow.runtime.ray import RayRuntime
+    from hybridflow.runtime.ray.executor import RayRuntime
     plan = noop_workers.noop_plan(noop_workers.CHAIN, True, rows=4, workers=WORKERS)
     return RayRuntime(plan, {"runtime": {"call_timeout_s": 120, "torch_threads": threads}})
 

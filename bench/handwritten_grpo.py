@@ -48,7 +48,7 @@ class HandwrittenGRPO:
     def __init__(self, settings: Settings | None = None, model_path: str = TOY_BASE):
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-        from hybridflow.data import toy_rows  # the same toy problems, nothing else
+        from hybridflow.core.data import toy_rows  # the same toy problems, nothing else
         s = self.s = settings or Settings()
         self.tok = AutoTokenizer.from_pretrained(model_path)
         self.pad, self.eos = self.tok.pad_token_id, self.tok.eos_token_id

@@ -142,7 +142,7 @@ def _call(worker, case: Case, batch):
 
 def _batch(case: Case):
     if case.kind == "generate":
-        from hybridflow.batch import Batch
+        from hybridflow.core.batch import Batch
         prompts = workload.make_prompts(case.rows, min_prompt=case.prompt // 2,
                                         max_prompt=case.prompt)
         return Batch(prompts)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from hybridflow.batch import Batch
-from hybridflow.compiler import compile_graph
-from hybridflow.dispatch import DP, method
-from hybridflow.graph import Graph
-from hybridflow.placement import Placement
+from hybridflow.core.batch import Batch
+from hybridflow.plan.compiler import compile_graph
+from hybridflow.graph.dispatch import DP, method
+from hybridflow.graph.builder import Graph
+from hybridflow.plan.placement import Placement
 
 CHAIN = 8
 WIDTH = 128

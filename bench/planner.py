@@ -33,8 +33,8 @@ PAPER_WORKLOAD = Workload(prompts=1024, samples_per_prompt=1, prompt_len=1024, r
 
 def ppo_plan():
     """The compiled `graphs/ppo.py` itself (no workers start, no weights load)."""
-    from hybridflow.program import load_plan
-    from hybridflow.weight_sync import planner_view
+    from hybridflow.program.assemble import load_plan
+    from hybridflow.plan.weight_sync import planner_view
     return planner_view(load_plan(os.path.join(REPO, "graphs", "ppo.py")))
 
 

@@ -72,8 +72,8 @@ def graph(name: str, rollout_role: bool = False):
     own, as a system with separate generation engines runs it."""
     key = (name, rollout_role)
     if key not in _GRAPHS:
-        from hybridflow.program import load_plan
-        from hybridflow.weight_sync import planner_view
+        from hybridflow.program.assemble import load_plan
+        from hybridflow.plan.weight_sync import planner_view
         plan = load_plan(os.path.join(REPO, "graphs", f"{name}.py"))
         _GRAPHS[key] = plan if rollout_role else planner_view(plan)
     return _GRAPHS[key]

@@ -35,7 +35,7 @@ sys.path.insert(0, REPO)
 
 from hybridflow.planner.calibrate import calibrate, predict_run  # noqa: E402 - after the path
 from hybridflow.planner.measure import device_from, measure  # noqa: E402
-from hybridflow.planner.run_dir import read_run  # noqa: E402
+from hybridflow.program.run_dir import read_run  # noqa: E402
 
 RUN_A = ["trainer.steps=6", "trainer.val_every=0"]  # 5 steps kept: medians resist a stall
 RUN_B = ["trainer.steps=6", "trainer.val_every=0", "rollout.n=4", "data.batch_size=32",

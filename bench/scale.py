@@ -5,7 +5,7 @@ Variants (every one on the same Qwen2 model built from a config, the same prompt
 in the same order, the same generate with the same drawn lengths in its k-th step:
 `bench/scale_loop.py`):
 
-  engine-padded  `graphs/grpo.py` through the real loop (`hybridflow.loop.Trainer`,
+  engine-padded  `graphs/grpo.py` through the real loop (`hybridflow.run.loop.Trainer`,
                  local runtime), row micro-batches of `--micro` rows, padded;
   handwritten    the same math by hand in one process, the same micro-batches;
   engine-packed  the engine with `model.use_remove_padding=true` and token budgets
@@ -81,9 +81,9 @@ class EngineStep:
     """One variant of the engine: the real loop's `train_step`."""
 
     def __init__(self, s: dict, data_file: str, packed: bool):
-        from hybridflow.loop import Trainer
-        from hybridflow.program import prepare
-        from hybridflow.tracking import RunDir
+        from hybridflow.run.loop import Trainer
+        from hybridflow.program.assemble import prepare
+        from hybridflow.run.tracking import RunDir
         loaded = prepare(GRPO, engine_overrides(s, data_file, packed))
         self.trainer = Trainer(loaded, RunDir(tempfile.mkdtemp(prefix="bench-scale-")))
         self.rows = s["prompts"] * s["n"]

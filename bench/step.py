@@ -1,7 +1,7 @@
 """One GRPO step of the embedded default (graphs/grpo.py: tiny Llama from
 graphs/assets/toy_base, 16 prompts x 8 samples, 4 new tokens) four ways:
 
-  (a) local runtime, through the real loop (`hybridflow.loop.Trainer.train_step`);
+  (a) local runtime, through the real loop (`hybridflow.run.loop.Trainer.train_step`);
   (b) Ray runtime, every role colocated on one logical GPU (one worker process);
   (c) hand-written single-process torch loop doing the same math (handwritten_grpo.py);
   (d) TRL's GRPOTrainer with the same model and settings, when trl is installed.
@@ -55,9 +55,9 @@ SAME_MATH = ["actor.use_kl_loss=false"]
 
 # ----------------------------------------------------------------- variants
 def local_trainer(threads: int, overrides=()):
-    from hybridflow.program import prepare
-    from hybridflow.loop import Trainer
-    from hybridflow.tracking import RunDir
+    from hybridflow.program.assemble import prepare
+    from hybridflow.run.loop import Trainer
+    from hybridflow.run.tracking import RunDir
     loaded = prepare(GRPO, [*SAME_MATH, "trainer.val_samples=1", "trainer.progress=false",
                             f"runtime.torch_threads={threads}", *overrides])
     return Trainer(loaded, RunDir(tempfile.mkdtemp(prefix="bench-step-")))
@@ -69,9 +69,9 @@ class RayStep:
     def __init__(self, threads: int):
         import ray
 
-        from hybridflow.program import prepare
-        from hybridflow.loop import Trainer
-        from hybridflow.runtime.ray import RayRuntime
+        from hybridflow.program.assemble import prepare
+        from hybridflow.run.loop import Trainer
+        from hybridflow.runtime.ray.executor import RayRuntime
         if not ray.is_initialized():
             ray.init(num_cpus=8, num_gpus=4, include_dashboard=False,
                      log_to_driver=False)
@@ -120,7 +120,7 @@ def trl_trainer(steps: int, callback):
 
     from algorithms.rewards import compute_score
     from graphs.common import TOY_BASE
-    from hybridflow.data import toy_rows
+    from hybridflow.core.data import toy_rows
     train, _ = toy_rows(1, 9, 0.25)
     data = Dataset.from_list([{"prompt": r["prompt"], "data_source": r["data_source"],
                                "ground_truth": r["reward_model"]["ground_truth"]}

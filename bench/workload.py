@@ -108,7 +108,7 @@ def make_rollout(prompts: int = 32, n: int = 4, max_response: int = 256,
                  max_prompt: int = 64, seed: int = 0):
     """A `Batch` shaped exactly like the actor's generate output for `prompts` x `n`
     rows, with the columns the later passes read (random values, right shapes)."""
-    from hybridflow.batch import Batch
+    from hybridflow.core.batch import Batch
     from hybridflow.workers.rollout import assemble_rollout
     rows = prompts * n
     prompt = make_prompts(prompts, max_prompt=max_prompt, seed=seed)

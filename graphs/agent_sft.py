@@ -5,7 +5,7 @@ base checkpoint (graphs/assets/agent_base) for `graphs/agent_grpo.py`.
     hybridflow export runs/agent_base graphs/assets/agent_base
 
 Each demonstration is tokenised through the agent code
-(`algorithms/envs/calculator_sft.py`), so the model learns on exactly the token
+(`graphs/envs/calculator_sft.py`), so the model learns on exactly the token
 layout the agent rollout samples. `algorithm.call_probability` is the share of
 demonstrations that call the tool and copy its result; the others answer alone
 (a guess, right half of the time). Too many calls and the base is already good
@@ -17,9 +17,9 @@ some problems and copies the result exactly, so RL has a tool habit to reinforce
 from dataclasses import dataclass
 
 from hybridflow import Graph
-from hybridflow.constraints import checked, probability
+from hybridflow.core.constraints import checked, probability
 
-from algorithms.envs.calculator_sft import ToolSFTExamples
+from graphs.envs.calculator_sft import ToolSFTExamples
 from graphs import ops
 from graphs.common_agent import agent_task_defaults, agent_validation
 

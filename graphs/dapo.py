@@ -4,7 +4,7 @@ times), clip-higher, token-mean loss and a soft overlong penalty."""
 from dataclasses import dataclass
 
 from hybridflow import Graph
-from hybridflow.constraints import at_least, checked
+from hybridflow.core.constraints import at_least, checked
 
 from graphs import ops
 from graphs.common import embedded_defaults

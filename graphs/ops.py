@@ -26,9 +26,9 @@ from algorithms.losses import (AGG_MODES, OFF_POLICY_CORRECTIONS, POLICY_LOSSES,
                                value_loss)
 from algorithms.masked import masked_mean
 from hybridflow import Batch, node_fn
-from hybridflow.loss import loss_fn, register_default_loss
+from hybridflow.graph.loss import loss_fn, register_default_loss
 from hybridflow.workers.config import register_setting_names
-from hybridflow.workers.sequences import training_mask
+from hybridflow.core.tokens import training_mask
 
 __all__ = ["grpo_advantages", "rloo_advantages", "reinforce_pp_advantages",
            "reinforce_pp_baseline_advantages", "remax_advantages", "gae_advantages",

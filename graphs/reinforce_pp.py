@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 from algorithms.kl import KL_KINDS
 from hybridflow import Graph
-from hybridflow.constraints import at_least, checked, one_of, probability
+from hybridflow.core.constraints import at_least, checked, one_of, probability
 
 from graphs import ops
 from graphs.common import embedded_defaults

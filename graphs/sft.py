@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from hybridflow import Batch, Graph, node_fn
-from hybridflow.constraints import checked, probability
+from hybridflow.core.constraints import checked, probability
 
 from algorithms.seeded import SeededDraws
 from graphs import ops

@@ -1,9 +1,22 @@
-"""hybridflow: declarative dataflow graphs for RL post-training of language models."""
-from hybridflow.batch import Batch
-from hybridflow.dispatch import (BROADCAST, DP, DP_TP, ONE_PER_WORKER, RANK_ZERO, method,
-                                 register_dispatch_mode)
-from hybridflow.graph import Graph, node_fn
+"""hybridflow: declarative dataflow graphs for RL post-training of language models.
 
-__all__ = ["Batch", "Graph", "node_fn", "method", "register_dispatch_mode",
-           "BROADCAST", "DP", "DP_TP", "ONE_PER_WORKER", "RANK_ZERO"]
+Everything a graph file or a user's worker class needs is importable from here:
+`from hybridflow import Graph, node_fn, loss_fn, checked, method, DP, Batch`.
+The package's folders are its layers (docs/architecture.md): core, graph, plan, program,
+run, runtime, workers, agents, planner, memory, draw, commands.
+"""
+from hybridflow.core.batch import Batch
+from hybridflow.core.constraints import (ConfigError, above, at_least, checked, in_range, one_of,
+                                         probability)
+from hybridflow.core.tokens import masked_mean, training_mask
+from hybridflow.graph.builder import Graph, node_fn
+from hybridflow.graph.dispatch import (BROADCAST, DP, DP_TP, ONE_PER_WORKER, RANK_ZERO, Layout,
+                                       SlotLayout, method, register_dispatch_mode)
+from hybridflow.graph.loss import loss_fn, register_default_loss
+
+__all__ = ["Batch", "Graph", "node_fn", "loss_fn", "register_default_loss", "method",
+           "register_dispatch_mode", "Layout", "SlotLayout",
+           "BROADCAST", "DP", "DP_TP", "ONE_PER_WORKER", "RANK_ZERO",
+           "checked", "at_least", "above", "in_range", "one_of", "probability", "ConfigError",
+           "masked_mean", "training_mask"]
 __version__ = "0.1.0"

@@ -3,8 +3,8 @@ and the key to set, and lets a correction (graph loss or config default) or the
 explicit opt-out through."""
 import pytest
 
-from hybridflow.compiler import GraphError
-from hybridflow.program import prepare
+from hybridflow.plan.compiler import GraphError
+from hybridflow.program.assemble import prepare
 from tests.support.e2e import graph_file
 
 DEFAULT_LOSS_GRAPH = '''

@@ -1,10 +1,10 @@
 """The planner's view of an async run: sides from the compiler, rollouts folded, movable."""
 import os
 
-from hybridflow.async_planning import pipeline_view
-from hybridflow.async_split import split_sides
-from hybridflow.program import load_plan
-from hybridflow.weight_sync import planner_view
+from hybridflow.program.async_planning import pipeline_view
+from hybridflow.plan.async_split import split_sides
+from hybridflow.program.assemble import load_plan
+from hybridflow.plan.weight_sync import planner_view
 
 GRPO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "graphs",
                     "grpo.py")

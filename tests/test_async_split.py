@@ -1,4 +1,4 @@
-"""The async split (hybridflow/async_split.py): which nodes run ahead of training on
+"""The async split (hybridflow/plan/async_split.py): which nodes run ahead of training on
 each shipped graph, the refusals before launch (an impossible split, a graph with
 nothing to generate, an uncorrected update), and the order of the async step."""
 from __future__ import annotations
@@ -8,9 +8,9 @@ import textwrap
 
 import pytest
 
-from hybridflow.async_split import READY, iteration_plans, split_sides
-from hybridflow.compiler import GraphError
-from hybridflow.program import prepare
+from hybridflow.plan.async_split import READY, iteration_plans, split_sides
+from hybridflow.plan.compiler import GraphError
+from hybridflow.program.assemble import prepare
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAKES = os.path.join(REPO, "tests", "support", "fakes.py")
@@ -107,7 +107,7 @@ def write(tmp_path, body: str) -> str:
 
 TRAINED = """
     from hybridflow import Graph
-    from hybridflow.graph import node_fn
+    from hybridflow.graph.builder import node_fn
 
 
     @node_fn(reads=("scores", "response_mask"), writes=("advantages",))
@@ -195,7 +195,7 @@ def test_a_trained_role_generating_itself_runs_its_generation_ahead(tmp_path):
 
 STATEFUL_GRAPH = '''
 from hybridflow import Graph, node_fn
-from hybridflow.batch import Batch
+from hybridflow.core.batch import Batch
 from graphs import ops
 from graphs.common import embedded_defaults
 

@@ -1,7 +1,7 @@
 """placement=auto: the planner's best placement becomes the run's placement."""
 import os
 
-from hybridflow.program import prepare
+from hybridflow.program.assemble import prepare
 
 PPO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "graphs", "ppo.py")
 

@@ -5,9 +5,10 @@ import random
 import pytest
 import torch
 
-from hybridflow.balance import balance_tokens, balanced_order, chunk_sizes, insert_token_balance
-from hybridflow.batch import Batch
-from hybridflow.program import prepare
+from hybridflow.plan.balance import (balance_tokens, balanced_order, chunk_sizes,
+                                     insert_token_balance)
+from hybridflow.core.batch import Batch
+from hybridflow.program.assemble import prepare
 from tests.support.e2e import graph_file, train
 from tests.support.runs import FAST
 

@@ -1,4 +1,4 @@
-"""Batch (hybridflow/batch.py): split/concat, group-aware split, union, select/pop,
+"""Batch (hybridflow/core/batch.py): split/concat, group-aware split, union, select/pop,
 repeat, slicing, devices, non-tensor columns and cheap serialisation."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybridflow.batch import Batch, split_indices
+from hybridflow.core.batch import Batch, split_indices
 
 
 def make_batch(rows: int, meta: dict | None = None) -> Batch:

@@ -5,8 +5,8 @@ import os
 import pytest
 import torch
 
-from hybridflow.checkpoint import (CheckpointError, latest_checkpoint, load_trainer_state,
-                                   save_checkpoint)
+from hybridflow.run.checkpoint import (CheckpointError, latest_checkpoint, load_trainer_state,
+                                       save_checkpoint)
 
 
 def _save_roles(root):

@@ -1,5 +1,5 @@
 """`hybridflow check graph.py [key=value ...]` (hybridflow/commands/check.py and
-hybridflow/program.py): compile only, print a summary, exit 1 with the message on any
+hybridflow/program/assemble.py): compile only, print a summary, exit 1 with the message on any
 error; neither Ray nor model libraries are loaded (its speed: bench/check.py)."""
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ import textwrap
 import pytest
 
 from hybridflow.cli import main
-from hybridflow.program import GraphFileError, load_graph_module, prepare
-from hybridflow.config import ConfigError
+from hybridflow.program.assemble import GraphFileError, load_graph_module, prepare
+from hybridflow.program.config import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAKES = os.path.join(REPO, "tests", "support", "fakes.py")
 
 PPO = '''
 from hybridflow import Graph
-from hybridflow.graph import node_fn
+from hybridflow.graph.builder import node_fn
 
 
 @node_fn(reads=("scores", "values", "response_mask"), writes=("advantages", "returns"))

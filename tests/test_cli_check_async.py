@@ -51,7 +51,7 @@ def test_check_refuses_an_impossible_split_naming_the_node(tmp_path, capsys):
     path = tmp_path / "regenerate.py"
     path.write_text(textwrap.dedent("""
         from hybridflow import Graph
-        from hybridflow.graph import node_fn
+        from hybridflow.graph.builder import node_fn
 
 
         @node_fn(reads=("scores", "response_mask"), writes=("advantages",))

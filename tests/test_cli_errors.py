@@ -154,7 +154,7 @@ def test_data_out_under_a_file_names_the_path(capsys, tmp_path):
 
 def _fake_run(tmp_path) -> str:
     """A run directory with one checkpoint of role 'actor', as `hybridflow run` saves."""
-    from hybridflow.checkpoint import save_checkpoint
+    from hybridflow.run.checkpoint import save_checkpoint
 
     def save_roles(root):
         os.makedirs(f"{root}/actor")

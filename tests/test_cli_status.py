@@ -10,7 +10,7 @@ import sys
 import time
 
 from hybridflow.cli import main
-from hybridflow.run_lock import RunLock
+from hybridflow.run.lock import RunLock
 
 
 def _run_dir(tmp_path, **status) -> str:

@@ -1,4 +1,4 @@
-"""Compiler (hybridflow/compiler.py): every malformed graph is rejected before any
+"""Compiler (hybridflow/plan/compiler.py): every malformed graph is rejected before any
 worker starts, with the node's name, the key, a suggestion and the file:line where
 the node was made; valid graphs lower to a topological order, stages and key
 provenance."""
@@ -9,11 +9,11 @@ import uuid
 
 import pytest
 
-from hybridflow.compiler import ExecutionPlan, GraphError, compile_graph
-from hybridflow.dispatch import DP, ONE_PER_WORKER, RANK_ZERO, method
-from hybridflow.graph import Graph, node_fn
-from hybridflow.kinds import NodeKind, Op, RowEffect
-from hybridflow.placement import Placement, PoolSpec
+from hybridflow.plan.compiler import ExecutionPlan, GraphError, compile_graph
+from hybridflow.graph.dispatch import DP, ONE_PER_WORKER, RANK_ZERO, method
+from hybridflow.graph.builder import Graph, node_fn
+from hybridflow.core.kinds import NodeKind, Op, RowEffect
+from hybridflow.plan.placement import Placement, PoolSpec
 
 SEQ = ("input_ids", "attention_mask")
 

@@ -1,4 +1,4 @@
-"""Run configuration (hybridflow/config.py): structured defaults, then the graph's
+"""Run configuration (hybridflow/program/config.py): structured defaults, then the graph's
 defaults(), then a YAML file, then dotted overrides; every mistake is a ConfigError
 naming the key."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from omegaconf.errors import ConfigAttributeError
 from omegaconf import OmegaConf
 
-from hybridflow.config import ConfigError, build_config, parse_overrides
+from hybridflow.program.config import ConfigError, build_config, parse_overrides
 
 
 def test_the_bare_defaults_are_a_valid_config():
@@ -138,8 +138,8 @@ def test_unknown_pool_field_is_an_error():
 
 
 def test_placement_gives_unplaced_roles_the_first_pool():
-    from hybridflow.program import placement_from_config
-    from hybridflow.graph import Graph
+    from hybridflow.program.assemble import placement_from_config
+    from hybridflow.graph.builder import Graph
     g = Graph("g")
     g.call("actor.generate", g.source())
     cfg = build_config(overrides=["placement.pools.main.devices_per_node=2",

@@ -1,6 +1,6 @@
 """Every config value is checked before launch, naming its key: the graph-declared
 `algorithm` schema of each shipped graph (graphs/*.py `ALGORITHM`), and the range of
-every field of the run's sections (hybridflow/constraints.py rules)."""
+every field of the run's sections (hybridflow/core/constraints.py rules)."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,9 +9,9 @@ import textwrap
 
 import pytest
 
-from hybridflow.config import ConfigError, RunConfig, build_config
-from hybridflow.constraints import checked, in_range
-from hybridflow.program import GraphFileError, load_graph_module, prepare
+from hybridflow.program.config import ConfigError, RunConfig, build_config
+from hybridflow.core.constraints import checked, in_range
+from hybridflow.program.assemble import GraphFileError, load_graph_module, prepare
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRAPHS = ["grpo", "ppo", "rloo", "reinforce_pp", "remax", "dapo", "sft"]
@@ -108,7 +108,7 @@ def test_a_declared_schema_may_use_the_range_rules(tmp_path):
     path.write_text(textwrap.dedent("""\
         from dataclasses import dataclass
         from hybridflow import Graph
-        from hybridflow.constraints import checked, in_range
+        from hybridflow.core.constraints import checked, in_range
 
         @dataclass
         class Options:
@@ -250,8 +250,8 @@ def test_pools_and_parallel_layouts_are_checked(override, words):
 
 
 def test_a_parallel_layout_may_leave_dp_unset():
-    from hybridflow.graph import Graph
-    from hybridflow.program import placement_from_config
+    from hybridflow.graph.builder import Graph
+    from hybridflow.program.assemble import placement_from_config
     cfg = build_config(overrides=["placement.pools.main.devices_per_node=2",
                                   "placement.parallel.actor.tp=2"])
     g = Graph("g")

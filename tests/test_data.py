@@ -3,14 +3,8 @@ import json
 
 import pytest
 
-from hybridflow.data import (
-    DataError,
-    PromptDataset,
-    PromptLoader,
-    read_rows,
-    toy_rows,
-    write_rows,
-)
+from hybridflow.core.data import (DataError, PromptDataset, PromptLoader, read_rows, toy_rows,
+                                  write_rows)
 from hybridflow.workers.tokenizer import load_tokenizer
 
 TOK = load_tokenizer("char")
@@ -135,8 +129,8 @@ def test_a_reward_model_reads_no_ground_truth():
 def test_row_checks_come_from_the_roles_the_plan_calls():
     import os
 
-    from hybridflow.program import prepare
-    from hybridflow.data import row_checker
+    from hybridflow.program.assemble import prepare
+    from hybridflow.core.data import row_checker
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     grpo = prepare(os.path.join(repo, "graphs", "grpo.py"), preflight=False)
     sft = prepare(os.path.join(repo, "graphs", "sft.py"), preflight=False)

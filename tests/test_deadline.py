@@ -1,4 +1,4 @@
-"""Deadlines on user code (hybridflow/deadline.py): a call that runs past its bound
+"""Deadlines on user code (hybridflow/core/deadline.py): a call that runs past its bound
 raises CallTimeout naming what was called and the bound, in the main thread (a
 SIGALRM timer, which also interrupts sleeps) and in other threads; nested deadlines
 each report their own; a call that returns in time leaves no timer behind."""
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from hybridflow.deadline import CallTimeout, call_with_deadline
+from hybridflow.core.deadline import CallTimeout, call_with_deadline
 
 
 def _spin():

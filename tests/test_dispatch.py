@@ -1,4 +1,4 @@
-"""Method declarations, dispatch modes and their slot layouts (hybridflow/dispatch.py)."""
+"""Method declarations, dispatch modes and their slot layouts (hybridflow/graph/dispatch.py)."""
 from __future__ import annotations
 
 import uuid
@@ -6,11 +6,11 @@ import uuid
 import pytest
 import torch
 
-from hybridflow.batch import Batch
-from hybridflow.dispatch import (BROADCAST, DP, DP_TP, ONE_PER_WORKER, RANK_ZERO, SKIP, Layout,
-                                 SlotLayout, get_dispatch_mode, merge_metrics, method,
-                                 method_spec, register_dispatch_mode, worker_methods)
-from hybridflow.kinds import NodeKind
+from hybridflow.core.batch import Batch
+from hybridflow.graph.dispatch import (BROADCAST, DP, DP_TP, ONE_PER_WORKER, RANK_ZERO, SKIP,
+                                       Layout, SlotLayout, get_dispatch_mode, merge_metrics, method,
+                                       method_spec, register_dispatch_mode, worker_methods)
+from hybridflow.core.kinds import NodeKind
 
 
 def rows(n: int) -> Batch:
@@ -230,6 +230,6 @@ def test_unknown_mode_names_the_known_ones():
 
 
 def test_metrics_of_uneven_shards_are_weighted_by_rows():
-    from hybridflow.dispatch import merge_metrics
+    from hybridflow.graph.dispatch import merge_metrics
     assert merge_metrics([{"m": 1.0}, {"m": 4.0}], [3, 1]) == {"m": 1.75}
     assert merge_metrics([{"m": 1.0}, {"m": 4.0}], [0, 0]) == {"m": 2.5}  # no rows: plain mean

@@ -3,7 +3,7 @@ key, node, file or row, exit code 1 from `hybridflow run` with no traceback, and
 worker started (docs/errors.md lists every error; this file holds the ones that the
 module tests do not: test_compiler, test_config, test_cli_check, test_data, workers/).
 
-Checks made by `prepare` (config.py `_check_consistency`, hybridflow/preflight.py)
+Checks made by `prepare` (config.py `_check_consistency`, hybridflow/program/preflight.py)
 run before the Trainer exists; dataset rows are read by the Trainer before it
 starts the runtime. The `no_workers` fixture fails a test whose run got that far.
 """
@@ -17,8 +17,8 @@ import textwrap
 import pytest
 
 from hybridflow.cli import main
-from hybridflow.program import prepare
-from hybridflow.config import ConfigError
+from hybridflow.program.assemble import prepare
+from hybridflow.program.config import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRPO = os.path.join(REPO, "graphs", "grpo.py")
@@ -31,7 +31,7 @@ def no_workers(monkeypatch):
     """Every error here must come before the runtime starts a worker."""
     def refuse(*args, **kwargs):
         pytest.fail("a runtime (and its workers) started before the error was caught")
-    monkeypatch.setattr("hybridflow.loop.make_runtime", refuse)
+    monkeypatch.setattr("hybridflow.run.loop.make_runtime", refuse)
 
 
 def run(capsys, tmp_path, *argv, graph=GRPO) -> str:
@@ -311,7 +311,7 @@ def test_check_catches_path_errors_too(capsys, tmp_path):
 
 
 def test_render_and_plan_do_not_need_the_paths_to_exist(tmp_path):
-    from hybridflow.program import load_plan
+    from hybridflow.program.assemble import load_plan
     plan = load_plan(GRPO, [f"model.path={tmp_path / 'on-the-cluster'}"])
     assert plan.nodes
 
@@ -323,8 +323,8 @@ def test_prepare_raises_config_errors_for_the_preflight(tmp_path):
 
 # --------------------------------------------------------------- safe defaults
 def test_a_ray_instance_the_run_starts_has_no_dashboard(monkeypatch):
-    ray_pools = pytest.importorskip("hybridflow.runtime.ray_pools")
-    from hybridflow.placement import Placement
+    ray_pools = pytest.importorskip("hybridflow.runtime.ray.pools")
+    from hybridflow.plan.placement import Placement
     calls = []
     monkeypatch.setattr(ray_pools.ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray_pools.ray, "init", lambda **kw: calls.append(kw))

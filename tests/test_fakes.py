@@ -8,8 +8,8 @@ import os
 import pytest
 import torch
 
-from hybridflow.program import prepare
-from hybridflow.dispatch import method, worker_methods
+from hybridflow.program.assemble import prepare
+from hybridflow.graph.dispatch import method, worker_methods
 from hybridflow.runtime.local import LocalRuntime
 from tests.support import fakes
 

@@ -5,9 +5,9 @@ import os
 
 import pytest
 
-from hybridflow.program import prepare
-from hybridflow.compiler import GraphError
-from hybridflow.render import plan_to_dot
+from hybridflow.program.assemble import prepare
+from hybridflow.plan.compiler import GraphError
+from hybridflow.draw.graph import plan_to_dot
 
 GRPO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                     "graphs", "grpo.py")

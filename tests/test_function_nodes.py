@@ -7,9 +7,9 @@ from __future__ import annotations
 import torch
 
 from hybridflow import Batch, Graph, node_fn
-from hybridflow.compiler import compile_graph
-from hybridflow.graph import fn_spec
-from hybridflow.placement import Placement
+from hybridflow.plan.compiler import compile_graph
+from hybridflow.graph.builder import fn_spec
+from hybridflow.plan.placement import Placement
 from hybridflow.runtime.local import LocalRuntime
 
 

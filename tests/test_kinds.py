@@ -1,4 +1,4 @@
-"""Typed node ops and kinds (hybridflow/kinds.py): strings convert on entry, members
+"""Typed node ops and kinds (hybridflow/core/kinds.py): strings convert on entry, members
 compare and print as their strings, and each kind declares its row effect."""
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from hybridflow.compiler import PlanNode
-from hybridflow.dispatch import method, method_spec
-from hybridflow.graph import Graph
-from hybridflow.kinds import NodeKind, Op, RowEffect
+from hybridflow.plan.compiler import PlanNode
+from hybridflow.graph.dispatch import method, method_spec
+from hybridflow.graph.builder import Graph
+from hybridflow.core.kinds import NodeKind, Op, RowEffect
 
 
 def test_members_equal_print_and_serialise_as_their_strings():

@@ -1,4 +1,4 @@
-"""Losses chosen by the graph (hybridflow/loss.py): a loss passed to a training node
+"""Losses chosen by the graph (hybridflow/graph/loss.py): a loss passed to a training node
 brings the keys it reads into the compiler's check, an undeclared loss is refused
 before launch, calls without a loss get the registered default, and the engine
 imports nothing from algorithms/."""
@@ -9,12 +9,12 @@ import os
 
 import pytest
 
-import hybridflow.loss as loss_module
-from hybridflow.compiler import GraphError, compile_graph
-from hybridflow.dispatch import DP, method
-from hybridflow.graph import Graph
-from hybridflow.loss import call_keys, default_loss, loss_fn, loss_spec, takes_loss
-from hybridflow.placement import Placement, PoolSpec
+import hybridflow.graph.loss as loss_module
+from hybridflow.plan.compiler import GraphError, compile_graph
+from hybridflow.graph.dispatch import DP, method
+from hybridflow.graph.builder import Graph
+from hybridflow.graph.loss import call_keys, default_loss, loss_fn, loss_spec, takes_loss
+from hybridflow.plan.placement import Placement, PoolSpec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEQ = ("input_ids", "responses", "response_mask")

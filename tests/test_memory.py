@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from hybridflow.cli import main
-from hybridflow.memory import (Architecture, MicroBatch, ModelSize, kv_cache_bytes,
-                               model_size, training_state)
+from hybridflow.memory import (Architecture, MicroBatch, ModelSize, kv_cache_bytes, model_size,
+                               training_state)
 from hybridflow.memory.passes import saved_activations
 from hybridflow.memory.roles import PoolMemory, RoleMemory
 from hybridflow.workers.config import LoraConfig
@@ -162,7 +162,7 @@ def test_check_without_memory_does_not_import_the_memory_model():
 
 def _role_memory(role, *overrides):
     from hybridflow.memory.report import plan_memory
-    from hybridflow.program import prepare
+    from hybridflow.program.assemble import prepare
     loaded = prepare(os.path.join(REPO, "graphs", "grpo.py"), list(overrides), preflight=False)
     report = plan_memory(loaded.cfg, loaded.plan)
     return next(r for r in report.roles if r.role == role)

@@ -1,4 +1,4 @@
-"""hybridflow/program.py: a graph file plus configuration -> a compiled program
+"""hybridflow/program/assemble.py: a graph file plus configuration -> a compiled program
 (loading, role binding, placement, compile), used by the CLI, the loop, the tests
 and the benches; and the layering that keeps the CLI on top."""
 from __future__ import annotations
@@ -9,11 +9,11 @@ import textwrap
 
 import pytest
 
-from hybridflow.compiler import GraphError
-from hybridflow.config import ConfigError, RunConfig, build_config
-from hybridflow.graph import Graph
-from hybridflow.program import (GraphFileError, LoadedGraph, compile_program, load_plan,
-                                placement_from_config, prepare, role_bindings)
+from hybridflow.plan.compiler import GraphError
+from hybridflow.program.config import ConfigError, RunConfig, build_config
+from hybridflow.graph.builder import Graph
+from hybridflow.program.assemble import (GraphFileError, LoadedGraph, compile_program, load_plan,
+                                         placement_from_config, prepare, role_bindings)
 from hybridflow.workers import DEFAULT_ROLES
 from hybridflow.workers.config import ActorConfig, ModelConfig, read_section
 
@@ -21,7 +21,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRPO = os.path.join(REPO, "graphs", "grpo.py")
 
 SCORER = '''
-from hybridflow.dispatch import RANK_ZERO, method
+from hybridflow.graph.dispatch import RANK_ZERO, method
 
 
 class Scorer:
@@ -152,7 +152,7 @@ def _reachable(start: str) -> set[str]:
 
 
 def test_the_loop_and_the_program_import_nothing_from_the_cli():
-    for start in ("hybridflow.loop", "hybridflow.program"):
+    for start in ("hybridflow.run.loop", "hybridflow.program.assemble"):
         cli = sorted(m for m in _reachable(start) if m.startswith("hybridflow.commands")
                      or m == "hybridflow.cli")
         assert cli == [], f"{start} reaches the CLI layer through {cli}"
@@ -166,7 +166,7 @@ def test_user_files_are_pickled_by_value_for_ray_workers(tmp_path):
     import subprocess
     import sys
 
-    from hybridflow.user_files import load_graph_module, pickle_user_files_by_value_for_ray
+    from hybridflow.program.user_files import load_graph_module, pickle_user_files_by_value_for_ray
     path = write(tmp_path, "shipped.py", """\
         from hybridflow import Graph
 
@@ -187,8 +187,8 @@ def test_user_files_are_pickled_by_value_for_ray_workers(tmp_path):
 
 
 def test_the_ray_runtime_settings_are_the_runtime_section():
-    ray_pools = pytest.importorskip("hybridflow.runtime.ray_pools")
-    from hybridflow.config import RuntimeConfig
+    ray_pools = pytest.importorskip("hybridflow.runtime.ray.pools")
+    from hybridflow.program.config import RuntimeConfig
     values = prepare(GRPO, ["runtime.call_timeout_s=42", "runtime.start_timeout_s=7"],
                      preflight=False).values
     settings = ray_pools.RuntimeSettings.from_config(values)

@@ -1,12 +1,12 @@
 """`hybridflow check` and `render --plan` say which model each role loads and which
-function nodes keep state (hybridflow/provenance.py)."""
+function nodes keep state (hybridflow/program/provenance.py)."""
 from __future__ import annotations
 
 import os
 
 from hybridflow.cli import main
-from hybridflow.program import prepare
-from hybridflow.provenance import provenance_lines
+from hybridflow.program.assemble import prepare
+from hybridflow.program.provenance import provenance_lines
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PPO = os.path.join(REPO, "graphs", "ppo.py")

@@ -1,4 +1,4 @@
-"""Diagrams of graphs and plans (hybridflow/render.py) and the `render` command."""
+"""Diagrams of graphs and plans (hybridflow/draw/graph.py) and the `render` command."""
 from __future__ import annotations
 
 import argparse
@@ -9,11 +9,11 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from hybridflow.compiler import compile_graph
-from hybridflow.graph import Graph, node_fn
-from hybridflow.placement import Placement, PoolSpec
-from hybridflow import render
-from hybridflow.render import RenderError, edge_keys, render_graph, render_timeline
+from hybridflow.plan.compiler import compile_graph
+from hybridflow.graph.builder import Graph, node_fn
+from hybridflow.plan.placement import Placement, PoolSpec
+from hybridflow.draw import graph as render
+from hybridflow.draw.graph import RenderError, edge_keys, render_graph, render_timeline
 from tests.support.fakes import FAKE_ROLES
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None,
@@ -252,13 +252,13 @@ def test_command_renders_a_timeline_from_a_run_dir(tmp_path, capsys):
 
 
 def test_command_renders_a_graph_file_with_overrides(tmp_path, monkeypatch, capsys):
-    program = pytest.importorskip("hybridflow.program")
+    program = pytest.importorskip("hybridflow.program.assemble")
     seen = {}
 
     def fake_prepare(path, overrides, preflight=True):
         from types import SimpleNamespace
 
-        from hybridflow.config import build_config
+        from hybridflow.program.config import build_config
         seen.update(path=str(path), overrides=list(overrides))
         return SimpleNamespace(plan=ppo_plan(), cfg=build_config(None, None, []))
 
@@ -272,8 +272,8 @@ def test_command_renders_a_graph_file_with_overrides(tmp_path, monkeypatch, caps
 
 
 def test_command_reports_graph_errors_and_returns_1(tmp_path, monkeypatch, capsys):
-    program = pytest.importorskip("hybridflow.program")
-    from hybridflow.compiler import GraphError
+    program = pytest.importorskip("hybridflow.program.assemble")
+    from hybridflow.plan.compiler import GraphError
 
     def failing(path, overrides, preflight=True):
         raise GraphError("ppo", ["node 'x' (g.py:3): reads key 'y'"])
@@ -292,7 +292,7 @@ def test_command_needs_a_graph_or_a_timeline(tmp_path, capsys):
 
 # --------------------------------------------------------------- async sides
 def async_plan(staleness: int = 1):
-    from hybridflow.async_split import attach_staleness
+    from hybridflow.plan.async_split import attach_staleness
     return attach_staleness(ppo_plan(), staleness, allow_uncorrected=True)
 
 

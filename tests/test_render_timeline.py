@@ -1,4 +1,4 @@
-"""Timelines of async runs and of several steps (hybridflow/render_timeline.py), and
+"""Timelines of async runs and of several steps (hybridflow/draw/timeline.py), and
 `hybridflow render --timeline RUN_DIR --steps A-B` (hybridflow/commands/render.py)."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from hybridflow.render_style import RenderError
-from hybridflow.render_timeline import TimelineSides, batch_steps, timeline_svg
+from hybridflow.draw.style import RenderError
+from hybridflow.draw.timeline import TimelineSides, batch_steps, timeline_svg
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROLLOUT = ("prompts", "rollout.generate", "reward.score", "grpo_advantages")

@@ -9,8 +9,8 @@ import textwrap
 import pytest
 from omegaconf.errors import ConfigAttributeError
 
-from hybridflow.config import ConfigError, build_config
-from hybridflow.program import prepare
+from hybridflow.program.config import ConfigError, build_config
+from hybridflow.program.assemble import prepare
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOY_BASE = os.path.join(REPO, "graphs", "assets", "toy_base")
@@ -18,8 +18,8 @@ TOY_BASE = os.path.join(REPO, "graphs", "assets", "toy_base")
 TEACHER = '''
 from dataclasses import dataclass
 
-from hybridflow.constraints import at_least, checked
-from hybridflow.dispatch import DP, method
+from hybridflow.core.constraints import at_least, checked
+from hybridflow.graph.dispatch import DP, method
 from hybridflow.workers.config import read_section
 
 

@@ -1,4 +1,4 @@
-"""Resume validation (hybridflow/run_lifecycle.py): a saved config read back equals
+"""Resume validation (hybridflow/run/lifecycle.py): a saved config read back equals
 itself for every shipped graph (a plain resume is never refused), a difference is
 listed key by key, and keys set on purpose are allowed and said."""
 from __future__ import annotations
@@ -9,10 +9,10 @@ import os
 import pytest
 from omegaconf import OmegaConf
 
-from hybridflow.program import prepare
-from hybridflow.run_lifecycle import (ResumeError, check_resumed_config, config_changes,
+from hybridflow.program.assemble import prepare
+from hybridflow.run.lifecycle import (ResumeError, check_resumed_config, config_changes,
                                       explicit_keys)
-from hybridflow.tracking import RunDir
+from hybridflow.run.tracking import RunDir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRAPHS = sorted(p for p in glob.glob(os.path.join(REPO, "graphs", "*.py"))

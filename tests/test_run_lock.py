@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from hybridflow.run_lock import RunLock, RunLockError, read_owner
+from hybridflow.run.lock import RunLock, RunLockError, read_owner
 
 
 def _write_lock(path, pid, host=None, proc_start=None):

@@ -1,4 +1,4 @@
-"""The signal guard (hybridflow/run_signals.py): a first signal inside a step is only
+"""The signal guard (hybridflow/run/signals.py): a first signal inside a step is only
 recorded, a second one (or one outside a step) stops at once, handlers come back on
 exit, and signals taken by a library (ray.init's SIGTERM handler) are taken back."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from hybridflow.run_signals import Interrupted, SignalGuard
+from hybridflow.run.signals import Interrupted, SignalGuard
 
 
 def test_a_signal_inside_a_step_is_deferred_and_a_second_one_stops_at_once():

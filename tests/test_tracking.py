@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from hybridflow.tracking import MetricSinks, RunDir
+from hybridflow.run.tracking import MetricSinks, RunDir
 
 
 def test_wandb_sink_logs_offline_with_the_step(tmp_path, monkeypatch):
@@ -50,7 +50,7 @@ def test_a_torn_last_metrics_line_is_trimmed_with_a_note(tmp_path):
 
 
 def test_a_bad_line_before_the_last_is_an_error_naming_the_line(tmp_path):
-    from hybridflow.tracking import RunDirError
+    from hybridflow.run.tracking import RunDirError
     run = RunDir(str(tmp_path))
     with open(run.file("metrics.jsonl"), "w") as fh:
         fh.write('{"step": 1}\n{"step": 2,,}\n{"step": 3}\n')
@@ -84,7 +84,7 @@ def test_status_names_the_writing_process(tmp_path):
 
 
 def test_new_run_dirs_never_share_a_directory(tmp_path):
-    from hybridflow.tracking import new_run_dir
+    from hybridflow.run.tracking import new_run_dir
     first = new_run_dir(str(tmp_path), "g", "exp")
     second = new_run_dir(str(tmp_path), "g", "exp")
     assert first.path != second.path and second.path.endswith("exp-2")

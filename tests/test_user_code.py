@@ -1,4 +1,4 @@
-"""Loading a user's graph file (hybridflow/user_code.py): files it imports from its
+"""Loading a user's graph file (hybridflow/core/user_code.py): files it imports from its
 own folder are found (and marked to travel to Ray workers by value) without putting
 the folder on sys.path, so a file there never shadows a standard module."""
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import sys
 import textwrap
 
-from hybridflow.user_files import load_graph_module
-from hybridflow.user_code import _BY_VALUE
+from hybridflow.program.user_files import load_graph_module
+from hybridflow.core.user_code import _BY_VALUE
 
 
 def _write(path, text):

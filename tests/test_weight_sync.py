@@ -1,13 +1,13 @@
-"""The weight-sync edge (hybridflow/weight_sync.py): present, drawn and ordered after
+"""The weight-sync edge (hybridflow/plan/weight_sync.py): present, drawn and ordered after
 the actor's update only when the rollout holds its own weights on another pool."""
 import os
 
 import pytest
 
-from hybridflow.program import load_plan
-from hybridflow.dispatch import BROADCAST, RANK_ZERO
-from hybridflow.render import edge_keys, plan_to_dot
-from hybridflow.weight_sync import planner_view, resync_plan
+from hybridflow.program.assemble import load_plan
+from hybridflow.graph.dispatch import BROADCAST, RANK_ZERO
+from hybridflow.draw.graph import edge_keys, plan_to_dot
+from hybridflow.plan.weight_sync import planner_view, resync_plan
 
 GRAPHS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "graphs")
 SPLIT = ["placement.pools.gen.devices_per_node=2", "placement.roles.rollout=gen"]

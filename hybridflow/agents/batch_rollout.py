@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from hybridflow.agents.runner import EpisodeRunner
-from hybridflow.batch import Batch
+from hybridflow.core.batch import Batch
 from hybridflow.workers.rollout.engine import UNKNOWN_VERSION
 
 __all__ = ["episode_rows", "play_batch", "AGENT_ROLLOUT_WRITES"]

@@ -13,7 +13,7 @@ from typing import Optional
 
 from hybridflow.agents.loader import EnvironmentSpecError, check_environment
 from hybridflow.agents.runner import RunnerOptions
-from hybridflow.constraints import ConfigError, above, at_least, checked
+from hybridflow.core.constraints import ConfigError, above, at_least, checked
 
 __all__ = ["AgentConfig", "check_agent_section"]
 

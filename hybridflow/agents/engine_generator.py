@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import torch
 
-from hybridflow.batch import Batch
+from hybridflow.core.batch import Batch
 from hybridflow.agents.runner import GeneratedTurn
 
 __all__ = ["EngineGenerator", "left_pad"]

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hybridflow.batch import Batch
+from hybridflow.core.batch import Batch
 from hybridflow.agents.trajectory import Trajectory, layout_batch
 
 __all__ = ["Episode", "RolloutResult", "STATUSES", "EnvironmentFailedError"]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hybridflow.batch import Batch
+from hybridflow.core.batch import Batch
 from hybridflow.workers.sequences import position_ids_from_mask
 
 __all__ = ["Trajectory", "layout_batch", "TRAJECTORY_COLUMNS"]

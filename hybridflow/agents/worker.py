@@ -28,8 +28,8 @@ from hybridflow.agents.config import AgentConfig, check_agent_section
 from hybridflow.agents.engine_generator import EngineGenerator
 from hybridflow.agents.loader import load_environment_factory
 from hybridflow.agents.runner import EpisodeRunner
-from hybridflow.batch import Batch
-from hybridflow.dispatch import DP, method
+from hybridflow.core.batch import Batch
+from hybridflow.graph.dispatch import DP, method
 from hybridflow.workers.base import Worker
 from hybridflow.workers.config import ModelConfig, RolloutConfig, read_section
 from hybridflow.workers.rollout.generation import sampling_options

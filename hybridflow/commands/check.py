@@ -6,10 +6,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hybridflow.program import GraphFileError, prepare
-from hybridflow.compiler import GraphError
-from hybridflow.config import ConfigError
-from hybridflow.provenance import provenance_lines
+from hybridflow.program.assemble import GraphFileError, prepare
+from hybridflow.plan.compiler import GraphError
+from hybridflow.program.config import ConfigError
+from hybridflow.program.provenance import provenance_lines
 
 __all__ = ["add_parser", "run"]
 

@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from hybridflow.data import toy_rows, write_rows
+from hybridflow.core.data import toy_rows, write_rows
 
 __all__ = ["add_parser", "run"]
 

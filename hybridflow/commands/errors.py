@@ -22,14 +22,14 @@ _LIBRARIES = tuple({os.path.abspath(sysconfig.get_paths()[k]) for k in ("stdlib"
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """The error classes whose message is written for the user."""
-    from hybridflow.checkpoint import CheckpointError
-    from hybridflow.compiler import GraphError
-    from hybridflow.config import ConfigError
-    from hybridflow.data import DataError
-    from hybridflow.run_lifecycle import ResumeError
-    from hybridflow.run_lock import RunLockError
-    from hybridflow.tracking import RunDirError
-    from hybridflow.user_files import GraphFileError
+    from hybridflow.run.checkpoint import CheckpointError
+    from hybridflow.plan.compiler import GraphError
+    from hybridflow.program.config import ConfigError
+    from hybridflow.core.data import DataError
+    from hybridflow.run.lifecycle import ResumeError
+    from hybridflow.run.lock import RunLockError
+    from hybridflow.run.tracking import RunDirError
+    from hybridflow.program.user_files import GraphFileError
     return (GraphError, ConfigError, GraphFileError, DataError, CheckpointError,
             RunLockError, RunDirError, ResumeError, OSError)
 

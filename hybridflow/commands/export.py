@@ -12,7 +12,7 @@ import os
 import shutil
 import sys
 
-from hybridflow.checkpoint import CheckpointError, latest_checkpoint, verify_checkpoint
+from hybridflow.run.checkpoint import CheckpointError, latest_checkpoint, verify_checkpoint
 
 __all__ = ["add_parser", "run", "export_role", "is_model_file"]
 

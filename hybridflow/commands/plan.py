@@ -12,7 +12,7 @@ A bare size (`--model 7b`) applies to every role of the graph except the rule
 roles (`--rule-roles`, default `reward`), which run on the driver unless given
 a size by name. A size is a name (7b, 13b, ...) or a Hugging Face config.json.
 With `trainer.staleness >= 1` the step is pipelined, and the planner also weighs
-the rollout on a pool of its own (hybridflow/async_planning.py).
+the rollout on a pool of its own (hybridflow/program/async_planning.py).
 """
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ def device_roles(plan) -> list[str]:
 
 
 def run(args) -> int:
-    from hybridflow.program import load_plan
+    from hybridflow.program.assemble import load_plan
     from hybridflow.planner import (Cluster, NoFeasiblePlacement, PlanningError, TrainingBackend,
                                     Workload, plan_placement)
 
@@ -141,7 +141,7 @@ def run(args) -> int:
         return 2
     try:
         extra = {"yaml_file": args.config} if args.config else {}
-        from hybridflow.async_planning import pipeline_view
+        from hybridflow.program.async_planning import pipeline_view
         if args.from_config:
             result = _plan_from_config(args, extra)
             print(json.dumps(result.to_json(), indent=2) if args.json else result.explain())
@@ -171,11 +171,11 @@ def run(args) -> int:
 
 def _plan_from_config(args, extra: dict):
     """The run `hybridflow run GRAPH overrides` would start, planned on `--device`."""
-    from hybridflow.async_planning import pipeline_view
-    from hybridflow.auto_placement import run_models
+    from hybridflow.program.async_planning import pipeline_view
+    from hybridflow.program.auto_placement import run_models
     from hybridflow.planner import Cluster, plan_placement
-    from hybridflow.planner.run_dir import run_pools, run_roles, run_workload
-    from hybridflow.program import prepare
+    from hybridflow.program.run_dir import run_pools, run_roles, run_workload
+    from hybridflow.program.assemble import prepare
 
     loaded = prepare(args.graph, list(args.overrides or []), extra.get("yaml_file"),
                      preflight=False)

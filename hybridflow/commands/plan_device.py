@@ -52,7 +52,7 @@ def _calibrated(args):
 
     from hybridflow.planner import get_device
     from hybridflow.planner.calibrate import calibrate, predict_run
-    from hybridflow.planner.run_dir import read_run
+    from hybridflow.program.run_dir import read_run
 
     run = read_run(args.calibrate)
     start = get_device(args.device)

@@ -76,8 +76,8 @@ def timeline_sides(run_dir: str):
     be read, or None)."""
     from omegaconf import OmegaConf
 
-    from hybridflow.kinds import Op
-    from hybridflow.render_timeline import TimelineSides
+    from hybridflow.core.kinds import Op
+    from hybridflow.draw.timeline import TimelineSides
     path = Path(run_dir)
     path = path.parent if path.suffix == ".jsonl" else path
     config = path / "config.yaml"
@@ -87,7 +87,7 @@ def timeline_sides(run_dir: str):
         cfg = OmegaConf.load(config)
         if int(OmegaConf.select(cfg, "trainer.staleness", default=0) or 0) < 1:
             return None, None
-        from hybridflow import program
+        from hybridflow.program import assemble as program
         graph_file = json.loads((path / "graph.json").read_text())["file"]
         plan = program.prepare(graph_file, [], yaml_file=str(config), preflight=False).plan
     except Exception as err:  # noqa: BLE001 - the chart is still drawn, without sides
@@ -103,7 +103,7 @@ def timeline_sides(run_dir: str):
 
 
 def _render_timeline(args: argparse.Namespace):
-    from hybridflow.render import render_timeline
+    from hybridflow.draw.graph import render_timeline
     records = read_timeline(args.timeline)
     sides, note = timeline_sides(args.timeline)
     if note:
@@ -112,9 +112,9 @@ def _render_timeline(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from hybridflow.compiler import GraphError
-    from hybridflow.config import ConfigError
-    from hybridflow.render import RenderError, render_graph
+    from hybridflow.plan.compiler import GraphError
+    from hybridflow.program.config import ConfigError
+    from hybridflow.draw.graph import RenderError, render_graph
 
     try:
         if args.timeline:
@@ -122,12 +122,12 @@ def run(args: argparse.Namespace) -> int:
                 raise RenderError("give either a graph file or --timeline RUN_DIR, not both")
             out = _render_timeline(args)
         elif args.graph:
-            from hybridflow import program
+            from hybridflow.program import assemble as program
             extra = {"yaml_file": args.config} if args.config else {}
             loaded = program.prepare(args.graph, list(args.overrides), preflight=False, **extra)
             out = render_graph(loaded.plan, args.output, show_plan=args.plan)
             if args.plan:  # what the drawing cannot hold: where weights and state come from
-                from hybridflow.provenance import provenance_lines
+                from hybridflow.program.provenance import provenance_lines
                 print("\n".join(provenance_lines(loaded.cfg, loaded.plan)))
         else:
             raise RenderError("nothing to draw: give a graph file (hybridflow render "

@@ -15,20 +15,15 @@ import traceback
 from omegaconf import OmegaConf
 
 from hybridflow.commands.errors import failure_reason
-from hybridflow.compiler import GraphError
-from hybridflow.config import ConfigError
-from hybridflow.data import DataError
-from hybridflow.program import GraphFileError, prepare
-from hybridflow.run_lifecycle import (
-    check_resumed_config,
-    check_same_graph,
-    explicit_keys,
-    graph_identity,
-    record_end,
-)
-from hybridflow.run_lock import RunLock
-from hybridflow.run_signals import Interrupted, SignalGuard
-from hybridflow.tracking import RunDir, RunDirError, new_run_dir, newest_run_dir
+from hybridflow.plan.compiler import GraphError
+from hybridflow.program.config import ConfigError
+from hybridflow.core.data import DataError
+from hybridflow.program.assemble import GraphFileError, prepare
+from hybridflow.run.lifecycle import (check_resumed_config, check_same_graph, explicit_keys,
+                                      graph_identity, record_end)
+from hybridflow.run.lock import RunLock
+from hybridflow.run.signals import Interrupted, SignalGuard
+from hybridflow.run.tracking import RunDir, RunDirError, new_run_dir, newest_run_dir
 
 __all__ = ["add_parser", "run"]
 _NEWEST = "__newest__"
@@ -119,7 +114,7 @@ def _resumed_config(args, loaded, run_dir: RunDir):
 
 
 def _locked_run(args, loaded, run_dir: RunDir, signals) -> int:
-    from hybridflow.loop import Trainer  # imports torch: keep `check` fast
+    from hybridflow.run.loop import Trainer  # imports torch: keep `check` fast
     if args.resume:
         loaded = _resumed_config(args, loaded, run_dir)
     else:

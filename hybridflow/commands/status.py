@@ -10,8 +10,8 @@ import argparse
 import os
 import time
 
-from hybridflow.run_lock import read_owner
-from hybridflow.tracking import RunDir, RunDirError
+from hybridflow.run.lock import read_owner
+from hybridflow.run.tracking import RunDir, RunDirError
 
 __all__ = ["add_parser", "run", "describe"]
 

@@ -24,7 +24,7 @@ import math
 
 from .devices import Device
 from .efficiency import Efficiency
-from .run_dir import MeasuredRun
+from .measured import MeasuredRun
 from .search import plan_placement
 
 KIND_CONSTANT = (  # node kind -> the constant it calibrates, and the range searched

@@ -1,6 +1,6 @@
 """The pipelined step of an async run (`trainer.staleness >= 1`), and the rollout placed apart.
 
-With staleness k the runtime (hybridflow/async_loop.py) runs, in one iteration, the
+With staleness k the runtime (hybridflow/run/async_loop.py) runs, in one iteration, the
 train side of step t and the rollout side of step t + k: the two sides overlap,
 and only a pool's own nodes run one after another. So a step lasts
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from .problem import SYNC_KIND, NodeInfo, Problem
 from .schedule import NodeTiming, StepSchedule
 
-EXPORT_NODE, SYNC_NODE = "weight_export", "weight_sync"  # as hybridflow/weight_sync.py names them
+EXPORT_NODE, SYNC_NODE = "weight_export", "weight_sync"  # as plan/weight_sync.py names them
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridflow.batch import Batch, as_object_array
-from hybridflow.compiler import ExecutionPlan, PlanNode
-from hybridflow.kinds import Op
+from hybridflow.core.batch import Batch, as_object_array
+from hybridflow.plan.compiler import ExecutionPlan, PlanNode
+from hybridflow.core.kinds import Op
 
 __all__ = ["NodeFailure", "StepResult", "assemble_input", "finish_output", "run_fn_node",
            "input_columns", "metrics_of", "as_node_batch", "NodeIO"]

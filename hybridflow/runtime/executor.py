@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from hybridflow.batch import Batch
-from hybridflow.compiler import ExecutionPlan, PlanNode
-from hybridflow.kinds import Op
+from hybridflow.core.batch import Batch
+from hybridflow.plan.compiler import ExecutionPlan, PlanNode
+from hybridflow.core.kinds import Op
 from hybridflow.runtime.common import NodeIO, input_columns, upstream_nodes
-from hybridflow.runtime.ray_worker import ShardTask
+from hybridflow.runtime.worker_shell import ShardTask
 
 __all__ = ["Executor", "PlanAnalysis", "PlanCache", "TaskArgs", "TaskRecord", "check_roles"]
 

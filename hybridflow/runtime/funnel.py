@@ -3,11 +3,11 @@ no slot layout, so the step scheduler funnels them through rank 0. Slot layouts
 (`dispatch.register_dispatch_mode(name, slots=...)`) replace them."""
 from __future__ import annotations
 
-from hybridflow.compiler import PlanNode
-from hybridflow.dispatch import DispatchMode, Layout
+from hybridflow.plan.compiler import PlanNode
+from hybridflow.graph.dispatch import DispatchMode, Layout
 from hybridflow.runtime.executor import TaskArgs
 from hybridflow.runtime.outputs import NodeOutput
-from hybridflow.runtime.ray_worker import ShardTask
+from hybridflow.runtime.worker_shell import ShardTask
 
 __all__ = ["submit_funnel"]
 

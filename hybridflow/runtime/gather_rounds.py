@@ -3,12 +3,12 @@ nodes upstream of the gathered one re-run as sub-steps on fresh draws until enou
 rows exist. It changes only the scheduler state it is handed (outputs, result)."""
 from __future__ import annotations
 
-from hybridflow.compiler import PlanNode
-from hybridflow.kinds import Op
+from hybridflow.plan.compiler import PlanNode
+from hybridflow.core.kinds import Op
 from hybridflow.runtime.common import finish_gather, sum_round_metrics
 from hybridflow.runtime.executor import TaskArgs
 from hybridflow.runtime.outputs import NodeOutput
-from hybridflow.runtime.ray_worker import ShardTask
+from hybridflow.runtime.worker_shell import ShardTask
 
 __all__ = ["submit_gather"]
 

@@ -25,21 +25,21 @@ from typing import Any, Callable
 
 import torch
 
-from hybridflow.batch import Batch
-from hybridflow.compiler import ExecutionPlan, PlanNode
-from hybridflow.config import RuntimeConfig
-from hybridflow.deadline import call_with_deadline, handler_held
+from hybridflow.core.batch import Batch
+from hybridflow.plan.compiler import ExecutionPlan, PlanNode
+from hybridflow.program.config import RuntimeConfig
+from hybridflow.core.deadline import call_with_deadline, handler_held
 from hybridflow.runtime.common import NodeFailure, StepResult
 from hybridflow.runtime.executor import PlanCache, TaskRecord
-from hybridflow.runtime.ray_worker import FusedWorker, WorkerError
+from hybridflow.runtime.worker_shell import FusedWorker, WorkerError
 from hybridflow.runtime.scheduler import run_step
-from hybridflow.workers.config import read_section
+from hybridflow.core.sections import read_section
 
 __all__ = ["LocalRuntime", "Held", "Ran", "NodeBatches"]
 
 
 def _make_context(rank: int, world_size: int, seed: int, colocated: dict):
-    from hybridflow.workers.base import WorkerContext
+    from hybridflow.core.context import WorkerContext
     return WorkerContext(rank=rank, world_size=world_size, local_rank=rank, device="cpu",
                          seed=seed, colocated=colocated)
 

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hybridflow.batch import Batch, split_indices
-from hybridflow.compiler import PlanNode
+from hybridflow.core.batch import Batch, split_indices
+from hybridflow.plan.compiler import PlanNode
 from hybridflow.runtime.common import NodeFailure
-from hybridflow.runtime.ray_worker import DepInput, Piece
+from hybridflow.runtime.worker_shell import DepInput, Piece
 
 if TYPE_CHECKING:
     from hybridflow.runtime.outputs import NodeOutput

@@ -40,18 +40,19 @@ import traceback
 from dataclasses import replace
 from typing import Callable
 
-from hybridflow.batch import Batch
-from hybridflow.compiler import ExecutionPlan, PlanNode
-from hybridflow.deadline import call_with_deadline
-from hybridflow.dispatch import DispatchMode, Layout, SlotLayout, get_dispatch_mode, merge_metrics
-from hybridflow.kinds import Op
-from hybridflow.runtime.common import (NodeFailure, NodeIO, StepResult, run_fn_node)
+from hybridflow.core.batch import Batch
+from hybridflow.plan.compiler import ExecutionPlan, PlanNode
+from hybridflow.core.deadline import call_with_deadline
+from hybridflow.graph.dispatch import (DispatchMode, Layout, SlotLayout, get_dispatch_mode,
+                                       merge_metrics)
+from hybridflow.core.kinds import Op
+from hybridflow.runtime.common import NodeFailure, NodeIO, StepResult, run_fn_node
 from hybridflow.runtime.funnel import submit_funnel
 from hybridflow.runtime.gather_rounds import submit_gather
 from hybridflow.runtime.executor import Executor, TaskArgs, check_roles
 from hybridflow.runtime.outputs import NodeOutput
 from hybridflow.runtime.reshard import grouped_inputs, slot_inputs, whole_inputs
-from hybridflow.runtime.ray_worker import DepInput, Piece, ShardTask, group_hashes
+from hybridflow.runtime.worker_shell import DepInput, Piece, ShardTask, group_hashes
 
 __all__ = ["StepScheduler", "run_step", "keeps_state"]
 

@@ -10,7 +10,7 @@ State beyond the model and trainer: `policy_version` (updates applied so far,
 checkpointed with the weights) and `_engine`.
 Data parallel over the ranks of its pool: DDP (default) or FSDP2 (`actor.strategy`,
 see `backends/`), and `training.Trainer` for how updates stay identical to a
-single-rank update. The loss is the graph's (`update(loss=...)`, `hybridflow/loss.py`);
+single-rank update. The loss is the graph's (`update(loss=...)`, `hybridflow/graph/loss.py`);
 with `model.dtype=bf16` the trained weights stay float32 and the forwards run in bf16.
 With `actor.lora.rank > 0` only LoRA adapters train (see `lora.py`), and
 `base_policy()` lends the module with its adapters off to a colocated reference.
@@ -20,18 +20,18 @@ from __future__ import annotations
 import json
 import os
 
-from hybridflow.batch import Batch
-from hybridflow.dispatch import DP, RANK_ZERO, method
-from hybridflow.loss import takes_loss
+from hybridflow.core.batch import Batch
+from hybridflow.graph.dispatch import DP, RANK_ZERO, method
+from hybridflow.graph.loss import takes_loss
 from hybridflow.workers.base import Worker, metrics_batch
 from hybridflow.workers.config import ActorConfig, ModelConfig, RolloutConfig, read_section
 from hybridflow.workers.lora import adapters_disabled, apply_lora, is_lora, merged_state_dict
 from hybridflow.workers.loss_inputs import (PolicyOutputs, run_loss, select_for_loss,
-                                           worker_default_loss)
+                                            worker_default_loss)
 from hybridflow.workers.models import build_causal_lm
 from hybridflow.workers.rollout.engine import EngineSpec, check_engine_name, make_engine
-from hybridflow.workers.rollout.generation import (GENERATE_WRITES, generate_rows,
-                                                   logprob_mismatch, sampling_options)
+from hybridflow.workers.rollout.generation import (GENERATE_WRITES, generate_rows, logprob_mismatch,
+                                                   sampling_options)
 from hybridflow.workers.rollout.weights import (WEIGHT_KEYS, pack_weights, policy_weights,
                                                 refresh_engine)
 from hybridflow.workers.sequences import masked_mean, response_logprobs, training_mask_key

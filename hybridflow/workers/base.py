@@ -13,60 +13,15 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from hybridflow.batch import Batch
+from hybridflow.core.batch import Batch
+from hybridflow.core.context import WorkerContext
 from hybridflow.workers.models import model_bytes, resolve_device
 
 __all__ = ["WorkerContext", "Worker", "metrics_batch", "storage_bytes", "held_bytes"]
-
-
-@dataclass
-class WorkerContext:
-    """Where a worker runs. The runtime fills it; tests use the defaults (one CPU rank).
-
-    colocated: role -> the other worker instances living in this process (the
-    runtime fills it after constructing them all), e.g. so a rollout engine can
-    share the actor's weights.
-    """
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-    device: str | None = None          # None: decided by the model config ("auto")
-    seed: int = 0
-    colocated: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_env(cls, **overrides) -> "WorkerContext":
-        env = {"rank": int(os.environ.get("RANK", 0)),
-               "world_size": int(os.environ.get("WORLD_SIZE", 1)),
-               "local_rank": int(os.environ.get("LOCAL_RANK", 0))}
-        return cls(**{**env, **overrides})
-
-    def backend(self) -> str:
-        device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        return "nccl" if device.startswith("cuda") else "gloo"
-
-    def init_distributed(self) -> None:
-        """Join the default process group (from RANK, WORLD_SIZE, MASTER_ADDR,
-        MASTER_PORT) when world_size > 1 and it is not initialised yet."""
-        if self.world_size <= 1 or (dist.is_available() and dist.is_initialized()):
-            return
-        missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
-        if missing:
-            raise RuntimeError(f"world_size={self.world_size} needs the env vars {missing} "
-                               "set by the runtime before the workers are constructed")
-        if self.backend() == "nccl":
-            torch.cuda.set_device(self.local_rank)
-        dist.init_process_group(self.backend(), rank=self.rank, world_size=self.world_size)
-
-    @property
-    def distributed(self) -> bool:
-        return self.world_size > 1 and dist.is_available() and dist.is_initialized()
 
 
 def storage_bytes(tensors) -> dict[int, int]:

@@ -1,14 +1,14 @@
 """Typed config sections read by the role workers.
 
 Each dataclass is one section of the run's structured config (`model`, `actor`,
-`rollout`, `ref`, `critic`, `reward`); `hybridflow/config.py` composes them.
-`hybridflow.program.prepare` builds the run config once and converts it to typed
+`rollout`, `ref`, `critic`, `reward`); `hybridflow/program/config.py` composes them.
+`hybridflow.program.assemble.prepare` builds the run config once and converts it to typed
 values once (`config.run_values`); a worker receives those values and takes its
 sections with `read_section` (which returns an already-typed section as it is, and
 still converts a dict for workers built by hand in tests).
 
 Each field declares its allowed values with `checked(default, rule)` (see
-`hybridflow/constraints.py`); `build_config` checks them all before launch. Names
+`hybridflow/core/constraints.py`); `build_config` checks them all before launch. Names
 that belong to code outside the engine are checked against registries: training
 strategies against `workers/backends`, rollout engines against theirs, and the
 default losses' names (policy loss, KL kind, aggregation mode, off-policy
@@ -23,13 +23,13 @@ set, replaces the row count of micro-batches (`workers/micro_batches.py`); under
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from hybridflow.constraints import (Rule, above, at_least, checked, in_range, one_of,
-                                    pair_in_range, probability)
-from hybridflow.named import named_object
+from hybridflow.core.constraints import (Rule, above, at_least, checked, in_range, one_of,
+                                         pair_in_range, probability)
+from hybridflow.core.names import named_object
+from hybridflow.core.sections import read_section
 from hybridflow.workers.scoring import DEFAULT_SCORER_TABLE
 
 __all__ = ["ModelConfig", "LoraConfig", "ActorConfig", "RolloutConfig", "RefConfig",
@@ -49,7 +49,7 @@ _DEVICE = Rule(lambda v: v in ("auto", "cpu", "cuda") or str(v).startswith("cuda
                "be 'auto', 'cpu', 'cuda' or 'cuda:<index>'")
 # Names a default loss understands ("policy loss" -> ("cispo", "gspo", "ppo"), "KL
 # kind", "loss aggregation mode"): registered by the module that holds that math
-# (graphs/ops.py, one of hybridflow.loss.DEFAULT_LOSS_PROVIDERS), so the engine names
+# (graphs/ops.py, one of hybridflow.graph.loss.DEFAULT_LOSS_PROVIDERS), so the engine names
 # none of them and still refuses a typo before launch.
 LOSS_SETTING_NAMES: dict[str, tuple[str, ...]] = {}
 
@@ -65,7 +65,7 @@ def setting_names(what: str) -> tuple[str, ...]:
     if what not in LOSS_SETTING_NAMES:
         import importlib
 
-        from hybridflow.loss import DEFAULT_LOSS_PROVIDERS
+        from hybridflow.graph.loss import DEFAULT_LOSS_PROVIDERS
         for module in DEFAULT_LOSS_PROVIDERS:
             importlib.import_module(module)
     return LOSS_SETTING_NAMES.get(what, ())
@@ -234,48 +234,3 @@ class RewardConfig:
     scorers: dict[str, Any] = field(default_factory=dict)
     # without function_path: "package.module:NAME" of a mapping data_source -> scorer
     scorer_table: str = checked(DEFAULT_SCORER_TABLE, named_object("a scorer table"))
-
-
-def _as_plain(value: Any) -> Any:
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-        if isinstance(value, (DictConfig, ListConfig)):
-            return OmegaConf.to_container(value, resolve=True)
-    except ImportError:  # pragma: no cover - omegaconf is a dependency
-        pass
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    return value
-
-
-def _build(cls, values: dict, where: str):
-    known = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - set(known))
-    if unknown:
-        raise ValueError(f"config section '{where}' has unknown key(s) {unknown}; "
-                         f"known keys: {sorted(known)}")
-    kwargs = {}
-    for name, value in values.items():
-        sub = known[name].default_factory if known[name].default_factory \
-            is not dataclasses.MISSING else None
-        if isinstance(value, dict) and sub is not None and dataclasses.is_dataclass(sub):
-            value = _build(sub, value, f"{where}.{name}")
-        kwargs[name] = value
-    return cls(**kwargs)
-
-
-def read_section(cfg: Any, name: str, cls):
-    """`cfg.<name>` (DictConfig, dict, dataclass or absent) as an instance of `cls`."""
-    if isinstance(cfg, dict) or cfg is None:
-        section = (cfg or {}).get(name)
-    else:
-        section = getattr(cfg, name, None)
-    if section is None:
-        return cls()
-    if isinstance(section, cls):
-        return section
-    section = _as_plain(section)
-    if not isinstance(section, dict):
-        raise TypeError(f"config section '{name}' must be a mapping, got "
-                        f"{type(section).__name__}")
-    return _build(cls, section, name)

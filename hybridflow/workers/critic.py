@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import torch
 
-from hybridflow.batch import Batch
-from hybridflow.dispatch import DP, method
-from hybridflow.loss import takes_loss
+from hybridflow.core.batch import Batch
+from hybridflow.graph.dispatch import DP, method
+from hybridflow.graph.loss import takes_loss
 from hybridflow.workers.base import Worker, metrics_batch
 from hybridflow.workers.config import CriticConfig, ModelConfig, read_section
 from hybridflow.workers.models import build_value_model
 from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
 from hybridflow.workers.loss_inputs import (ValueOutputs, run_loss, select_for_loss,
-                                           worker_default_loss)
+                                            worker_default_loss)
 from hybridflow.workers.sequences import response_values_batched, training_mask_key
 from hybridflow.workers.training import Trainer
 

@@ -29,10 +29,10 @@ from functools import cached_property
 
 import torch
 
-from hybridflow.batch import Batch
+from hybridflow.core.batch import Batch
 from hybridflow.workers.packing import PackedRows, packed_logits
-from hybridflow.workers.sequences import (entropy_from_logits, response_logits,
-                                          response_values, token_logprobs)
+from hybridflow.workers.sequences import (entropy_from_logits, response_logits, response_values,
+                                          token_logprobs)
 
 __all__ = ["LossInputs", "PolicyOutputs", "ValueOutputs", "run_loss", "select_for_loss",
            "worker_default_loss"]
@@ -119,7 +119,7 @@ def select_for_loss(batch: Batch, model_reads: tuple[str, ...], loss, where: str
     """The columns a training call needs: the model's inputs and the loss's keys.
     KeyError naming the loss and the missing keys (a graph built without the
     compiler's check, or a default loss whose keys depend on config)."""
-    from hybridflow.loss import loss_spec
+    from hybridflow.graph.loss import loss_spec
     if not len(batch):
         return batch
     spec = loss_spec(loss)
@@ -136,7 +136,7 @@ def select_for_loss(batch: Batch, model_reads: tuple[str, ...], loss, where: str
 
 def worker_default_loss(worker, target: str, settings):
     """`target`'s registered default loss, built once per worker from its config section."""
-    from hybridflow.loss import default_loss
+    from hybridflow.graph.loss import default_loss
     built = worker.__dict__.setdefault("_default_losses", {})
     if target not in built:
         built[target] = default_loss(target, settings)

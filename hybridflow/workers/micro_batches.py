@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from hybridflow.batch import Batch
+from hybridflow.core.batch import Batch
 
 __all__ = ["MicroBatch", "micro_batches", "row_extents", "scatter_rows"]
 

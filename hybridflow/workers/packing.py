@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-from hybridflow.batch import Batch
+from hybridflow.core.batch import Batch
 
 __all__ = ["PackedRows", "packed_logits", "packed_values"]
 

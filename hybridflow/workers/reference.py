@@ -15,16 +15,11 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 
-from hybridflow.batch import Batch
-from hybridflow.dispatch import DP, method
+from hybridflow.core.batch import Batch
+from hybridflow.graph.dispatch import DP, method
 from hybridflow.workers.base import Worker, metrics_batch
-from hybridflow.workers.config import (
-    ActorConfig,
-    ModelConfig,
-    RefConfig,
-    RolloutConfig,
-    read_section,
-)
+from hybridflow.workers.config import (ActorConfig, ModelConfig, RefConfig, RolloutConfig,
+                                       read_section)
 from hybridflow.workers.models import build_causal_lm
 from hybridflow.workers.sequences import response_logprobs
 from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec

@@ -14,8 +14,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from hybridflow.batch import Batch
-from hybridflow.dispatch import DP, method
+from hybridflow.core.batch import Batch
+from hybridflow.graph.dispatch import DP, method
 from hybridflow.workers.base import Worker, metrics_batch
 from hybridflow.workers.config import ModelConfig, RewardConfig, read_section
 from hybridflow.workers.models import build_reward_model

@@ -4,7 +4,7 @@ A scorer is named by `ScorerRef` (None path: the table data_source -> scorer tha
 `reward.scorer_table` names; else a user's Python file and function name) so a
 spawned pool process can load it itself (hybridflow/workers/scoring.py). Each
 sample, in this process or in the pool, runs under a deadline of `timeout_s`
-(hybridflow/deadline.py): a sample that runs past it scores 0.0 and is counted, and
+(hybridflow/core/deadline.py): a sample that runs past it scores 0.0 and is counted, and
 the process stays usable; the pool as a whole has a budget too, for a scorer stuck
 in native code. A scorer that raises, or returns NaN, is an error naming the row,
 its data_source and the scorer.
@@ -72,10 +72,10 @@ _LOADED: dict[ScorerRef, Any] = {}
 
 
 def score_one(ref: ScorerRef, sample: dict, timeout_s: float | None = None) -> SampleResult:
-    """Score one sample within `timeout_s` (see hybridflow/deadline.py); never raises
+    """Score one sample within `timeout_s` (see hybridflow/core/deadline.py); never raises
     for the scorer's own errors (returned as text) nor for its timeout (counted).
     An outer deadline (the node's) still propagates."""
-    from hybridflow.deadline import CallTimeout, call_with_deadline
+    from hybridflow.core.deadline import CallTimeout, call_with_deadline
     what = f"reward scorer {ref.describe()} on one sample"
     try:
         fn = _LOADED.get(ref) or _LOADED.setdefault(ref, ref.load())

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
 
-from hybridflow.named import import_named
+from hybridflow.core.names import import_named
 
 __all__ = ["Scorer", "RESPONSE_FACTS", "DEFAULT_SCORER_TABLE", "accepted_arguments",
            "call_scorer", "split_score", "check_ground_truth", "load_scorer", "ScorerTable",

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import torch
 
-from hybridflow.batch import Batch
+from hybridflow.core.batch import Batch
+from hybridflow.core.tokens import (entropy_from_logits, masked_mean, training_mask,
+                                    training_mask_key)
 from hybridflow.workers.micro_batches import micro_batches, scatter_rows
 from hybridflow.workers.packing import PackedRows, packed_logits, packed_values
 
@@ -45,19 +47,8 @@ def response_mask_from_ids(responses: torch.Tensor, eos_id: int | list[int]) -> 
     return (eos_before == 0).long()
 
 
-def training_mask_key(batch) -> str:
-    """`"loss_mask"` when `batch` (a Batch or a dict of tensors) carries a loss mask
-    over its responses, else `"response_mask"`."""
-    mask = batch.get("loss_mask")
-    width_of = batch.get("responses", batch.get("response_mask"))
-    if mask is not None and width_of is not None and mask.shape == width_of.shape:
-        return "loss_mask"
-    return "response_mask"
 
 
-def training_mask(batch) -> torch.Tensor:
-    """The tokens a loss, an advantage, a KL or a per-token metric counts."""
-    return batch[training_mask_key(batch)]
 
 
 def pad_right(x: torch.Tensor, length: int, value: int) -> torch.Tensor:
@@ -92,31 +83,8 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return chosen - torch.logsumexp(logits, dim=-1)
 
 
-def entropy_from_logits(logits: torch.Tensor, chunk_size: int = 2048) -> torch.Tensor:
-    """Entropy of softmax(logits) along the last dim: [..., V] -> [...].
-
-    `logsumexp(x) - sum(softmax(x) * x)`, stable for large logits (no exp of
-    raw values). Rows are processed `chunk_size` at a time so the [rows, V]
-    probabilities of a long batch never exist all at once; half precision is
-    upcast to float32. Logits must be finite.
-    """
-    flat = logits.reshape(-1, logits.shape[-1])
-    parts = []
-    for chunk in flat.split(chunk_size):
-        if chunk.dtype in (torch.float16, torch.bfloat16):
-            chunk = chunk.float()
-        probs = torch.softmax(chunk, dim=-1)
-        parts.append(torch.logsumexp(chunk, dim=-1) - (probs * chunk).sum(dim=-1))
-    if not parts:
-        return flat.new_zeros(logits.shape[:-1],
-                              dtype=torch.promote_types(flat.dtype, torch.float32))
-    return torch.cat(parts).reshape(logits.shape[:-1])
 
 
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of `values` where `mask` is 1 (0 when nothing is valid); for metrics."""
-    kept = torch.where(mask.bool(), values, torch.zeros_like(values))
-    return kept.sum() / mask.sum().clamp(min=1).to(values.dtype)
 
 
 def forward_response(model, batch: Batch, temperature: float = 1.0,

@@ -18,7 +18,7 @@ the gradient is the same.
 `contributions` are 0-dim tensors that sum, over micro-batches and ranks, to the
 mini-batch's metric value (e.g. a token-mean loss share, or a masked mean times the
 micro-batch's share of the tokens). The trainer averages them over mini-batches.
-The workers build `loss_fn` from the graph's loss (`hybridflow/loss.py`).
+The workers build `loss_fn` from the graph's loss (`hybridflow/graph/loss.py`).
 
 Data parallelism and precision come from the backend named by `strategy`
 (`hybridflow/workers/backends/`: ddp, fsdp2). Mixed precision: a module built in
@@ -36,12 +36,11 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from hybridflow.batch import Batch
+from hybridflow.core.batch import Batch
 from hybridflow.workers.backends import make_backend
 from hybridflow.workers.micro_batches import micro_batches
 from hybridflow.workers.lora import adapter_state_dict, is_lora, load_adapter, save_adapter
-from hybridflow.workers.weights import (WEIGHTS_FILE, full_state_dict, load_weights,
-                                        save_weights)
+from hybridflow.workers.weights import WEIGHTS_FILE, full_state_dict, load_weights, save_weights
 
 # the weight-file functions moved to weights.py; re-exported for existing callers
 __all__ = ["Trainer", "full_state_dict", "save_weights", "load_weights", "lr_lambda",

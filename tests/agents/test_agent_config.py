@@ -2,9 +2,9 @@
 names the key when the environment cannot load."""
 import pytest
 
-from algorithms.envs import calculator
+from graphs.envs import calculator
 from hybridflow.agents.config import AgentConfig, check_agent_section
-from hybridflow.constraints import ConfigError, check_values
+from hybridflow.core.constraints import ConfigError, check_values
 
 
 def test_the_section_becomes_runner_options():

@@ -3,7 +3,7 @@ agent metrics out, n episodes per prompt."""
 import torch
 
 from hybridflow.agents import AGENT_ROLLOUT_WRITES, EpisodeRunner, PlainFormat, play_batch
-from hybridflow.batch import Batch
+from hybridflow.core.batch import Batch
 from tests.support.agent_fakes import ContextGenerator, ScriptedEnv
 
 

@@ -4,7 +4,7 @@ environment's observation tokens; without one they use `response_mask` as before
 import torch
 
 from graphs import ops
-from hybridflow.batch import Batch
+from hybridflow.core.batch import Batch
 from hybridflow.workers import ActorWorker
 from hybridflow.workers.sequences import training_mask_key
 from tests.support.workers import make_cfg, rollout_for_update

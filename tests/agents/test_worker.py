@@ -4,13 +4,13 @@ import textwrap
 
 import pytest
 
-from algorithms.envs import calculator
-from algorithms.envs.calculator_sft import write_data
+from graphs.envs import calculator
+from graphs.envs.calculator_sft import write_data
 from hybridflow.agents import AGENT_ROLLOUT_WRITES
-from hybridflow.constraints import ConfigError
-from hybridflow.loop import Trainer
-from hybridflow.program import prepare
-from hybridflow.tracking import new_run_dir
+from hybridflow.core.constraints import ConfigError
+from hybridflow.run.loop import Trainer
+from hybridflow.program.assemble import prepare
+from hybridflow.run.tracking import new_run_dir
 
 GRAPH = '''
 from hybridflow import Graph

@@ -4,11 +4,11 @@ import textwrap
 
 import pytest
 
-from algorithms.envs import calculator
-from algorithms.envs.calculator_sft import write_data
-from hybridflow.loop import Trainer
-from hybridflow.program import prepare
-from hybridflow.tracking import new_run_dir
+from graphs.envs import calculator
+from graphs.envs.calculator_sft import write_data
+from hybridflow.run.loop import Trainer
+from hybridflow.program.assemble import prepare
+from hybridflow.run.tracking import new_run_dir
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]  # a Ray session and a training step
 

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from algorithms.envs import calculator
+from graphs.envs import calculator
 from hybridflow.agents import (EpisodeRunner, GeneratedTurn, PlainFormat, RunnerOptions,
                                check_environment)
 from hybridflow.workers.tokenizer import build_char_tokenizer
@@ -89,9 +89,9 @@ def test_demonstrations_call_the_tool_or_answer_alone():
 def test_sft_demonstrations_are_tokenised_as_the_rollout_tokenises_episodes(tmp_path):
     """A model that wrote a demonstration's turns would produce, through the runner,
     exactly the demonstration's ids and loss mask."""
-    from algorithms.envs.calculator_sft import ToolSFTExamples, write_data
-    from hybridflow.batch import Batch
-    from hybridflow.data import read_rows
+    from graphs.envs.calculator_sft import ToolSFTExamples, write_data
+    from hybridflow.core.batch import Batch
+    from hybridflow.core.data import read_rows
     train_path, test_path = write_data(str(tmp_path), n_train=6, n_test=2, seed=5)
     rows = [calculator.as_episode_row(r) for r in read_rows(train_path)]
     assert len(read_rows(test_path)) == 2

@@ -71,7 +71,7 @@ def test_gpu_bench_parses_and_needs_cuda(capsys):
 
 def test_engine_overrides_put_a_shipped_graph_on_the_workload_model():
     from bench import workload
-    from hybridflow.program import prepare
+    from hybridflow.program.assemble import prepare
     loaded = prepare(os.path.join(REPO, "graphs", "grpo.py"),
                      workload.engine_overrides("5m", prompts=16, n=4), preflight=False)
     assert loaded.cfg.model.path is None

@@ -57,13 +57,13 @@ def test_resumed_ppo_keeps_its_adaptive_kl_coefficient(tmp_path):
 
 
 def test_the_last_step_is_saved_once(tmp_path, monkeypatch):
-    import hybridflow.loop
-    saved, save = [], hybridflow.loop.save_checkpoint
+    import hybridflow.run.loop
+    saved, save = [], hybridflow.run.loop.save_checkpoint
 
     def recording_save(root, step, *args, **kwargs):
         saved.append(step)
         return save(root, step, *args, **kwargs)
-    monkeypatch.setattr(hybridflow.loop, "save_checkpoint", recording_save)
+    monkeypatch.setattr(hybridflow.run.loop, "save_checkpoint", recording_save)
     trainer, _ = train("grpo", tmp_path, "trainer.steps=2", "trainer.save_every=1", *FAST)
     assert saved == [1, 2]
     train("grpo", tmp_path, "trainer.steps=2", *FAST, resume=trainer.run.path)

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from hybridflow.checkpoint import latest_checkpoint, load_trainer_state
+from hybridflow.run.checkpoint import latest_checkpoint, load_trainer_state
 from hybridflow.cli import main
 from tests.support.e2e import REPO, graph_file
 
@@ -141,7 +141,7 @@ def _metrics(run_dir: str) -> list[dict]:
 def test_a_nan_score_from_a_reward_model_is_caught_by_the_finite_check():
     """A reward model (no rule scorer to refuse NaN) reports its mean score as a
     metric; the step loop's finite check stops on it, naming node and step."""
-    from hybridflow.loop import NumericsError, check_finite
+    from hybridflow.run.loop import NumericsError, check_finite
     with pytest.raises(NumericsError, match=r"step 4: node 'reward.score' produced "
                                             r"critic/score/mean=nan"):
         check_finite(4, {"actor.generate": {"response_length/mean": 3.0},
@@ -224,7 +224,7 @@ def test_a_second_sigterm_stops_at_once_keeping_the_last_checkpoint(capsys, tmp_
 
 def test_status_records_the_step_after_every_step(capsys, tmp_path, monkeypatch):
     """status.json is the truth while the run goes, not only at its end."""
-    from hybridflow.tracking import RunDir
+    from hybridflow.run.tracking import RunDir
     seen, set_status = [], RunDir.set_status
 
     def spy(self, state, **info):
@@ -245,8 +245,8 @@ def test_a_full_disk_is_one_line_and_leaves_no_temporary_files(capsys, tmp_path,
     `.tmp` left behind, and the lock released."""
     import errno
 
-    import hybridflow.checkpoint as checkpoint
-    from hybridflow.tracking import RunDir
+    import hybridflow.run.checkpoint as checkpoint
+    from hybridflow.run.tracking import RunDir
     full = []
     manifest, fsync, log_error = checkpoint._manifest, os.fsync, RunDir.log_error
 

@@ -2,9 +2,9 @@
 `rollout.generate` nodes) shows the value of the training samples' node."""
 from __future__ import annotations
 
-from hybridflow.program import prepare
-from hybridflow.loop import Trainer
-from hybridflow.tracking import new_run_dir
+from hybridflow.program.assemble import prepare
+from hybridflow.run.loop import Trainer
+from hybridflow.run.tracking import new_run_dir
 from tests.support.e2e import graph_file
 
 

@@ -53,9 +53,9 @@ def test_ray_step_reports_throughput(tmp_path):
 def test_real_ppo_step_keeps_tensors_off_the_driver(tmp_path):
     """Only the prompt feed and control cross the driver: GAE and the KL-in-reward
     node run on a worker. With longer responses the share only falls."""
-    from hybridflow.program import prepare
-    from hybridflow.data import PromptDataset, PromptLoader, toy_rows
-    from hybridflow.runtime.ray import RayRuntime
+    from hybridflow.program.assemble import prepare
+    from hybridflow.core.data import PromptDataset, PromptLoader, toy_rows
+    from hybridflow.runtime.ray.executor import RayRuntime
     from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
 
     loaded = prepare(graph_file("ppo"), ["runtime.name=ray", "rollout.max_new_tokens=128",

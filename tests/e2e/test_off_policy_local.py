@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from hybridflow.program import prepare
+from hybridflow.program.assemble import prepare
 from tests.support.e2e import graph_file, series, train
 
 SMALL = ("trainer.steps=2", "trainer.val_every=0", "data.batch_size=4", "rollout.n=4",

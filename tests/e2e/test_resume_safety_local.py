@@ -45,7 +45,7 @@ def test_resume_of_a_run_that_is_still_going_is_refused(capsys, tmp_path):
     code, _ = _run(capsys, tmp_path, "trainer.steps=1")
     assert code == 0
     run_dir = str(tmp_path / "run")
-    from hybridflow.run_lock import RunLock
+    from hybridflow.run.lock import RunLock
     with RunLock(run_dir):  # this live process owns it, as a running trainer would
         before = _snapshot(run_dir)
         code, err = _run(capsys, tmp_path, "trainer.steps=2", "--resume", run_dir)

@@ -4,9 +4,9 @@ and counted only when the rollout holds its own weights; every row knows which
 policy version sampled it, across a resume too."""
 import pytest
 
-from hybridflow.program import prepare
-from hybridflow.loop import Trainer
-from hybridflow.tracking import RunDir, new_run_dir
+from hybridflow.program.assemble import prepare
+from hybridflow.run.loop import Trainer
+from hybridflow.run.tracking import RunDir, new_run_dir
 from tests.support.e2e import graph_file, series, train
 from tests.support.runs import FAST, stable
 

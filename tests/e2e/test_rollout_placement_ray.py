@@ -3,9 +3,9 @@ reference (not through the driver), the rows carry the right policy versions, an
 GRPO learns as well as colocated."""
 import pytest
 
-from hybridflow.program import prepare
-from hybridflow.loop import Trainer
-from hybridflow.tracking import new_run_dir
+from hybridflow.program.assemble import prepare
+from hybridflow.run.loop import Trainer
+from hybridflow.run.tracking import new_run_dir
 from tests.support.e2e import graph_file, series, train
 
 # Ray training runs are slow-tier (tests/support/costs.py): ~35 s and ~70 s here

@@ -3,9 +3,9 @@ import os
 import re
 
 from tests.support.e2e import REPO, series
-from hybridflow.program import prepare
-from hybridflow.loop import Trainer
-from hybridflow.tracking import new_run_dir
+from hybridflow.program.assemble import prepare
+from hybridflow.run.loop import Trainer
+from hybridflow.run.tracking import new_run_dir
 
 
 def _tutorial_graph() -> str:

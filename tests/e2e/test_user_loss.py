@@ -5,15 +5,15 @@ import os
 import re
 
 from tests.support.e2e import REPO, series
-from hybridflow.program import prepare
-from hybridflow.loop import Trainer
-from hybridflow.tracking import new_run_dir
+from hybridflow.program.assemble import prepare
+from hybridflow.run.loop import Trainer
+from hybridflow.run.tracking import new_run_dir
 
 GRAPH = '''
 import torch
 
 from hybridflow import Graph
-from hybridflow.loss import loss_fn
+from hybridflow.graph.loss import loss_fn
 from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
 
 from graphs.common import embedded_defaults

@@ -11,7 +11,7 @@ from algorithms import advantages as adv
 from algorithms.kl import AdaptiveKL, FixedKL, apply_kl_in_reward
 from graphs import ops
 from hybridflow import Batch
-from hybridflow.graph import fn_spec
+from hybridflow.graph.builder import fn_spec
 
 B, T = 4, 3
 MASK = torch.tensor([[1, 1, 1], [1, 1, 1], [1, 1, 1], [1, 1, 0]])

@@ -13,9 +13,9 @@ import torch
 from algorithms.losses import behaviour_weights, ppo_policy_loss
 from graphs import ops
 from hybridflow import Batch
-from hybridflow.config import build_config
-from hybridflow.constraints import ConfigError
-from hybridflow.loss import loss_spec
+from hybridflow.program.config import build_config
+from hybridflow.core.constraints import ConfigError
+from hybridflow.graph.loss import loss_spec
 from hybridflow.workers.config import ActorConfig
 from hybridflow.workers.loss_inputs import LossInputs
 

@@ -11,7 +11,7 @@ from hybridflow.cli import main
 from hybridflow.planner import Cluster, ModelSpec, Workload, get_device
 from hybridflow.planner.calibrate import calibrate, predict_run
 from hybridflow.planner.device_store import load_device, save_device
-from hybridflow.planner.run_dir import MeasuredRun, node_means
+from hybridflow.program.run_dir import MeasuredRun, node_means
 
 TINY = ModelSpec("tiny", layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab=80)
 WORK = Workload(prompts=16, samples_per_prompt=8, prompt_len=8, response_len=4,
@@ -99,7 +99,7 @@ def write_run_dir(folder, run: MeasuredRun) -> str:
 
 
 def test_plan_calibrate_saves_an_entry_that_predicts_the_run(tmp_path, devices_dir, capsys):
-    from hybridflow.planner.run_dir import read_run
+    from hybridflow.program.run_dir import read_run
     folder = tmp_path / "run"
     write_run_dir(folder, dataclasses.replace(synthetic_run(get_device("cpu")), node_seconds={
         "rollout.generate": 0.2, "actor.logprob": 0.1, "reward.score": 0.005,

@@ -19,7 +19,7 @@ def tiny_graph(monkeypatch):
         seen.update(path=path, overrides=overrides)
         return ppo_graph()
 
-    monkeypatch.setattr("hybridflow.program.load_plan", load_plan)
+    monkeypatch.setattr("hybridflow.program.assemble.load_plan", load_plan)
     return seen
 
 

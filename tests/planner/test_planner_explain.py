@@ -5,7 +5,7 @@ import shutil
 import pytest
 from planner_graphs import PAPER_WORKLOAD, Node, TinyGraph, a100, grpo_graph, ppo_graph, same_size
 
-from hybridflow.placement import Placement
+from hybridflow.plan.placement import Placement
 from hybridflow.planner import Cluster, PlanningError, plan_placement
 from hybridflow.planner.render import RenderError, plan_to_dot
 

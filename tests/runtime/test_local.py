@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.support import runtime_fakes as fakes
-from hybridflow.compiler import GraphError, compile_graph
+from hybridflow.plan.compiler import GraphError, compile_graph
 from hybridflow.runtime.common import NodeFailure
 from hybridflow.runtime.local import LocalRuntime
 

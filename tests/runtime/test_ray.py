@@ -1,4 +1,4 @@
-"""Ray runtime (hybridflow/runtime/ray.py): same outputs as the local runtime for every
+"""Ray runtime (hybridflow/runtime/ray/executor.py): same outputs as the local runtime for every
 dispatch mode and for a PPO-shaped graph, resharding between layouts, overlap of
 disjoint pools, colocation in one process, the torch.distributed env, and the bytes
 that cross the driver. One Ray session for the module (4 logical GPUs on the CPU)."""
@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from tests.support import runtime_fakes as fakes
-from hybridflow.batch import Batch
+from hybridflow.core.batch import Batch
 from hybridflow.runtime.local import LocalRuntime
-from hybridflow.runtime.ray import RayRuntime
+from hybridflow.runtime.ray.executor import RayRuntime
 
 pytestmark = pytest.mark.ray
 CFG = {"runtime": {"call_timeout_s": 60}}

@@ -10,8 +10,8 @@ import ray
 from ray import cloudpickle
 
 from tests.support import runtime_fakes as fakes
-from hybridflow.placement import Placement, PoolSpec
-from hybridflow.runtime.ray import RayRuntime
+from hybridflow.plan.placement import Placement, PoolSpec
+from hybridflow.runtime.ray.executor import RayRuntime
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]  # ~20 s: two raylets
 
@@ -35,7 +35,7 @@ def cluster():
 def test_two_node_pool_places_ranks_by_node_and_forms_one_world(cluster):
     placement = Placement({"wide": PoolSpec("wide", nodes=2, devices_per_node=2)},
                           {"echo": "wide"})
-    from hybridflow.compiler import compile_graph
+    from hybridflow.plan.compiler import compile_graph
     plan = compile_graph(fakes.call_graph("echo.allreduce"), fakes.ECHO_BINDINGS, placement)
     rt = RayRuntime(plan, {"runtime": {"call_timeout_s": 120}})
     try:

@@ -10,7 +10,7 @@ import ray
 
 from tests.support import runtime_fakes as fakes
 from hybridflow.runtime.common import NodeFailure
-from hybridflow.runtime.ray import RayRuntime
+from hybridflow.runtime.ray.executor import RayRuntime
 
 pytestmark = pytest.mark.ray
 TIMEOUT = 4.0

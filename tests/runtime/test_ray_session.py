@@ -1,4 +1,4 @@
-"""The Ray session of a run (hybridflow/runtime/ray_pools.py connect, ray_session.py):
+"""The Ray session of a run (hybridflow/runtime/ray/pools.py connect, ray_session.py):
 an unreachable --address fails fast naming what was tried; a Ray the run starts
 listens on loopback only; processes a SIGKILLed driver left are ended by the next
 start. One Ray session for the module, started by `connect` itself."""
@@ -14,9 +14,9 @@ import time
 import psutil
 import pytest
 
-from hybridflow.placement import Placement, PoolSpec
-from hybridflow.runtime.ray_pools import RayConnectError, RuntimeSettings, connect
-from hybridflow.runtime.ray_session import clean_leftovers
+from hybridflow.plan.placement import Placement, PoolSpec
+from hybridflow.runtime.ray.pools import RayConnectError, RuntimeSettings, connect
+from hybridflow.runtime.ray.session import clean_leftovers
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]  # Ray sessions (~30 s)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -48,7 +48,7 @@ def _listening(pids) -> list[tuple[str, str]]:
 
 def test_a_ray_the_run_starts_listens_on_loopback_only(tmp_path, monkeypatch):
     import ray
-    monkeypatch.setattr("hybridflow.runtime.ray_session.RECORDS_DIR", str(tmp_path))
+    monkeypatch.setattr("hybridflow.runtime.ray.session.RECORDS_DIR", str(tmp_path))
     assert connect(RuntimeSettings(num_cpus=2), ONE_DEVICE)
     try:
         ray.get(ray.remote(lambda: 1).remote())  # a worker process too
@@ -73,8 +73,8 @@ def _still_running(proc: dict) -> bool:
 
 DRIVER = """
 import sys, time
-from hybridflow.placement import Placement, PoolSpec
-from hybridflow.runtime.ray_pools import RuntimeSettings, connect
+from hybridflow.plan.placement import Placement, PoolSpec
+from hybridflow.runtime.ray.pools import RuntimeSettings, connect
 connect(RuntimeSettings(num_cpus=1), Placement({"main": PoolSpec("main", 1, 1)}, {}))
 print("ready", flush=True)
 time.sleep(600)

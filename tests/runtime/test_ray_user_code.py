@@ -10,10 +10,10 @@ import textwrap
 
 import pytest
 
-from hybridflow.program import prepare
-from hybridflow.loop import Trainer
+from hybridflow.program.assemble import prepare
+from hybridflow.run.loop import Trainer
 from hybridflow.runtime.common import NodeFailure
-from hybridflow.tracking import new_run_dir
+from hybridflow.run.tracking import new_run_dir
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]  # Ray sessions and training steps (~30 s)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -5,7 +5,7 @@ in another order than the other inputs of its consumers)."""
 import numpy as np
 import pytest
 
-from hybridflow.compiler import PlanNode
+from hybridflow.plan.compiler import PlanNode
 from hybridflow.runtime.common import NodeFailure
 from hybridflow.runtime.outputs import NodeOutput
 from hybridflow.runtime.reshard import grouped_inputs

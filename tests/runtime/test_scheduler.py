@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.support import runtime_fakes as fakes
-from hybridflow.placement import Placement
+from hybridflow.plan.placement import Placement
 from hybridflow.runtime.common import NodeFailure
 from hybridflow.runtime.local import LocalRuntime
 
@@ -53,7 +53,7 @@ class Executor:
 
 
 def _ray_runtime():
-    from hybridflow.runtime.ray import RayRuntime
+    from hybridflow.runtime.ray.executor import RayRuntime
     return RayRuntime
 
 

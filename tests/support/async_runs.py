@@ -1,10 +1,10 @@
 """Async runs from tests: train a graph and record, per step, the rows the update read."""
 from __future__ import annotations
 
-from hybridflow.async_split import READY
-from hybridflow.loop import Trainer
-from hybridflow.program import prepare
-from hybridflow.tracking import RunDir, new_run_dir
+from hybridflow.plan.async_split import READY
+from hybridflow.run.loop import Trainer
+from hybridflow.program.assemble import prepare
+from hybridflow.run.tracking import RunDir, new_run_dir
 from tests.support.e2e import graph_file
 
 UNCORRECTED = ("trainer.allow_uncorrected_async=true",)

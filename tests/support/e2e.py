@@ -5,9 +5,9 @@ import os
 
 import torch
 
-from hybridflow.program import prepare
-from hybridflow.loop import Trainer
-from hybridflow.tracking import RunDir, new_run_dir
+from hybridflow.program.assemble import prepare
+from hybridflow.run.loop import Trainer
+from hybridflow.run.tracking import RunDir, new_run_dir
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 torch.set_num_threads(1)  # 2-core machines: the test process is one of several

@@ -18,8 +18,8 @@ import functools
 
 import torch
 
-from hybridflow.batch import Batch
-from hybridflow.dispatch import method_spec
+from hybridflow.core.batch import Batch
+from hybridflow.graph.dispatch import method_spec
 from hybridflow.workers import ActorWorker, CriticWorker, ReferenceWorker, RewardWorker
 from hybridflow.workers.base import metrics_batch
 

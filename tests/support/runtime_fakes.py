@@ -12,12 +12,12 @@ import warnings
 import numpy as np
 import torch
 
-from hybridflow.batch import Batch
-from hybridflow.compiler import compile_graph
-from hybridflow.dispatch import (BROADCAST, DP, DP_TP, ONE_PER_WORKER, RANK_ZERO, Layout,
-                                 SlotLayout, method, register_dispatch_mode)
-from hybridflow.graph import Graph, node_fn
-from hybridflow.placement import Placement, PoolSpec
+from hybridflow.core.batch import Batch
+from hybridflow.plan.compiler import compile_graph
+from hybridflow.graph.dispatch import (BROADCAST, DP, DP_TP, ONE_PER_WORKER, RANK_ZERO, Layout,
+                                       SlotLayout, method, register_dispatch_mode)
+from hybridflow.graph.builder import Graph, node_fn
+from hybridflow.plan.placement import Placement, PoolSpec
 
 REVERSED = "reversed_dp"      # a user mode declared as a slot layout
 LEGACY = "legacy_reversed"    # the same rows, registered the older way (a function pair)

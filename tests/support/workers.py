@@ -2,7 +2,7 @@
 import numpy as np
 import torch
 
-from hybridflow.batch import Batch
+from hybridflow.core.batch import Batch
 
 torch.set_num_threads(1)
 

@@ -6,7 +6,7 @@ from transformers import AutoModelForCausalLM
 
 from tests.support.workers import (PROMPTS, empty_like, make_cfg, prompt_batch,
                                    rollout_for_update)
-from hybridflow.batch import Batch
+from hybridflow.core.batch import Batch
 from hybridflow.workers import ActorWorker
 
 

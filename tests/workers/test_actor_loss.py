@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from tests.support.workers import make_cfg, rollout_for_update
-from hybridflow.batch import Batch
-from hybridflow.loss import loss_fn
+from hybridflow.core.batch import Batch
+from hybridflow.graph.loss import loss_fn
 from hybridflow.workers import ActorWorker
 
 

@@ -3,7 +3,7 @@ config (`actor.off_policy`): the behaviour log-probs the rollout wrote reach the
 default loss, and a batch without them is refused naming the key."""
 import pytest
 
-from hybridflow.dispatch import method_spec
+from hybridflow.graph.dispatch import method_spec
 from hybridflow.workers import ActorWorker
 from tests.support.workers import make_cfg, rollout_for_update
 

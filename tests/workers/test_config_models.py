@@ -35,7 +35,7 @@ def test_building_from_config_is_seeded():
 
 # ---- names checked against registries others fill (not lists in the engine)
 def test_a_registered_training_backend_is_an_accepted_strategy(monkeypatch):
-    from hybridflow.config import ConfigError, build_config
+    from hybridflow.program.config import ConfigError, build_config
     from hybridflow.workers import backends
     with pytest.raises(ConfigError, match=r"actor.strategy='megatron' is not a known training "
                                           r"strategy.*register_backend"):
@@ -50,8 +50,8 @@ def test_loss_setting_names_are_the_ones_the_loss_providers_register(monkeypatch
 
     import graphs
     import graphs.ops as shipped_ops
-    from hybridflow import loss
-    from hybridflow.config import ConfigError, build_config
+    from hybridflow.graph import loss
+    from hybridflow.program.config import ConfigError, build_config
     from hybridflow.workers import config
     # as in a fresh process: nothing registered, the provider graphs.ops not imported
     monkeypatch.setattr(config, "LOSS_SETTING_NAMES", {})
@@ -78,7 +78,7 @@ def test_loss_setting_names_are_the_ones_the_loss_providers_register(monkeypatch
                                         "module 'no_such_pkg'"),
 ])
 def test_objects_named_by_import_path_are_checked_before_launch(override, words):
-    from hybridflow.config import ConfigError, build_config
+    from hybridflow.program.config import ConfigError, build_config
     with pytest.raises(ConfigError) as err:
         build_config(overrides=[override])
     assert words in str(err.value)

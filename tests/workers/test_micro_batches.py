@@ -100,7 +100,7 @@ def test_update_under_a_budget_makes_the_row_micro_batches_update(rollout, agg_m
 
 
 def test_a_budget_below_one_token_is_refused_before_launch():
-    from hybridflow.config import ConfigError, build_config
+    from hybridflow.program.config import ConfigError, build_config
     with pytest.raises(ConfigError, match="actor.max_tokens_per_micro_batch"):
         build_config(overrides=["actor.max_tokens_per_micro_batch=0"])
     cfg = build_config(overrides=["critic.max_tokens_per_micro_batch=4096"])

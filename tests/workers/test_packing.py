@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from tests.support.workers import packed_cfg, ragged_rollout
-from hybridflow.batch import Batch
+from hybridflow.core.batch import Batch
 from hybridflow.workers import ActorWorker, CriticWorker
 from hybridflow.workers.micro_batches import micro_batches, row_extents
 from hybridflow.workers.packing import PackedRows
@@ -158,7 +158,7 @@ def test_position_ids_that_do_not_restart_are_refused(rollout):
 
 
 def test_remove_padding_is_off_by_default_and_settable():
-    from hybridflow.config import build_config
+    from hybridflow.program.config import build_config
     assert build_config().model.use_remove_padding is False
     assert build_config(overrides=["model.use_remove_padding=true"]).model.use_remove_padding
 

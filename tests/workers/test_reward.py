@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForSequenceClassification, LlamaConfig
 
 from tests.support.workers import TINY, empty_like, make_cfg
-from hybridflow.batch import Batch
+from hybridflow.core.batch import Batch
 from hybridflow.workers import RewardWorker
 from hybridflow.workers.reward_pool import ScoringError
 from hybridflow.workers.tokenizer import build_char_tokenizer
@@ -98,7 +98,7 @@ def test_in_process_scoring_times_out_a_slow_sample_too(scorer_file):
 
 
 def test_a_sample_timeout_does_not_swallow_an_outer_deadline(scorer_file):
-    from hybridflow.deadline import CallTimeout, call_with_deadline
+    from hybridflow.core.deadline import CallTimeout, call_with_deadline
     worker = RewardWorker(make_cfg(reward={"function_path": scorer_file, "timeout_s": 20}))
     batch = response_batch(worker.tokenizer, ["x"], ["slow"])
     with pytest.raises(CallTimeout, match="node 'reward.score'"):

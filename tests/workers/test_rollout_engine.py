@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from tests.support.workers import make_cfg, prompt_batch
-from hybridflow.batch import Batch
-from hybridflow.compiler import compile_graph
-from hybridflow.graph import Graph
-from hybridflow.placement import Placement
+from hybridflow.core.batch import Batch
+from hybridflow.plan.compiler import compile_graph
+from hybridflow.graph.builder import Graph
+from hybridflow.plan.placement import Placement
 from hybridflow.runtime.local import LocalRuntime
 from hybridflow.workers import DEFAULT_ROLES, ActorWorker
 from hybridflow.workers.rollout import assemble_rollout, engine_names, register_engine

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.support.workers import make_cfg, prompt_batch
-from hybridflow.batch import Batch
+from hybridflow.core.batch import Batch
 from hybridflow.workers import ActorWorker, RolloutWorker
 from hybridflow.workers.base import WorkerContext
 from hybridflow.workers.rollout.weights import pack_weights, policy_weights, weight_buckets

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Protocol, runtime_checkable
 
 import torch
 
-from hybridflow.batch import Batch
+from hybridflow.core.batch import Batch
 
 __all__ = ["RolloutEngine", "EngineSpec", "register_engine", "make_engine", "engine_names",
            "check_engine_name", "UNKNOWN_VERSION"]

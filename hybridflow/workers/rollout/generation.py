@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import torch
 
-from hybridflow.batch import Batch
+from hybridflow.core.batch import Batch
 from hybridflow.workers.config import RolloutConfig
 from hybridflow.workers.sequences import position_ids_from_mask, response_mask_from_ids
 

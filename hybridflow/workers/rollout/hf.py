@@ -19,7 +19,7 @@ from typing import Iterable
 
 import torch
 
-from hybridflow.batch import Batch
+from hybridflow.core.batch import Batch
 from hybridflow.workers.config import RolloutConfig
 from hybridflow.workers.rollout.engine import UNKNOWN_VERSION, EngineSpec
 from hybridflow.workers.rollout.generation import assemble_rollout

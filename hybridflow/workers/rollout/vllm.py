@@ -36,7 +36,7 @@ from typing import Iterable
 
 import torch
 
-from hybridflow.batch import Batch
+from hybridflow.core.batch import Batch
 from hybridflow.workers.rollout.engine import UNKNOWN_VERSION, EngineSpec
 from hybridflow.workers.rollout.generation import assemble_rollout
 from hybridflow.workers.sequences import pad_right

@@ -19,7 +19,7 @@ from typing import Iterator
 
 import torch
 
-from hybridflow.batch import Batch
+from hybridflow.core.batch import Batch
 
 __all__ = ["WEIGHT_KEYS", "WeightIndex", "plain_weight_name", "policy_weights",
            "pack_weights", "weight_buckets", "refresh_engine", "load_export"]

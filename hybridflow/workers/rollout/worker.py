@@ -10,15 +10,15 @@ Reads the `model`, `rollout` and `placement` sections. Two placements, one graph
 - On a pool of its own (`placement.roles.rollout=<pool>`): it builds its own engine
   with its own copy of the initial weights (from the `model` section, same seed as
   the actor), and the compiler adds the weight-sync edge after the actor's update
-  (`hybridflow/weight_sync.py`): `actor.export_weights` -> `rollout.load_weights`.
+  (`hybridflow/plan/weight_sync.py`): `actor.export_weights` -> `rollout.load_weights`.
 
 State: `_engine` (own engine, built at the first call; None when colocated), and
 through it the `policy_version` of the weights it generates with.
 """
 from __future__ import annotations
 
-from hybridflow.batch import Batch
-from hybridflow.dispatch import BROADCAST, DP, method
+from hybridflow.core.batch import Batch
+from hybridflow.graph.dispatch import BROADCAST, DP, method
 from hybridflow.workers.base import Worker, metrics_batch
 from hybridflow.workers.config import ModelConfig, RolloutConfig, read_section
 from hybridflow.workers.rollout.engine import EngineSpec, make_engine

@@ -1,0 +1,67 @@
+"""What the placement planner gets from a compiled plan, synchronous or async.
+
+With `trainer.staleness = 0` that is `weight_sync.planner_view(plan)`: a rollout
+folded into the actor is planned as the actor. With `staleness >= 1` the planner
+also decides where the rollout runs, so every rollout role that samples with a
+trained role's weights is folded into that host whatever the config placed (the
+weight-sync nodes the compiler added for a rollout apart are dropped), and a
+`planner.Pipeline` says which nodes run ahead of training (the compiler's
+`async_split.split_sides`) and which generate nodes may move to a pool of their
+own (the planner then adds the sync it costs). A plan the planner picks with the
+rollout apart places role `rollout` on its own pool; the compiler then inserts the
+real weight-sync nodes.
+
+Stateless: one function of the compiled plan.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hybridflow.plan.async_split import split_sides, trained_roles
+from hybridflow.core.kinds import NodeKind
+from hybridflow.plan.weight_sync import EXPORT_METHOD, LOAD_METHOD, planner_view, weights_host
+
+__all__ = ["pipeline_view"]
+
+
+def pipeline_view(plan, staleness: int | None = None):
+    """(the graph view the planner plans, its `Pipeline` or None when synchronous).
+
+    `staleness` None: the plan's own (`plan.sides`, set by `program.prepare`)."""
+    from hybridflow.planner import Pipeline
+
+    sides = getattr(plan, "sides", None)
+    staleness = (sides.staleness if sides is not None else 0) if staleness is None else staleness
+    if staleness < 1:
+        return planner_view(plan), None
+    if sides is None or sides.staleness != staleness:
+        sides = split_sides(plan, staleness)
+    view, movable = _rollouts_folded(plan)
+    names = {n.name for n in view.nodes}
+    return view, Pipeline(staleness, frozenset(n for n in sides.rollout if n in names), movable)
+
+
+def _rollouts_folded(plan):
+    """`plan` with each rollout role's nodes given to its host and the weight-sync nodes
+    dropped; and {generate node: rollout role} of the nodes that may move back apart."""
+    trained = trained_roles(plan)
+    hosts = {}
+    for role in plan.roles:
+        host = weights_host(plan.bindings[role]) if role in plan.bindings else None
+        if host is not None and host in trained and host != role:
+            hosts[role] = host
+    if not hosts:
+        return planner_view(plan), {}
+    sync_methods = (EXPORT_METHOD, LOAD_METHOD)
+    dropped = {n.name for n in plan.nodes
+               if n.method in sync_methods and (n.role in hosts or n.role in hosts.values())}
+    nodes, movable = [], {}
+    for node in plan.nodes:
+        if node.name in dropped:
+            continue
+        if node.role in hosts:
+            if node.kind is NodeKind.GENERATE:
+                movable[node.name] = node.role
+            node = replace(node, role=hosts[node.role])
+        nodes.append(replace(node, deps=tuple(d for d in node.deps if d not in dropped)))
+    return replace(plan, nodes=nodes), movable

@@ -1,0 +1,70 @@
+"""`placement.auto=true` (or `placement=auto` on the command line): run the planner
+on the compiled graph and use its best placement for the run.
+
+The cluster is `placement.cluster`; model shapes come from each role's model config;
+the workload from the data and rollout sections. Roles without a model (a rule
+reward) run beside the others and cost the planner nothing. With
+`trainer.staleness >= 1` the planner times pipelined steps and may place the
+rollout role on a pool of its own (`placement.roles.rollout`).
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from omegaconf import DictConfig, OmegaConf
+
+from hybridflow.plan.compiler import ExecutionPlan
+from hybridflow.program.config import ConfigError
+
+__all__ = ["AUTO_OVERRIDE", "expand_auto", "plan_auto_placement", "run_models"]
+
+AUTO_OVERRIDE = "placement=auto"
+
+
+def expand_auto(overrides: list[str] | None) -> list[str]:
+    """`placement=auto` is shorthand for `placement.auto=true`."""
+    return ["placement.auto=true" if o == AUTO_OVERRIDE else o for o in overrides or []]
+
+
+def _hf_config(cfg: DictConfig) -> dict:
+    if cfg.model.path:
+        path = os.path.join(cfg.model.path, "config.json")
+        if os.path.isfile(path):
+            with open(path) as fh:
+                return json.load(fh)
+    config = dict(OmegaConf.to_container(cfg.model.hf_config, resolve=True))
+    config.setdefault("vocab_size", 32)  # the char tokenizer's size order; shapes only
+    return config
+
+
+def run_models(cfg: DictConfig, plan: ExecutionPlan) -> dict:
+    """{role: ModelSpec} of the roles that hold a model (a rule reward holds none)."""
+    from hybridflow.planner import ModelSpec
+    spec = ModelSpec.from_hf_config(_hf_config(cfg), name="model")
+    roles = {"actor", "ref", "critic"} | ({"reward"} if cfg.reward.model_path else set())
+    return {role: spec for role in plan.roles if role in roles}
+
+
+def plan_auto_placement(cfg: DictConfig, plan: ExecutionPlan) -> tuple[dict, str]:
+    """The planner's best placement section for this run, and its explanation."""
+    from hybridflow.program.async_planning import pipeline_view
+    from hybridflow.planner import Cluster, PlanningError, Workload, plan_placement
+    cluster_cfg = cfg.placement.cluster
+    # a colocated rollout is planned as the actor; with trainer.staleness >= 1 the
+    # planner also weighs it on a pool of its own, weights synced (async_planning.py)
+    plan, pipeline = pipeline_view(plan, cfg.trainer.staleness)
+    try:
+        result = plan_placement(
+            plan, Cluster(cluster_cfg.nodes, cluster_cfg.devices_per_node, cluster_cfg.device),
+            run_models(cfg, plan),
+            Workload(prompts=cfg.data.batch_size, samples_per_prompt=cfg.rollout.n,
+                     prompt_len=cfg.data.max_prompt_length,
+                     response_len=cfg.rollout.max_new_tokens,
+                     ppo_epochs=cfg.actor.ppo_epochs,
+                     mini_batches=max(1, -(-cfg.data.batch_size * cfg.rollout.n
+                                          // cfg.actor.mini_batch_size))),
+            pipeline=pipeline)
+    except (PlanningError, ValueError) as err:
+        raise ConfigError(f"placement=auto: {err}") from None
+    return result.best.to_placement_config(), result.explain()

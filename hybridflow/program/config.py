@@ -1,0 +1,302 @@
+"""Run configuration: omegaconf structured defaults, then the graph's `defaults()`,
+then a YAML file, then dotted `key=value` overrides, in that order.
+
+The schema is typed: an unknown key or a value of the wrong type is an error naming
+the key and suggesting the closest known one, and every field's range is checked
+(`hybridflow/core/constraints.py`) before anything starts. Sections owned by the workers
+(model, actor, rollout, critic, reward, ref) are their dataclasses; `algorithm` is
+the graph's: typed by the dataclass a graph file declares as `ALGORITHM`, free-form
+when it declares none. A role bound in `workers` beyond the built-in ones gets a
+section of its own name: typed by its worker class's `config_schema` dataclass, or
+free-form. The merged config is built once (`build_config`), converted to typed
+values once (`run_values`) and passed down.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+from hybridflow.core.constraints import (ConfigError, above, at_least, check_values, checked,
+                                         in_range, one_of, plain_name)
+from hybridflow.core.data import DEFAULT_TOY_MAKER
+from hybridflow.core.names import named_object
+from hybridflow.workers.config import (ActorConfig, CriticConfig, ModelConfig, RefConfig,
+                                       RewardConfig, RolloutConfig)
+
+__all__ = ["ConfigError", "RunConfig", "build_config", "parse_overrides", "run_values",
+           "RUN_SECTIONS"]
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = checked(40, at_least(1))
+    seed: int = checked(1, at_least(0))
+    val_every: int = checked(10, at_least(0))     # 0 disables validation
+    val_samples: int = checked(4, at_least(1))    # N of mean@N / best@N
+    save_every: int = checked(0, at_least(0))     # 0 saves only at the end
+    max_checkpoints: int = checked(2, at_least(0))  # 0 keeps them all
+    runs_dir: str = "runs"
+    run_name: Optional[str] = checked(None, plain_name)  # a directory in runs_dir
+    progress: bool = True
+    tensorboard: bool = False
+    wandb: bool = False
+    check_finite: bool = True    # stop on NaN/inf in losses or rewards
+    # async: generate up to `staleness` steps ahead of training (0: synchronous)
+    staleness: int = checked(0, at_least(0))
+    allow_uncorrected_async: bool = False  # train stale samples with no off-policy correction
+    # reorder each generated batch so data-parallel ranks get equal tokens (balance.py)
+    balance_batch: bool = False
+
+
+@dataclass
+class ToyTaskConfig:
+    max_operand: int = checked(9, at_least(1))
+    test_fraction: float = checked(0.25, in_range(0, 1, open_low=True, open_high=True))
+    train_on_test: bool = False  # also train on the held-out pairs (base-model SFT only)
+    # makes the rows: maker(seed, max_operand, test_fraction, train_on_test) -> (train, test)
+    maker: str = checked(DEFAULT_TOY_MAKER, named_object("the toy data maker"))
+
+
+@dataclass
+class DataConfig:
+    train_files: Optional[str] = None   # parquet/JSONL in verl's schema; None = toy task
+    val_files: Optional[str] = None
+    batch_size: int = checked(16, at_least(1))          # prompts per step
+    max_prompt_length: int = checked(16, at_least(1))
+    filter_overlong: bool = True
+    shuffle: bool = True
+    toy: ToyTaskConfig = field(default_factory=ToyTaskConfig)
+
+
+@dataclass
+class RuntimeConfig:
+    name: str = checked("local", one_of("local", "ray"))
+    address: Optional[str] = None       # join an existing Ray cluster
+    num_cpus: Optional[int] = checked(None, at_least(1))  # for a Ray instance the run starts
+    num_gpus: Optional[int] = checked(None, at_least(0))  # logical GPUs (CPU-only may declare)
+    call_timeout_s: float = checked(600.0, above(0))   # a slower worker call is a failure
+    start_timeout_s: float = checked(300.0, above(0))  # actor start and model loading (Ray)
+    connect_timeout_s: float = checked(30.0, above(0))  # reaching `address` (then Ray's retries)
+    listen_all: bool = False            # a Ray the run starts listens on all interfaces
+    torch_threads: int = checked(1, at_least(1))
+
+
+@dataclass
+class ClusterConfig:
+    """What `placement.auto` plans for."""
+    nodes: int = checked(1, at_least(1))
+    devices_per_node: int = checked(1, at_least(1))
+    device: str = "cpu"          # a100-80g | h100-80g | h200-141g | cpu ...
+
+
+@dataclass
+class PoolConfig:
+    """One resource pool: `placement.pools.<name>`."""
+    nodes: int = checked(1, at_least(1))
+    devices_per_node: int = checked(1, at_least(1))
+
+
+@dataclass
+class ParallelConfig:
+    """A role's parallel layout: `placement.parallel.<role>`."""
+    dp: Optional[int] = checked(None, at_least(1))  # None: the pool's devices / tp
+    tp: int = checked(1, at_least(1))
+
+
+@dataclass
+class PlacementConfig:
+    pools: dict[str, PoolConfig] = field(default_factory=lambda: {"main": PoolConfig()})
+    roles: dict[str, str] = field(default_factory=dict)  # unset roles go to the first pool
+    parallel: dict[str, ParallelConfig] = field(default_factory=dict)
+    auto: bool = False           # run the planner and use its best placement
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+
+@dataclass
+class RunConfig:
+    """The run's sections. `run_values` gives an instance; a role bound in `workers`
+    beyond these has its section as an attribute of the role's name."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    # rows per optimizer step: the default batch (data.batch_size x rollout.n) is 16 rows
+    actor: ActorConfig = field(default_factory=lambda: ActorConfig(mini_batch_size=16))
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+    workers: dict[str, str] = field(default_factory=dict)  # role -> "module:Class"
+    algorithm: Any = field(default_factory=dict)  # the graph's: its ALGORITHM, or free-form
+
+
+RUN_SECTIONS = tuple(f.name for f in dataclasses.fields(RunConfig))
+# sections that are not a role's: a role of these names would have no section of its own
+_NOT_ROLES = ("trainer", "data", "runtime", "placement", "workers", "algorithm", "model")
+
+
+def _known_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
+    keys = []
+    for key in cfg.keys():
+        path = f"{prefix}{key}"
+        keys.append(path)
+        value = cfg._get_node(key)
+        if isinstance(value, DictConfig) and not value._is_missing() and not value._is_none():
+            keys += _known_keys(value, path + ".")
+    return keys
+
+
+def _explain(err: Exception, cfg: DictConfig, source: str) -> ConfigError:
+    key = getattr(err, "full_key", None) or str(err)
+    if isinstance(err, ValidationError):
+        detail = str(getattr(err, "msg", err)).splitlines()[0]  # omegaconf appends its internals
+        return ConfigError(f"{source}: bad value for '{key}': {detail}")
+    known = [k for k in _known_keys(cfg) if not str(key).startswith(k + ".")]  # not parents
+    close = difflib.get_close_matches(str(key), known, n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    section = str(key).split(".")[0]
+    if not close and section not in cfg:  # perhaps the section of a role not bound yet
+        hint = (f"; a role's own section needs the role bound: "
+                f"workers.{section}=module:Class")
+    return ConfigError(f"{source}: unknown config key '{key}'{hint}")
+
+
+def parse_overrides(items: list[str]) -> list[str]:
+    for item in items:
+        if "=" not in item or item.startswith("="):
+            raise ConfigError(f"override {item!r} is not of the form key=value "
+                              f"(e.g. trainer.steps=100)")
+    return list(items)
+
+
+def _merge(base: DictConfig, other, source: str) -> DictConfig:
+    try:
+        return OmegaConf.merge(base, other)
+    except (ConfigKeyError, ConfigAttributeError, ValidationError) as err:
+        raise _explain(err, base, source) from None
+
+
+def _load_yaml(yaml_file: str) -> DictConfig:
+    try:
+        loaded = OmegaConf.load(yaml_file)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {yaml_file!r} does not exist") from None
+    except Exception as err:  # noqa: BLE001 - yaml errors come in many types
+        raise ConfigError(f"config file {yaml_file!r} is not valid YAML: {err}") from None
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(f"config file {yaml_file!r} must hold a mapping of sections "
+                          f"(trainer:, data:, ...), not a {type(loaded).__name__}")
+    return loaded
+
+
+def _sources(graph_defaults, yaml_file, overrides) -> list[tuple[str, DictConfig]]:
+    """(name for messages, values) in merge order."""
+    sources = []
+    if graph_defaults:
+        sources.append(("graph defaults()", OmegaConf.create(graph_defaults)))
+    if yaml_file:
+        sources.append((yaml_file, _load_yaml(yaml_file)))
+    if overrides:
+        sources.append(("override", OmegaConf.from_dotlist(parse_overrides(overrides))))
+    return sources
+
+
+def _schema(cls: type | None, where: str) -> DictConfig:
+    """A section typed by the dataclass `cls`, or a free-form one when None."""
+    if cls is None:
+        section = OmegaConf.create({})
+        OmegaConf.set_struct(section, False)
+        return section
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        raise ConfigError(f"{where} must be a dataclass (the section's fields and "
+                          f"defaults), got {cls!r}")
+    return OmegaConf.structured(cls)
+
+
+def _add_role_sections(cfg: DictConfig, sources, role_schema) -> None:
+    """A section for each role bound in `workers` that has none: its worker class's
+    `config_schema` (via `role_schema(role, spec)`), or free-form."""
+    workers: dict = {}
+    for _, values in sources:
+        if isinstance(values.get("workers"), DictConfig):
+            workers.update(OmegaConf.to_container(values.workers, resolve=True))
+    for role, spec in workers.items():
+        if role in _NOT_ROLES:
+            raise ConfigError(f"workers.{role}: '{role}' is a section of the run, not a "
+                              f"role; give the role another name")
+        if role in RUN_SECTIONS:
+            continue
+        schema = role_schema(role, str(spec)) if role_schema else None
+        with open_dict(cfg):
+            cfg[role] = _schema(schema, f"the config_schema of workers.{role}={spec}")
+
+
+def build_config(graph_defaults: dict | None = None, yaml_file: str | None = None,
+                 overrides: list[str] | None = None, *, algorithm: type | None = None,
+                 role_schema: Callable[[str, str], type | None] | None = None) -> DictConfig:
+    """The merged, validated run config (struct mode: no new keys after this).
+
+    `algorithm`: the graph file's `ALGORITHM` dataclass (None: a free-form section).
+    `role_schema(role, "module:Class")`: the dataclass of a bound role's own section
+    (None: free-form)."""
+    sources = _sources(graph_defaults, yaml_file, overrides)
+    cfg = OmegaConf.structured(RunConfig)
+    if algorithm is not None:
+        with open_dict(cfg):
+            cfg.algorithm = _schema(algorithm, "the graph's ALGORITHM")
+    _add_role_sections(cfg, sources, role_schema)
+    for name, values in sources:
+        cfg = _merge(cfg, values, name)
+    check_values(cfg)
+    _check_consistency(cfg)
+    _freeze(cfg)
+    return cfg
+
+
+def _freeze(cfg: DictConfig) -> None:
+    """Struct mode everywhere, free-form sections included: no new keys after this."""
+    OmegaConf.set_struct(cfg, True)
+    for key in cfg.keys():
+        node = cfg._get_node(key)
+        if isinstance(node, DictConfig):
+            OmegaConf.set_struct(node, None)  # inherit the root's flag
+
+
+def run_values(cfg: DictConfig) -> RunConfig:
+    """The config as typed values, converted once and passed down to the workers:
+    each section a dataclass instance (a free-form role section a dict). The
+    `algorithm` section stays a plain dict: it is the graph's, read by `build(cfg)`,
+    and a graph file's classes cannot be unpickled by Ray workers."""
+    values = OmegaConf.to_object(cfg)
+    algorithm = cfg.algorithm
+    values.algorithm = OmegaConf.to_container(algorithm, resolve=True) \
+        if isinstance(algorithm, DictConfig) else algorithm
+    return values
+
+
+def _check_consistency(cfg: DictConfig) -> None:
+    """What no single field can say: values that must agree with each other."""
+    rows = cfg.data.batch_size * cfg.rollout.n
+    mini = cfg.actor.mini_batch_size
+    if mini and mini > rows:
+        raise ConfigError(f"actor.mini_batch_size={mini} is larger than the batch of "
+                          f"data.batch_size * rollout.n = {rows} responses")
+    # a micro-batch larger than the mini-batch is fine: the mini-batch is one micro-batch
+    _check_names(cfg)
+
+
+def _check_names(cfg: DictConfig) -> None:
+    """Names that no field rule can check. (The default losses' names, e.g.
+    actor.policy_loss, are fields checked against the registry the loss providers
+    fill: workers/config.py.)"""
+    from hybridflow.workers.models import resolve_dtype
+    try:
+        resolve_dtype(cfg.model.dtype)
+    except ValueError as err:
+        raise ConfigError(f"model.dtype: {err}") from None

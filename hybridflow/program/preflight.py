@@ -1,0 +1,170 @@
+"""Pre-flight: the checks of a run that need the compiled plan or the file system,
+made by `prepare` after the graph compiles and before any worker starts.
+
+- every path the config names exists and is what it should be: model and tokenizer
+  directories (nothing is downloaded at run time), data files, the reward function
+  and the scorer table (`reward.scorer_table`),
+  and the paths in the sections of roles bound in `workers` (`path` and `*model_path`
+  keys name model directories, other `*_path` keys files or directories);
+- a bound worker class's own check of its section (`check_section`), e.g. the
+  agent role's environment loads;
+- the batch can feed the data-parallel ranks of every role, and each trained role's
+  mini-batch divides evenly over its ranks;
+- the local runtime is not asked to train a role on more than one rank.
+
+Each failure is a ConfigError naming the config key (and role or pool) to change.
+Reading every row of a dataset waits for the Trainer, which builds its loaders
+before any worker starts.
+"""
+from __future__ import annotations
+
+import os
+
+from omegaconf import DictConfig
+
+from hybridflow.plan.compiler import ExecutionPlan
+from hybridflow.program.config import ConfigError
+from hybridflow.graph.dispatch import is_data_parallel
+from hybridflow.core.kinds import Op
+
+__all__ = ["preflight", "check_paths", "check_role_paths", "check_role_sections",
+           "check_batch_feeds_ranks"]
+
+_MODEL_KEYS = ("model.path", "ref.path", "critic.path", "reward.model_path")
+
+
+def preflight(cfg: DictConfig, plan: ExecutionPlan) -> None:
+    check_paths(cfg)
+    check_role_sections(cfg, plan)
+    check_batch_feeds_ranks(cfg, plan)
+
+
+def check_role_sections(cfg: DictConfig, plan: ExecutionPlan) -> None:
+    """A bound worker class may check its own section before launch with a
+    `check_section(section)` classmethod raising ConfigError (e.g. the agent role
+    loads its environment)."""
+    for role, cls in plan.bindings.items():
+        check = getattr(cls, "check_section", None)
+        if callable(check) and role in cfg:
+            check(cfg[role])
+
+
+def _model_dir(key: str, spec: str) -> None:
+    from hybridflow.workers.tokenizer import require_local_dir
+    try:
+        path = require_local_dir(spec, key)
+    except (FileNotFoundError, ValueError) as err:
+        raise ConfigError(str(err)) from None
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ConfigError(f"{key} {spec!r} has no config.json: not a Hugging Face model "
+                          f"directory (save one with model.save_pretrained(dir))")
+    if not any(name.endswith((".safetensors", ".bin")) for name in os.listdir(path)):
+        raise ConfigError(f"{key} {spec!r} has a config.json but no weights "
+                          f"(*.safetensors or *.bin)")
+
+
+def check_paths(cfg: DictConfig) -> None:
+    """Model and tokenizer directories, data files and the reward function exist."""
+    from omegaconf import OmegaConf
+    for key in _MODEL_KEYS:
+        spec = OmegaConf.select(cfg, key)
+        if spec:
+            _model_dir(key, str(spec))
+    tokenizer = cfg.model.tokenizer
+    if tokenizer not in ("char", "auto", "", None):
+        from hybridflow.workers.tokenizer import require_local_dir
+        try:
+            require_local_dir(str(tokenizer), "model.tokenizer")
+        except (FileNotFoundError, ValueError) as err:
+            raise ConfigError(str(err)) from None
+    _check_data_files(cfg)
+    if cfg.reward.function_path:
+        _check_scorer(str(cfg.reward.function_path), str(cfg.reward.function_name))
+    if not cfg.reward.model_path and (cfg.reward.scorers or not cfg.reward.function_path):
+        _check_scorer_table(str(cfg.reward.scorer_table))
+    check_role_paths(cfg)
+
+
+def _path_keys(section, prefix: str):
+    """(dotted key, value) of each path-like key of a section, nested ones too."""
+    for key, value in section.items():
+        if isinstance(value, dict):
+            yield from _path_keys(value, f"{prefix}{key}.")
+        elif (key == "path" or str(key).endswith("_path")) and value:
+            yield f"{prefix}{key}", str(value)
+
+
+def check_role_paths(cfg: DictConfig) -> None:
+    """The paths in the own sections of roles bound in `workers` (e.g. `teacher.path`)."""
+    from omegaconf import OmegaConf
+
+    from hybridflow.program.config import RUN_SECTIONS
+    for role in cfg.workers or {}:
+        if role in RUN_SECTIONS or role not in cfg or not isinstance(cfg[role], DictConfig):
+            continue
+        for key, value in _path_keys(OmegaConf.to_container(cfg[role], resolve=True),
+                                     f"{role}."):
+            if key.endswith((".path", "model_path")):
+                _model_dir(key, value)
+            elif not os.path.exists(value):
+                raise ConfigError(f"{key}={value!r} does not exist")
+
+
+def _check_data_files(cfg: DictConfig) -> None:
+    from hybridflow.core.data import DataError, check_data_file
+    for key in ("train_files", "val_files"):
+        path = cfg.data[key]
+        if path:
+            try:
+                check_data_file(str(path))
+            except DataError as err:
+                raise ConfigError(f"data.{key}: {err}") from None
+
+
+def _check_scorer(path: str, name: str) -> None:
+    """Load the user's scorer from exactly the file named (never a search path) and
+    check its signature; the reward workers load it again."""
+    from hybridflow.workers.scoring import load_scorer
+    try:
+        load_scorer(path, name)
+    except (FileNotFoundError, ImportError, AttributeError, TypeError) as err:
+        raise ConfigError(f"reward.function_path={path!r}, reward.function_name={name!r}: "
+                          f"{err}") from None
+
+
+def _check_scorer_table(spec: str) -> None:
+    """The table of scorers by data_source imports and is one (rows whose data_source
+    it lacks are refused when the data loads)."""
+    from hybridflow.workers.scoring import load_scorer_table
+    try:
+        load_scorer_table(spec)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def check_batch_feeds_ranks(cfg: DictConfig, plan: ExecutionPlan) -> None:
+    """Every data-parallel rank gets rows each step, a trained role's mini-batch splits
+    evenly over its ranks, and the local runtime trains on one rank only."""
+    placement, prompts = plan.placement, cfg.data.batch_size
+    for node in plan.nodes:
+        if node.op is not Op.CALL or not is_data_parallel(node.dispatch):
+            continue
+        pool = placement.roles[node.role]
+        dp = placement.pools[pool].world_size // placement.tp_size(node.role)
+        where = f"role '{node.role}' (pool '{pool}', {dp} data-parallel ranks)"
+        if prompts < dp:
+            raise ConfigError(f"data.batch_size={prompts} prompts cannot feed the {where}: "
+                              f"some ranks would get no rows; set data.batch_size to at "
+                              f"least {dp} or give the pool fewer devices")
+        if not node.kind.trains:
+            continue
+        ranks = placement.pools[pool].world_size
+        if cfg.runtime.name == "local" and ranks > 1:
+            raise ConfigError(f"the local runtime cannot train role '{node.role}' on the "
+                              f"{ranks} ranks of pool '{pool}': set the pool to 1 device "
+                              f"or use --runtime ray")
+        section = cfg.get(node.role) if node.role in cfg else None
+        mini = section.get("mini_batch_size") if isinstance(section, DictConfig) else None
+        if mini and mini % dp:
+            raise ConfigError(f"{node.role}.mini_batch_size={mini} does not split evenly over "
+                              f"the {where}; use a multiple of {dp}")

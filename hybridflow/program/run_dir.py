@@ -1,0 +1,120 @@
+"""A measured run as planner input: its graph, models, workload and placement, and what each
+node took.
+
+Reads RUN_DIR/graph.json (the graph file), config.yaml (the merged config),
+metrics.jsonl (mean response length, step time) and timeline.jsonl (start and
+end of every node of every step). The first step warms up (imports, allocator,
+lazy init) and is left out when the run has more; of the steps kept, each
+node's median counts, so one stalled step (a busy machine) does not skew it.
+An async run (`trainer.staleness >= 1`) carries its planner `Pipeline`, and its
+rollout role when the run placed it on a pool of its own. Keeps no state: one read
+gives a frozen `MeasuredRun`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+from hybridflow.planner.measured import MeasuredRun
+from hybridflow.planner.problem import PlanningError, Workload
+
+WARMUP_STEPS = 1
+
+__all__ = ["MeasuredRun", "WARMUP_STEPS", "read_run", "node_means", "run_workload", "run_roles",
+           "run_pools"]
+
+
+def _jsonl(path: str) -> list[dict]:
+    if not os.path.isfile(path):
+        raise PlanningError(f"{path} does not exist: is this a run directory of "
+                            "`hybridflow run` (it writes timeline.jsonl and metrics.jsonl)?")
+    with open(path) as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def read_run(run_dir: str) -> MeasuredRun:
+    from hybridflow.program.assemble import prepare
+    from hybridflow.program.async_planning import pipeline_view
+    from hybridflow.program.auto_placement import run_models
+
+    config_path = os.path.join(run_dir, "config.yaml")
+    graph_json = os.path.join(run_dir, "graph.json")
+    if not os.path.isfile(graph_json):
+        raise PlanningError(f"{graph_json} does not exist: is {run_dir} a run directory of "
+                            "`hybridflow run`?")
+    with open(graph_json) as handle:
+        graph_file = json.load(handle)["file"]
+    loaded = prepare(graph_file, [], config_path, preflight=False)  # defaults + the saved config
+    plan, pipeline = pipeline_view(loaded.plan)  # a folded rollout is the actor
+    cfg = loaded.cfg
+    timeline = _jsonl(os.path.join(run_dir, "timeline.jsonl"))
+    metrics = _jsonl(os.path.join(run_dir, "metrics.jsonl"))
+    steps = sorted({r["step"] for r in timeline})
+    kept = tuple(steps[WARMUP_STEPS:] if len(steps) > WARMUP_STEPS else steps)
+    models = run_models(cfg, plan)
+    return MeasuredRun(run_dir, plan, models, run_workload(cfg, metrics, kept),
+                       *run_pools(cfg, run_roles(loaded.plan, pipeline, models)),
+                       node_means(timeline, kept),
+                       _median([m["perf/time_per_step"] for m in metrics if m.get("step") in kept
+                                and "perf/time_per_step" in m]), kept, pipeline)
+
+
+def node_means(timeline: list[dict], steps: tuple[int, ...]) -> dict[str, float]:
+    """Median seconds per node over `steps`. A node a step runs twice counts its sum; a node
+    with one record per rank (Ray) counts its slowest rank."""
+    per_rank: dict[tuple[str, int, object], float] = {}
+    for record in timeline:
+        if record["step"] in steps:
+            key = (record["node"], record["step"], record.get("rank"))
+            per_rank[key] = per_rank.get(key, 0.0) + record["end"] - record["start"]
+    per_step: dict[str, dict[int, float]] = {}
+    for (node, step, _), seconds in per_rank.items():
+        by_step = per_step.setdefault(node, {})
+        by_step[step] = max(by_step.get(step, 0.0), seconds)
+    return {node: statistics.median(v.values()) for node, v in per_step.items()}
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def run_workload(cfg, metrics: list[dict], steps: tuple[int, ...]) -> Workload:
+    """One step's work as the run's config and measured response lengths say."""
+    sequences = cfg.data.batch_size * cfg.rollout.n
+    prompt, response = cfg.data.max_prompt_length, cfg.rollout.max_new_tokens
+    lengths = [m["response_length/mean"] for m in metrics
+               if m.get("step") in steps and "response_length/mean" in m]
+    mean = min(float(response), _mean(lengths)) if lengths else 0.0
+    padded = prompt + response  # the torch workers pad every row to the batch's longest
+    return Workload(prompts=cfg.data.batch_size, samples_per_prompt=cfg.rollout.n,
+                    prompt_len=prompt, response_len=response, ppo_epochs=cfg.actor.ppo_epochs,
+                    mini_batches=max(1, math.ceil(sequences / cfg.actor.mini_batch_size)),
+                    micro_batch_tokens=cfg.actor.micro_batch_size * padded,
+                    response_mean=mean, padded_len=padded)
+
+
+def run_roles(compiled, pipeline, models: dict) -> list[str]:
+    """The roles a run places: those with a model, and an async run's rollout role when
+    the run put it on a pool of its own (not folded into its host)."""
+    folded = compiled.placement.folded
+    apart = [] if pipeline is None else [
+        r for r in dict.fromkeys(pipeline.movable.values()) if r not in folded]
+    return list(models) + apart
+
+
+def run_pools(cfg, roles: list[str]) -> tuple[int, tuple[tuple[str, ...], ...]]:
+    """(devices, colocation) of the run: the local runtime runs every role in one process."""
+    if cfg.runtime.name == "local":
+        return 1, (tuple(roles),)
+    pools = dict(cfg.placement.pools)
+    first = next(iter(pools))
+    groups: dict[str, list[str]] = {name: [] for name in pools}
+    for role in roles:
+        groups[cfg.placement.roles.get(role, first)].append(role)
+    devices = sum(p.nodes * p.devices_per_node for name, p in pools.items() if groups[name])
+    return devices, tuple(tuple(g) for g in groups.values() if g)

@@ -1,0 +1,325 @@
+"""The step loop: data -> plan -> metrics, with validation, checkpoints and resume.
+
+One function reads top to bottom (`Trainer.fit`): draw a batch for every source
+node, run the compiled plan on the runtime, log metrics, validate every
+`trainer.val_every` steps, checkpoint every `trainer.save_every` steps and at the
+end. Nothing here knows which algorithm the graph implements.
+
+status.json is rewritten after every step (state `running`, the step just done), so
+it tells how far a run got even after a SIGKILL. A signal guard (run_signals.py)
+lets the step and a checkpoint finish before a signal stops the loop.
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections import defaultdict
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+
+from hybridflow.run.async_loop import AsyncSchedule, busy_fractions
+from hybridflow.run.checkpoint import (latest_checkpoint, load_trainer_state, restore_rng,
+                                       save_checkpoint)
+from hybridflow.plan.compiler import ExecutionPlan
+from hybridflow.core.data import PromptDataset, PromptLoader, row_checker, toy_rows
+from hybridflow.graph.builder import Graph
+from hybridflow.core.kinds import NodeKind, Op, RowEffect
+from hybridflow.program.assemble import LoadedGraph, compile_program
+from hybridflow.run.signals import Interrupted, NoSignals
+from hybridflow.run.tracking import MetricSinks, RunDir
+
+__all__ = ["Trainer", "NumericsError", "default_validation_graph", "seed_everything"]
+
+
+class NumericsError(RuntimeError):
+    """NaN or inf in a loss, a gradient norm or a reward."""
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def default_validation_graph(cfg: DictConfig) -> Graph:
+    """Greedy answers (accuracy) and N samples (mean@N, best@N) per held-out prompt."""
+    g = Graph("validation")
+    prompts = g.source("prompts")
+    greedy = g.call("actor.generate", prompts, n=1, do_sample=False, name="greedy")
+    g.call("reward.score", greedy, name="greedy_score")
+    if cfg.trainer.val_samples > 1:
+        sampled = g.call("actor.generate", prompts, n=cfg.trainer.val_samples,
+                         do_sample=True, name="sampled")
+        g.call("reward.score", sampled, name="sampled_score")
+    return g
+
+
+def make_runtime(plan: ExecutionPlan, cfg, extra_plans=()):
+    """The configured runtime, with workers for every role of `plan` and `extra_plans`;
+    `cfg` is what the workers receive: the run's typed values (`LoadedGraph.values`)."""
+    if cfg.runtime.name == "ray":
+        from hybridflow.runtime.ray.executor import RayRuntime
+        from hybridflow.program.user_files import pickle_user_files_by_value_for_ray
+        pickle_user_files_by_value_for_ray()  # fn nodes and classes of the user's files
+        return RayRuntime(plan, cfg, seed=cfg.trainer.seed, extra_plans=extra_plans)
+    from hybridflow.runtime.local import LocalRuntime
+    return LocalRuntime(plan, cfg, seed=cfg.trainer.seed, extra_plans=extra_plans)
+
+
+def _is_watched(key: str) -> bool:
+    return any(word in key for word in ("loss", "grad_norm", "score", "reward"))
+
+
+def check_finite(step: int, node_metrics: dict[str, dict]) -> None:
+    for node, metrics in node_metrics.items():
+        for key, value in metrics.items():
+            if _is_watched(key) and isinstance(value, float) and not math.isfinite(value):
+                raise NumericsError(f"step {step}: node '{node}' produced {key}={value}; "
+                                    f"the run stops and the last good checkpoint is kept")
+
+
+class Trainer:
+    def __init__(self, loaded: LoadedGraph, run: RunDir, resume_from: str | None = None):
+        self.cfg, self.plan, self.run = loaded.cfg, loaded.plan, run
+        self.module = loaded.module
+        cfg = self.cfg
+        seed_everything(cfg.trainer.seed)
+        self.train_loader, self.val_loader = self._make_loaders()
+        self.val_plan = self._compile_validation() if cfg.trainer.val_every > 0 else None
+        self.step, self.saved_step = 0, None
+        self.last_result = None  # the last step's StepResult (outputs left on the workers)
+        self.resumed_from, self.notes = None, []  # what a resume loaded; what it trimmed
+        self.sinks = None
+        # trainer.staleness >= 1: the rollout runs ahead of training (async_loop.py)
+        self.ahead = AsyncSchedule(self.plan, self.train_loader) if self.plan.sides else None
+        extra = [self.val_plan] if self.val_plan is not None else []
+        self.runtime = make_runtime(self.plan, loaded.values,
+                                    extra + (self.ahead.extra_plans if self.ahead else []))
+        if self.ahead:
+            self.ahead.runtime = self.runtime
+        try:  # the caller gets no trainer to close on failure: stop the workers here
+            if resume_from:
+                self._resume(resume_from)
+            self.sinks = MetricSinks(run, cfg.trainer.tensorboard, cfg.trainer.wandb, run.path)
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------ setup
+    def _make_loaders(self) -> tuple[PromptLoader, PromptLoader | None]:
+        from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
+        cfg = self.cfg
+        tok = load_tokenizer(tokenizer_spec(cfg.model))
+        limit, drop = cfg.data.max_prompt_length, cfg.data.filter_overlong
+        check = row_checker(self.plan, cfg)  # values the scorer needs, checked at load
+        if cfg.data.train_files:
+            train = PromptDataset.from_file(cfg.data.train_files, tok, limit, drop, check)
+            val = (PromptDataset.from_file(cfg.data.val_files, tok, limit, drop, check)
+                   if cfg.data.val_files else None)
+        else:
+            toy = cfg.data.toy
+            train_rows, val_rows = toy_rows(cfg.trainer.seed, toy.max_operand, toy.test_fraction,
+                                             toy.train_on_test, toy.maker)
+            train = PromptDataset(train_rows, tok, limit, drop, name="toy train", check_row=check)
+            val = PromptDataset(val_rows, tok, limit, drop, name="toy test", check_row=check)
+        pad = tok.pad_token_id
+        gathers = any(n.row_effect is RowEffect.GATHERS  # rounds concatenate
+                      for n in self.plan.nodes)
+        train_loader = PromptLoader(train, cfg.data.batch_size, pad, cfg.data.shuffle,
+                                    cfg.trainer.seed, fixed_width=gathers)
+        val_loader = PromptLoader(val, min(len(val), 256), pad, False) if val else None
+        return train_loader, val_loader
+
+    def _compile_validation(self) -> ExecutionPlan | None:
+        if self.val_loader is None:
+            return None
+        build = getattr(self.module, "validation", None) or default_validation_graph
+        return compile_program(self.cfg, build(self.cfg))
+
+    def sources(self) -> list[str]:
+        return [n.name for n in self.plan.nodes if n.op is Op.SOURCE]
+
+    # ------------------------------------------------------------------- loop
+    def fit(self, on_step=None, signals=None) -> dict:
+        """Train to `trainer.steps`. With a `SignalGuard`, a signal lets the running
+        step finish, saves a checkpoint and raises `Interrupted`."""
+        cfg, last, signals = self.cfg.trainer, {}, signals or NoSignals()
+        self._set_running()
+        if self.val_plan is not None and self.step == 0:
+            with signals.deferred():
+                last.update(self.validate())
+                self.sinks.log(0, last)
+        while self.step < cfg.steps:
+            self._stop_if_signalled(signals)
+            with signals.deferred():
+                last = self._one_step(on_step)
+        self._stop_if_signalled(signals)
+        if self.saved_step != self.step:
+            with signals.deferred():
+                self.save()
+        self.run.set_status("finished", step=self.step, steps=cfg.steps)
+        return last
+
+    def _one_step(self, on_step) -> dict:
+        cfg = self.cfg.trainer
+        self.step += 1
+        metrics = self.train_step()
+        if self.step == 1:  # once a run (a resumed run keeps this line), after
+            metrics.update(self.held_bytes())  # an update allocated optimizer state
+        if self.val_plan is not None and self.step % cfg.val_every == 0:
+            metrics.update(self.validate())
+        self.sinks.log(self.step, metrics)
+        if cfg.save_every and self.step % cfg.save_every == 0:
+            self.save()
+        self._set_running()
+        if on_step:
+            on_step(self.step, metrics)
+        return metrics
+
+    def _set_running(self) -> None:
+        self.run.set_status("running", step=self.step, steps=self.cfg.trainer.steps,
+                            checkpoint=self.saved_step, resumed_from=self.resumed_from)
+
+    def _stop_if_signalled(self, signals) -> None:
+        """Between steps: on a pending signal, save (unless this step is saved) and stop."""
+        if signals.pending is None:
+            return
+        with signals.deferred():
+            path = self.save() if self.saved_step != self.step else self.last_saved
+        raise Interrupted(signals.pending, saved=path)
+
+    def held_bytes(self) -> dict:
+        """`engine/weight_bytes` and `engine/optimizer_bytes`: the tensors every worker
+        holds, each storage counted once per process (colocated roles share some)."""
+        from hybridflow.workers.base import held_bytes
+        plans = [self.plan] + ([self.val_plan] if self.val_plan is not None else [])
+        roles = sorted({r for p in plans for r in p.roles
+                        if hasattr(p.bindings[r], "held_tensors")})
+        return held_bytes([report for role in roles
+                           for report in self.runtime.call_role(role, "held_tensors")])
+
+    def train_step(self) -> dict:
+        start = time.perf_counter()
+        if self.ahead is not None:
+            result, _ = self.ahead.run(self.step, self.cfg.trainer.steps)
+        else:
+            feeds = {name: self.train_loader.next_batch() for name in self.sources()}
+            result = self.runtime.run_step(feeds,
+                                           draw=lambda source: self.train_loader.next_batch())
+        self.last_result = result
+        if self.cfg.trainer.check_finite:
+            check_finite(self.step, result.node_metrics)
+        elapsed = time.perf_counter() - start
+        metrics = dict(result.metrics)
+        metrics["perf/time_per_step"] = elapsed
+        metrics["engine/driver_bytes"] = result.driver_bytes
+        # each generate node's own mean length times its rows (a gather's extra rounds
+        # are not counted: their rows are not kept per round)
+        tokens = sum(result.node_metrics.get(n.name, {}).get("response_length/mean", 0.0)
+                     * result.rows.get(n.name, 0) for n in self.plan.nodes
+                     if n.kind is NodeKind.GENERATE)
+        if tokens:
+            metrics["perf/throughput"] = tokens / elapsed  # response tokens per second
+        metrics.update(busy_fractions(result.timeline, self.runtime.pool_size))
+        self.sinks.log_timeline(self.step, result.timeline)
+        return metrics
+
+    def validate(self) -> dict:
+        per_source: dict[str, list] = defaultdict(lambda: [[], defaultdict(list)])
+        for batch in self.val_loader.all_batches():
+            result = self.runtime.run_step({"prompts": batch}, plan=self.val_plan)
+            scores = self._fetch_scores(result, "greedy", "greedy_score")
+            for score, source, _ in scores:
+                per_source[source][0].append(score)
+            if "sampled_score" in result.outputs:
+                for score, source, uid in self._fetch_scores(result, "sampled", "sampled_score"):
+                    per_source[source][1][uid].append(score)
+        return _validation_metrics(per_source, self.cfg.trainer.val_samples)
+
+    def _fetch_scores(self, result, rollout: str, score: str):
+        rows = self.runtime.fetch(result, rollout, ("data_source", "uid"))
+        scores = self.runtime.fetch(result, score, ("scores",))["scores"].tolist()
+        return zip(scores, rows["data_source"], rows["uid"])
+
+    # ------------------------------------------------------------ checkpoints
+    def trained_roles(self) -> list[str]:
+        return sorted({n.role for n in self.plan.nodes if n.kind.trains})
+
+    def untrained_processes(self) -> list[str]:
+        """One role per pool that hosts no trained role: the processes whose random
+        generators (e.g. a rollout's sampling) no role checkpoint saves."""
+        placed = self.plan.placement.roles
+        trained_pools = {placed.get(r) for r in self.trained_roles()}
+        first = {}
+        for role in self.plan.roles:
+            pool = placed.get(role)
+            if pool not in trained_pools and role not in self.plan.placement.folded:
+                first.setdefault(pool, role)
+        return sorted(first.values())
+
+    def stateful_nodes(self) -> list:
+        """Function nodes that keep state across steps on the driver (`state_dict()`
+        and `load_state_dict()`, e.g. an adaptive KL coefficient): saved with the run."""
+        return [n for n in self.plan.nodes if n.op is Op.FN
+                and callable(getattr(n.fn, "state_dict", None))]
+
+    def save(self) -> str:
+        def save_roles(root: str) -> None:
+            for role in self.trained_roles():
+                self.runtime.call_role(role, "save_checkpoint", f"{root}/{role}")
+            for role in self.untrained_processes():
+                self.runtime.call_role(role, "save_process_rng", f"{root}/rng/{role}")
+        loader = self.ahead.loader_state() if self.ahead else self.train_loader.state_dict()
+        state = {"loader": loader,
+                 "nodes": {n.name: n.fn.state_dict() for n in self.stateful_nodes()}}
+        path = save_checkpoint(self.run.checkpoints, self.step, save_roles, state,
+                               keep=self.cfg.trainer.max_checkpoints)
+        self.saved_step = self.step
+        return path
+
+    @property
+    def last_saved(self) -> str | None:
+        return latest_checkpoint(self.run.checkpoints)
+
+    def _resume(self, run_path: str) -> None:
+        path = latest_checkpoint(self.run.checkpoints)
+        if path is None:  # nothing saved yet: start from the beginning
+            self.notes += self.run.truncate_metrics(-1)
+            return
+        state, torch_rng = load_trainer_state(path)  # verifies every file's sha256
+        for role in self.trained_roles():
+            self.runtime.call_role(role, "load_checkpoint", f"{path}/{role}")
+        for role in self.untrained_processes():
+            self.runtime.call_role(role, "load_process_rng", f"{path}/rng/{role}")
+        self.train_loader.load_state_dict(state["loader"])
+        if self.ahead:  # the batches queued at the save are drawn again
+            self.ahead.reset()
+        for node in self.stateful_nodes():
+            if node.name in state.get("nodes", {}):
+                node.fn.load_state_dict(state["nodes"][node.name])
+        restore_rng(state["rng"], torch_rng)
+        from hybridflow.plan.weight_sync import resync_plan
+        if (sync := resync_plan(self.plan)) is not None:  # a rollout with its own weights
+            self.runtime.run_step({}, plan=sync)            # gets the restored actor's
+        self.step = self.saved_step = int(state["step"])
+        self.resumed_from = path
+        self.notes += self.run.truncate_metrics(self.step)
+
+    def close(self) -> None:
+        if self.sinks is not None:
+            self.sinks.close()
+        self.runtime.shutdown()
+
+
+def _validation_metrics(per_source: dict, n: int) -> dict:
+    out = {}
+    for source, (greedy, sampled) in per_source.items():
+        out[f"val/{source}/greedy"] = float(np.mean(greedy)) if greedy else 0.0
+        if sampled:
+            groups = list(sampled.values())
+            out[f"val/{source}/mean@{n}"] = float(np.mean([np.mean(g) for g in groups]))
+            out[f"val/{source}/best@{n}"] = float(np.mean([max(g) for g in groups]))
+    return out

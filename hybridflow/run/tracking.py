@@ -1,0 +1,225 @@
+"""A run's directory and what is written to it as the run goes.
+
+runs/<graph>-<time>/
+  config.yaml       the merged config
+  graph.json        the graph's name, file and the file's sha256 (checked on resume)
+  metrics.jsonl     one line per step (appended to on resume)
+  timeline.jsonl    per-node start/end of each step, for `hybridflow render --timeline`
+  status.json       starting / running (with the current step) / finished / failed /
+                    interrupted
+  error.log         the traceback of every failure, appended
+  lock.json         the owner (pid, host, start) while a process runs; run_lock.py
+  checkpoints/      see hybridflow/run/checkpoint.py
+
+Every whole-file write (status.json, graph.json, the trimmed metrics on resume) goes
+to a temporary file that is renamed into place, and the temporary file is removed
+when the write fails, so a reader sees the old content or the new, never half.
+"""
+from __future__ import annotations
+
+import contextlib
+import glob
+import itertools
+import json
+import math
+import os
+import socket
+import time
+
+from omegaconf import DictConfig, OmegaConf
+
+__all__ = ["RunDir", "RunDirError", "new_run_dir", "newest_run_dir", "MetricSinks",
+           "write_atomic", "read_jsonl"]
+
+
+class RunDirError(ValueError):
+    """A run directory whose files cannot be read as hybridflow wrote them."""
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write `text` to a temporary file beside `path`, then rename it into place;
+    on failure (a full disk) the temporary file is removed and the old file stays."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+
+
+def read_jsonl(path: str) -> tuple[list[dict], str | None]:
+    """The records of a JSON-lines file, and a note when its last line was torn (what
+    a crash or a full disk leaves): that line is dropped. A bad line before the last
+    is damage no crash makes: RunDirError naming the file and line."""
+    try:
+        with open(path) as fh:
+            lines = fh.read().splitlines()
+    except FileNotFoundError:
+        return [], None
+    numbered = [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
+    records = []
+    for i, (number, line) in enumerate(numbered):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            if i == len(numbered) - 1:
+                return records, (f"{path}:{number}: dropped a torn last line (a crash or a "
+                                 f"full disk cut it short: {err})")
+            raise RunDirError(f"{path}:{number} is not a JSON record ({err}); fix or delete "
+                              f"that line") from None
+    return records, None
+
+
+class RunDir:
+    def __init__(self, path: str, create: bool = True):
+        self.path = path
+        if create:
+            os.makedirs(path, exist_ok=True)
+
+    def file(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    @property
+    def checkpoints(self) -> str:
+        return self.file("checkpoints")
+
+    def save_config(self, cfg: DictConfig) -> None:
+        write_atomic(self.file("config.yaml"), OmegaConf.to_yaml(cfg))
+
+    def set_status(self, state: str, **info) -> None:
+        """Replace status.json atomically: the state, the current step, who writes it."""
+        record = {"state": state, "time": time.time(), "pid": os.getpid(),
+                  "host": socket.gethostname(), **info}
+        write_atomic(self.file("status.json"), json.dumps(record, indent=1))
+
+    def status(self) -> dict:
+        try:
+            with open(self.file("status.json")) as fh:
+                return json.load(fh)
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}
+
+    def log_error(self, text: str) -> str:
+        """Append a failure's traceback to error.log; returns the file's path."""
+        path = self.file("error.log")
+        with open(path, "a") as fh:
+            fh.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}\n{text}\n")
+        return path
+
+    def save_graph_identity(self, identity: dict) -> None:
+        write_atomic(self.file("graph.json"), json.dumps(identity, indent=1))
+
+    def graph_identity(self) -> dict | None:
+        """graph.json, or None for a run made before it was written."""
+        try:
+            with open(self.file("graph.json")) as fh:
+                return json.load(fh)
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+    def read_metrics(self) -> list[dict]:
+        return read_jsonl(self.file("metrics.jsonl"))[0]
+
+    def truncate_metrics(self, last_step: int) -> list[str]:
+        """On resume, drop the metric and timeline lines of steps after the checkpoint
+        (they will be redone); -1 drops them all, step 0's validation included.
+        Returns a note for each file whose torn last line was dropped."""
+        notes = []
+        for name in ("metrics.jsonl", "timeline.jsonl"):
+            if not os.path.exists(self.file(name)):
+                continue
+            records, note = read_jsonl(self.file(name))
+            notes += [note] if note else []
+            kept = "".join(json.dumps(m) + "\n" for m in records
+                           if m.get("step", 0) <= last_step)
+            write_atomic(self.file(name), kept)
+        return notes
+
+
+def new_run_dir(runs_dir: str, graph_name: str, run_name: str | None = None) -> RunDir:
+    """A fresh directory: mkdir is atomic, so two runs started at once never share one."""
+    base = run_name or f"{graph_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    os.makedirs(runs_dir, exist_ok=True)
+    for i in itertools.count(1):
+        path = os.path.join(runs_dir, base if i == 1 else f"{base}-{i}")
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            continue
+        return RunDir(path)
+
+
+def newest_run_dir(runs_dir: str, graph_name: str) -> RunDir:
+    candidates = [p for p in glob.glob(os.path.join(runs_dir, f"{graph_name}-*"))
+                  if os.path.isfile(os.path.join(p, "config.yaml"))]
+    if not candidates:
+        raise FileNotFoundError(f"--resume: no earlier run of graph '{graph_name}' "
+                                f"in {runs_dir!r}")
+    return RunDir(max(candidates, key=os.path.getmtime))
+
+
+def _jsonable(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def _optional(module: str, package: str):
+    import importlib
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise RuntimeError(f"trainer.{package}=true needs the '{package}' package: "
+                           f"pip install {package} (or hybridflow[tracking])") from None
+
+
+class MetricSinks:
+    """metrics.jsonl always; TensorBoard and W&B (offline) when enabled."""
+
+    def __init__(self, run: RunDir, tensorboard: bool = False, wandb: bool = False,
+                 name: str = "run"):
+        self.run = run
+        self.metrics = open(run.file("metrics.jsonl"), "a")
+        self.timeline = open(run.file("timeline.jsonl"), "a")
+        self.tb = self.wb = None
+        if tensorboard:
+            SummaryWriter = _optional("torch.utils.tensorboard", "tensorboard").SummaryWriter
+            self.tb = SummaryWriter(run.file("tensorboard"))
+        if wandb:
+            wb = _optional("wandb", "wandb")
+            os.environ.setdefault("WANDB_MODE", "offline")  # never send data unasked
+            self.wb = wb.init(project="hybridflow", name=name, dir=run.path)
+
+    def log(self, step: int, metrics: dict) -> None:
+        record = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
+        self.metrics.write(json.dumps(record) + "\n")
+        self.metrics.flush()
+        numeric = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+        if self.tb:
+            for key, value in numeric.items():
+                self.tb.add_scalar(key, value, step)
+        if self.wb:
+            self.wb.log(numeric, step=step)
+
+    def log_timeline(self, step: int, records: list[dict]) -> None:
+        t0 = min((r["start"] for r in records), default=0.0)
+        for r in records:
+            row = {**r, "step": step, "start": r["start"] - t0, "end": r["end"] - t0}
+            self.timeline.write(json.dumps(row) + "\n")
+        self.timeline.flush()
+
+    def close(self) -> None:
+        # every line was flushed when logged: a close that fails (a full disk) has
+        # nothing left to lose, and must not hide the error that stopped the run
+        for fh in (self.metrics, self.timeline):
+            with contextlib.suppress(OSError):
+                fh.close()
+        if self.tb:
+            self.tb.close()
+        if self.wb:
+            self.wb.finish()
