@@ -33,7 +33,7 @@ from hybridflow.core.kinds import METHOD_KINDS, NodeKind
 __all__ = [
     "BROADCAST", "DP", "DP_TP", "ONE_PER_WORKER", "RANK_ZERO", "SKIP", "NODE_KINDS",
     "DispatchMode", "Layout", "SlotLayout", "MethodSpec", "method", "method_spec", "worker_methods",
-    "register_dispatch_mode", "get_dispatch_mode", "merge_metrics",
+    "register_dispatch_mode", "get_dispatch_mode", "merge_metrics", "is_count_metric",
 ]
 
 BROADCAST, DP, DP_TP, ONE_PER_WORKER, RANK_ZERO = (
@@ -126,9 +126,20 @@ def worker_methods(cls) -> dict[str, MethodSpec]:
     return out
 
 
+COUNT_SUFFIX = "_total"  # the one rule: a metric named `*_total` is a count
+
+
+def is_count_metric(key: str) -> bool:
+    """A count (tool calls, timeouts, errors, episodes) is summed wherever metrics of
+    several parts are merged — data-parallel ranks, a gather's rounds, validation
+    batches; every other metric is a mean. Name a count `<name>_total`."""
+    return key.endswith(COUNT_SUFFIX)
+
+
 def merge_metrics(dicts: list[dict], weights: list[float] | None = None) -> dict:
-    """Mean of each numeric metric over ranks, weighted by `weights` (the rows each
-    rank saw, so uneven shards average exactly) or equal when not given."""
+    """Each numeric metric over ranks (or any parts): counts (`is_count_metric`)
+    summed, others the mean weighted by `weights` (the rows each rank saw, so uneven
+    shards average exactly) or equal when not given."""
     if not any(dicts):  # most nodes report none
         return {}
     weights = list(weights) if weights and sum(weights) > 0 else [1.0] * len(dicts)
@@ -139,7 +150,11 @@ def merge_metrics(dicts: list[dict], weights: list[float] | None = None) -> dict
         vals = [v for v, _ in pairs]
         numeric = all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in vals)
         total = sum(w for _, w in pairs)
-        out[key] = float(sum(v * w for v, w in pairs) / total) if numeric and total else vals[0]
+        if numeric and is_count_metric(key):
+            out[key] = float(sum(vals))
+        else:
+            out[key] = float(sum(v * w for v, w in pairs) / total) if numeric and total \
+                else vals[0]
     return out
 
 

@@ -156,13 +156,10 @@ def upstream_nodes(plan: ExecutionPlan, name: str) -> list[PlanNode]:
 
 
 def sum_round_metrics(rounds: list[dict]) -> dict:
-    """Metrics of a node re-run by a gather: `*_total` metrics add up over rounds,
-    others keep the mean."""
-    out = {}
-    for key in {k for r in rounds for k in r}:
-        values = [r[key] for r in rounds if key in r]
-        out[key] = sum(values) if key.endswith("_total") else sum(values) / len(values)
-    return out
+    """Metrics of a node re-run by a gather: counts (`*_total`, the one rule of
+    `dispatch.is_count_metric`) add up over rounds, others keep the mean."""
+    from hybridflow.graph.dispatch import merge_metrics
+    return merge_metrics(rounds)
 
 
 def finish_gather(node: PlanNode, pieces: list[Batch], rounds: int) -> Batch:

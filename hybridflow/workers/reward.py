@@ -165,7 +165,7 @@ class RewardWorker(Worker):
                     if isinstance(value, (int, float, bool)) and not isinstance(value, str):
                         sums.setdefault(key, []).append(float(value))
         metrics.update({"critic/score/mean": float(scores.mean()),
-                        "reward/timeouts": float(timeouts)})
+                        "reward/timeouts_total": float(timeouts)})
         metrics.update({f"reward/{k}": sum(v) / len(v) for k, v in sums.items()})
         return scores, metrics
 

@@ -42,5 +42,5 @@ def test_agent_play_runs_on_ray(tmp_path):
     finally:
         trainer.close()
     metrics = run.read_metrics()[-1]
-    assert metrics["agent/episodes"] == 8
+    assert metrics["agent/episodes_total"] == 8
     assert "timing_s/agent.play" in metrics

@@ -6,8 +6,8 @@ import pytest
 from tests.support.e2e import series, train
 
 VAL = "val/toy_calc/greedy"
-AGENT_METRICS = ("agent/turns/mean", "agent/tool_calls/mean", "agent/tool_errors",
-                 "agent/env_timeouts")
+AGENT_METRICS = ("agent/turns/mean", "agent/tool_calls/mean", "agent/tool_errors_total",
+                 "agent/env_timeouts_total")
 
 
 @pytest.mark.slow  # a training run (about a minute on a quiet 2-core machine)

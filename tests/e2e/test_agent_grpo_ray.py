@@ -15,9 +15,9 @@ def test_agent_grpo_runs_on_ray(tmp_path):
                              "data.batch_size=8", "rollout.n=4",
                              "actor.mini_batch_size=32", "actor.micro_batch_size=32")
     last = metrics[-1]
-    for key in ("agent/turns/mean", "agent/tool_calls/mean", "agent/tool_errors",
-                "agent/env_timeouts", "actor/pg_loss", "val/toy_calc/greedy"):
+    for key in ("agent/turns/mean", "agent/tool_calls/mean", "agent/tool_errors_total",
+                "agent/env_timeouts_total", "actor/pg_loss", "val/toy_calc/greedy"):
         assert key in last, key
-    assert last["agent/episodes"] == 32  # 8 prompts x n=4
-    assert last["agent/env_errors"] == 0
+    assert last["agent/episodes_total"] == 32  # 8 prompts x n=4
+    assert last["agent/env_errors_total"] == 0
     assert trainer.run.status()["state"] == "finished"
