@@ -21,10 +21,11 @@ from typing import Any, Callable, Optional
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
-from hybridflow.core.constraints import (ConfigError, above, at_least, check_values, checked,
-                                         in_range, one_of, plain_name)
+from hybridflow.core.constraints import (ConfigError, at_least, check_values, checked,
+                                         in_range, plain_name)
 from hybridflow.core.data import DEFAULT_TOY_MAKER
 from hybridflow.core.names import named_object
+from hybridflow.core.runtime_section import RuntimeConfig
 from hybridflow.workers.config import (ActorConfig, CriticConfig, ModelConfig, RefConfig,
                                        RewardConfig, RolloutConfig)
 
@@ -71,19 +72,6 @@ class DataConfig:
     filter_overlong: bool = True
     shuffle: bool = True
     toy: ToyTaskConfig = field(default_factory=ToyTaskConfig)
-
-
-@dataclass
-class RuntimeConfig:
-    name: str = checked("local", one_of("local", "ray"))
-    address: Optional[str] = None       # join an existing Ray cluster
-    num_cpus: Optional[int] = checked(None, at_least(1))  # for a Ray instance the run starts
-    num_gpus: Optional[int] = checked(None, at_least(0))  # logical GPUs (CPU-only may declare)
-    call_timeout_s: float = checked(600.0, above(0))   # a slower worker call is a failure
-    start_timeout_s: float = checked(300.0, above(0))  # actor start and model loading (Ray)
-    connect_timeout_s: float = checked(30.0, above(0))  # reaching `address` (then Ray's retries)
-    listen_all: bool = False            # a Ray the run starts listens on all interfaces
-    torch_threads: int = checked(1, at_least(1))
 
 
 @dataclass

@@ -1,5 +1,7 @@
 """`trainer.balance_batch`: generated rows reordered so that each data-parallel
-rank's contiguous chunk holds a near-equal share of the tokens."""
+rank's contiguous chunk holds a near-equal share of the tokens; the reordered rows
+train as the original ones do, on the local runtime and on Ray with the actor on two
+data-parallel ranks."""
 import random
 
 import pytest
@@ -13,6 +15,21 @@ from tests.support.e2e import graph_file, train
 from tests.support.runs import FAST
 
 REF_ON_TWO = ("placement.pools.refpool.devices_per_node=2", "placement.roles.ref=refpool")
+# Per runtime: the runs' overrides and the metrics the two orders must agree on.
+# Local: one mini-batch, whose loss is a token mean over the whole batch, so reordering
+# its rows changes nothing but the order of a float sum. Ray: the actor on two ranks
+# and a loss that is a mean over sequences; both orders give each rank the same number
+# of them, so any misaligned row (an advantage paired with another sample) would
+# change the gradient.
+SAME_TRAINING = {
+    "local": (("trainer.steps=2", *FAST, *REF_ON_TWO),
+              ("critic/score/mean", "actor/pg_loss", "actor/kl_loss", "response_length/mean")),
+    "ray": (("runtime.name=ray", "runtime.torch_threads=1", "trainer.steps=2",
+             "trainer.val_every=0", "data.batch_size=8", "rollout.n=4",
+             "actor.mini_batch_size=32", "actor.micro_batch_size=16",
+             "placement.pools.main.devices_per_node=2", "actor.loss_agg_mode=seq-mean-token-mean"),
+            ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "response_length/mean")),
+}
 
 
 def chunk_totals(lengths, parts):
@@ -76,15 +93,12 @@ def test_the_plan_gets_a_balance_node_only_where_ranks_share_a_batch():
     assert "balance_tokens" not in [n.name for n in one_rank.nodes]
 
 
-def test_balanced_training_sees_the_same_samples(tmp_path):
-    """One mini-batch: the loss is a token mean over the whole batch, so reordering
-    its rows changes nothing but the order of a float sum."""
-    _, plain = train("grpo", tmp_path / "plain", "trainer.steps=2", *FAST, *REF_ON_TWO)
-    _, balanced = train("grpo", tmp_path / "balanced", "trainer.steps=2", *FAST,
-                        *REF_ON_TWO, "trainer.balance_batch=true")
+def test_balanced_training_sees_the_same_samples(tmp_path, runtime_name):
+    args, keys = SAME_TRAINING[runtime_name]
+    _, plain = train("grpo", tmp_path / "plain", *args)
+    _, balanced = train("grpo", tmp_path / "balanced", *args, "trainer.balance_batch=true")
     for a, b in zip(plain, balanced):
-        for key in ("critic/score/mean", "actor/pg_loss", "actor/kl_loss",
-                    "response_length/mean"):
+        for key in keys:
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
         assert b["balance/token_spread_after"] <= b["balance/token_spread_before"]
     assert any(m["balance/token_spread_after"] < m["balance/token_spread_before"]
