@@ -136,7 +136,7 @@ class AsyncSchedule:
     def _staleness(self, batch: ReadyBatch, node_metrics: dict) -> dict:
         """Updates between the weights that generated the batch and those trained:
         the trained role reports its version (`<role>/trained_version`), the
-        generate node the version it sampled with (`rollout/policy_version`)."""
+        generate node the version it sampled with (`rollout/sampled_version`)."""
         generated = [m["rollout/sampled_version"] for n, m in batch.node_metrics.items()
                      if self.plan.node(n).kind is NodeKind.GENERATE
                      and "rollout/sampled_version" in m]

@@ -185,7 +185,9 @@ def test_user_registered_slot_layout_dispatches_and_collects():
     assert method_spec(W, "go").dispatch == name
 
 
-def test_a_function_pair_mode_still_works_but_is_deprecated():
+def test_a_function_pair_mode_is_refused_with_the_way_to_declare_it():
+    """The (dispatch, collect) pair form was removed: registering one names the mode,
+    says what replaces it and where the migration is written, and registers nothing."""
     name = f"first_two_{uuid.uuid4().hex[:6]}"
 
     def dispatch(value, layout):
@@ -194,12 +196,14 @@ def test_a_function_pair_mode_still_works_but_is_deprecated():
     def collect(outputs, layout):
         return sum(o for o in outputs[:2])
 
-    with pytest.warns(DeprecationWarning, match="slots=fn"):
-        register_dispatch_mode(name, dispatch, collect)
-    mode = get_dispatch_mode(name)
-    assert mode.slot_layout(Layout(4)) is None
-    assert mode.dispatch(5, Layout(4)) == [5, 5, SKIP, SKIP]
-    assert mode.collect([1, 2, None, None], Layout(4)) == 3
+    for call in (lambda: register_dispatch_mode(name, dispatch, collect),
+                 lambda: register_dispatch_mode(name, dispatch=dispatch, collect=collect)):
+        with pytest.raises(ValueError, match=rf"dispatch mode '{name}'.*\(dispatch, collect\) "
+                                             r"pair.*slots=fn\(layout\) -> SlotLayout.*"
+                                             r"docs/runtime.md"):
+            call()
+    with pytest.raises(ValueError, match="unknown dispatch mode"):
+        get_dispatch_mode(name)
 
 
 @pytest.mark.parametrize("slots, rank_slots, collect, message", [
