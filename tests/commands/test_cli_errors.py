@@ -12,7 +12,7 @@ import pytest
 
 from hybridflow.cli import main
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GRPO = os.path.join(REPO, "graphs", "grpo.py")
 
 

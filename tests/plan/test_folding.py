@@ -9,7 +9,7 @@ from hybridflow.program.assemble import prepare
 from hybridflow.plan.compiler import GraphError
 from hybridflow.draw.graph import plan_to_dot
 
-GRPO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+GRPO = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                     "graphs", "grpo.py")
 
 

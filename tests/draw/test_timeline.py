@@ -13,7 +13,7 @@ import pytest
 from hybridflow.draw.style import RenderError
 from hybridflow.draw.timeline import TimelineSides, batch_steps, timeline_svg
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROLLOUT = ("prompts", "rollout.generate", "reward.score", "grpo_advantages")
 SIDES = TimelineSides(frozenset(ROLLOUT), staleness=1, source="prompts", last_step=3)
 

@@ -13,7 +13,7 @@ from hybridflow.graph.dispatch import method, worker_methods
 from hybridflow.runtime.local import LocalRuntime
 from tests.support import fakes
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAKES_FILE = os.path.join(REPO, "tests", "support", "fakes.py")
 
 

@@ -14,7 +14,7 @@ from hybridflow.cli import main
 from hybridflow.program.assemble import GraphFileError, load_graph_module, prepare
 from hybridflow.program.config import ConfigError
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAKES = os.path.join(REPO, "tests", "support", "fakes.py")
 
 PPO = '''

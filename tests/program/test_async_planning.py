@@ -6,8 +6,8 @@ from hybridflow.plan.async_split import split_sides
 from hybridflow.program.assemble import load_plan
 from hybridflow.plan.weight_sync import planner_view
 
-GRPO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "graphs",
-                    "grpo.py")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GRPO = os.path.join(REPO, "graphs", "grpo.py")
 ASYNC = ["trainer.staleness=1", "trainer.allow_uncorrected_async=true"]
 APART = ["runtime.name=ray", "placement.pools.gen.devices_per_node=1",
          "placement.roles.rollout=gen"]

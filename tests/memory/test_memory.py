@@ -20,7 +20,7 @@ from hybridflow.memory.roles import PoolMemory, RoleMemory
 from hybridflow.workers.config import LoraConfig
 from hybridflow.workers.models import model_bytes
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,

@@ -12,7 +12,7 @@ from omegaconf.errors import ConfigAttributeError
 from hybridflow.program.config import ConfigError, build_config
 from hybridflow.program.assemble import prepare
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOY_BASE = os.path.join(REPO, "graphs", "assets", "toy_base")
 
 TEACHER = '''

@@ -17,7 +17,7 @@ from hybridflow.program.assemble import (GraphFileError, LoadedGraph, compile_pr
 from hybridflow.workers import DEFAULT_ROLES
 from hybridflow.workers.config import ActorConfig, ModelConfig, read_section
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GRPO = os.path.join(REPO, "graphs", "grpo.py")
 
 SCORER = '''

@@ -20,7 +20,7 @@ from hybridflow.cli import main
 from hybridflow.program.assemble import prepare
 from hybridflow.program.config import ConfigError
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GRPO = os.path.join(REPO, "graphs", "grpo.py")
 PPO = os.path.join(REPO, "graphs", "ppo.py")
 TOY_BASE = os.path.join(REPO, "graphs", "assets", "toy_base")

@@ -131,7 +131,7 @@ def test_row_checks_come_from_the_roles_the_plan_calls():
 
     from hybridflow.program.assemble import prepare
     from hybridflow.core.data import row_checker
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     grpo = prepare(os.path.join(repo, "graphs", "grpo.py"), preflight=False)
     sft = prepare(os.path.join(repo, "graphs", "sft.py"), preflight=False)
     assert row_checker(grpo.plan, grpo.cfg) is not None

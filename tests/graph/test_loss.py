@@ -16,7 +16,7 @@ from hybridflow.graph.builder import Graph
 from hybridflow.graph.loss import call_keys, default_loss, loss_fn, loss_spec, takes_loss
 from hybridflow.plan.placement import Placement, PoolSpec
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SEQ = ("input_ids", "responses", "response_mask")
 
 

@@ -3,7 +3,8 @@ import os
 
 from hybridflow.program.assemble import prepare
 
-PPO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "graphs", "ppo.py")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PPO = os.path.join(REPO, "graphs", "ppo.py")
 
 
 def test_auto_placement_replaces_the_placement_section(capsys):

@@ -14,7 +14,7 @@ from hybridflow.run.lifecycle import (ResumeError, check_resumed_config, config_
                                       explicit_keys)
 from hybridflow.run.tracking import RunDir
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GRAPHS = sorted(p for p in glob.glob(os.path.join(REPO, "graphs", "*.py"))
                 if "def build(" in open(p, encoding="utf-8").read())
 

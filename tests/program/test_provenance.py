@@ -8,7 +8,7 @@ from hybridflow.cli import main
 from hybridflow.program.assemble import prepare
 from hybridflow.program.provenance import provenance_lines
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PPO = os.path.join(REPO, "graphs", "ppo.py")
 TOY_BASE = os.path.join(REPO, "graphs", "assets", "toy_base")
 

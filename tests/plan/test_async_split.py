@@ -12,7 +12,7 @@ from hybridflow.plan.async_split import READY, iteration_plans, split_sides
 from hybridflow.plan.compiler import GraphError
 from hybridflow.program.assemble import prepare
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAKES = os.path.join(REPO, "tests", "support", "fakes.py")
 FAKE_BINDINGS = [f"workers.actor={FAKES}:FakeActor", f"workers.ref={FAKES}:FakeReference",
                  f"workers.reward={FAKES}:FakeReward"]

@@ -8,7 +8,7 @@ import textwrap
 
 from hybridflow.cli import main
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GRPO = os.path.join(REPO, "graphs", "grpo.py")
 FAKES = os.path.join(REPO, "tests", "support", "fakes.py")
 OPT_OUT = "trainer.allow_uncorrected_async=true"

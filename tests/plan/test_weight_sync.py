@@ -9,7 +9,8 @@ from hybridflow.graph.dispatch import BROADCAST, RANK_ZERO
 from hybridflow.draw.graph import edge_keys, plan_to_dot
 from hybridflow.plan.weight_sync import planner_view, resync_plan
 
-GRAPHS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "graphs")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GRAPHS = os.path.join(REPO, "graphs")
 SPLIT = ["placement.pools.gen.devices_per_node=2", "placement.roles.rollout=gen"]
 
 

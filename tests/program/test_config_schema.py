@@ -13,7 +13,7 @@ from hybridflow.program.config import ConfigError, RunConfig, build_config
 from hybridflow.core.constraints import checked, in_range
 from hybridflow.program.assemble import GraphFileError, load_graph_module, prepare
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GRAPHS = ["grpo", "ppo", "rloo", "reinforce_pp", "remax", "dapo", "sft"]
 
 
