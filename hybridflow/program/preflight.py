@@ -26,6 +26,7 @@ from hybridflow.plan.compiler import ExecutionPlan
 from hybridflow.program.config import ConfigError
 from hybridflow.graph.dispatch import is_data_parallel
 from hybridflow.core.kinds import Op
+from hybridflow.core.worker_hooks import check_section
 
 __all__ = ["preflight", "check_paths", "check_role_paths", "check_role_sections",
            "check_batch_feeds_ranks"]
@@ -44,9 +45,8 @@ def check_role_sections(cfg: DictConfig, plan: ExecutionPlan) -> None:
     `check_section(section)` classmethod raising ConfigError (e.g. the agent role
     loads its environment)."""
     for role, cls in plan.bindings.items():
-        check = getattr(cls, "check_section", None)
-        if callable(check) and role in cfg:
-            check(cfg[role])
+        if role in cfg:
+            check_section(cls, cfg[role])
 
 
 def _model_dir(key: str, spec: str) -> None:

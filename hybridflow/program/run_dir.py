@@ -17,6 +17,7 @@ import math
 import os
 import statistics
 from hybridflow.planner.measured import MeasuredRun
+from hybridflow.core.metric_names import STEP_TIME
 from hybridflow.planner.problem import PlanningError, Workload
 
 WARMUP_STEPS = 1
@@ -56,8 +57,8 @@ def read_run(run_dir: str) -> MeasuredRun:
     return MeasuredRun(run_dir, plan, models, run_workload(cfg, metrics, kept),
                        *run_pools(cfg, run_roles(loaded.plan, pipeline, models)),
                        node_means(timeline, kept),
-                       _median([m["perf/time_per_step"] for m in metrics if m.get("step") in kept
-                                and "perf/time_per_step" in m]), kept, pipeline)
+                       _median([m[STEP_TIME] for m in metrics if m.get("step") in kept
+                                and STEP_TIME in m]), kept, pipeline)
 
 
 def node_means(timeline: list[dict], steps: tuple[int, ...]) -> dict[str, float]:

@@ -27,6 +27,8 @@ from hybridflow.plan.compiler import ExecutionPlan
 from hybridflow.core.data import PromptDataset, PromptLoader, row_checker, toy_rows
 from hybridflow.graph.builder import Graph
 from hybridflow.core.kinds import NodeKind, Op, RowEffect
+from hybridflow.core.metric_names import STEP_TIME
+from hybridflow.core.worker_hooks import reports_held_tensors
 from hybridflow.program.assemble import LoadedGraph, compile_program
 from hybridflow.run.signals import Interrupted, NoSignals
 from hybridflow.run.tracking import MetricSinks, RunDir
@@ -197,7 +199,7 @@ class Trainer:
         from hybridflow.workers.base import held_bytes
         plans = [self.plan] + ([self.val_plan] if self.val_plan is not None else [])
         roles = sorted({r for p in plans for r in p.roles
-                        if hasattr(p.bindings[r], "held_tensors")})
+                        if reports_held_tensors(p.bindings[r])})
         return held_bytes([report for role in roles
                            for report in self.runtime.call_role(role, "held_tensors")])
 
@@ -214,7 +216,7 @@ class Trainer:
             check_finite(self.step, result.node_metrics)
         elapsed = time.perf_counter() - start
         metrics = dict(result.metrics)
-        metrics["perf/time_per_step"] = elapsed
+        metrics[STEP_TIME] = elapsed
         metrics["engine/driver_bytes"] = result.driver_bytes
         # each generate node's own mean length times its rows (a gather's extra rounds
         # are not counted: their rows are not kept per round)

@@ -46,6 +46,7 @@ from hybridflow.core.deadline import call_with_deadline
 from hybridflow.graph.dispatch import (DispatchMode, Layout, SlotLayout, get_dispatch_mode,
                                        merge_metrics)
 from hybridflow.core.kinds import Op
+from hybridflow.core.metric_names import timing_key
 from hybridflow.runtime.common import NodeFailure, NodeIO, StepResult, run_fn_node
 from hybridflow.runtime.gather_rounds import submit_gather
 from hybridflow.runtime.executor import Executor, TaskArgs, check_roles
@@ -164,7 +165,7 @@ class StepScheduler:
         self.result.node_metrics[node.name] = dict(metrics)
         self.result.rows[node.name] = self.outputs[node.name].num_rows or 0
         if starts:
-            self.result.metrics[f"timing_s/{node.name}"] = max(ends) - min(starts)
+            self.result.metrics[timing_key(node.name)] = max(ends) - min(starts)
 
     def _finish_step(self) -> None:
         merged = {}
