@@ -18,6 +18,7 @@ from hybridflow.commands.errors import failure_reason
 from hybridflow.plan.compiler import GraphError
 from hybridflow.program.config import ConfigError
 from hybridflow.core.data import DataError
+from hybridflow.core.loading import UserFileError
 from hybridflow.program.assemble import GraphFileError, prepare
 from hybridflow.run.lifecycle import (check_resumed_config, check_same_graph, explicit_keys,
                                       graph_identity, record_end)
@@ -81,7 +82,8 @@ def run(args) -> int:
         try:  # everything that can be checked before a worker starts
             loaded = prepare(args.graph, _overrides(args), args.config)
             run_dir = _run_dir(args, loaded)
-        except (GraphError, ConfigError, GraphFileError, DataError, FileNotFoundError) as err:
+        except (GraphError, ConfigError, GraphFileError, DataError, UserFileError,
+                FileNotFoundError) as err:
             print(f"hybridflow run: {err}", file=sys.stderr)
             return 1
         lock = RunLock(run_dir.path)
@@ -126,10 +128,10 @@ def _locked_run(args, loaded, run_dir: RunDir, signals) -> int:
     except (Exception, SystemExit, KeyboardInterrupt) as err:  # noqa: BLE001 - recorded
         return _start_failed(run_dir, err, resumed=bool(args.resume))
     signals.reclaim()  # a Ray runtime's start replaced the SIGTERM handler
+    for note in trainer.notes:  # rows dropped as too long; what a resume trimmed
+        _say(note)
     if args.resume:  # only now, with the checkpoint loaded, the run takes the new config
         run_dir.save_config(loaded.cfg)
-        for note in trainer.notes:
-            _say(note)
         _say(f"resumed from {trainer.resumed_from} (step {trainer.step})"
              if trainer.resumed_from else f"no checkpoint in {run_dir.path}: starting at step 0")
     print(f"run directory: {run_dir.path}")

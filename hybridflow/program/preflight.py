@@ -111,13 +111,14 @@ def check_role_paths(cfg: DictConfig) -> None:
 
 
 def _check_data_files(cfg: DictConfig) -> None:
-    from hybridflow.core.data import DataError, check_data_file
+    from hybridflow.core.data import check_data_file
+    from hybridflow.core.loading import UserFileError
     for key in ("train_files", "val_files"):
         path = cfg.data[key]
         if path:
             try:
                 check_data_file(str(path))
-            except DataError as err:
+            except UserFileError as err:
                 raise ConfigError(f"data.{key}: {err}") from None
 
 
