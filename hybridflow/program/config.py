@@ -60,7 +60,7 @@ class ToyTaskConfig:
     test_fraction: float = checked(0.25, in_range(0, 1, open_low=True, open_high=True))
     train_on_test: bool = False  # also train on the held-out pairs (base-model SFT only)
     # makes the rows: maker(seed, max_operand, test_fraction, train_on_test) -> (train, test)
-    maker: str = checked(DEFAULT_TOY_MAKER, named_object("the toy data maker"))
+    maker: str = checked(DEFAULT_TOY_MAKER, named_object("the toy data maker", True))
 
 
 @dataclass
