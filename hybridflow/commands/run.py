@@ -20,6 +20,7 @@ from hybridflow.program.config import ConfigError
 from hybridflow.core.data import DataError
 from hybridflow.core.loading import UserFileError
 from hybridflow.program.assemble import GraphFileError, prepare
+from hybridflow.program.run_record import save_plan_record
 from hybridflow.run.lifecycle import (check_resumed_config, check_same_graph, explicit_keys,
                                       graph_identity, record_end)
 from hybridflow.run.lock import RunLock
@@ -122,6 +123,7 @@ def _locked_run(args, loaded, run_dir: RunDir, signals) -> int:
     else:
         run_dir.save_graph_identity(graph_identity(loaded.graph.name, args.graph))
         run_dir.save_config(loaded.cfg)
+        save_plan_record(run_dir, loaded.plan, loaded.cfg)  # what readers need, as data
         run_dir.set_status("starting", step=0, steps=loaded.cfg.trainer.steps)
     try:  # datasets are read, then the workers start (and a resume loads its checkpoint)
         trainer = Trainer(loaded, run_dir, resume_from=run_dir.path if args.resume else None)
@@ -132,6 +134,7 @@ def _locked_run(args, loaded, run_dir: RunDir, signals) -> int:
         _say(note)
     if args.resume:  # only now, with the checkpoint loaded, the run takes the new config
         run_dir.save_config(loaded.cfg)
+        save_plan_record(run_dir, loaded.plan, loaded.cfg)
         _say(f"resumed from {trainer.resumed_from} (step {trainer.step})"
              if trainer.resumed_from else f"no checkpoint in {run_dir.path}: starting at step 0")
     print(f"run directory: {run_dir.path}")
