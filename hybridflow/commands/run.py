@@ -44,6 +44,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
+def resume_word(args) -> None:
+    """`--resume key=value`: the optional RUN_DIR of --resume took an override (argparse
+    binds the next word); a key=value that is not a directory is an override, and
+    --resume means the newest run."""
+    word = args.resume
+    if word not in (None, _NEWEST) and "=" in word and not os.path.isdir(word):
+        args.overrides = [*args.overrides, word]
+        args.resume = _NEWEST
+
+
 def _overrides(args) -> list[str]:
     extra = list(args.overrides)
     if args.address and args.runtime == "local":
@@ -79,6 +89,7 @@ def _run_dir(args, loaded) -> RunDir:
 
 
 def run(args) -> int:
+    resume_word(args)
     with SignalGuard() as signals:  # SIGTERM and SIGHUP stop a run like Ctrl-C
         try:  # everything that can be checked before a worker starts
             loaded = prepare(args.graph, _overrides(args), args.config)

@@ -20,7 +20,8 @@ from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["UserFileError", "check_file", "check_dir", "read_bytes", "read_text", "read_json",
-           "read_jsonl", "parse_json", "read_yaml", "read_safetensors", "library_read",
+           "read_jsonl", "parse_json", "read_yaml", "read_safetensors", "check_safetensors",
+           "library_read",
            "describe_path"]
 
 
@@ -155,6 +156,34 @@ def read_safetensors(path: str, what: str = "weights file", fix: str = ""):
                       "save it again (model.save_pretrained)"):
         from safetensors.torch import load_file
         return load_file(path)
+
+
+def check_safetensors(path: str, what: str = "weights file") -> None:
+    """A safetensors file whose header parses and whose tensors all lie inside the file
+    (a truncated download or copy fails here, naming the file, not deep in a loader)."""
+    fix = "the file is truncated or not safetensors: copy or save it again"
+    check_file(path, what, fix)  # a directory, a FIFO, an empty file
+    size = os.path.getsize(path)
+    with open(path, "rb") as handle:
+        prefix = handle.read(8)
+        length = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
+        if length < 2 or 8 + length > size:
+            raise _fail(what, path, f"is not a complete safetensors file ({size} bytes; "
+                        f"its header is cut short)", fix)
+        head = handle.read(length)
+    try:
+        header = json.loads(head.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise _fail(what, path, "is not a safetensors file (its header is not JSON)",
+                    fix) from None
+    if not isinstance(header, dict):
+        raise _fail(what, path, "is not a safetensors file (its header is not a table)", fix)
+    ends = [entry.get("data_offsets", [0, 0])[-1] for key, entry in header.items()
+            if key != "__metadata__" and isinstance(entry, dict)]
+    need = 8 + length + max((e for e in ends if isinstance(e, int)), default=0)
+    if need > size:
+        raise _fail(what, path, f"is truncated: its tensors need {need} bytes, the file has "
+                    f"{size}", fix)
 
 
 @contextlib.contextmanager

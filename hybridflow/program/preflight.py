@@ -34,7 +34,10 @@ _MODEL_KEYS = ("model.path", "ref.path", "critic.path", "reward.model_path")
 
 
 def preflight(cfg: DictConfig, plan: ExecutionPlan) -> None:
+    from hybridflow.program.model_checks import check_positions, check_tokenizer_files
     check_paths(cfg)
+    check_positions(cfg)  # also reads each model's config.json and weight headers
+    check_tokenizer_files(cfg)
     check_role_sections(cfg, plan)
     check_batch_feeds_ranks(cfg, plan)
 
