@@ -18,7 +18,7 @@ from hybridflow.commands.errors import failure_reason
 from hybridflow.plan.compiler import GraphError
 from hybridflow.program.config import ConfigError
 from hybridflow.core.data import DataError
-from hybridflow.core.loading import UserFileError
+from hybridflow.core.loading import UserFileError, read_yaml
 from hybridflow.program.assemble import GraphFileError, prepare
 from hybridflow.program.run_record import save_plan_record
 from hybridflow.run.lifecycle import (check_resumed_config, check_same_graph, explicit_keys,
@@ -93,6 +93,7 @@ def run(args) -> int:
     with SignalGuard() as signals:  # SIGTERM and SIGHUP stop a run like Ctrl-C
         try:  # everything that can be checked before a worker starts
             loaded = prepare(args.graph, _overrides(args), args.config)
+            refuse_untrained(loaded.plan, args.graph)
             run_dir = _run_dir(args, loaded)
         except (GraphError, ConfigError, GraphFileError, DataError, UserFileError,
                 FileNotFoundError) as err:
@@ -106,6 +107,15 @@ def run(args) -> int:
             lock.release()
 
 
+def refuse_untrained(plan, graph: str) -> None:
+    """A run trains: a graph with no training node would run its steps, learn nothing
+    and exit 0 (verl and TRL always update). `hybridflow check` still draws it."""
+    if not any(n.kind.trains for n in plan.nodes):
+        raise GraphError(f"graph {plan.graph_name!r} ({graph}) has no training node: a run "
+                         f"would learn nothing; add one (e.g. g.call('actor', 'update', "
+                         f"...)), or inspect the graph with `hybridflow check {graph}`")
+
+
 def _say(text: str) -> None:
     print(f"hybridflow run: {text}", file=sys.stderr)
 
@@ -115,11 +125,11 @@ def _resumed_config(args, loaded, run_dir: RunDir):
     before anything is written; returns the loaded graph to resume with."""
     for note in check_same_graph(run_dir, graph_identity(loaded.graph.name, args.graph)):
         _say(note)
-    saved = OmegaConf.load(run_dir.file("config.yaml"))
+    saved = read_yaml(run_dir.file("config.yaml"), "run config")
     with tempfile.TemporaryDirectory() as scratch:  # never written into the run
         base = os.path.join(scratch, "config.yaml")  # the run's config, then --config's
-        OmegaConf.save(OmegaConf.merge(saved, OmegaConf.load(args.config)) if args.config
-                       else saved, base)
+        OmegaConf.save(OmegaConf.merge(saved, read_yaml(args.config, "config file"))
+                       if args.config else saved, base)
         resumed = prepare(args.graph, _overrides(args), base)
     for note in check_resumed_config(run_dir, saved, resumed.cfg,
                                      explicit_keys(_overrides(args), args.config)):
