@@ -35,7 +35,10 @@ _MODEL_KEYS = ("model.path", "ref.path", "critic.path", "reward.model_path")
 
 
 def preflight(cfg: DictConfig, plan: ExecutionPlan) -> None:
+    from hybridflow.program.model_checks import check_positions, check_tokenizer_files
     check_paths(cfg)
+    check_positions(cfg)  # also reads each model's config.json and weight headers
+    check_tokenizer_files(cfg)
     check_role_sections(cfg, plan)
     check_batch_feeds_ranks(cfg, plan)
 
@@ -111,13 +114,14 @@ def check_role_paths(cfg: DictConfig) -> None:
 
 
 def _check_data_files(cfg: DictConfig) -> None:
-    from hybridflow.core.data import DataError, check_data_file
+    from hybridflow.core.data import check_data_file
+    from hybridflow.core.loading import UserFileError
     for key in ("train_files", "val_files"):
         path = cfg.data[key]
         if path:
             try:
                 check_data_file(str(path))
-            except DataError as err:
+            except UserFileError as err:
                 raise ConfigError(f"data.{key}: {err}") from None
 
 

@@ -89,11 +89,12 @@ class Trainer:
         self.module = loaded.module
         cfg = self.cfg
         seed_everything(cfg.trainer.seed)
+        self.notes: list[str] = []  # lines for the user: rows dropped, what a resume trimmed
         self.train_loader, self.val_loader = self._make_loaders()
         self.val_plan = self._compile_validation() if cfg.trainer.val_every > 0 else None
         self.step, self.saved_step = 0, None
         self.last_result = None  # the last step's StepResult (outputs left on the workers)
-        self.resumed_from, self.notes = None, []  # what a resume loaded; what it trimmed
+        self.resumed_from = None  # what a resume loaded
         self.sinks = None
         # trainer.staleness >= 1: the rollout runs ahead of training (async_loop.py)
         self.ahead = AsyncSchedule(self.plan, self.train_loader) if self.plan.sides else None
@@ -127,6 +128,7 @@ class Trainer:
                                              toy.train_on_test, toy.maker)
             train = PromptDataset(train_rows, tok, limit, drop, name="toy train", check_row=check)
             val = PromptDataset(val_rows, tok, limit, drop, name="toy test", check_row=check)
+        self._note_dropped(train, val, limit)
         pad = tok.pad_token_id
         gathers = any(n.row_effect is RowEffect.GATHERS  # rounds concatenate
                       for n in self.plan.nodes)
@@ -134,6 +136,17 @@ class Trainer:
                                     cfg.trainer.seed, fixed_width=gathers)
         val_loader = PromptLoader(val, min(len(val), 256), pad, False) if val else None
         return train_loader, val_loader
+
+    def _note_dropped(self, train, val, limit: int) -> None:
+        """Rows longer than data.max_prompt_length are dropped and counted: a line at
+        start and `data/dropped_overlong_*` in step 1's metrics."""
+        self.dropped = {"data/dropped_overlong_train": train.dropped,
+                        "data/dropped_overlong_val": val.dropped if val else 0}
+        for name, data in (("train", train), ("validation", val)):
+            if data is not None and data.dropped:
+                self.notes.append(f"{data.name}: dropped {data.dropped} {name} rows longer "
+                                  f"than data.max_prompt_length={limit} (kept {len(data)}); "
+                                  f"set data.filter_overlong=false to fail on them instead")
 
     def _compile_validation(self) -> ExecutionPlan | None:
         if self.val_loader is None:
@@ -171,6 +184,7 @@ class Trainer:
         metrics = self.train_step()
         if self.step == 1:  # once a run (a resumed run keeps this line), after
             metrics.update(self.held_bytes())  # an update allocated optimizer state
+            metrics.update(self.dropped)
         if self.val_plan is not None and self.step % cfg.val_every == 0:
             metrics.update(self.validate())
         self.sinks.log(self.step, metrics)

@@ -8,6 +8,8 @@ a model with sdpa attention gets `sdpa_varlen` (`varlen_attention.py`).
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from hybridflow.workers.config import ModelConfig
@@ -88,7 +90,11 @@ def resolve_dtype(name: str) -> torch.dtype:
 def _hf_config(model_cfg: ModelConfig, tokenizer, path: str | None, **overrides):
     from transformers import AutoConfig
     if path is not None:
-        config = AutoConfig.from_pretrained(require_local_dir(path, "model"))
+        from hybridflow.core.loading import library_read
+        folder = require_local_dir(path, "model")
+        with library_read(os.path.join(folder, "config.json"), "model config",
+                          "a Hugging Face model directory holds a JSON config.json"):
+            config = AutoConfig.from_pretrained(folder)
     else:
         values = dict(model_cfg.hf_config)
         model_type = values.pop("model_type", "llama")
@@ -111,9 +117,12 @@ def _build(auto_cls, model_cfg: ModelConfig, tokenizer, device, seed: int,
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # heads missing from a checkpoint init the same everywhere
         if path is not None:
-            model, info = auto_cls.from_pretrained(path, config=config, dtype=dtype,
-                                                   output_loading_info=True,
-                                                   ignore_mismatched_sizes=True)
+            from hybridflow.core.loading import library_read
+            with library_read(path, "model directory", "its weight files are damaged or "
+                              "not the model's: save the model again"):
+                model, info = auto_cls.from_pretrained(path, config=config, dtype=dtype,
+                                                       output_loading_info=True,
+                                                       ignore_mismatched_sizes=True)
             check_loading_info(path, info, may_miss, may_leave)
         else:
             model = auto_cls.from_config(config).to(dtype)
