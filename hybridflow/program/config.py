@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -121,8 +122,51 @@ class PlacementConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
 
+class _DeprecatedMapping:
+    """`dict(cfg)`, `cfg["actor"]`, `cfg.keys()`, `"x" in cfg`: what a worker written
+    against the docs before the typed RunConfig (when `cfg` was a DictConfig) did. It
+    still works, giving each section as a plain dict, with a FutureWarning once per
+    process saying what to write instead (docs/workers.md#migrating-a-worker-class)."""
+
+    _warned = [False]
+
+    def _deprecated(self) -> None:
+        if not self._warned[0]:
+            self._warned[0] = True
+            warnings.warn(
+                "reading the run config as a mapping (dict(cfg), cfg['section']) is "
+                "deprecated: workers receive a typed RunConfig; read a section with "
+                "hybridflow.core.sections.read_section(cfg, 'actor', ActorConfig) or "
+                "cfg.<section> (docs/workers.md#migrating-a-worker-class)",
+                FutureWarning, stacklevel=3)
+
+    def keys(self):
+        self._deprecated()
+        return list(vars(self))
+
+    def __iter__(self):
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(vars(self))
+
+    def __contains__(self, name) -> bool:
+        self._deprecated()
+        return name in vars(self)
+
+    def __getitem__(self, name: str):
+        self._deprecated()
+        if name not in vars(self):
+            raise KeyError(f"the run config has no section {name!r}; it has {sorted(vars(self))}")
+        value = getattr(self, name)
+        return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+
+    def get(self, name: str, default=None):
+        return self[name] if name in vars(self) else default
+
+
 @dataclass
-class RunConfig:
+class RunConfig(_DeprecatedMapping):
     """The run's sections. `run_values` gives an instance; a role bound in `workers`
     beyond these has its section as an attribute of the role's name."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

@@ -18,18 +18,19 @@ from collections import defaultdict
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
 
 from hybridflow.run.async_loop import AsyncSchedule, busy_fractions
 from hybridflow.run.checkpoint import (latest_checkpoint, load_trainer_state, restore_rng,
                                        save_checkpoint)
 from hybridflow.plan.compiler import ExecutionPlan
 from hybridflow.core.data import PromptDataset, PromptLoader, row_checker, toy_rows
-from hybridflow.graph.builder import Graph
 from hybridflow.core.kinds import NodeKind, Op, RowEffect
 from hybridflow.core.metric_names import STEP_TIME
 from hybridflow.core.worker_hooks import reports_held_tensors
 from hybridflow.program.assemble import LoadedGraph, compile_program
+from hybridflow.program.validation import (ScoreSource, ValidationPlan, compile_validation,
+                                           default_validation_graph)
+from hybridflow.graph.dispatch import merge_metrics
 from hybridflow.run.signals import Interrupted, NoSignals
 from hybridflow.run.tracking import MetricSinks, RunDir
 
@@ -44,19 +45,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def default_validation_graph(cfg: DictConfig) -> Graph:
-    """Greedy answers (accuracy) and N samples (mean@N, best@N) per held-out prompt."""
-    g = Graph("validation")
-    prompts = g.source("prompts")
-    greedy = g.call("actor.generate", prompts, n=1, do_sample=False, name="greedy")
-    g.call("reward.score", greedy, name="greedy_score")
-    if cfg.trainer.val_samples > 1:
-        sampled = g.call("actor.generate", prompts, n=cfg.trainer.val_samples,
-                         do_sample=True, name="sampled")
-        g.call("reward.score", sampled, name="sampled_score")
-    return g
 
 
 def make_runtime(plan: ExecutionPlan, cfg, extra_plans=()):
@@ -91,7 +79,8 @@ class Trainer:
         seed_everything(cfg.trainer.seed)
         self.notes: list[str] = []  # lines for the user: rows dropped, what a resume trimmed
         self.train_loader, self.val_loader = self._make_loaders()
-        self.val_plan = self._compile_validation() if cfg.trainer.val_every > 0 else None
+        self.validation = self._compile_validation() if cfg.trainer.val_every > 0 else None
+        self.val_plan = self.validation.plan if self.validation is not None else None
         self.step, self.saved_step = 0, None
         self.last_result = None  # the last step's StepResult (outputs left on the workers)
         self.resumed_from = None  # what a resume loaded
@@ -148,11 +137,10 @@ class Trainer:
                                   f"than data.max_prompt_length={limit} (kept {len(data)}); "
                                   f"set data.filter_overlong=false to fail on them instead")
 
-    def _compile_validation(self) -> ExecutionPlan | None:
+    def _compile_validation(self) -> ValidationPlan | None:
         if self.val_loader is None:
             return None
-        build = getattr(self.module, "validation", None) or default_validation_graph
-        return compile_program(self.cfg, build(self.cfg))
+        return compile_validation(self.module, self.cfg, compile_program)
 
     def sources(self) -> list[str]:
         return [n.name for n in self.plan.nodes if n.op is Op.SOURCE]
@@ -244,21 +232,36 @@ class Trainer:
         return metrics
 
     def validate(self) -> dict:
+        """Scores from the nodes the validation graph marks (program/validation.py);
+        every node's own metrics too, as `val/<metric>`, merged over the batches."""
         per_source: dict[str, list] = defaultdict(lambda: [[], defaultdict(list)])
+        node_metrics, rows = [], []
+        marks = self.validation
         for batch in self.val_loader.all_batches():
             result = self.runtime.run_step({"prompts": batch}, plan=self.val_plan)
-            scores = self._fetch_scores(result, "greedy", "greedy_score")
-            for score, source, _ in scores:
+            for score, source, _ in self._fetch_scores(result, marks.greedy):
                 per_source[source][0].append(score)
-            if "sampled_score" in result.outputs:
-                for score, source, uid in self._fetch_scores(result, "sampled", "sampled_score"):
+            if marks.sampled is not None:
+                for score, source, uid in self._fetch_scores(result, marks.sampled):
                     per_source[source][1][uid].append(score)
-        return _validation_metrics(per_source, self.cfg.trainer.val_samples)
+            node_metrics.append({k: v for k, v in result.metrics.items()
+                                 if not k.startswith("timing_s/")})
+            rows.append(len(batch))
+        out = {f"val/{k}": v for k, v in merge_metrics(node_metrics, rows).items()}
+        out.update(_validation_metrics(per_source, self.cfg.trainer.val_samples))
+        return out
 
-    def _fetch_scores(self, result, rollout: str, score: str):
-        rows = self.runtime.fetch(result, rollout, ("data_source", "uid"))
-        scores = self.runtime.fetch(result, score, ("scores",))["scores"].tolist()
-        return zip(scores, rows["data_source"], rows["uid"])
+    def _fetch_scores(self, result, source: ScoreSource):
+        scores = self.runtime.fetch(result, source.node, ("scores",))["scores"].tolist()
+        columns = {}
+        for key, writer in source.rows.items():
+            columns[key] = list(self.runtime.fetch(result, writer, (key,))[key])
+            if len(columns[key]) != len(scores):
+                raise RuntimeError(
+                    f"validation: node '{source.node}' returned {len(scores)} scores but "
+                    f"'{key}' of node '{writer}' has {len(columns[key])} rows; the marked node "
+                    f"must keep its input's rows")
+        return zip(scores, columns["data_source"], columns["uid"])
 
     # ------------------------------------------------------------ checkpoints
     def trained_roles(self) -> list[str]:
