@@ -10,7 +10,8 @@ made by `prepare` after the graph compiles and before any worker starts.
   agent role's environment loads;
 - the batch can feed the data-parallel ranks of every role, and each trained role's
   mini-batch divides evenly over its ranks;
-- the local runtime is not asked to train a role on more than one rank.
+- the local runtime is not asked to train a role on more than one rank;
+- with rollout.backend='vllm', vLLM can run the model (head size, dtype).
 
 Each failure is a ConfigError naming the config key (and role or pool) to change.
 Reading every row of a dataset waits for the Trainer, which builds its loaders
@@ -41,6 +42,8 @@ def preflight(cfg: DictConfig, plan: ExecutionPlan) -> None:
     check_tokenizer_files(cfg)
     check_role_sections(cfg, plan)
     check_batch_feeds_ranks(cfg, plan)
+    from hybridflow.workers.rollout.vllm_checks import preflight_vllm
+    preflight_vllm(cfg)  # the model's head size and dtype, where vLLM imports here
 
 
 def check_role_sections(cfg: DictConfig, plan: ExecutionPlan) -> None:
