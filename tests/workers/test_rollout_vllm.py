@@ -13,9 +13,9 @@ from tests.support.workers import make_cfg, prompt_batch
 from hybridflow.workers.base import WorkerContext
 from hybridflow.workers.config import ModelConfig, RolloutConfig, read_section
 from hybridflow.workers.rollout.engine import UNKNOWN_VERSION, EngineSpec
-from hybridflow.workers.rollout.vllm import (SLEEP_LEVEL, log_probs_from_outputs,
-                                             make_vllm_engine, prompt_token_lists,
-                                             responses_from_outputs, sampling_kwargs)
+from hybridflow.workers.rollout.vllm import (SLEEP_LEVEL, log_probs_from_outputs, make_vllm_engine,
+                                             prompt_token_lists, responses_from_outputs,
+                                             sampling_kwargs)
 from hybridflow.workers.rollout.weights import plain_weight_name, policy_weights
 from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
 

@@ -95,8 +95,8 @@ def test_responses_end_at_the_tokenizers_eos_only_and_padding_is_never_response(
 
 
 def test_an_unsupported_head_size_is_refused_before_launch():
-    from hybridflow.config import ConfigError
-    from hybridflow.program import prepare
+    from hybridflow.program.config import ConfigError
+    from hybridflow.program.assemble import prepare
     from tests.support.e2e import graph_file
     with pytest.raises(ConfigError, match=r"head size 16 .*allowed: 32, 64"):
         prepare(graph_file("grpo"), ["rollout.backend=vllm", "model.path=null",

@@ -45,8 +45,7 @@ from hybridflow.workers.rollout.engine import UNKNOWN_VERSION, EngineSpec
 from hybridflow.workers.rollout.generation import assemble_rollout
 from hybridflow.workers.rollout.vllm_checks import check_vllm_model, vllm_dtype
 from hybridflow.workers.rollout.vllm_process import (PROCESS_STATE, VLLMProcessState,
-                                                     note_build_start, own_shutdown,
-                                                     rank_env)
+                                                     note_build_start, own_shutdown, rank_env)
 from hybridflow.workers.sequences import pad_right
 
 __all__ = ["VLLMEngine", "make_vllm_engine", "engine_kwargs", "prompt_token_lists",
