@@ -28,6 +28,7 @@ from hybridflow.data import PromptDataset, PromptLoader, row_checker, toy_rows
 from hybridflow.graph import Graph
 from hybridflow.kinds import NodeKind, Op, RowEffect
 from hybridflow.program import LoadedGraph, compile_program
+from hybridflow.run_generations import GENERATIONS_FILE, GenerationLog, train_nodes
 from hybridflow.run_signals import Interrupted, NoSignals
 from hybridflow.tracking import MetricSinks, RunDir
 
@@ -104,6 +105,8 @@ class Trainer:
             if resume_from:
                 self._resume(resume_from)
             self.sinks = MetricSinks(run, cfg.trainer.tensorboard, cfg.trainer.wandb, run.path)
+            self.generations = GenerationLog(run.file(GENERATIONS_FILE), self.tokenizer,
+                                             self.sinks)
         except BaseException:
             self.close()
             raise
@@ -112,7 +115,7 @@ class Trainer:
     def _make_loaders(self) -> tuple[PromptLoader, PromptLoader | None]:
         from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
         cfg = self.cfg
-        tok = load_tokenizer(tokenizer_spec(cfg.model))
+        tok = self.tokenizer = load_tokenizer(tokenizer_spec(cfg.model))
         limit, drop = cfg.data.max_prompt_length, cfg.data.filter_overlong
         check = row_checker(self.plan, cfg)  # values the scorer needs, checked at load
         if cfg.data.train_files:
@@ -212,6 +215,7 @@ class Trainer:
         self.last_result = result
         if self.cfg.trainer.check_finite:
             check_finite(self.step, result.node_metrics)
+        self._log_train_generations(result)
         elapsed = time.perf_counter() - start
         metrics = dict(result.metrics)
         metrics["perf/time_per_step"] = elapsed
@@ -227,16 +231,29 @@ class Trainer:
         self.sinks.log_timeline(self.step, result.timeline)
         return metrics
 
+    def _log_train_generations(self, result) -> None:
+        nodes = train_nodes(self.plan) if self.cfg.trainer.log_generations else None
+        if nodes:
+            self.generations.write(self.generations.samples(
+                self.runtime, result, *nodes, self.cfg.trainer.log_generations, self.step,
+                "train"))
+
     def validate(self) -> dict:
         per_source: dict[str, list] = defaultdict(lambda: [[], defaultdict(list)])
+        samples, wanted = [], self.cfg.trainer.log_val_generations
         for batch in self.val_loader.all_batches():
             result = self.runtime.run_step({"prompts": batch}, plan=self.val_plan)
+            if len(samples) < wanted:  # from the first batches: held-out rows are fixed
+                samples += self.generations.samples(self.runtime, result, "greedy",
+                                                    "greedy_score", wanted - len(samples),
+                                                    self.step, "val")
             scores = self._fetch_scores(result, "greedy", "greedy_score")
             for score, source, _ in scores:
                 per_source[source][0].append(score)
             if "sampled_score" in result.outputs:
                 for score, source, uid in self._fetch_scores(result, "sampled", "sampled_score"):
                     per_source[source][1][uid].append(score)
+        self.generations.write(samples, show=True)
         return _validation_metrics(per_source, self.cfg.trainer.val_samples)
 
     def _fetch_scores(self, result, rollout: str, score: str):
