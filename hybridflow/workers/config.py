@@ -2,7 +2,7 @@
 
 Each dataclass is one section of the run's structured config (`model`, `actor`,
 `rollout`, `ref`, `critic`, `reward`); `hybridflow/program/config.py` composes them.
-`hybridflow.program.assemble.assemble.prepare` builds the run config once and converts it to typed
+`hybridflow.program.assemble.prepare` builds the run config once and converts it to typed
 values once (`config.run_values`); a worker receives those values and takes its
 sections with `read_section` (which returns an already-typed section as it is, and
 still converts a dict for workers built by hand in tests).
@@ -49,7 +49,7 @@ _DEVICE = Rule(lambda v: v in ("auto", "cpu", "cuda") or str(v).startswith("cuda
                "be 'auto', 'cpu', 'cuda' or 'cuda:<index>'")
 # Names a default loss understands ("policy loss" -> ("cispo", "gspo", "ppo"), "KL
 # kind", "loss aggregation mode"): registered by the module that holds that math
-# (graphs/ops.py, one of hybridflow.graph.builder.loss.DEFAULT_LOSS_PROVIDERS), so the engine names
+# (graphs/ops.py, one of hybridflow.graph.loss.DEFAULT_LOSS_PROVIDERS), so the engine names
 # none of them and still refuses a typo before launch.
 LOSS_SETTING_NAMES: dict[str, tuple[str, ...]] = {}
 
@@ -65,7 +65,7 @@ def setting_names(what: str) -> tuple[str, ...]:
     if what not in LOSS_SETTING_NAMES:
         import importlib
 
-        from hybridflow.graph.builder.loss import DEFAULT_LOSS_PROVIDERS
+        from hybridflow.graph.loss import DEFAULT_LOSS_PROVIDERS
         for module in DEFAULT_LOSS_PROVIDERS:
             importlib.import_module(module)
     return LOSS_SETTING_NAMES.get(what, ())
