@@ -22,18 +22,18 @@ from __future__ import annotations
 
 import inspect
 import numbers
-import warnings
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable
 
 from hybridflow.core.batch import Batch
 from hybridflow.core.kinds import METHOD_KINDS, NodeKind
+from hybridflow.core.metric_names import is_summed
 
 __all__ = [
     "BROADCAST", "DP", "DP_TP", "ONE_PER_WORKER", "RANK_ZERO", "SKIP", "NODE_KINDS",
     "DispatchMode", "Layout", "SlotLayout", "MethodSpec", "method", "method_spec", "worker_methods",
-    "register_dispatch_mode", "get_dispatch_mode", "merge_metrics", "is_count_metric",
+    "register_dispatch_mode", "get_dispatch_mode", "merge_metrics",
 ]
 
 BROADCAST, DP, DP_TP, ONE_PER_WORKER, RANK_ZERO = (
@@ -126,20 +126,10 @@ def worker_methods(cls) -> dict[str, MethodSpec]:
     return out
 
 
-COUNT_SUFFIX = "_total"  # the one rule: a metric named `*_total` is a count
-
-
-def is_count_metric(key: str) -> bool:
-    """A count (tool calls, timeouts, errors, episodes) is summed wherever metrics of
-    several parts are merged — data-parallel ranks, a gather's rounds, validation
-    batches; every other metric is a mean. Name a count `<name>_total`."""
-    return key.endswith(COUNT_SUFFIX)
-
-
 def merge_metrics(dicts: list[dict], weights: list[float] | None = None) -> dict:
-    """Each numeric metric over ranks (or any parts): counts (`is_count_metric`)
-    summed, others the mean weighted by `weights` (the rows each rank saw, so uneven
-    shards average exactly) or equal when not given."""
+    """Each numeric metric over ranks (or any parts): counts (`*_total`, the one rule
+    of `core.metric_names.is_summed`) summed, others the mean weighted by `weights`
+    (the rows each rank saw, so uneven shards average exactly) or equal if not given."""
     if not any(dicts):  # most nodes report none
         return {}
     weights = list(weights) if weights and sum(weights) > 0 else [1.0] * len(dicts)
@@ -150,7 +140,7 @@ def merge_metrics(dicts: list[dict], weights: list[float] | None = None) -> dict
         vals = [v for v, _ in pairs]
         numeric = all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in vals)
         total = sum(w for _, w in pairs)
-        if numeric and is_count_metric(key):
+        if numeric and is_summed(key):
             out[key] = float(sum(vals))
         else:
             out[key] = float(sum(v * w for v, w in pairs) / total) if numeric and total \
@@ -250,10 +240,9 @@ def _concat_collect(outputs: list) -> Batch:
 class DispatchMode:
     """A named way to fan a call out over a group's ranks and collect the results.
 
-    `slots(layout) -> SlotLayout` is the way every built-in mode is declared and the
-    way to register one. `dispatch_fn`/`collect_fn` is the older form (a pair of
-    functions over the whole value), kept for modes registered before slot layouts
-    and for `one_per_worker`, whose input is one value per rank, not rows
+    `slots(layout) -> SlotLayout` is the way every row mode is declared and the way
+    to register one. `dispatch_fn`/`collect_fn` (a pair of functions over the whole
+    value) is `one_per_worker`'s alone: its input is one value per rank, not rows
     (`rows=False`: it cannot be a graph node's dispatch).
     """
     name: str
@@ -308,31 +297,23 @@ _MODES: dict[str, DispatchMode] = {
 def register_dispatch_mode(name: str, dispatch: Callable | None = None,
                            collect: Callable | None = None, *,
                            slots: Callable[[Layout], SlotLayout] | None = None) -> None:
-    """Add a user-defined mode. The way to do it: `slots(layout) -> SlotLayout`,
-    which rows each rank receives and whose results are kept; it runs on Ray with
-    shards moving worker to worker, like the built-in modes.
+    """Add a user-defined mode: `slots(layout) -> SlotLayout`, which rows each rank
+    receives and whose results are kept; it runs on Ray with shards moving worker to
+    worker, like the built-in modes.
 
-    The older form, `dispatch(value, layout) -> per-rank values` (SKIP where a rank
-    does not run) and `collect(outputs, layout) -> value`, still works but is
-    deprecated: on Ray such a mode gathers the whole input on rank 0, which splits
-    it and collects every rank's result (three task waves, every row through one
-    worker)."""
+    `dispatch` and `collect` are accepted only to refuse the older (dispatch, collect)
+    pair form, removed (it routed every row through rank 0), with the way to migrate."""
+    if dispatch is not None or collect is not None:
+        raise ValueError(
+            f"dispatch mode {name!r} is registered as a (dispatch, collect) pair of "
+            f"functions, a form that was removed: declare which rows each rank receives "
+            f"instead, register_dispatch_mode({name!r}, slots=fn(layout) -> SlotLayout) "
+            f"(docs/runtime.md, 'Registering a mode', shows a pair rewritten as slots)")
+    if slots is None:
+        raise ValueError(f"dispatch mode {name!r} needs slots=fn(layout) -> SlotLayout")
     if name in _MODES:
         raise ValueError(f"dispatch mode {name!r} is already registered")
-    if slots is not None:
-        if dispatch is not None or collect is not None:
-            raise ValueError(f"dispatch mode {name!r}: give slots=, or the older "
-                             f"dispatch and collect functions, not both")
-        _MODES[name] = DispatchMode(name, slots)
-        return
-    if dispatch is None or collect is None:
-        raise ValueError(f"dispatch mode {name!r} needs slots=fn(layout) -> SlotLayout")
-    warnings.warn(f"dispatch mode {name!r} is registered as a (dispatch, collect) pair; "
-                  f"declare which rows each rank receives instead "
-                  f"(register_dispatch_mode({name!r}, slots=fn(layout) -> SlotLayout)): "
-                  f"on Ray a pair routes every row through rank 0",
-                  DeprecationWarning, stacklevel=2)
-    _MODES[name] = DispatchMode(name, dispatch_fn=dispatch, collect_fn=collect)
+    _MODES[name] = DispatchMode(name, slots)
 
 
 def get_dispatch_mode(name: str) -> DispatchMode:

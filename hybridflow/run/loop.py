@@ -26,12 +26,15 @@ from hybridflow.run.checkpoint import (latest_checkpoint, load_trainer_state, re
 from hybridflow.plan.compiler import ExecutionPlan
 from hybridflow.core.data import PromptDataset, PromptLoader, row_checker, toy_rows
 from hybridflow.core.kinds import NodeKind, Op, RowEffect
+from hybridflow.core.metric_names import STEP_TIME
+from hybridflow.core.worker_hooks import reports_held_tensors
 from hybridflow.program.assemble import LoadedGraph, compile_program
 from hybridflow.program.validation import (ScoreSource, ValidationPlan, compile_validation,
                                            default_validation_graph)
 from hybridflow.graph.dispatch import merge_metrics
 from hybridflow.run.signals import Interrupted, NoSignals
 from hybridflow.run.tracking import MetricSinks, RunDir
+from hybridflow.run.generations import GENERATIONS_FILE, GenerationLog, train_nodes
 
 __all__ = ["Trainer", "NumericsError", "default_validation_graph", "seed_everything"]
 
@@ -76,12 +79,13 @@ class Trainer:
         self.module = loaded.module
         cfg = self.cfg
         seed_everything(cfg.trainer.seed)
+        self.notes: list[str] = []  # lines for the user: rows dropped, what a resume trimmed
         self.train_loader, self.val_loader = self._make_loaders()
         self.validation = self._compile_validation() if cfg.trainer.val_every > 0 else None
         self.val_plan = self.validation.plan if self.validation is not None else None
         self.step, self.saved_step = 0, None
         self.last_result = None  # the last step's StepResult (outputs left on the workers)
-        self.resumed_from, self.notes = None, []  # what a resume loaded; what it trimmed
+        self.resumed_from = None  # what a resume loaded
         self.sinks = None
         # trainer.staleness >= 1: the rollout runs ahead of training (async_loop.py)
         self.ahead = AsyncSchedule(self.plan, self.train_loader) if self.plan.sides else None
@@ -94,6 +98,8 @@ class Trainer:
             if resume_from:
                 self._resume(resume_from)
             self.sinks = MetricSinks(run, cfg.trainer.tensorboard, cfg.trainer.wandb, run.path)
+            self.generations = GenerationLog(run.file(GENERATIONS_FILE), self.tokenizer,
+                                             self.sinks)
         except BaseException:
             self.close()
             raise
@@ -102,7 +108,7 @@ class Trainer:
     def _make_loaders(self) -> tuple[PromptLoader, PromptLoader | None]:
         from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
         cfg = self.cfg
-        tok = load_tokenizer(tokenizer_spec(cfg.model))
+        tok = self.tokenizer = load_tokenizer(tokenizer_spec(cfg.model))
         limit, drop = cfg.data.max_prompt_length, cfg.data.filter_overlong
         check = row_checker(self.plan, cfg)  # values the scorer needs, checked at load
         if cfg.data.train_files:
@@ -115,6 +121,7 @@ class Trainer:
                                              toy.train_on_test, toy.maker)
             train = PromptDataset(train_rows, tok, limit, drop, name="toy train", check_row=check)
             val = PromptDataset(val_rows, tok, limit, drop, name="toy test", check_row=check)
+        self._note_dropped(train, val, limit)
         pad = tok.pad_token_id
         gathers = any(n.row_effect is RowEffect.GATHERS  # rounds concatenate
                       for n in self.plan.nodes)
@@ -122,6 +129,17 @@ class Trainer:
                                     cfg.trainer.seed, fixed_width=gathers)
         val_loader = PromptLoader(val, min(len(val), 256), pad, False) if val else None
         return train_loader, val_loader
+
+    def _note_dropped(self, train, val, limit: int) -> None:
+        """Rows longer than data.max_prompt_length are dropped and counted: a line at
+        start and `data/dropped_overlong_*` in step 1's metrics."""
+        self.dropped = {"data/dropped_overlong_train": train.dropped,
+                        "data/dropped_overlong_val": val.dropped if val else 0}
+        for name, data in (("train", train), ("validation", val)):
+            if data is not None and data.dropped:
+                self.notes.append(f"{data.name}: dropped {data.dropped} {name} rows longer "
+                                  f"than data.max_prompt_length={limit} (kept {len(data)}); "
+                                  f"set data.filter_overlong=false to fail on them instead")
 
     def _compile_validation(self) -> ValidationPlan | None:
         if self.val_loader is None:
@@ -158,6 +176,7 @@ class Trainer:
         metrics = self.train_step()
         if self.step == 1:  # once a run (a resumed run keeps this line), after
             metrics.update(self.held_bytes())  # an update allocated optimizer state
+            metrics.update(self.dropped)
         if self.val_plan is not None and self.step % cfg.val_every == 0:
             metrics.update(self.validate())
         self.sinks.log(self.step, metrics)
@@ -186,7 +205,7 @@ class Trainer:
         from hybridflow.workers.base import held_bytes
         plans = [self.plan] + ([self.val_plan] if self.val_plan is not None else [])
         roles = sorted({r for p in plans for r in p.roles
-                        if hasattr(p.bindings[r], "held_tensors")})
+                        if reports_held_tensors(p.bindings[r])})
         return held_bytes([report for role in roles
                            for report in self.runtime.call_role(role, "held_tensors")])
 
@@ -203,9 +222,10 @@ class Trainer:
             dump_step(self.run.path, self.step, self.plan, self.runtime, result)
         if self.cfg.trainer.check_finite:
             check_finite(self.step, result.node_metrics)
+        self._log_train_generations(result)
         elapsed = time.perf_counter() - start
         metrics = dict(result.metrics)
-        metrics["perf/time_per_step"] = elapsed
+        metrics[STEP_TIME] = elapsed
         metrics["engine/driver_bytes"] = result.driver_bytes
         # each generate node's own mean length times its rows (a gather's extra rounds
         # are not counted: their rows are not kept per round)
@@ -218,14 +238,27 @@ class Trainer:
         self.sinks.log_timeline(self.step, result.timeline)
         return metrics
 
+    def _log_train_generations(self, result) -> None:
+        nodes = train_nodes(self.plan) if self.cfg.trainer.log_generations else None
+        if nodes:
+            self.generations.write(self.generations.samples(
+                self.runtime, result, *nodes, self.cfg.trainer.log_generations, self.step,
+                "train"))
+
     def validate(self) -> dict:
         """Scores from the nodes the validation graph marks (program/validation.py);
         every node's own metrics too, as `val/<metric>`, merged over the batches."""
         per_source: dict[str, list] = defaultdict(lambda: [[], defaultdict(list)])
         node_metrics, rows = [], []
         marks = self.validation
+        samples, wanted = [], self.cfg.trainer.log_val_generations
+        rollout = _generation_node(self.val_plan, marks.greedy.node)
         for batch in self.val_loader.all_batches():
             result = self.runtime.run_step({"prompts": batch}, plan=self.val_plan)
+            if rollout is not None and len(samples) < wanted:  # held-out rows are fixed
+                samples += self.generations.samples(self.runtime, result, rollout,
+                                                    marks.greedy.node, wanted - len(samples),
+                                                    self.step, "val")
             for score, source, _ in self._fetch_scores(result, marks.greedy):
                 per_source[source][0].append(score)
             if marks.sampled is not None:
@@ -236,6 +269,7 @@ class Trainer:
             rows.append(len(batch))
         out = {f"val/{k}": v for k, v in merge_metrics(node_metrics, rows).items()}
         out.update(_validation_metrics(per_source, self.cfg.trainer.val_samples))
+        self.generations.write(samples, show=True)
         return out
 
     def _fetch_scores(self, result, source: ScoreSource):
@@ -329,3 +363,9 @@ def _validation_metrics(per_source: dict, n: int) -> dict:
             out[f"val/{source}/mean@{n}"] = float(np.mean([np.mean(g) for g in groups]))
             out[f"val/{source}/best@{n}"] = float(np.mean([max(g) for g in groups]))
     return out
+
+
+def _generation_node(plan, scored: str) -> str | None:
+    """The node whose `responses` the marked validation node scored (for its samples)."""
+    node = next((n for n in plan.nodes if n.name == scored), None)
+    return None if node is None else node.input_keys.get("responses")

@@ -157,7 +157,7 @@ def upstream_nodes(plan: ExecutionPlan, name: str) -> list[PlanNode]:
 
 def sum_round_metrics(rounds: list[dict]) -> dict:
     """Metrics of a node re-run by a gather: counts (`*_total`, the one rule of
-    `dispatch.is_count_metric`) add up over rounds, others keep the mean."""
+    `core.metric_names.is_summed`) add up over rounds, others keep the mean."""
     from hybridflow.graph.dispatch import merge_metrics
     return merge_metrics(rounds)
 

@@ -5,7 +5,7 @@
    graph and for placements that move the first input to another pool or keep state.
 2. Counts: every metric named `*_total` is summed when metrics of several parts are
    merged (data-parallel ranks, a gather's rounds, validation batches), every other
-   metric is averaged — the one rule of `dispatch.is_count_metric`.
+   metric is averaged — the one rule of `core.metric_names.is_summed`.
 3. A documented look at a batch: `trainer.dump_batches=[...]` writes every node's
    output of those steps to RUN_DIR/batches/.
 """
@@ -19,7 +19,8 @@ import textwrap
 import pytest
 
 from hybridflow.agents.episodes import RolloutResult
-from hybridflow.graph.dispatch import is_count_metric, merge_metrics
+from hybridflow.core.metric_names import is_summed
+from hybridflow.graph.dispatch import merge_metrics
 from hybridflow.plan.sites import fn_site, site_label
 from hybridflow.program.assemble import prepare
 from hybridflow.run.batch_dump import load_batch
@@ -89,7 +90,7 @@ def _emitted_counts() -> dict[str, float]:
     eps = [Episode(i, {}, reward=1.0, status=s, tool_calls=2) for i, s in enumerate(
            ("done", "truncated", "env_error", "env_timeout", "tool_error"))]
     metrics = RolloutResult(eps, generate_calls=3, generated_rows=10).compute_metrics()
-    return {k: v for k, v in metrics.items() if is_count_metric(k)}
+    return {k: v for k, v in metrics.items() if is_summed(k)}
 
 
 def test_the_project_emits_its_counts_under_the_rule():

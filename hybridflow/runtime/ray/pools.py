@@ -17,7 +17,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from hybridflow.program.config import RuntimeConfig
+from hybridflow.core.runtime_section import RuntimeConfig
 from hybridflow.plan.placement import Placement, PoolSpec
 from hybridflow.runtime.worker_shell import FusedWorker, failure_detail
 from hybridflow.core.sections import read_section
@@ -29,7 +29,8 @@ __all__ = ["RayConnectError", "RuntimeSettings", "WorkerGroup", "connect", "laun
 @dataclass
 class RuntimeSettings(RuntimeConfig):
     """The `runtime` section, read once: the fields and defaults of
-    `hybridflow.program.config.RuntimeConfig`, and what the Ray runtime derives from them."""
+    `hybridflow.core.runtime_section.RuntimeConfig`, and what the Ray runtime derives from
+    them."""
 
     @classmethod
     def from_config(cls, cfg) -> "RuntimeSettings":
