@@ -108,7 +108,8 @@ class RewardWorker(Worker):
             self.module.eval().requires_grad_(False)
             self.rule, self.rules = None, {}
         else:
-            self.rules = {name: (weight, RuleScorer(ref, rc.num_workers, rc.timeout_s))
+            self.rules = {name: (weight, RuleScorer(ref, rc.num_workers, rc.timeout_s,
+                                                     rc.max_consecutive_timeouts))
                           for name, (weight, ref) in scorer_components(rc).items()}
             self.rule = next(iter(self.rules.values()))[1]  # the first (often only) one
 
