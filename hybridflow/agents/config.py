@@ -28,13 +28,19 @@ class AgentConfig:
     max_active: int = checked(0, at_least(0))              # episodes in flight; 0 = all
     max_batch_rows: int = checked(0, at_least(0))          # rows per generate call; 0 = all
     env_threads: int = checked(32, at_least(1))
+    # the same seed gives the same episodes: each generate call waits for the
+    # environment calls in flight and takes the ready episodes in index order, so what
+    # is sampled together does not depend on which thread finished first. false lets
+    # generation overlap slow environments (faster; not reproducible)
+    deterministic: bool = True
 
     def runner_options(self) -> RunnerOptions:
         return RunnerOptions(max_turns=self.max_turns,
                              max_response_tokens=self.max_response_tokens,
                              max_turn_tokens=self.max_turn_tokens,
                              step_timeout_s=self.step_timeout_s, max_active=self.max_active,
-                             max_batch_rows=self.max_batch_rows, env_threads=self.env_threads)
+                             max_batch_rows=self.max_batch_rows, env_threads=self.env_threads,
+                             deterministic=self.deterministic)
 
 
 def check_agent_section(section: AgentConfig) -> None:
