@@ -53,6 +53,6 @@ def check_agent_section(section: AgentConfig) -> None:
                           f"agent.max_response_tokens={section.max_response_tokens}, the "
                           "budget of the whole episode; lower it or raise the budget")
     try:
-        check_environment(section.env)
+        check_environment(section.env, section.step_timeout_s)
     except EnvironmentSpecError as err:
         raise ConfigError(f"agent.env: {err}") from None

@@ -139,10 +139,13 @@ def test_a_misbehaving_hook_fails_the_run_and_the_process_ends(hook, kind, tmp_p
     assert len(lines) <= 8, "\n".join(lines)
     status_files = [os.path.join(root, "status.json")
                     for root, _, files in os.walk(tmp_path / "runs") if "status.json" in files]
-    status = json.load(open(status_files[0]))
-    assert status["state"] == "failed", status
-    assert "signal" not in status or status["signal"] is None
     message = next(line for line in lines if line.startswith("hybridflow run:"))
+    if hook == "env_init":  # pre-flight builds one environment: refused before launch
+        assert not status_files and message.startswith("hybridflow run: agent.env:"), message
+    else:
+        status = json.load(open(status_files[0]))
+        assert status["state"] == "failed", status
+        assert "signal" not in status or status["signal"] is None
     if hook.startswith("env"):
         assert "environment" in message and "make_" + hook in message, message
     if hook == "scorer":
@@ -150,10 +153,10 @@ def test_a_misbehaving_hook_fails_the_run_and_the_process_ends(hook, kind, tmp_p
     if hook == "fn_node":
         assert "probe" in message, message
     if kind == "hang":
-        bound = {"scorer": "reward.timeout_s", "fn_node": "runtime.call_timeout_s"}.get(
-            hook, "took longer than 2s")
+        bound = {"scorer": "reward.timeout_s", "fn_node": "runtime.call_timeout_s",
+                 "env_init": "agent.step_timeout_s=2s"}.get(hook, "took longer than 2s")
         assert bound in message, message
-    elif kind in ("exit", "interrupt") and hook != "env_init":
+    elif kind in ("exit", "interrupt"):
         done = "sys.exit(3)" if kind == "exit" else "KeyboardInterrupt"
         assert done in message and "hooks.py" in message, message
     assert took < LIMIT_S - 30, took
