@@ -65,10 +65,7 @@ def algorithm_schema(module: ModuleType, path: str) -> type | None:
 def role_schema(role: str, spec: str) -> type | None:
     """The `config_schema` dataclass of the worker class bound to `role` (None: its
     section is free-form)."""
-    try:
-        cls = import_object(spec)
-    except ConfigError as err:
-        raise ConfigError(f"workers.{role}={spec}: {err}") from None
+    cls = import_object(spec, f"workers.{role}")
     return config_schema(cls)
 
 
@@ -76,7 +73,7 @@ def role_bindings(cfg: DictConfig) -> dict[str, type]:
     from hybridflow.workers import DEFAULT_ROLES
     bindings = dict(DEFAULT_ROLES)
     for role, spec in (cfg.workers or {}).items():
-        bindings[str(role)] = import_object(str(spec))
+        bindings[str(role)] = import_object(str(spec), f"workers.{role}")
     return bindings
 
 

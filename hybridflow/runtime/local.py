@@ -29,6 +29,7 @@ from hybridflow.core.batch import Batch
 from hybridflow.plan.compiler import ExecutionPlan, PlanNode
 from hybridflow.core.runtime_section import RuntimeConfig
 from hybridflow.core.deadline import call_with_deadline, handler_held
+from hybridflow.core.origin import construct_role
 from hybridflow.runtime.common import NodeFailure, StepResult
 from hybridflow.runtime.executor import PlanCache, TaskRecord
 from hybridflow.runtime.worker_shell import FusedWorker, WorkerError
@@ -157,7 +158,7 @@ class LocalRuntime:
         colocated: dict = {}
         for role in roles:  # construction order = placement order, so ref can see actor
             ctx = self.make_context(rank, size, seed, colocated)
-            colocated[role] = self.plan.bindings[role](self.cfg, ctx)
+            colocated[role] = construct_role(role, self.plan.bindings[role], self.cfg, ctx)
         return colocated
 
     def workers(self, role: str) -> list:

@@ -34,6 +34,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from hybridflow.core.batch import Batch
+from hybridflow.core.origin import construct_role
 from hybridflow.plan.compiler import PlanNode
 from hybridflow.core.kinds import Op
 from hybridflow.runtime.common import NodeIO, finish_gather, metrics_of, run_fn_node
@@ -210,9 +211,10 @@ class FusedWorker:
             for role in roles:
                 ctx = make_context(self.rank, self.world_size, self.local_rank, device, seed,
                                    self.roles)
-                self.roles[role] = bindings[role](cfg, ctx)
-        except Exception:  # noqa: BLE001 - shipped to the driver with the traceback
-            raise WorkerError(f"constructing role '{role}': {traceback.format_exc()}") from None
+                self.roles[role] = construct_role(role, bindings[role], cfg, ctx)
+        except Exception as err:  # noqa: BLE001 - shipped to the driver with the traceback
+            # the one-line cause first: the driver's headline is the detail's first line
+            raise WorkerError(f"{err}\n{traceback.format_exc()}") from None
         seed_process(seed + self.rank)  # sampling follows trainer.seed, a stream per rank
         return os.getpid()
 

@@ -154,8 +154,9 @@ class ActorWorker(Worker):
         super().load_checkpoint(directory)
         path = os.path.join(directory, VERSION_FILE)
         if os.path.exists(path):  # checkpoints from before versions were counted: 0
-            with open(path) as fh:
-                self.policy_version = int(json.load(fh)["policy_version"])
+            from hybridflow.core.loading import read_json
+            record = read_json(path, "checkpoint policy version", dict)
+            self.policy_version = int(record.get("policy_version", 0))
 
     # ---------------------------------------------------------------- logprob
     @method(dispatch=DP, reads=LOGPROB_READS, writes=("old_log_probs",), kind="inference",

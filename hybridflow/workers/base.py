@@ -128,11 +128,11 @@ def save_rng(directory: str, rank: int) -> None:
 
 
 def load_rng(directory: str, rank: int) -> None:
-    from safetensors.torch import load_file
+    from hybridflow.core.loading import read_safetensors
     path = _rng_file(directory, rank)
-    if not os.path.exists(path):  # checkpoints from before generators were saved
+    if not os.path.lexists(path):  # checkpoints from before generators were saved
         return
-    states = load_file(path)
+    states = read_safetensors(path, "checkpoint RNG state")
     torch.set_rng_state(states["cpu"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state(states["cuda"])

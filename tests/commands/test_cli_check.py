@@ -241,9 +241,9 @@ def test_missing_yaml(files, capsys, tmp_path):
 
 @pytest.mark.parametrize("spec, words", [
     ("{dir}/absent.py:Actor", "worker file"),
-    ("{fakes}:Nope", "has no attribute 'Nope'"),
-    ("{fakes}", "must be 'module:Class'"),
-    ("no_such_module_xyz:Actor", "cannot import worker module 'no_such_module_xyz'"),
+    ("{fakes}:Nope", "defines no 'Nope'"),
+    ("{fakes}", "must name a worker class as 'package.module:NAME'"),
+    ("no_such_module_xyz:Actor", "cannot import module 'no_such_module_xyz'"),
     ("{dir}/broken.py:Actor", "failed to import: NameError"),
 ])
 def test_bad_worker_binding(files, capsys, spec, words):

@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from hybridflow.core.loading import UserFileError
 from hybridflow.core.data import (DataError, PromptDataset, PromptLoader, read_rows, toy_rows,
                                   write_rows)
 from hybridflow.workers.tokenizer import load_tokenizer
@@ -36,16 +37,16 @@ def test_malformed_rows_name_the_row(row, words):
 
 def test_invalid_json_line_names_file_and_line(tmp_path):
     path = _write_jsonl(tmp_path / "d.jsonl", [json.dumps(_row()), "{not json"])
-    with pytest.raises(DataError, match=r"d.jsonl:2: row is not valid JSON"):
+    with pytest.raises(UserFileError, match=r"d.jsonl' line 2 is not valid JSON"):
         read_rows(path)
 
 
 def test_invalid_parquet_and_missing_file(tmp_path):
     bad = tmp_path / "d.parquet"
     bad.write_bytes(b"not parquet")
-    with pytest.raises(DataError, match="not a valid parquet"):
+    with pytest.raises(UserFileError, match="not a valid parquet"):
         read_rows(str(bad))
-    with pytest.raises(DataError, match="does not exist"):
+    with pytest.raises(UserFileError, match="does not exist"):
         read_rows(str(tmp_path / "missing.jsonl"))
 
 
@@ -141,6 +142,6 @@ def test_row_checks_come_from_the_roles_the_plan_calls():
 def test_the_toy_rows_come_from_the_maker_config_names():
     train, test = toy_rows(1, 4, 0.25, maker="tests.support.named:two_row_maker")
     assert [r["prompt"] for r in train] == ["4+1="] and [r["prompt"] for r in test] == ["1+4="]
-    with pytest.raises(DataError, match=r"data.toy.maker='tests.support.named:nope': module "
-                                        r"'tests.support.named' has no 'nope'"):
+    with pytest.raises(DataError, match=r"data.toy.maker='tests.support.named:nope': "
+                                        r"'tests.support.named' defines no 'nope'"):
         toy_rows(1, 4, 0.25, maker="tests.support.named:nope")

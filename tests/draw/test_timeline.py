@@ -137,14 +137,14 @@ def test_parse_steps():
 
 
 def run_dir(tmp_path, staleness: int, graph: str = "grpo.py"):
+    """A recorded run (plan.json written by compiling the graph here, as `run` does)."""
+    from tests.support.recorded_runs import graph_path, record_run
     (tmp_path / "timeline.jsonl").write_text(
         "".join(json.dumps(r) + "\n" for r in async_records()))
-    (tmp_path / "config.yaml").write_text(
-        f"trainer:\n  steps: 3\n  staleness: {staleness}\n  allow_uncorrected_async: true\n"
-        "placement:\n  pools:\n    gen:\n      devices_per_node: 1\n"
-        "  roles:\n    rollout: gen\n")
-    (tmp_path / "graph.json").write_text(json.dumps(
-        {"name": "grpo", "file": os.path.join(REPO, "graphs", graph), "sha256": "-"}))
+    record_run(tmp_path, graph_path(graph),
+               f"trainer:\n  steps: 3\n  staleness: {staleness}\n  allow_uncorrected_async: true\n"
+               "placement:\n  pools:\n    gen:\n      devices_per_node: 1\n"
+               "  roles:\n    rollout: gen\n")
     return tmp_path
 
 
@@ -171,8 +171,10 @@ def test_command_draws_steps_of_an_async_run(tmp_path, capsys):
     assert "rollout.generate (step 3)" in svg
 
 
-def test_command_draws_the_chart_without_sides_when_the_graph_is_gone(tmp_path, capsys):
-    run_dir(tmp_path, 1, graph="missing.py")
+def test_command_draws_the_chart_without_sides_when_the_run_has_no_plan_record(tmp_path,
+                                                                              capsys):
+    run_dir(tmp_path, 1)
+    os.remove(tmp_path / "plan.json")  # a run made before plan.json was written
     command, args = parse(["render", "--timeline", str(tmp_path), "-o",
                            str(tmp_path / "t.svg")])
     assert command.run(args) == 0

@@ -7,6 +7,7 @@ import pytest
 from omegaconf.errors import ConfigAttributeError
 from omegaconf import OmegaConf
 
+from hybridflow.core.loading import UserFileError
 from hybridflow.program.config import ConfigError, build_config, parse_overrides
 
 
@@ -59,14 +60,14 @@ def test_overrides_set_typed_values():
 
 def test_missing_yaml_file(tmp_path):
     path = tmp_path / "nope.yaml"
-    with pytest.raises(ConfigError, match=f"config file '{path}' does not exist"):
+    with pytest.raises(UserFileError, match=f"config file '{path}' does not exist"):
         build_config(yaml_file=str(path))
 
 
 def test_invalid_yaml(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("trainer: [\n")
-    with pytest.raises(ConfigError, match="is not valid YAML"):
+    with pytest.raises(UserFileError, match="is not valid YAML"):
         build_config(yaml_file=str(path))
 
 

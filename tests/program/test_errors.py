@@ -195,7 +195,7 @@ def test_reward_function_with_a_wrong_signature(capsys, tmp_path, scorers):
 
 def test_reward_file_that_does_not_import(capsys, tmp_path, scorers):
     err = run(capsys, tmp_path, f"reward.function_path={scorers['broken']}")
-    assert "importing scorer file" in err and "broken.py failed: SyntaxError" in err
+    assert "scorer file" in err and "broken.py' failed to import: SyntaxError" in err
 
 
 # -------------------------------------------------------------------- data
@@ -233,7 +233,7 @@ def test_a_bad_row_is_reported_before_any_worker_starts(capsys, tmp_path):
                     '"reward_model": {"ground_truth": "2"}}\n{"prompt": \n')
     err = run(capsys, tmp_path, f"data.train_files={path}", "data.batch_size=1", "rollout.n=8",
               "actor.mini_batch_size=8", "actor.micro_batch_size=8")
-    assert f"could not start: {path}:2: row is not valid JSON" in err
+    assert f"could not start: data file '{path}' line 2 is not valid JSON" in err
 
 
 def test_a_data_source_no_scorer_knows_is_reported_before_any_worker_starts(capsys, tmp_path):

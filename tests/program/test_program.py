@@ -106,7 +106,7 @@ def test_an_unknown_role_suggests_binding_it(tmp_path):
 def test_a_missing_graph_file_and_a_missing_worker_file_are_named(tmp_path):
     with pytest.raises(GraphFileError, match="nope.py"):
         prepare(str(tmp_path / "nope.py"))
-    with pytest.raises(ConfigError, match=r"workers\.judge=.*missing\.py"):
+    with pytest.raises(ConfigError, match=r"workers\.judge: worker file .*missing\.py' does not"):
         prepare(GRPO, [f"workers.judge={tmp_path / 'missing.py'}:Judge"])
 
 

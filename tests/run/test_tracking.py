@@ -50,11 +50,11 @@ def test_a_torn_last_metrics_line_is_trimmed_with_a_note(tmp_path):
 
 
 def test_a_bad_line_before_the_last_is_an_error_naming_the_line(tmp_path):
-    from hybridflow.run.tracking import RunDirError
+    from hybridflow.core.loading import UserFileError
     run = RunDir(str(tmp_path))
     with open(run.file("metrics.jsonl"), "w") as fh:
         fh.write('{"step": 1}\n{"step": 2,,}\n{"step": 3}\n')
-    with pytest.raises(RunDirError, match=r"metrics.jsonl:2 is not a JSON record"):
+    with pytest.raises(UserFileError, match=r"metrics.jsonl' line 2 is not valid JSON"):
         run.truncate_metrics(3)
 
 

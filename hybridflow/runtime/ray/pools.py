@@ -189,9 +189,10 @@ def _get_all(refs: list, timeout: float, what: str, doing: str) -> list[Any]:
         try:
             ray.get(ready[0])
         except ray.exceptions.RayError as err:
-            rank = refs.index(ready[0])
-            raise RuntimeError(f"{what}: {doing} failed on rank {rank}:\n"
-                               f"{failure_detail(err)}") from None
+            rank, detail = refs.index(ready[0]), failure_detail(err)
+            first = detail.strip().splitlines()[0] if detail.strip() else ""
+            raise RuntimeError(f"{what}: {doing} failed on rank {rank}: {first}\n"
+                               f"{detail}") from None
     return ray.get(refs)
 
 
