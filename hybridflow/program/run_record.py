@@ -52,7 +52,7 @@ def plan_record(plan, cfg) -> dict:
 def save_plan_record(run_dir, plan, cfg) -> None:
     import json
 
-    from hybridflow.run.tracking import write_atomic
+    from hybridflow.core.files import write_atomic
     write_atomic(run_dir.file(PLAN_FILE), json.dumps(plan_record(plan, cfg), indent=1))
 
 
