@@ -20,7 +20,7 @@ from hybridflow.program.config import ConfigError
 from hybridflow.core.data import DataError
 from hybridflow.core.loading import UserFileError, read_yaml
 from hybridflow.program.assemble import GraphFileError, prepare
-from hybridflow.program.run_record import save_plan_record
+from hybridflow.program.run_record import read_run_config, save_plan_record
 from hybridflow.run.lifecycle import (check_resumed_config, check_same_graph, explicit_keys,
                                       graph_identity, record_end)
 from hybridflow.run.lock import RunLock
@@ -70,14 +70,14 @@ def _run_dir(args, loaded) -> RunDir:
     trainer = loaded.cfg.trainer
     if args.resume == _NEWEST and trainer.run_name:  # the run of that name
         path = os.path.join(trainer.runs_dir, trainer.run_name)
-        if not os.path.isfile(os.path.join(path, "config.yaml")):
+        if not os.path.lexists(os.path.join(path, "config.yaml")):
             raise FileNotFoundError(f"--resume: no run named {trainer.run_name!r} in "
                                     f"{trainer.runs_dir!r}")
         return RunDir(path, create=False)
     if args.resume == _NEWEST:
         return newest_run_dir(trainer.runs_dir, loaded.graph.name)
     if args.resume:
-        if not os.path.isfile(os.path.join(args.resume, "config.yaml")):
+        if not os.path.lexists(os.path.join(args.resume, "config.yaml")):
             raise FileNotFoundError(f"--resume {args.resume}: not a run directory "
                                     f"(no config.yaml)")
         return RunDir(args.resume, create=False)
@@ -125,7 +125,7 @@ def _resumed_config(args, loaded, run_dir: RunDir):
     before anything is written; returns the loaded graph to resume with."""
     for note in check_same_graph(run_dir, graph_identity(loaded.graph.name, args.graph)):
         _say(note)
-    saved = read_yaml(run_dir.file("config.yaml"), "run config")
+    saved = read_run_config(run_dir.path, typed=False)
     with tempfile.TemporaryDirectory() as scratch:  # never written into the run
         base = os.path.join(scratch, "config.yaml")  # the run's config, then --config's
         OmegaConf.save(OmegaConf.merge(saved, read_yaml(args.config, "config file"))
