@@ -111,9 +111,9 @@ def refuse_untrained(plan, graph: str) -> None:
     """A run trains: a graph with no training node would run its steps, learn nothing
     and exit 0 (verl and TRL always update). `hybridflow check` still draws it."""
     if not any(n.kind.trains for n in plan.nodes):
-        raise GraphError(f"graph {plan.graph_name!r} ({graph}) has no training node: a run "
-                         f"would learn nothing; add one (e.g. g.call('actor', 'update', "
-                         f"...)), or inspect the graph with `hybridflow check {graph}`")
+        raise GraphFileError(f"graph {plan.graph_name!r} ({graph}) has no training node: a run "
+                             f"would learn nothing; add one (e.g. g.call('actor.update', "
+                             f"...)), or inspect the graph with `hybridflow check {graph}`")
 
 
 def _say(text: str) -> None:
