@@ -42,7 +42,8 @@ GRPO_NODES = ("prompts", "rollout.generate", "actor.logprob", "reward.score",
               "grpo_advantages", "ref.logprob", "actor.update")
 
 
-def fabricate_run(folder, graph: str | None = None) -> str:
+def fabricate_run(folder, graph: str | None = None,
+                  yaml_text: str = "trainer: {steps: 3, val_every: 0}\n") -> str:
     """A finished 3-step run of graphs/grpo.py as `hybridflow run` leaves it: its
     records, node timings, metrics, status and one checkpoint (the toy model's files
     as the actor's, a trainer state, a manifest), without training anything."""
@@ -51,8 +52,7 @@ def fabricate_run(folder, graph: str | None = None) -> str:
     import torch
     from safetensors.torch import save_file
 
-    record_run(folder, graph or graph_path("grpo.py"),
-               "trainer: {steps: 3, val_every: 0}\n")
+    record_run(folder, graph or graph_path("grpo.py"), yaml_text)
     timeline, metrics = [], []
     for step in (1, 2, 3):
         clock = 0.0
