@@ -18,6 +18,7 @@ from hybridflow.commands.errors import failure_reason
 from hybridflow.plan.compiler import GraphError
 from hybridflow.program.config import ConfigError
 from hybridflow.core.data import DataError
+from hybridflow.core.metric_names import OPTIMISED_REWARD_KEYS
 from hybridflow.core.loading import UserFileError, read_yaml
 from hybridflow.program.assemble import GraphFileError, prepare
 from hybridflow.program.run_record import read_run_config, save_plan_record
@@ -228,12 +229,6 @@ def _failed(run_dir: RunDir, what: str, err: BaseException, step: int) -> int:
     for note in notes:
         _say(note)
     return 1
-
-
-# The reward the update optimises: after the graph's shaping (a KL penalty in the
-# reward, an overlong penalty: the shaping node reports critic/rewards/mean) or, when
-# nothing shapes it, the reward worker's score.
-OPTIMISED_REWARD_KEYS = ("critic/rewards/mean", "critic/score/mean")
 
 
 def progress_fields(metrics: dict) -> dict[str, float]:

@@ -21,7 +21,8 @@ from hybridflow.core.loading import UserFileError, check_file, library_read, rea
 from hybridflow.core.names import import_named
 
 __all__ = ["DataError", "PromptDataset", "PromptLoader", "check_data_file", "read_rows",
-           "write_rows", "toy_rows", "unknown_characters", "tokenize_prompts", "row_checker"]
+           "write_rows", "toy_rows", "word_arith_rows", "unknown_characters", "tokenize_prompts",
+           "row_checker"]
 
 RowCheck = Callable[[str, object], None]  # (data_source, ground_truth) -> ValueError/TypeError
 
@@ -80,6 +81,23 @@ def toy_rows(seed: int, max_operand: int, test_fraction: float, train_on_test: b
     except ValueError as err:
         raise DataError(str(err)) from None
     return make(seed, max_operand, test_fraction, train_on_test)
+
+
+WORD_ARITH_MAKER = "algorithms.rewards.word_arith:train_test_rows"
+
+
+def word_arith_rows(seed: int, n_train: int, n_test: int, max_number: int,
+                    maker: str = WORD_ARITH_MAKER) -> tuple[list[dict], list[dict]]:
+    """(train rows, held-out rows) of the word-problem task (`hybridflow data
+    word_arith`): chat-message prompts, GSM8K answers, for a real chat model."""
+    try:
+        make = import_named(maker, "the word_arith data maker")
+    except ValueError as err:
+        raise DataError(str(err)) from None
+    try:
+        return make(seed, n_train, n_test, max_number)
+    except ValueError as err:
+        raise DataError(f"word_arith: {err}") from None
 
 
 def _prompt_text(prompt, tokenizer, where: str) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -22,10 +23,11 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import (ConfigAttributeError, ConfigKeyError,
                               InterpolationResolutionError, ValidationError)
 
-from hybridflow.core.constraints import (ConfigError, Rule, above, at_least, check_values, checked,
-                                         in_range, one_of, plain_name)
+from hybridflow.core.constraints import (ConfigError, Rule, at_least, check_values, checked,
+                                         in_range, plain_name)
 from hybridflow.core.data import DEFAULT_TOY_MAKER
 from hybridflow.core.names import named_object
+from hybridflow.core.runtime_section import RuntimeConfig
 from hybridflow.workers.config import (ActorConfig, CriticConfig, ModelConfig, RefConfig,
                                        RewardConfig, RolloutConfig)
 
@@ -47,6 +49,10 @@ class TrainerConfig:
     tensorboard: bool = False
     wandb: bool = False
     check_finite: bool = True    # stop on NaN/inf in losses or rewards
+    # sample generations (prompt, response, score) to generations.jsonl, TensorBoard,
+    # W&B: N of each training step's (0: none), N of each validation's (also printed)
+    log_generations: int = checked(0, at_least(0))
+    log_val_generations: int = checked(4, at_least(0))
     # async: generate up to `staleness` steps ahead of training (0: synchronous)
     staleness: int = checked(0, at_least(0))
     allow_uncorrected_async: bool = False  # train stale samples with no off-policy correction
@@ -72,19 +78,6 @@ class DataConfig:
     filter_overlong: bool = True
     shuffle: bool = True
     toy: ToyTaskConfig = field(default_factory=ToyTaskConfig)
-
-
-@dataclass
-class RuntimeConfig:
-    name: str = checked("local", one_of("local", "ray"))
-    address: Optional[str] = None       # join an existing Ray cluster
-    num_cpus: Optional[int] = checked(None, at_least(1))  # for a Ray instance the run starts
-    num_gpus: Optional[int] = checked(None, at_least(0))  # logical GPUs (CPU-only may declare)
-    call_timeout_s: float = checked(600.0, above(0))   # a slower worker call is a failure
-    start_timeout_s: float = checked(300.0, above(0))  # actor start and model loading (Ray)
-    connect_timeout_s: float = checked(30.0, above(0))  # reaching `address` (then Ray's retries)
-    listen_all: bool = False            # a Ray the run starts listens on all interfaces
-    torch_threads: int = checked(1, at_least(1))
 
 
 def _device_problem(key: str, value) -> str | None:
@@ -133,8 +126,51 @@ class PlacementConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
 
+class _DeprecatedMapping:
+    """`dict(cfg)`, `cfg["actor"]`, `cfg.keys()`, `"x" in cfg`: what a worker written
+    against the docs before the typed RunConfig (when `cfg` was a DictConfig) did. It
+    still works, giving each section as a plain dict, with a FutureWarning once per
+    process saying what to write instead (docs/workers.md#migrating-a-worker-class)."""
+
+    _warned = [False]
+
+    def _deprecated(self) -> None:
+        if not self._warned[0]:
+            self._warned[0] = True
+            warnings.warn(
+                "reading the run config as a mapping (dict(cfg), cfg['section']) is "
+                "deprecated: workers receive a typed RunConfig; read a section with "
+                "hybridflow.core.sections.read_section(cfg, 'actor', ActorConfig) or "
+                "cfg.<section> (docs/workers.md#migrating-a-worker-class)",
+                FutureWarning, stacklevel=3)
+
+    def keys(self):
+        self._deprecated()
+        return list(vars(self))
+
+    def __iter__(self):
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(vars(self))
+
+    def __contains__(self, name) -> bool:
+        self._deprecated()
+        return name in vars(self)
+
+    def __getitem__(self, name: str):
+        self._deprecated()
+        if name not in vars(self):
+            raise KeyError(f"the run config has no section {name!r}; it has {sorted(vars(self))}")
+        value = getattr(self, name)
+        return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+
+    def get(self, name: str, default=None):
+        return self[name] if name in vars(self) else default
+
+
 @dataclass
-class RunConfig:
+class RunConfig(_DeprecatedMapping):
     """The run's sections. `run_values` gives an instance; a role bound in `workers`
     beyond these has its section as an attribute of the role's name."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

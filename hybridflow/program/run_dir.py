@@ -17,6 +17,7 @@ import math
 import os
 import statistics
 from hybridflow.planner.measured import MeasuredRun
+from hybridflow.core.metric_names import STEP_TIME
 from hybridflow.planner.problem import PlanningError, Workload
 
 WARMUP_STEPS = 1
@@ -74,8 +75,8 @@ def read_run(run_dir: str) -> MeasuredRun:
     return MeasuredRun(run_dir, recorded, models, run_workload(cfg, metrics, kept),
                        *run_pools(cfg, list(recorded.record["roles"])),
                        node_means(timeline, kept),
-                       _median([m["perf/time_per_step"] for m in metrics if m.get("step") in kept
-                                and "perf/time_per_step" in m]), kept, pipeline)
+                       _median([m[STEP_TIME] for m in metrics if m.get("step") in kept
+                                and STEP_TIME in m]), kept, pipeline)
 
 
 def node_means(timeline: list[dict], steps: tuple[int, ...]) -> dict[str, float]:

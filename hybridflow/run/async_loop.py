@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from hybridflow.plan.async_split import READY, iteration_plans
 from hybridflow.plan.compiler import ExecutionPlan
 from hybridflow.core.kinds import NodeKind, Op
+from hybridflow.core.metric_names import (RUNTIME_PREFIX, SAMPLED_VERSION, TIMING_PREFIX,
+                                          TRAINED_VERSION_SUFFIX)
 from hybridflow.runtime.common import StepResult
 
 __all__ = ["AsyncSchedule", "ReadyBatch", "busy_fractions"]
@@ -120,11 +122,11 @@ class AsyncSchedule:
         merged = {}
         for metrics in node_metrics.values():
             merged.update(metrics)
-        extra = {k: v for k, v in result.metrics.items() if k.startswith(("timing_s/",
-                                                                           "runtime/"))}
+        extra = {k: v for k, v in result.metrics.items()
+                 if k.startswith((TIMING_PREFIX, RUNTIME_PREFIX))}
         for run in warm:
             for key, value in run.metrics.items():
-                if key.startswith("timing_s/"):
+                if key.startswith(TIMING_PREFIX):
                     extra[f"{key}"] = extra.get(key, 0.0) + value
         merged.update(extra)
         merged.update(self._staleness(batch, node_metrics))
@@ -136,12 +138,11 @@ class AsyncSchedule:
     def _staleness(self, batch: ReadyBatch, node_metrics: dict) -> dict:
         """Updates between the weights that generated the batch and those trained:
         the trained role reports its version (`<role>/trained_version`), the
-        generate node the version it sampled with (`rollout/policy_version`)."""
-        generated = [m["rollout/sampled_version"] for n, m in batch.node_metrics.items()
-                     if self.plan.node(n).kind is NodeKind.GENERATE
-                     and "rollout/sampled_version" in m]
+        generate node the version it sampled with (`rollout/sampled_version`)."""
+        generated = [m[SAMPLED_VERSION] for n, m in batch.node_metrics.items()
+                     if self.plan.node(n).kind is NodeKind.GENERATE and SAMPLED_VERSION in m]
         trained = [v for n, m in node_metrics.items() if self.plan.node(n).kind.trains
-                   for k, v in m.items() if k.endswith("/trained_version")]
+                   for k, v in m.items() if k.endswith(TRAINED_VERSION_SUFFIX)]
         out = {"async/ahead": float(len(self.ready))}
         if generated and trained:
             gaps = [max(trained) - g for g in generated if g >= 0]

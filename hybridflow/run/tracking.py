@@ -5,6 +5,7 @@ runs/<graph>-<time>/
   graph.json        the graph's name, file and the file's sha256 (checked on resume)
   metrics.jsonl     one line per step (appended to on resume)
   timeline.jsonl    per-node start/end of each step, for `hybridflow render --timeline`
+  generations.jsonl sample prompts, responses and scores (generations.py)
   status.json       starting / running (with the current step) / finished / failed /
                     interrupted
   error.log         the traceback of every failure, appended
@@ -131,7 +132,7 @@ class RunDir:
         (they will be redone); -1 drops them all, step 0's validation included.
         Returns a note for each file whose torn last line was dropped."""
         notes = []
-        for name in ("metrics.jsonl", "timeline.jsonl"):
+        for name in ("metrics.jsonl", "timeline.jsonl", "generations.jsonl"):
             if not os.path.exists(self.file(name)):
                 continue
             records, note = read_jsonl(self.file(name))

@@ -46,8 +46,8 @@ from hybridflow.core.deadline import call_with_deadline
 from hybridflow.graph.dispatch import (DispatchMode, Layout, SlotLayout, get_dispatch_mode,
                                        merge_metrics)
 from hybridflow.core.kinds import Op
+from hybridflow.core.metric_names import timing_key
 from hybridflow.runtime.common import NodeFailure, NodeIO, StepResult, run_fn_node
-from hybridflow.runtime.funnel import submit_funnel
 from hybridflow.runtime.gather_rounds import submit_gather
 from hybridflow.runtime.executor import Executor, TaskArgs, check_roles
 from hybridflow.runtime.outputs import NodeOutput
@@ -165,7 +165,7 @@ class StepScheduler:
         self.result.node_metrics[node.name] = dict(metrics)
         self.result.rows[node.name] = self.outputs[node.name].num_rows or 0
         if starts:
-            self.result.metrics[f"timing_s/{node.name}"] = max(ends) - min(starts)
+            self.result.metrics[timing_key(node.name)] = max(ends) - min(starts)
 
     def _finish_step(self) -> None:
         merged = {}
@@ -244,8 +244,6 @@ class StepScheduler:
         for node in self.plan.nodes:
             if name in node.deps and node.op is Op.CALL:
                 _, _, slots = self._slot_layout(node)
-                if slots is None:  # a (dispatch, collect) pair: rank 0 takes it all
-                    return [(node.pool, 0)]
                 return [(node.pool, slots.receiver(s)) for s in range(slots.slots)]
         pool = next((n.pool for n in self.plan.nodes if n.pool), None)
         return [(pool, r) for r in range(self.ex.pool_size(pool))] if pool else []
@@ -297,8 +295,6 @@ class StepScheduler:
     # ---- calls: a slot layout says which rows each rank receives
     def _submit_call(self, node: PlanNode) -> bool:
         mode, layout, slots = self._slot_layout(node)
-        if slots is None:
-            return submit_funnel(self, node, mode, layout)
         if slots.slots == 1:  # every rank that runs takes the whole input, at once
             inputs, lineage = [self._whole_inputs(node)], node.name
         else:
@@ -388,9 +384,3 @@ class StepScheduler:
         self.meta_of[shard] = meta
         return shard
 
-    def _submit_raw(self, node, method, pool, rank, returns, task, args: TaskArgs, extra):
-        self.result.driver_bytes += args.value_bytes()
-        return self.ex.submit(node, method, pool, rank, returns, task, [*extra, *args.refs])
-
-    def _record(self, node, pool, rank, meta, slot, refs: list) -> None:
-        self.tasks.add(node.name, pool, rank, meta, slot, refs)

@@ -21,6 +21,7 @@ import json
 import os
 
 from hybridflow.core.batch import Batch
+from hybridflow.core.metric_names import TRAINED_VERSION
 from hybridflow.graph.dispatch import DP, RANK_ZERO, method
 from hybridflow.graph.loss import takes_loss
 from hybridflow.workers.base import Worker, metrics_batch
@@ -204,7 +205,7 @@ class ActorWorker(Worker):
                                      shuffle=cfg.shuffle, seed=self.ctx.seed)
         # the version these weights had before this update: with the batch's
         # `policy_version`, how stale its samples were (async/staleness/*)
-        metrics["trained_version"] = float(self.policy_version)
+        metrics[TRAINED_VERSION] = float(self.policy_version)
         self.policy_version += 1  # what every later generated row is stamped with
         return metrics_batch(Batch(), {f"actor/{k}": v for k, v in metrics.items()})
 

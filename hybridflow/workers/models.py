@@ -24,6 +24,8 @@ __all__ = [
     "model_bytes",
     "resolve_device",
     "resolve_dtype",
+    "token_ids_from_tokenizer",
+    "TOKEN_ID_KEYS",
 ]
 
 
@@ -87,6 +89,20 @@ def resolve_dtype(name: str) -> torch.dtype:
         raise ValueError(f"unknown model dtype {name!r}; use one of {sorted(_DTYPES)}") from None
 
 
+TOKEN_ID_KEYS = ("pad_token_id", "eos_token_id", "bos_token_id")
+
+
+def token_ids_from_tokenizer(config, tokenizer) -> None:
+    """Give `config` the tokenizer's pad/eos/bos ids wherever the tokenizer has one.
+    The tokenizer is the authority: the rollout assembler ends a response at its eos,
+    while vLLM also stops at the config's (and LlamaConfig's defaults, bos=1 eos=2, are
+    not None, so copying only over None left the char tokenizer's <bos>=2 as eos)."""
+    for key in TOKEN_ID_KEYS:
+        value = getattr(tokenizer, key, None)
+        if value is not None:
+            setattr(config, key, value)
+
+
 def _hf_config(model_cfg: ModelConfig, tokenizer, path: str | None, **overrides):
     from transformers import AutoConfig
     if path is not None:
@@ -100,9 +116,7 @@ def _hf_config(model_cfg: ModelConfig, tokenizer, path: str | None, **overrides)
         model_type = values.pop("model_type", "llama")
         values.setdefault("vocab_size", len(tokenizer))
         config = AutoConfig.for_model(model_type, **values)
-    for key in ("pad_token_id", "eos_token_id", "bos_token_id"):
-        if getattr(config, key, None) is None and getattr(tokenizer, key, None) is not None:
-            setattr(config, key, getattr(tokenizer, key))
+    token_ids_from_tokenizer(config, tokenizer)
     for key, value in overrides.items():
         setattr(config, key, value)
     return config

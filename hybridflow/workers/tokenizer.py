@@ -26,6 +26,9 @@ def require_local_dir(spec: str, what: str) -> str:
     path = os.path.expanduser(spec)
     if os.path.isdir(path):
         return path
+    if os.path.exists(path) and path.endswith(".gguf"):
+        from hybridflow.workers.gguf import gguf_hint
+        raise ValueError(f"{what}: {gguf_hint(spec)}")
     if os.path.lexists(path):
         from hybridflow.core.loading import describe_path
         kind = describe_path(path) or "a file"
