@@ -21,7 +21,7 @@ from hybridflow.core.data import DataError
 from hybridflow.core.metric_names import OPTIMISED_REWARD_KEYS
 from hybridflow.core.loading import UserFileError, read_yaml
 from hybridflow.program.assemble import GraphFileError, prepare
-from hybridflow.program.run_record import read_run_config, save_plan_record
+from hybridflow.program.run_record import PLAN_FILE, plan_record, read_run_config
 from hybridflow.run.lifecycle import (check_resumed_config, check_same_graph, explicit_keys,
                                       graph_identity, record_end)
 from hybridflow.run.lock import RunLock
@@ -145,7 +145,8 @@ def _locked_run(args, loaded, run_dir: RunDir, signals) -> int:
     else:
         run_dir.save_graph_identity(graph_identity(loaded.graph.name, args.graph))
         run_dir.save_config(loaded.cfg)
-        save_plan_record(run_dir, loaded.plan, loaded.cfg)  # what readers need, as data
+        # what the commands reading a run directory need, as data (never its code)
+        run_dir.save_json(PLAN_FILE, plan_record(loaded.plan, loaded.cfg))
         run_dir.set_status("starting", step=0, steps=loaded.cfg.trainer.steps)
     try:  # datasets are read, then the workers start (and a resume loads its checkpoint)
         trainer = Trainer(loaded, run_dir, resume_from=run_dir.path if args.resume else None)
@@ -156,7 +157,7 @@ def _locked_run(args, loaded, run_dir: RunDir, signals) -> int:
         _say(note)
     if args.resume:  # only now, with the checkpoint loaded, the run takes the new config
         run_dir.save_config(loaded.cfg)
-        save_plan_record(run_dir, loaded.plan, loaded.cfg)
+        run_dir.save_json(PLAN_FILE, plan_record(loaded.plan, loaded.cfg))
         _say(f"resumed from {trainer.resumed_from} (step {trainer.step})"
              if trainer.resumed_from else f"no checkpoint in {run_dir.path}: starting at step 0")
     print(f"run directory: {run_dir.path}")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from hybridflow.core.loading import UserFileError, read_json
 
-__all__ = ["PLAN_FILE", "plan_record", "save_plan_record", "read_plan_record", "RecordedPlan",
+__all__ = ["PLAN_FILE", "plan_record", "read_plan_record", "RecordedPlan",
            "read_run_config"]
 
 PLAN_FILE = "plan.json"
@@ -48,13 +48,6 @@ def plan_record(plan, cfg) -> dict:
             "movable": dict(pipeline.movable)},
         "model_roles": list(models), "roles": run_roles(plan, pipeline, models),
         "sides": sides}
-
-
-def save_plan_record(run_dir, plan, cfg) -> None:
-    import json
-
-    from hybridflow.run.tracking import write_atomic
-    write_atomic(run_dir.file(PLAN_FILE), json.dumps(plan_record(plan, cfg), indent=1))
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ def record_run(folder, graph: str, yaml_text: str = "", graph_file: str | None =
     """Write folder/config.yaml (the merged config), graph.json (naming `graph_file`,
     default `graph`) and plan.json for `graph` compiled with `yaml_text`."""
     from hybridflow.program.assemble import prepare
-    from hybridflow.program.run_record import save_plan_record
+    from hybridflow.program.run_record import PLAN_FILE, plan_record
     from hybridflow.run.tracking import RunDir
     os.makedirs(folder, exist_ok=True)
     source = os.path.join(str(folder), "source.yaml")
@@ -25,7 +25,7 @@ def record_run(folder, graph: str, yaml_text: str = "", graph_file: str | None =
     run.save_config(loaded.cfg)
     run.save_graph_identity({"name": loaded.graph.name, "file": graph_file or graph,
                              "sha256": "-"})
-    save_plan_record(run, loaded.plan, loaded.cfg)
+    run.save_json(PLAN_FILE, plan_record(loaded.plan, loaded.cfg))
     return str(folder)
 
 
