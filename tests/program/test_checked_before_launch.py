@@ -161,6 +161,32 @@ def test_rows_dropped_as_too_long_are_counted(overlong):
     assert data.dropped == overlong and len(data) == 10 - overlong
 
 
+@pytest.mark.parametrize("train_drop,val_drop", [(2, 0), (0, 3), (4, 1)])
+def test_the_trainer_says_how_many_rows_it_dropped_and_logs_them(train_drop, val_drop):
+    """A line at start (run.py prints `trainer.notes`) and step 1's metrics."""
+    from types import SimpleNamespace
+
+    from hybridflow.core.data import PromptDataset
+    from hybridflow.run.loop import Trainer
+    from hybridflow.workers.tokenizer import build_char_tokenizer
+
+    def rows(dropped):
+        return [{"data_source": "toy", "prompt": ("1+" * (20 if i < dropped else 1)) + "1=",
+                 "reward_model": {"ground_truth": "2"}} for i in range(6)]
+    tok = build_char_tokenizer()
+    train = PromptDataset(rows(train_drop), tok, 16, name="train.jsonl")
+    val = PromptDataset(rows(val_drop), tok, 16, name="val.jsonl")
+    trainer = SimpleNamespace(notes=[])
+    Trainer._note_dropped(trainer, train, val, 16)
+    assert trainer.dropped == {"data/dropped_overlong_train": train_drop,
+                               "data/dropped_overlong_val": val_drop}
+    expected = [f"{name}: dropped {n} {what} rows longer than data.max_prompt_length=16 "
+                f"(kept {6 - n})" for name, n, what in (("train.jsonl", train_drop, "train"),
+                                                       ("val.jsonl", val_drop, "validation"))
+                if n]
+    assert [note.split(";")[0] for note in trainer.notes] == expected
+
+
 # ------------------------------------------- class 5 (config part): one line, no traceback
 BAD_VALUES = [("placement.cluster.device=zzz", "placement.cluster.device: unknown device 'zzz'"),
               ("placement.cluster.device=A100-81G", "unknown device 'A100-81G'"),
