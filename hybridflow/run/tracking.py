@@ -99,6 +99,10 @@ class RunDir:
             fh.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}\n{text}\n")
         return path
 
+    def save_json(self, name: str, record: dict) -> None:
+        """Write a record of the run (e.g. plan.json) atomically."""
+        write_atomic(self.file(name), json.dumps(record, indent=1))
+
     def save_graph_identity(self, identity: dict) -> None:
         write_atomic(self.file("graph.json"), json.dumps(identity, indent=1))
 
