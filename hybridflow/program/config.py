@@ -58,6 +58,8 @@ class TrainerConfig:
     allow_uncorrected_async: bool = False  # train stale samples with no off-policy correction
     # reorder each generated batch so data-parallel ranks get equal tokens (balance.py)
     balance_batch: bool = False
+    # steps whose batches (every node's output) are written to RUN_DIR/batches/ (batch_dump.py)
+    dump_batches: list[int] = field(default_factory=list)
 
 
 @dataclass

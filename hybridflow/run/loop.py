@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from hybridflow.run.async_loop import AsyncSchedule, busy_fractions
+from hybridflow.run.batch_dump import dump_step
 from hybridflow.run.checkpoint import (latest_checkpoint, load_trainer_state, restore_rng,
                                        save_checkpoint)
 from hybridflow.plan.compiler import ExecutionPlan
@@ -217,6 +218,8 @@ class Trainer:
             result = self.runtime.run_step(feeds,
                                            draw=lambda source: self.train_loader.next_batch())
         self.last_result = result
+        if self.step in self.cfg.trainer.dump_batches:  # a documented look at a batch
+            dump_step(self.run.path, self.step, self.plan, self.runtime, result)
         if self.cfg.trainer.check_finite:
             check_finite(self.step, result.node_metrics)
         self._log_train_generations(result)
