@@ -91,12 +91,29 @@ def _run_dir(args, loaded) -> RunDir:
                           f"directory in it: {err.strerror} ({err.filename})") from None
 
 
+def _before_launch(args, loaded) -> None:
+    """A note when the sizes are still the toy's; a CPU run whose predicted memory
+    does not fit this machine is refused (ConfigError) before any worker starts."""
+    from hybridflow.program.toy_defaults import toy_defaults_note
+    note = toy_defaults_note(loaded.cfg, explicit_keys(_overrides(args), args.config))
+    if note and not args.resume:
+        _say(f"note: {note}")
+    if not loaded.cfg.trainer.check_memory:
+        return
+    from hybridflow.memory.report import launch_memory_problems
+    problems = launch_memory_problems(loaded.cfg, loaded.plan)
+    if problems:
+        raise ConfigError("; ".join(problems) + " (`hybridflow check --memory` shows the "
+                          "prediction; trainer.check_memory=false starts anyway)")
+
+
 def run(args) -> int:
     resume_word(args)
     with SignalGuard() as signals:  # SIGTERM and SIGHUP stop a run like Ctrl-C
         try:  # everything that can be checked before a worker starts
             loaded = prepare(args.graph, _overrides(args), args.config)
             refuse_untrained(loaded.plan, args.graph)
+            _before_launch(args, loaded)
             run_dir = _run_dir(args, loaded)
         except (GraphError, ConfigError, GraphFileError, DataError, UserFileError,
                 FileNotFoundError) as err:
