@@ -23,7 +23,7 @@ from hybridflow.core.origin import contain
 from hybridflow.core.metric_names import OPTIMISED_REWARD_KEYS
 from hybridflow.core.loading import UserFileError, read_yaml
 from hybridflow.program.assemble import GraphFileError, prepare
-from hybridflow.program.run_record import save_plan_record
+from hybridflow.program.run_record import PLAN_FILE, plan_record, read_run_config
 from hybridflow.run.lifecycle import (check_resumed_config, check_same_graph, explicit_keys,
                                       graph_identity, record_end)
 from hybridflow.run.lock import RunLock
@@ -73,14 +73,14 @@ def _run_dir(args, loaded) -> RunDir:
     trainer = loaded.cfg.trainer
     if args.resume == _NEWEST and trainer.run_name:  # the run of that name
         path = os.path.join(trainer.runs_dir, trainer.run_name)
-        if not os.path.isfile(os.path.join(path, "config.yaml")):
+        if not os.path.lexists(os.path.join(path, "config.yaml")):
             raise FileNotFoundError(f"--resume: no run named {trainer.run_name!r} in "
                                     f"{trainer.runs_dir!r}")
         return RunDir(path, create=False)
     if args.resume == _NEWEST:
         return newest_run_dir(trainer.runs_dir, loaded.graph.name)
     if args.resume:
-        if not os.path.isfile(os.path.join(args.resume, "config.yaml")):
+        if not os.path.lexists(os.path.join(args.resume, "config.yaml")):
             raise FileNotFoundError(f"--resume {args.resume}: not a run directory "
                                     f"(no config.yaml)")
         return RunDir(args.resume, create=False)
@@ -91,12 +91,29 @@ def _run_dir(args, loaded) -> RunDir:
                           f"directory in it: {err.strerror} ({err.filename})") from None
 
 
+def _before_launch(args, loaded) -> None:
+    """A note when the sizes are still the toy's; a CPU run whose predicted memory
+    does not fit this machine is refused (ConfigError) before any worker starts."""
+    from hybridflow.program.toy_defaults import toy_defaults_note
+    note = toy_defaults_note(loaded.cfg, explicit_keys(_overrides(args), args.config))
+    if note and not args.resume:
+        _say(f"note: {note}")
+    if not loaded.cfg.trainer.check_memory:
+        return
+    from hybridflow.memory.report import launch_memory_problems
+    problems = launch_memory_problems(loaded.cfg, loaded.plan)
+    if problems:
+        raise ConfigError("; ".join(problems) + " (`hybridflow check --memory` shows the "
+                          "prediction; trainer.check_memory=false starts anyway)")
+
+
 def run(args) -> int:
     resume_word(args)
     with SignalGuard() as signals:  # SIGTERM and SIGHUP stop a run like Ctrl-C
         try:  # everything that can be checked before a worker starts
             loaded = prepare(args.graph, _overrides(args), args.config)
             refuse_untrained(loaded.plan, args.graph)
+            _before_launch(args, loaded)
             run_dir = _run_dir(args, loaded)
         except (GraphError, ConfigError, GraphFileError, DataError, UserFileError,
                 FileNotFoundError) as err:
@@ -123,9 +140,9 @@ def refuse_untrained(plan, graph: str) -> None:
     """A run trains: a graph with no training node would run its steps, learn nothing
     and exit 0 (verl and TRL always update). `hybridflow check` still draws it."""
     if not any(n.kind.trains for n in plan.nodes):
-        raise GraphError(f"graph {plan.graph_name!r} ({graph}) has no training node: a run "
-                         f"would learn nothing; add one (e.g. g.call('actor', 'update', "
-                         f"...)), or inspect the graph with `hybridflow check {graph}`")
+        raise GraphFileError(f"graph {plan.graph_name!r} ({graph}) has no training node: a run "
+                             f"would learn nothing; add one (e.g. g.call('actor.update', "
+                             f"...)), or inspect the graph with `hybridflow check {graph}`")
 
 
 def _say(text: str) -> None:
@@ -137,7 +154,7 @@ def _resumed_config(args, loaded, run_dir: RunDir):
     before anything is written; returns the loaded graph to resume with."""
     for note in check_same_graph(run_dir, graph_identity(loaded.graph.name, args.graph)):
         _say(note)
-    saved = read_yaml(run_dir.file("config.yaml"), "run config")
+    saved = read_run_config(run_dir.path, typed=False)
     with tempfile.TemporaryDirectory() as scratch:  # never written into the run
         base = os.path.join(scratch, "config.yaml")  # the run's config, then --config's
         OmegaConf.save(OmegaConf.merge(saved, read_yaml(args.config, "config file"))
@@ -156,7 +173,8 @@ def _locked_run(args, loaded, run_dir: RunDir, signals) -> int:
     else:
         run_dir.save_graph_identity(graph_identity(loaded.graph.name, args.graph))
         run_dir.save_config(loaded.cfg)
-        save_plan_record(run_dir, loaded.plan, loaded.cfg)  # what readers need, as data
+        # what the commands reading a run directory need, as data (never its code)
+        run_dir.save_json(PLAN_FILE, plan_record(loaded.plan, loaded.cfg))
         run_dir.set_status("starting", step=0, steps=loaded.cfg.trainer.steps)
     try:  # datasets are read, then the workers start (and a resume loads its checkpoint)
         trainer = Trainer(loaded, run_dir, resume_from=run_dir.path if args.resume else None)
@@ -169,7 +187,7 @@ def _locked_run(args, loaded, run_dir: RunDir, signals) -> int:
         _say(note)
     if args.resume:  # only now, with the checkpoint loaded, the run takes the new config
         run_dir.save_config(loaded.cfg)
-        save_plan_record(run_dir, loaded.plan, loaded.cfg)
+        run_dir.save_json(PLAN_FILE, plan_record(loaded.plan, loaded.cfg))
         _say(f"resumed from {trainer.resumed_from} (step {trainer.step})"
              if trainer.resumed_from else f"no checkpoint in {run_dir.path}: starting at step 0")
     print(f"run directory: {run_dir.path}")

@@ -26,7 +26,7 @@ from hybridflow.run.checkpoint import (latest_checkpoint, load_trainer_state, re
 from hybridflow.plan.compiler import ExecutionPlan
 from hybridflow.core.data import PromptDataset, PromptLoader, row_checker, toy_rows
 from hybridflow.core.kinds import NodeKind, Op, RowEffect
-from hybridflow.core.metric_names import STEP_TIME
+from hybridflow.core.metric_names import STEP_TIME, TIMING_PREFIX
 from hybridflow.core.worker_hooks import reports_held_tensors
 from hybridflow.program.assemble import LoadedGraph, compile_program
 from hybridflow.program.validation import (ScoreSource, ValidationPlan, compile_validation,
@@ -265,7 +265,7 @@ class Trainer:
                 for score, source, uid in self._fetch_scores(result, marks.sampled):
                     per_source[source][1][uid].append(score)
             node_metrics.append({k: v for k, v in result.metrics.items()
-                                 if not k.startswith("timing_s/")})
+                                 if not k.startswith(TIMING_PREFIX)})
             rows.append(len(batch))
         out = {f"val/{k}": v for k, v in merge_metrics(node_metrics, rows).items()}
         out.update(_validation_metrics(per_source, self.cfg.trainer.val_samples))
