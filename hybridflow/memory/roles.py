@@ -246,14 +246,10 @@ def _agent_widths(s: dict, cfg, plan) -> dict:
     sampling budget): every pass over its batch is that wide (issue 26: ~4x under)."""
     from dataclasses import replace
 
-    from hybridflow.agents.config import AgentConfig
-    from hybridflow.agents.worker import AgentRolloutWorker
-    from hybridflow.workers.config import read_section
-    agents = [r for r in plan.roles if isinstance(plan.bindings.get(r), type)
-              and issubclass(plan.bindings[r], AgentRolloutWorker)]
-    if not agents:
+    from hybridflow.agents.config import episode_width
+    width = episode_width(cfg, plan)
+    if width is None:
         return s
-    width = max(read_section(cfg, r, AgentConfig).max_response_tokens for r in agents)
     return {**s, "rollout": replace(s["rollout"], max_new_tokens=width)}
 
 
