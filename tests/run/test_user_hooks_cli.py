@@ -101,7 +101,7 @@ def build(cfg):
 
 SMALL = ["trainer.steps=1", "trainer.val_every=0", "trainer.progress=false",
          "data.batch_size=2", "rollout.n=2", "actor.mini_batch_size=4",
-         "runtime.call_timeout_s=6", "reward.timeout_s=1"]
+         "reward.timeout_s=1"]
 HOOK_NAMES = {"scorer": "compute_score", "env_init": "Env", "env_reset": "reset",
               "env_step": "step", "fn_node": "probe"}
 KINDS = ("hang", "exit", "interrupt", "base")
@@ -116,6 +116,7 @@ def _command(hook: str, tmp_path) -> list[str]:
         args += [f"reward.function_path={hooks}"]
     elif hook == "fn_node":
         graph = str(tmp_path / "g.py")
+        args += ["runtime.call_timeout_s=6"]  # the function node's bound (not agent.play's)
         (tmp_path / "g.py").write_text(textwrap.dedent(FN_GRAPH.format()))
     else:
         graph = os.path.join(REPO, "graphs", "agent_grpo.py")
