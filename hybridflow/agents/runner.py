@@ -13,8 +13,10 @@ The generator is injected: `generate(contexts, max_new_tokens) -> [GeneratedTurn
 one turn per context (token ids in, token ids and log-probs out). It runs in a
 thread of its own, so the event loop keeps serving environments meanwhile;
 `EngineGenerator` (engine_generator.py) adapts a rollout engine to it. Environment
-calls run in a thread pool (or on the loop, for `async def` ones) with a timeout
-each; a thread whose call timed out cannot be stopped and runs on in the background.
+calls, with the checks and tokenization of what they return, run in daemon threads
+(or on the loop, for `async def` ones) bounded by `step_timeout_s` (bounded.py); a
+thread whose call timed out cannot be stopped and runs on, never holding the process.
+`deterministic` makes the generate groups independent of thread timing.
 
 State: per `run`, the episodes (see episodes.py) and the scheduler's queues, all in
 `_Schedule`; the runner object itself holds only its configuration.
