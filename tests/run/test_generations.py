@@ -4,7 +4,7 @@ validation, sent to TensorBoard, trimmed with the metrics on resume."""
 import json
 import os
 
-from hybridflow.run_generations import format_samples, pick_rows
+from hybridflow.run.generations import format_samples, pick_rows
 from hybridflow.run.tracking import RunDir
 from tests.support.e2e import train
 
