@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import tempfile
 import traceback
@@ -18,6 +19,7 @@ from hybridflow.commands.errors import failure_reason
 from hybridflow.plan.compiler import GraphError
 from hybridflow.program.config import ConfigError
 from hybridflow.core.data import DataError
+from hybridflow.core.origin import contain
 from hybridflow.core.metric_names import OPTIMISED_REWARD_KEYS
 from hybridflow.core.loading import UserFileError, read_yaml
 from hybridflow.program.assemble import GraphFileError, prepare
@@ -89,12 +91,29 @@ def _run_dir(args, loaded) -> RunDir:
                           f"directory in it: {err.strerror} ({err.filename})") from None
 
 
+def _before_launch(args, loaded) -> None:
+    """A note when the sizes are still the toy's; a CPU run whose predicted memory
+    does not fit this machine is refused (ConfigError) before any worker starts."""
+    from hybridflow.program.toy_defaults import toy_defaults_note
+    note = toy_defaults_note(loaded.cfg, explicit_keys(_overrides(args), args.config))
+    if note and not args.resume:
+        _say(f"note: {note}")
+    if not loaded.cfg.trainer.check_memory:
+        return
+    from hybridflow.memory.report import launch_memory_problems
+    problems = launch_memory_problems(loaded.cfg, loaded.plan)
+    if problems:
+        raise ConfigError("; ".join(problems) + " (`hybridflow check --memory` shows the "
+                          "prediction; trainer.check_memory=false starts anyway)")
+
+
 def run(args) -> int:
     resume_word(args)
     with SignalGuard() as signals:  # SIGTERM and SIGHUP stop a run like Ctrl-C
         try:  # everything that can be checked before a worker starts
             loaded = prepare(args.graph, _overrides(args), args.config)
             refuse_untrained(loaded.plan, args.graph)
+            _before_launch(args, loaded)
             run_dir = _run_dir(args, loaded)
         except (GraphError, ConfigError, GraphFileError, DataError, UserFileError,
                 FileNotFoundError) as err:
@@ -106,6 +125,15 @@ def run(args) -> int:
             return _locked_run(args, loaded, run_dir, signals)
         finally:
             lock.release()
+
+
+def raised_by_code(err: BaseException, signals) -> bool:
+    """A KeyboardInterrupt that no signal caused: while the guard holds SIGINT, a
+    Ctrl-C arrives as its `Interrupted`, so a bare one was raised by code (an
+    environment, a scorer, a function node) and is that code's failure, not the
+    user's Ctrl-C (issue 26)."""
+    return (isinstance(err, KeyboardInterrupt) and not isinstance(err, Interrupted)
+            and signals.pending is None and signals.holds(signal.SIGINT))
 
 
 def refuse_untrained(plan, graph: str) -> None:
@@ -151,6 +179,8 @@ def _locked_run(args, loaded, run_dir: RunDir, signals) -> int:
     try:  # datasets are read, then the workers start (and a resume loads its checkpoint)
         trainer = Trainer(loaded, run_dir, resume_from=run_dir.path if args.resume else None)
     except (Exception, SystemExit, KeyboardInterrupt) as err:  # noqa: BLE001 - recorded
+        if raised_by_code(err, signals):
+            err = contain(err, "user code")
         return _start_failed(run_dir, err, resumed=bool(args.resume))
     signals.reclaim()  # a Ray runtime's start replaced the SIGTERM handler
     for note in trainer.notes:  # rows dropped as too long; what a resume trimmed
@@ -166,6 +196,9 @@ def _locked_run(args, loaded, run_dir: RunDir, signals) -> int:
         final = trainer.fit(on_step=progress.update, signals=signals)
     except KeyboardInterrupt as err:
         progress.close()  # before the message, so the bar does not redraw under it
+        if raised_by_code(err, signals):
+            return _failed(run_dir, f"stopped at step {trainer.step}",
+                           contain(err, "user code"), step=trainer.step)
         return _interrupted(run_dir, trainer, err, args.graph)
     except (Exception, SystemExit) as err:  # noqa: BLE001 - recorded, then reported
         progress.close()
@@ -253,6 +286,7 @@ class _Progress:
         from tqdm import tqdm
         self.bar = tqdm(total=total, initial=start, disable=not enabled, unit="step",
                         dynamic_ncols=True)
+        self.bar.refresh()  # drawn before the first step's work (a stuck step shows 0/N)
 
     def update(self, step: int, metrics: dict) -> None:
         self.bar.set_postfix({k: f"{v:.3f}" for k, v in progress_fields(metrics).items()},

@@ -49,6 +49,8 @@ class TrainerConfig:
     tensorboard: bool = False
     wandb: bool = False
     check_finite: bool = True    # stop on NaN/inf in losses or rewards
+    # refuse to start a CPU run whose predicted peak memory exceeds this machine's
+    check_memory: bool = True
     # sample generations (prompt, response, score) to generations.jsonl, TensorBoard,
     # W&B: N of each training step's (0: none), N of each validation's (also printed)
     log_generations: int = checked(0, at_least(0))
@@ -58,6 +60,8 @@ class TrainerConfig:
     allow_uncorrected_async: bool = False  # train stale samples with no off-policy correction
     # reorder each generated batch so data-parallel ranks get equal tokens (balance.py)
     balance_batch: bool = False
+    # steps whose batches (every node's output) are written to RUN_DIR/batches/ (batch_dump.py)
+    dump_batches: list[int] = field(default_factory=list)
 
 
 @dataclass
