@@ -20,12 +20,13 @@ import numpy as np
 import torch
 
 from hybridflow.run.async_loop import AsyncSchedule, busy_fractions
+from hybridflow.run.batch_dump import dump_step
 from hybridflow.run.checkpoint import (latest_checkpoint, load_trainer_state, restore_rng,
                                        save_checkpoint)
 from hybridflow.plan.compiler import ExecutionPlan
 from hybridflow.core.data import PromptDataset, PromptLoader, row_checker, toy_rows
 from hybridflow.core.kinds import NodeKind, Op, RowEffect
-from hybridflow.core.metric_names import STEP_TIME
+from hybridflow.core.metric_names import STEP_TIME, TIMING_PREFIX
 from hybridflow.core.worker_hooks import reports_held_tensors
 from hybridflow.program.assemble import LoadedGraph, compile_program
 from hybridflow.program.validation import (ScoreSource, ValidationPlan, compile_validation,
@@ -217,6 +218,8 @@ class Trainer:
             result = self.runtime.run_step(feeds,
                                            draw=lambda source: self.train_loader.next_batch())
         self.last_result = result
+        if self.step in self.cfg.trainer.dump_batches:  # a documented look at a batch
+            dump_step(self.run.path, self.step, self.plan, self.runtime, result)
         if self.cfg.trainer.check_finite:
             check_finite(self.step, result.node_metrics)
         self._log_train_generations(result)
@@ -262,7 +265,7 @@ class Trainer:
                 for score, source, uid in self._fetch_scores(result, marks.sampled):
                     per_source[source][1][uid].append(score)
             node_metrics.append({k: v for k, v in result.metrics.items()
-                                 if not k.startswith("timing_s/")})
+                                 if not k.startswith(TIMING_PREFIX)})
             rows.append(len(batch))
         out = {f"val/{k}": v for k, v in merge_metrics(node_metrics, rows).items()}
         out.update(_validation_metrics(per_source, self.cfg.trainer.val_samples))
