@@ -25,8 +25,7 @@ class EnvironmentSpecError(ValueError):
 
 def load_environment_factory(spec: str) -> Callable[[], Any]:
     """The class or factory function `spec` names ('file.py:Name' or 'module:Name')."""
-    factory = resolve_name(spec, "environment", EnvironmentSpecError, "an environment",
-                           "environment file")
+    factory = resolve_name(spec, "environment", EnvironmentSpecError, "an environment", "file")
     if not callable(factory):
         raise EnvironmentSpecError(f"environment {spec!r} is a {type(factory).__name__}, not "
                                    "a class or a function that returns an environment")

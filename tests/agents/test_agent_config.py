@@ -14,7 +14,7 @@ def test_the_section_becomes_runner_options():
 
 def test_preflight_loads_the_environment_or_names_the_key():
     check_agent_section(AgentConfig(env=f"{calculator.__file__}:make_env"))
-    with pytest.raises(ConfigError, match="agent.env: environment .*defines no 'nope'"):
+    with pytest.raises(ConfigError, match="agent.env: environment=.*defines no 'nope'"):
         check_agent_section(AgentConfig(env=f"{calculator.__file__}:nope"))
     with pytest.raises(ConfigError, match="agent.env is not set"):
         check_agent_section(AgentConfig())

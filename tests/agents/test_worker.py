@@ -68,5 +68,5 @@ def test_agent_play_is_a_node_that_runs_episodes_beside_the_actor(tmp_path, runt
 def test_check_refuses_a_missing_environment_before_any_worker_starts(overrides):
     graph, args = overrides
     args = [a if not a.startswith("agent.env=") else "agent.env=nope.py:Env" for a in args]
-    with pytest.raises(ConfigError, match="agent.env: environment 'nope.py:Env': file"):
+    with pytest.raises(ConfigError, match="agent.env: environment: file 'nope.py' does not exist"):
         prepare(graph, args)
