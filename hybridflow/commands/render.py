@@ -93,12 +93,14 @@ def timeline_sides(run_dir: str):
     except Exception as err:  # noqa: BLE001 - the chart is still drawn, without sides
         return None, (f"note: the rollout side of {path} is not marked: its graph could "
                       f"not be compiled again ({type(err).__name__}: {err})")
-    rollout = [plan.node(n) for n in plan.sides.rollout]
+    from hybridflow.plan.async_split import sides_of
+    sides = sides_of(plan)
+    rollout = [plan.node(n) for n in sides.rollout]
     sources = [n.name for n in rollout if n.op is Op.SOURCE]
     # a gather's rounds draw and record the source again: calls cannot be counted
     gathers = any(n.op is Op.GATHER for n in rollout)
     source = sources[0] if sources and not gathers else None
-    return TimelineSides(frozenset(plan.sides.rollout), plan.sides.staleness, source,
+    return TimelineSides(frozenset(sides.rollout), sides.staleness, source,
                          int(cfg.trainer.steps)), None
 
 

@@ -57,7 +57,7 @@ from hybridflow.runtime.worker_shell import DepInput, Piece, ShardTask, group_ha
 __all__ = ["StepScheduler", "run_step", "keeps_state"]
 
 # read on every node of every step: an Enum class attribute costs ~0.1 µs in 3.11
-_SOURCE, _GATHER, _FN = Op.SOURCE, Op.GATHER, Op.FN
+_SOURCE, _GATHER, _FN, _BUFFER = Op.SOURCE, Op.GATHER, Op.FN, Op.BUFFER
 
 
 def keeps_state(node: PlanNode) -> bool:
@@ -67,16 +67,17 @@ def keeps_state(node: PlanNode) -> bool:
 
 
 def run_step(executor: Executor, plan: ExecutionPlan, feeds: dict[str, Batch | NodeOutput],
-             draw: Callable[[str], Batch] | None = None) -> StepResult:
-    """Every node of `plan` once; `draw(source)` gives more batches for gathers. A feed
-    may be a `NodeOutput` of an earlier step (async: a rollout generated ahead), used
-    as it is, its shards never leaving the workers."""
+             draw: Callable[[str], Batch] | None = None,
+             skip: frozenset = frozenset()) -> StepResult:
+    """One pass: every node of `plan` not in `skip` once; `draw(source)` gives more
+    batches for gathers. A feed may be a `NodeOutput` of an earlier pass (a buffer's
+    batch, generated ahead), used as it is, its shards never leaving the workers."""
     if executor.broken:
         raise RuntimeError(f"the runtime cannot run another step: {executor.broken}; "
                            f"shut it down and start a new one")
     check_roles(executor, plan)
     start = time.perf_counter()
-    scheduler = StepScheduler(executor, plan, feeds, draw)
+    scheduler = StepScheduler(executor, plan, feeds, draw, skip)
     result = scheduler.run()
     result.metrics["runtime/driver_busy_s"] = scheduler.busy_s
     result.metrics["runtime/step_s"] = time.perf_counter() - start
@@ -86,14 +87,17 @@ def run_step(executor: Executor, plan: ExecutionPlan, feeds: dict[str, Batch | N
 # ------------------------------------------------------------------ the step
 class StepScheduler:
     def __init__(self, executor: Executor, plan: ExecutionPlan, feeds: dict[str, Batch],
-                 draw=None):
+                 draw=None, skip: frozenset = frozenset()):
         self.ex, self.plan, self.feeds, self.draw = executor, plan, feeds, draw
-        self.waiting: list[str] = [n.name for n in plan.nodes]
+        self.skip = skip
+        self.analysis = executor.plans.analysis(plan)
+        self.waiting: list[str] = [n for n in self.analysis.first if n not in skip] + \
+            [n.name for n in plan.nodes if n.name not in skip
+             and n.name not in self.analysis.first_set]
         self.outputs: dict[str, NodeOutput] = {}
         self.tasks = executor.tracker(plan)
         self.records = self.tasks.records
         self.meta_of = self.tasks.meta_of        # shard handle -> meta handle of its task
-        self.analysis = executor.plans.analysis(plan)
         self.group_keys = self.analysis.group_keys
         self.result = StepResult(outputs={})
         self._busy_s = 0.0
@@ -118,8 +122,14 @@ class StepScheduler:
         return self.result
 
     def _submit_ready(self) -> None:
+        """Submit every waiting node its inputs allow, in `waiting`'s order (the train
+        side first: see `PlanAnalysis.first`), until a sweep submits nothing."""
         nodes = self.analysis.nodes
-        self.waiting = [name for name in self.waiting if not self._try_submit(nodes[name])]
+        while True:
+            before = len(self.waiting)
+            self.waiting = [name for name in self.waiting if not self._try_submit(nodes[name])]
+            if len(self.waiting) == before or not self.analysis.first:
+                return
 
     def _wait(self) -> None:
         arrived, failures = self.tasks.wait(first=bool(self.waiting))
@@ -158,6 +168,9 @@ class StepScheduler:
             self.result.driver_bytes += sum(self.ex.value_bytes(h) for g in out.groups
                                             for h in g.values())
         out.metrics = merge_metrics([meta["metrics"] for meta in slots], out.rows)
+        for meta in slots:
+            for version, rows in meta.get("versions", {}).items():
+                out.versions[version] = out.versions.get(version, 0) + rows
         self._record_node(node, out.metrics, [r.meta["start"] for r in records],
                           [r.meta["end"] for r in records])
 
@@ -183,8 +196,13 @@ class StepScheduler:
         op = node.op
         if op is _SOURCE:
             return self._submit_source(node)
+        if op is _BUFFER:
+            return self._submit_buffer(node)
         for dep in node.deps:
             if dep not in self.outputs:
+                return False
+        for dep in node.after:  # ordering only, and only when it runs in this pass
+            if dep not in self.outputs and dep not in self.skip and dep in self.analysis.nodes:
                 return False
         if op is _GATHER:
             return submit_gather(self, node)
@@ -207,6 +225,18 @@ class StepScheduler:
         start = time.time()
         self._put(node, self._io(node).finish(self.feeds[node.name]))
         self._record_driver_node(node, start)
+        return True
+
+    def _submit_buffer(self, node: PlanNode) -> bool:
+        """A buffer's batch: fed from the run scheduler's buffers (a producer's output
+        of an earlier pass); unfed (capacity 0), this pass's output once it is done."""
+        feed = self.feeds.get(node.name)
+        if feed is None:
+            produced = self.outputs.get(node.buffer.producer)
+            if produced is None or not produced.done:
+                return False
+            feed = produced
+        self.outputs[node.name] = replace(feed, node=node.name)
         return True
 
     def _record_driver_node(self, node: PlanNode, start: float) -> None:
@@ -366,7 +396,7 @@ class StepScheduler:
         for dep, spec in inputs.items():
             pieces = tuple([Piece(args.add(p.arg), p.rows) for p in spec.pieces])
             specs[dep] = DepInput(pieces, spec.index)
-        for dep in self.analysis.unread[node.name]:  # ordering only: no column read
+        for dep in self.analysis.unread[node.name] + node.after:  # ordering: no column read
             if dep not in inputs:
                 for record in self.records.get(dep, ()):
                     args.add(record.ref)

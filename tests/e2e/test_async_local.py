@@ -3,8 +3,13 @@ rows generated with exactly the promised weights version, on the same prompts as
 synchronous run, and a resumed run neither loses nor repeats a prompt."""
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
 
+from hybridflow.plan.async_split import buffer_nodes
+from hybridflow.run.tracking import RunDir
 from hybridflow.runtime.common import NodeFailure
 from tests.support.async_runs import SPLIT, UNCORRECTED, run_recording
 from tests.support.e2e import train
@@ -65,8 +70,36 @@ def test_staleness_zero_is_the_synchronous_loop(tmp_path):
     trainer, zero = train("grpo", tmp_path / "zero", "trainer.steps=2",
                           "trainer.staleness=0", *FAST)
     _, default = train("grpo", tmp_path / "default", "trainer.steps=2", *FAST)
-    assert trainer.ahead is None and trainer.plan.sides is None
+    assert not buffer_nodes(trainer.plan) and trainer.scheduler.k == 0
     assert stable(zero) == stable(default)
+
+
+BASELINE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data",
+                        "async_baseline_metrics.json")
+PPO = ("critic.mini_batch_size=32", "critic.micro_batch_size=32")
+
+
+@pytest.mark.parametrize("graph,k", [
+    ("grpo", 0), ("grpo", 1),
+    pytest.param("ppo", 0, marks=pytest.mark.slow), pytest.param("ppo", 1, marks=pytest.mark.slow)])
+def test_the_run_scheduler_reproduces_the_metrics_recorded_before_it(tmp_path, graph, k):
+    """tests/data/async_baseline_metrics.json was recorded on main before the buffer
+    node and the run-long scheduler (the per-step loop and the derived async plans):
+    the same 3-step runs (seed 7) give the same metrics, key by key, and the same
+    rows with the same policy_version, at staleness 0 and 1."""
+    baseline = json.load(open(BASELINE))[f"{graph}/k={k}"]
+    trainer, seen = run_recording(tmp_path, "trainer.steps=3", f"trainer.staleness={k}",
+                                  "trainer.seed=7", *UNCORRECTED, *FAST,
+                                  *(PPO if graph == "ppo" else ()), graph=graph)
+    got = stable(RunDir(trainer.run.path).read_metrics())
+    assert len(got) == len(baseline["metrics"]) == 3
+    for step, (now, then) in enumerate(zip(got, baseline["metrics"]), start=1):
+        assert sorted(now) == sorted(then), step
+        for key in then:
+            assert now[key] == then[key], (step, key)
+    assert {str(s): [v[0], v[1]] for s, v in seen.items()} == baseline["rows"]
+    if k == 1:  # batch t sampled after update t - 2
+        assert [set(v[1]) for v in seen.values()] == [{0}, {0}, {1}]
 
 
 @pytest.mark.parametrize("graph,extra", [

@@ -1,7 +1,7 @@
 """Async runs from tests: train a graph and record, per step, the rows the update read."""
 from __future__ import annotations
 
-from hybridflow.plan.async_split import READY
+from hybridflow.plan.async_split import BUFFER_PREFIX, buffer_nodes
 from hybridflow.run.loop import Trainer
 from hybridflow.program.assemble import prepare
 from hybridflow.run.tracking import RunDir, new_run_dir
@@ -24,7 +24,7 @@ def run_recording(tmp_path, *overrides, graph="grpo", resume=None, stop_after=No
     seen = {}
     # the samples the update reads: the generate node's, or a gather's of them
     samples = [n.name for n in loaded.plan.nodes if n.kind == "generate" or n.op == "gather"]
-    name = READY + samples[-1] if loaded.plan.sides else samples[-1]
+    name = BUFFER_PREFIX + samples[-1] if buffer_nodes(loaded.plan) else samples[-1]
 
     def record(step, metrics):
         rows = trainer.runtime.fetch(trainer.last_result, name, ("uid", "policy_version"))
