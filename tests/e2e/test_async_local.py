@@ -11,7 +11,7 @@ import pytest
 from hybridflow.plan.async_split import buffer_nodes
 from hybridflow.run.tracking import RunDir
 from hybridflow.runtime.common import NodeFailure
-from tests.support.async_runs import SPLIT, UNCORRECTED, run_recording
+from tests.support.async_runs import SPLIT, UNCORRECTED, run_recording, worker_order
 from tests.support.e2e import train
 from tests.support.runs import FAST, stable
 
@@ -41,6 +41,23 @@ def test_a_rollout_on_its_own_pool_samples_with_the_synced_version(tmp_path):
     assert {s: set(v[1]) for s, v in seen.items()} == {1: {0}, 2: {0}, 3: {1}, 4: {2}}
     assert seen[4][2]["engine/weight_sync_bytes"] > 0
     assert {"perf/busy/gen", "perf/busy/main"} <= set(seen[3][2])
+
+
+def test_a_pass_queues_the_train_side_first_on_a_shared_worker(tmp_path):
+    """The scheduler submits the train side's ready tasks before the rollout side's and
+    a worker runs its tasks in submission order (executor.Executor): the actor's
+    log-probs of batch t run before the generation and scoring of batch t + 1 on the
+    worker they share; the update, which changes the weights the generation samples
+    with, runs after it (`after`)."""
+    trainer, _ = run_recording(tmp_path, "trainer.steps=3", "trainer.staleness=1",
+                               *UNCORRECTED, *FAST)
+    order = worker_order(trainer.timelines[2], "main")
+    assert order[0] == "actor.logprob", order
+    assert order.index("rollout.generate") < order.index("actor.update")
+    assert order.index("reward.score") < order.index("actor.update")
+    # the first step has two passes: batch 1 generated alone, then both sides
+    first = worker_order(trainer.timelines[1], "main")
+    assert first.count("rollout.generate") == 2 and first.count("actor.update") == 1
 
 
 def test_resume_redraws_the_queued_prompts_and_repeats_none(tmp_path):

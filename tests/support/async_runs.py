@@ -26,7 +26,10 @@ def run_recording(tmp_path, *overrides, graph="grpo", resume=None, stop_after=No
     samples = [n.name for n in loaded.plan.nodes if n.kind == "generate" or n.op == "gather"]
     name = BUFFER_PREFIX + samples[-1] if buffer_nodes(loaded.plan) else samples[-1]
 
+    trainer.timelines = {}  # step -> its timeline (every pass of the step)
+
     def record(step, metrics):
+        trainer.timelines[step] = list(trainer.last_result.timeline)
         rows = trainer.runtime.fetch(trainer.last_result, name, ("uid", "policy_version"))
         seen[step] = (list(rows["uid"]), rows["policy_version"].tolist(), metrics)
         if step == stop_after:
@@ -38,3 +41,9 @@ def run_recording(tmp_path, *overrides, graph="grpo", resume=None, stop_after=No
     finally:
         trainer.close()
     return trainer, seen
+
+
+def worker_order(timeline: list[dict], pool: str, rank: int = 0) -> list[str]:
+    """The nodes one worker ran, in the order it started them."""
+    return [e["node"] for e in sorted(timeline, key=lambda e: e["start"])
+            if e["pool"] == pool and e["rank"] == rank]
