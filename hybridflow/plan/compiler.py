@@ -79,6 +79,12 @@ class ExecutionPlan:
     stages: list[list[str]]        # nodes in one stage may run at the same time
     warnings: list[str] = field(default_factory=list)
 
+    @property
+    def sides(self):
+        raise AttributeError("ExecutionPlan.sides was removed: an async plan holds BUFFER "
+                             "nodes; read its sides with hybridflow.plan.async_split."
+                             "sides_of(plan) (docs/async.md)")
+
     def node(self, name: str) -> PlanNode:
         for node in self.nodes:
             if node.name == name:

@@ -60,12 +60,13 @@ def test_a_pass_queues_the_train_side_first_on_a_shared_worker(tmp_path):
     assert first.count("rollout.generate") == 2 and first.count("actor.update") == 1
 
 
-def test_resume_redraws_the_queued_prompts_and_repeats_none(tmp_path):
-    args = ("trainer.steps=5", "trainer.staleness=2", "trainer.save_every=2",
+@pytest.mark.parametrize("k", [1, 2])
+def test_resume_redraws_the_queued_prompts_and_repeats_none(tmp_path, k):
+    args = ("trainer.steps=5", f"trainer.staleness={k}", "trainer.save_every=2",
             *UNCORRECTED, *FAST)
     _, whole = run_recording(tmp_path / "whole", *args)
     trainer, part = run_recording(tmp_path / "part", *args, stop_after=3)
-    assert trainer.saved_step == 2  # steps 3 and 4 were queued (step 3 trained, unsaved)
+    assert trainer.saved_step == 2  # batches 3 .. 2 + k were buffered (3 trained, unsaved)
     _, resumed = run_recording(tmp_path / "part", *args, resume=trainer.run.path)
     assert sorted(resumed) == [3, 4, 5]
     trained = [uid for s in (1, 2) for uid in part[s][0]] + \
@@ -73,7 +74,7 @@ def test_resume_redraws_the_queued_prompts_and_repeats_none(tmp_path):
     assert trained == [uid for s in range(1, 6) for uid in whole[s][0]]
     assert len(set(trained)) == len(trained) // 4  # each prompt once, its 4 samples
     # the re-drawn batches were generated again, from the restored weights
-    assert set(resumed[3][1]) == {2} and set(whole[3][1]) == {0}
+    assert set(resumed[3][1]) == {2} and set(whole[3][1]) == {max(0, 3 - k - 1)}
 
 
 def test_async_runs_are_deterministic(tmp_path):
