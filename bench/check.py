@@ -1,7 +1,7 @@
 """`hybridflow check` cost: CPU and wall seconds of a fresh process checking each
 shipped graph, against the budget that keeps `check` an instant pre-flight.
 
-The CPU budget was a test assertion (tests/test_cli_check.py) until it failed on a
+The CPU budget was a test assertion (tests/commands/test_cli_check.py) until it failed on a
 loaded 2-core machine at 3.1 s; speed is measured here, where a miss is a number in
 a report, not a red test. CPU time (user + sys of the child) is the figure to read:
 on a shared machine wall time measures the neighbours.

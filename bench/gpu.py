@@ -11,6 +11,13 @@ its log-prob and update passes are exercised on the CPU by tests/bench.
     python bench/gpu.py --prompts 32 --max-response 256 --micro 8
     python bench/gpu.py --max-tokens 0     # row micro-batches instead of a token budget
     python bench/gpu.py --packed           # packed sequences (model.use_remove_padding)
+    python bench/gpu.py --vllm DIR         # the vLLM engine's GPU-only paths on model DIR
+
+`--vllm DIR` (needs `pip install -e ".[vllm]"`; UNRUN: written on a CPU-only machine)
+runs `bench/vllm_engine.gpu_checks`: sleep level 2 with the layerwise reload (memory
+after sleep, log-probs vs the trainer's after an update), CUDA graphs against eager
+(tokens/s, same greedy tokens), the weight sync's time on the device. NCCL weight
+broadcast is not written (the sync edge moves weights as Ray objects).
 """
 from __future__ import annotations
 
@@ -50,6 +57,8 @@ def parse_args(argv=None):
     parser.add_argument("--packed", action="store_true",
                         help="packed sequences (model.use_remove_padding)")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--vllm", metavar="MODEL_DIR", default=None,
+                        help="run the vLLM engine's GPU checks on this HF model directory")
     return parser.parse_args(argv)
 
 
@@ -140,6 +149,12 @@ def main(argv=None) -> int:
         print("bench/gpu.py needs a CUDA device and torch sees none; run it where a GPU "
               "is available (it needs only torch and transformers)", file=sys.stderr)
         return 2
+    if args.vllm:
+        import json
+
+        from bench.vllm_engine import gpu_checks
+        print(json.dumps(gpu_checks(args.vllm), indent=1))
+        return 0
     device = torch.device(args.device)
     model, config = build(device)
     rows = args.prompts * args.n

@@ -39,7 +39,7 @@ def agent_validation(cfg) -> Graph:
     the environment (`val/toy_calc/greedy`, read from the episode's `scores`)."""
     g = Graph("agent_validation")
     greedy = g.call("agent.play", g.source("prompts"), n=1, do_sample=False, name="greedy")
-    g.fn(episode_scores, greedy, name="greedy_score")  # the loop reads this node's scores
+    g.fn(episode_scores, greedy, name="greedy_score", validation="greedy")  # the loop reads it
     # the agent role lives in the actor's process, so the plan must hold the actor: its
     # log-probs of the greedy episodes are a cheap way to (and report the entropy)
     g.call("actor.logprob", greedy, with_entropy=True)

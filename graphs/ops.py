@@ -29,6 +29,7 @@ from hybridflow import Batch, node_fn
 from hybridflow.graph.loss import loss_fn, register_default_loss
 from hybridflow.workers.config import register_setting_names
 from hybridflow.core.tokens import training_mask
+from hybridflow.core.metric_names import SHAPED_REWARD_MEAN
 
 __all__ = ["grpo_advantages", "rloo_advantages", "reinforce_pp_advantages",
            "reinforce_pp_baseline_advantages", "remax_advantages", "gae_advantages",
@@ -110,7 +111,7 @@ def _with_reward_metric(out: Batch, per_response: torch.Tensor, **metrics) -> Ba
     """`out` with `critic/rewards/mean`: the mean reward of a response as the update
     will optimise it, after this node's shaping (what the progress bar shows)."""
     mean = float(per_response.float().mean()) if len(per_response) else 0.0
-    out.meta["metrics"] = {"critic/rewards/mean": mean, **metrics}
+    out.meta["metrics"] = {SHAPED_REWARD_MEAN: mean, **metrics}
     return out
 
 
@@ -179,6 +180,7 @@ def drop_uniform_groups(batch: Batch) -> Batch:
     keep = [i for i, uid in enumerate(uids) if len(by_group[uid]) > 1]
     out = batch.take(keep)
     dropped = sum(1 for values in by_group.values() if len(values) == 1)
+    # `_total` (metric_names.SUMMED_SUFFIX): counts, summed over a gather's rounds
     out.meta = {"metrics": {"dapo/dropped_groups_total": float(dropped),
                             "dapo/kept_groups_total": float(len(by_group) - dropped)}}
     return out

@@ -1,4 +1,4 @@
-"""`hybridflow run | check | render | plan | data | export | status`: one module per
+"""`hybridflow run | check | render | plan | data | model | export | status`: one module per
 command in hybridflow/commands/, each with add_parser(subparsers) and run(args) -> exit
 code. Errors a user can cause become one line and an exit code here
 (commands/errors.py); user code calling sys.exit cannot end the process silently."""
@@ -12,7 +12,7 @@ from hybridflow.commands.args import IntermixedParser
 
 __all__ = ["main"]
 
-_COMMANDS = ("run", "check", "render", "plan", "data", "export", "status")
+_COMMANDS = ("run", "check", "render", "plan", "data", "model", "export", "status")
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict]:

@@ -1,12 +1,11 @@
 """The test suite's own rules: no test module imports another (shared code lives in
-tests/support/ or a conftest.py), so each test file runs, and fails, on its own."""
+tests/support/ or a conftest.py), so each test file runs, and fails, on its own; the
+tests' folders mirror the package's; a test is slow by its own mark."""
 from __future__ import annotations
 
 import ast
 import glob
 import os
-
-from tests.support.costs import SLOW_ELSEWHERE, is_listed
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 # Offenders being fixed by their owners. Remove an entry when it is fixed; the list
@@ -62,24 +61,39 @@ def test_the_check_sees_every_form_of_import():
                                              ".test_d", ".test_e"]
 
 
-def test_every_slow_entry_of_the_conftest_names_a_test():
-    root = os.path.dirname(TESTS)
-    for entry in SLOW_ELSEWHERE:
-        path, _, name = entry.partition("::")
-        assert os.path.isfile(os.path.join(root, path)), f"tests/support/costs.py: {path} is gone"
-        if name:
-            with open(os.path.join(root, path), encoding="utf-8") as handle:
-                tree = ast.parse(handle.read())
-            tests = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
-            assert name.split("[")[0] in tests, f"tests/support/costs.py: {entry} is gone"
+# Folders of tests that test no one package folder: whole runs, benches, the RL math,
+# the graph files, and what tests share.
+NOT_A_PACKAGE_FOLDER = {"e2e", "bench", "algorithms", "graphs", "support"}
 
 
-def test_a_slow_entry_covers_its_file_or_its_test_and_nothing_with_a_longer_name():
-    assert is_listed("tests/runtime/test_ray.py::test_a[dp]", "tests/runtime/test_ray.py")
-    assert not is_listed("tests/runtime/test_ray_failures.py::test_a", "tests/runtime/test_ray.py")
-    entry = "tests/workers/test_reward.py::test_timeout"
-    assert is_listed("tests/workers/test_reward.py::test_timeout[1]", entry)
-    assert not is_listed("tests/workers/test_reward.py::test_timeout_twice", entry)
+def test_the_test_folders_mirror_the_package():
+    """tests/core tests hybridflow/core, and so on down: a test of a module is found
+    where the module is."""
+    package = os.path.join(os.path.dirname(TESTS), "hybridflow")
+    stray = []
+    for path in sorted(glob.glob(os.path.join(TESTS, "**", "test_*.py"), recursive=True)):
+        folder = os.path.relpath(os.path.dirname(path), TESTS)
+        if folder == ".":
+            continue
+        top = folder.split(os.sep)[0]
+        if top not in NOT_A_PACKAGE_FOLDER and not os.path.isdir(os.path.join(package, folder)):
+            stray.append(os.path.relpath(path, TESTS))
+    assert not stray, (f"{stray}: no hybridflow/ folder of that name; put the test beside "
+                       f"the package folder it tests, or in one of {sorted(NOT_A_PACKAGE_FOLDER)}")
+
+
+def test_only_the_suite_rules_live_at_the_top_of_tests():
+    top = sorted(os.path.basename(p) for p in glob.glob(os.path.join(TESTS, "test_*.py")))
+    assert top == ["test_layers.py", "test_suite_layout.py"], top
+
+
+def test_no_conftest_marks_tests_slow_by_name():
+    """One way to mark a test slow: `@pytest.mark.slow` or `pytestmark` in its file, where
+    the reader sees it, not a list of node ids in a hook."""
+    for path in glob.glob(os.path.join(TESTS, "**", "conftest.py"), recursive=True):
+        with open(path, encoding="utf-8") as handle:
+            source = handle.read()
+        assert "pytest_collection_modifyitems" not in source, os.path.relpath(path, TESTS)
 
 
 def test_test_module_names_are_unique():

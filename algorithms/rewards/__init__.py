@@ -14,10 +14,11 @@ from __future__ import annotations
 from typing import Callable
 
 from algorithms.registry import lookup
-from algorithms.rewards import gsm8k, toy
+from algorithms.rewards import gsm8k, toy, word_arith
 
 SCORERS: dict[str, Callable[..., "float | dict"]] = {toy.DATA_SOURCE: toy.compute_score}
 SCORERS.update({source: gsm8k.compute_score for source in gsm8k.DATA_SOURCES})
+SCORERS[word_arith.DATA_SOURCE] = gsm8k.compute_score  # GSM8K's answer format
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: str,

@@ -13,6 +13,9 @@ concurrently. See docs/agents.md.
     batch_rollout.py    prompt batch -> rollout batch: the agent node's body
     config.py           the `agent` config section and its pre-flight check
     worker.py           AgentRolloutWorker: the `agent` role, its node `agent.play`
+
+May import `core/`, `graph/` and `workers/` (the agent role plays its episodes with the
+actor's rollout engine and tokenizer); never `plan/`, `runtime/` or anything above.
 """
 from hybridflow.agents.batch_rollout import AGENT_ROLLOUT_WRITES, episode_rows, play_batch
 from hybridflow.agents.chat_format import ChatTemplateFormat, PlainFormat, make_chat_format

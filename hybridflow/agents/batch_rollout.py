@@ -16,6 +16,7 @@ import torch
 
 from hybridflow.agents.runner import EpisodeRunner
 from hybridflow.core.batch import Batch
+from hybridflow.core.metric_names import SAMPLED_VERSION
 from hybridflow.workers.rollout.engine import UNKNOWN_VERSION
 
 __all__ = ["episode_rows", "play_batch", "AGENT_ROLLOUT_WRITES"]
@@ -46,5 +47,5 @@ def play_batch(runner: EpisodeRunner, batch: Batch, pad_id: int, n: int = 1,
             out[key] = values
     # the version every episode of this call played with (async/staleness/*)
     out.meta = {**out.meta, "metrics": {**result.metrics,
-                                        "rollout/sampled_version": int(policy_version)}}
+                                        SAMPLED_VERSION: int(policy_version)}}
     return out

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from hybridflow.core.data import unknown_characters
+
 __all__ = ["ChatFormat", "PlainFormat", "ChatTemplateFormat", "make_chat_format"]
 
 
@@ -45,11 +47,9 @@ class PlainFormat:
 
     def _encode(self, text: str) -> list[int]:
         ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-        unk = self.tokenizer.unk_token_id
-        if unk is not None and unk in ids:  # the toy tokenizer knows few characters
-            unknown = sorted({c for c in text if unk in self.tokenizer(
-                c, add_special_tokens=False)["input_ids"]})
-            raise ValueError(f"the tokenizer has no token for {''.join(unknown)!r} in "
+        unknown = unknown_characters(self.tokenizer, text, ids)
+        if unknown:  # the toy tokenizer knows few characters
+            raise ValueError(f"the tokenizer has no token for {unknown!r} in "
                              f"{text[:60]!r}; write observations with characters it knows")
         return ids
 

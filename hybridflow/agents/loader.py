@@ -12,13 +12,9 @@ State: each file is imported once, under a private module name kept in `sys.modu
 """
 from __future__ import annotations
 
-import hashlib
-import importlib
-import importlib.util
-import os
-import sys
-from types import ModuleType
 from typing import Any, Callable
+
+from hybridflow.core.names import resolve_name
 
 __all__ = ["EnvironmentSpecError", "load_environment_factory", "check_environment"]
 
@@ -27,51 +23,10 @@ class EnvironmentSpecError(ValueError):
     """The configured environment cannot be found, imported or built."""
 
 
-def _import_file(path: str, spec: str) -> ModuleType:
-    if not os.path.isfile(path):
-        raise EnvironmentSpecError(f"environment {spec!r}: file {path!r} does not exist "
-                                   f"(resolved: {os.path.abspath(path)})")
-    digest = hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:10]
-    name = f"hybridflow_user_env_{os.path.splitext(os.path.basename(path))[0]}_{digest}"
-    if name in sys.modules:
-        return sys.modules[name]
-    module_spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[name] = module
-    try:
-        module_spec.loader.exec_module(module)
-    except Exception as err:
-        del sys.modules[name]
-        raise EnvironmentSpecError(f"environment {spec!r}: importing {path!r} failed: "
-                                   f"{type(err).__name__}: {err}") from err
-    try:
-        import cloudpickle
-        cloudpickle.register_pickle_by_value(module)
-    except (ImportError, ValueError):
-        pass
-    return module
-
-
 def load_environment_factory(spec: str) -> Callable[[], Any]:
     """The class or factory function `spec` names ('file.py:Name' or 'module:Name')."""
-    target, _, attr = str(spec).rpartition(":")
-    if not target or not attr:
-        raise EnvironmentSpecError(f"environment {spec!r} must be 'path/to/file.py:Name' or "
-                                   "'package.module:Name'")
-    if target.endswith(".py"):
-        module = _import_file(target, spec)
-    else:
-        try:
-            module = importlib.import_module(target)
-        except ImportError as err:
-            raise EnvironmentSpecError(f"environment {spec!r}: cannot import module "
-                                       f"{target!r}: {err}") from None
-    if not hasattr(module, attr):
-        defined = sorted(n for n, v in vars(module).items()
-                         if callable(v) and getattr(v, "__module__", None) == module.__name__)
-        raise EnvironmentSpecError(f"environment {spec!r}: {target!r} defines no {attr!r}; "
-                                   f"it defines {', '.join(defined) or 'nothing callable'}")
-    factory = getattr(module, attr)
+    factory = resolve_name(spec, "environment", EnvironmentSpecError, "an environment",
+                           "environment file")
     if not callable(factory):
         raise EnvironmentSpecError(f"environment {spec!r} is a {type(factory).__name__}, not "
                                    "a class or a function that returns an environment")

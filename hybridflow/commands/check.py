@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hybridflow.program.assemble import GraphFileError, prepare
+from hybridflow.program.assemble import GraphFileError, compile_program, prepare
+from hybridflow.program.validation import compile_validation, validation_runs
 from hybridflow.plan.compiler import GraphError
 from hybridflow.program.config import ConfigError
 from hybridflow.program.provenance import provenance_lines
@@ -30,6 +31,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run(args) -> int:
     try:
         loaded = prepare(args.graph, args.overrides, args.config)
+        if validation_runs(loaded.cfg):  # the loop's contract with the validation graph
+            compile_validation(loaded.module, loaded.cfg, compile_program)
     except (GraphError, ConfigError, GraphFileError) as err:
         print(f"hybridflow check: {err}", file=sys.stderr)
         return 1

@@ -1,5 +1,11 @@
-"""`hybridflow data toy --out DIR [--format jsonl|parquet]`: write the toy task's
-train and test files in verl's schema (what the embedded default trains on).
+"""`hybridflow data toy|word_arith --out DIR [--format jsonl|parquet]`: write a task's
+train and test files in verl's schema.
+
+- `toy`: the embedded default's task ("7+5=" -> "12"), for the tiny toy model;
+- `word_arith`: short arithmetic word problems as chat-message prompts with answers in
+  GSM8K's format ("#### 37"), scored by the GSM8K scorer: a task a small real chat
+  model (SmolLM2-135M-Instruct, `hybridflow model smollm2`) can learn on a CPU.
+
 Bad arguments are argparse errors (exit 2) naming the option."""
 from __future__ import annotations
 
@@ -7,20 +13,23 @@ import argparse
 import os
 import sys
 
-from hybridflow.core.data import toy_rows, write_rows
+from hybridflow.core.data import DataError, toy_rows, word_arith_rows, write_rows
 
 __all__ = ["add_parser", "run"]
 
+_DEFAULT_OUT = {"toy": "data/toy", "word_arith": "data/word_arith"}
 
-def _operand(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is too small: the largest operand must be "
-                                         f"at least 1, so that a pair can be held out")
-    return value
+
+def _at_least(low: int, why: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is too small: {why}")
+        return value
+    return parse
 
 
 def _fraction(text: str) -> float:
@@ -35,23 +44,41 @@ def _fraction(text: str) -> float:
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("data", help="generate datasets")
-    parser.add_argument("task", choices=("toy",), help="which dataset")
-    parser.add_argument("--out", default="data/toy", help="output directory")
+    parser.add_argument("task", choices=("toy", "word_arith"), help="which dataset")
+    parser.add_argument("--out", default=None, help="output directory (default data/TASK)")
     parser.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--max-operand", type=_operand, default=9)
-    parser.add_argument("--test-fraction", type=_fraction, default=0.25)
+    toy = parser.add_argument_group("toy")
+    toy.add_argument("--max-operand", default=9, type=_at_least(
+        1, "the largest operand must be at least 1, so that a pair can be held out"))
+    toy.add_argument("--test-fraction", type=_fraction, default=0.25)
+    words = parser.add_argument_group("word_arith")
+    words.add_argument("--n-train", default=2000, type=_at_least(1, "need a training row"))
+    words.add_argument("--n-test", default=100, type=_at_least(1, "need a held-out row"))
+    words.add_argument("--max-number", default=20, type=_at_least(
+        3, "the largest number in a problem must be at least 3"))
     return parser
 
 
+def _rows(args):
+    if args.task == "toy":
+        return toy_rows(args.seed, args.max_operand, args.test_fraction)
+    return word_arith_rows(args.seed, args.n_train, args.n_test, args.max_number)
+
+
 def run(args) -> int:
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        print(f"hybridflow data: --out {args.out!r} is a file; give a directory (it is "
+    out = args.out or _DEFAULT_OUT[args.task]
+    if os.path.exists(out) and not os.path.isdir(out):
+        print(f"hybridflow data: --out {out!r} is a file; give a directory (it is "
               f"created if missing)", file=sys.stderr)
         return 1
-    train, test = toy_rows(args.seed, args.max_operand, args.test_fraction)
+    try:
+        train, test = _rows(args)
+    except DataError as err:
+        print(f"hybridflow data: {err}", file=sys.stderr)
+        return 1
     for name, rows in (("train", train), ("test", test)):
-        path = os.path.join(args.out, f"{name}.{args.format}")
+        path = os.path.join(out, f"{name}.{args.format}")
         write_rows(rows, path)
         print(f"wrote {len(rows)} rows to {path}")
     return 0

@@ -30,8 +30,10 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from hybridflow.run.lock import RunLockError
     from hybridflow.run.tracking import RunDirError
     from hybridflow.program.user_files import GraphFileError
+    from hybridflow.core.loading import UserFileError
+    from hybridflow.planner.problem import PlanningError
     return (GraphError, ConfigError, GraphFileError, DataError, CheckpointError,
-            RunLockError, RunDirError, ResumeError, OSError)
+            RunLockError, RunDirError, ResumeError, UserFileError, PlanningError, OSError)
 
 
 def _is_user_file(path: str) -> bool:

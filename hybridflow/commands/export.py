@@ -29,11 +29,31 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
+def _check_role_name(role: str) -> None:
+    """A role is one plain name: '../..' or 'a/b' would read outside the checkpoint."""
+    if not role or role in (".", "..") or os.sep in role or "/" in role or "\0" in role \
+            or (os.altsep and os.altsep in role):
+        raise CheckpointError(f"--role {role!r} is not a role name: give one plain name "
+                              f"like actor or critic (a path would read outside the "
+                              f"checkpoint)")
+
+
+def _inside(root: str, path: str) -> bool:
+    root = os.path.realpath(root)
+    return os.path.commonpath([root, os.path.realpath(path)]) == root
+
+
 def export_role(run_dir: str, out: str, role: str = "actor", merge: bool = True) -> str:
+    from hybridflow.core.loading import check_dir
+    _check_role_name(role)
+    check_dir(run_dir, "run directory", "give a directory made by `hybridflow run`")
     ckpt = latest_checkpoint(os.path.join(run_dir, "checkpoints"))
     if ckpt is None:
         raise FileNotFoundError(f"{run_dir} has no complete checkpoint")
     source = os.path.join(ckpt, role)
+    if not _inside(ckpt, source):  # a role directory linked to elsewhere
+        raise CheckpointError(f"checkpoint {ckpt}: role {role!r} leads outside the "
+                              f"checkpoint; refusing to export it")
     if not os.path.isdir(source):
         raise FileNotFoundError(f"checkpoint {ckpt} has no role '{role}' "
                                 f"(it has {sorted(os.listdir(ckpt))})")
@@ -43,15 +63,18 @@ def export_role(run_dir: str, out: str, role: str = "actor", merge: bool = True)
                                  f"if missing)")
     os.makedirs(out, exist_ok=True)
     if merge and os.path.isfile(os.path.join(source, "adapter_config.json")):
-        from omegaconf import OmegaConf
-
+        from hybridflow.core.loading import read_yaml
         from hybridflow.workers.lora import merge_checkpoint
-        cfg = OmegaConf.load(os.path.join(run_dir, "config.yaml"))
+        cfg = read_yaml(os.path.join(run_dir, "config.yaml"), "run config")
         merge_checkpoint(source, cfg, int(cfg.trainer.seed), out)
         return ckpt
     for name in os.listdir(source):
-        if is_model_file(name):
-            shutil.copy2(os.path.join(source, name), os.path.join(out, name))
+        if not is_model_file(name):
+            continue
+        if not _inside(ckpt, os.path.join(source, name)):
+            raise CheckpointError(f"checkpoint {ckpt}: {role}/{name} links outside the "
+                                  f"checkpoint; refusing to export it")
+        shutil.copy2(os.path.join(source, name), os.path.join(out, name))
     return ckpt
 
 
@@ -62,10 +85,11 @@ def is_model_file(name: str) -> bool:
 
 
 def run(args) -> int:
+    from hybridflow.core.loading import UserFileError
     try:
         ckpt = export_role(args.run_dir, args.out, args.role,
                            merge=not getattr(args, "adapter_only", False))
-    except (FileNotFoundError, NotADirectoryError, CheckpointError) as err:
+    except (FileNotFoundError, NotADirectoryError, CheckpointError, UserFileError) as err:
         print(f"hybridflow export: {err}", file=sys.stderr)
         return 1
     print(f"exported role '{args.role}' from {ckpt} to {args.out}")

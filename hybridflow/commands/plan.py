@@ -35,9 +35,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     cluster = parser.add_argument_group("cluster")
     cluster.add_argument("--nodes", type=int, default=1)
     cluster.add_argument("--gpus-per-node", type=int, default=8)
-    cluster.add_argument("--device", default="a100-80g",
-                         help="a100-80g, a100-40g, a800-80g, h100-80g, h200-141g, cpu, or a "
-                              "device entry: NAME in ~/.hybridflow/devices or a .json path")
+    cluster.add_argument("--device", default=None,
+                         help="a100-80g (the default), a100-40g, a800-80g, h100-80g, "
+                              "h200-141g, cpu, or a device entry: NAME in "
+                              "~/.hybridflow/devices or a .json path; --calibrate needs it")
     device = parser.add_argument_group("device entries")
     device.add_argument("--measure-device", action="store_true",
                         help="micro-benchmark this machine (matmul, memory, process transfer) "
@@ -92,16 +93,23 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
+DEFAULT_DEVICE = "a100-80g"  # what a plan is for when --device is not given
+
+
 def load_model_spec(value: str):
     from hybridflow.planner import ModelSpec
 
+    from hybridflow.core.loading import read_json
     path = os.path.join(value, "config.json") if os.path.isdir(value) else value
     if path.endswith(".json"):
-        if not os.path.isfile(path):
-            raise ValueError(f"model config {path!r} does not exist")
-        with open(path) as handle:
-            name = os.path.basename(os.path.dirname(path)) or None
-            return ModelSpec.from_hf_config(json.load(handle), name=name)
+        name = os.path.basename(os.path.dirname(path)) or None
+        config = read_json(path, "model config", dict, "give a model's Hugging Face "
+                           "config.json (or its directory), or a size like 7b")
+        try:
+            return ModelSpec.from_hf_config(config, name=name)
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"model config {path!r} is not a model's config "
+                             f"({type(err).__name__}: {err})") from None
     return ModelSpec.from_name(value)
 
 
@@ -135,6 +143,7 @@ def run(args) -> int:
     if args.measure_device or args.calibrate:
         from hybridflow.commands.plan_device import run_device
         return run_device(args)
+    args.device = args.device or DEFAULT_DEVICE
     if not args.graph:
         print("hybridflow plan: give a graph file (or --measure-device / --calibrate RUN_DIR)",
               file=sys.stderr)

@@ -50,10 +50,14 @@ def _measured(args):
 def _calibrated(args):
     import dataclasses
 
-    from hybridflow.planner import get_device
+    from hybridflow.planner import PlanningError, get_device
     from hybridflow.planner.calibrate import calibrate, predict_run
     from hybridflow.program.run_dir import read_run
 
+    if not args.device:  # a CPU run fitted to an A100's entry would be silently wrong
+        raise PlanningError(f"--calibrate {args.calibrate} needs --device: the device the "
+                            f"run ran on (cpu for a CPU run, a100-80g, h100-80g, ..., or an "
+                            f"entry of `hybridflow plan --measure-device --save NAME`)")
     run = read_run(args.calibrate)
     start = get_device(args.device)
     fitted = calibrate(run, start)

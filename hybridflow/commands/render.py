@@ -4,14 +4,14 @@
     hybridflow render --timeline RUN_DIR -o timeline.svg [--step N | --steps A-B]
 
 The timeline of an async run (`trainer.staleness >= 1` in RUN_DIR/config.yaml) marks
-its rollout-side nodes: their names come from compiling the run's graph file (named
-in RUN_DIR/graph.json) with its saved config; when that fails the chart is drawn
-without them, and a note says why.
+its rollout-side nodes, read from RUN_DIR/plan.json (written when the run started):
+a run directory is data, and its graph file is never imported. A run without
+plan.json is drawn without them, and a note says why.
 """
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -45,18 +45,23 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def read_timeline(run_dir: str) -> list[dict]:
     """The records of RUN_DIR/timeline.jsonl (or of a .jsonl file named directly)."""
+    from hybridflow.core.loading import UserFileError, read_jsonl
     path = Path(run_dir)
     path = path if path.suffix == ".jsonl" else path / "timeline.jsonl"
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise FileNotFoundError(f"{path} does not exist: pass the run directory of a "
                                 "`hybridflow run` (it writes timeline.jsonl)")
     records = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{number} is not a JSON record: {err}") from None
+    for number, record in read_jsonl(str(path), "run timeline"):
+        if not (isinstance(record.get("node"), str) and isinstance(record.get("step"), int)
+                and all(isinstance(record.get(k), (int, float)) for k in ("start", "end"))):
+            raise UserFileError(f"run timeline {str(path)!r} line {number}: a record needs a "
+                                f"node, a step and start/end seconds ({str(record)[:80]})",
+                                str(path))
+        records.append(record)
+    if not records:
+        raise UserFileError(f"run timeline {str(path)!r} holds no records: the run did not "
+                            f"finish a step", str(path))
     return records
 
 
@@ -73,34 +78,27 @@ def parse_steps(text: str | None) -> tuple[int, int] | None:
 def timeline_sides(run_dir: str):
     """(the async sides of the run in `run_dir` for the chart, or None when it ran
     synchronously or has no config.yaml; a note when an async run's sides could not
-    be read, or None)."""
+    be read, or None). Read from RUN_DIR/plan.json: the graph file is never imported."""
     from omegaconf import OmegaConf
 
-    from hybridflow.core.kinds import Op
+    from hybridflow.core.loading import read_yaml
     from hybridflow.draw.timeline import TimelineSides
+    from hybridflow.program.run_record import PLAN_FILE, read_plan_record
     path = Path(run_dir)
     path = path.parent if path.suffix == ".jsonl" else path
     config = path / "config.yaml"
-    if not config.is_file():  # a timeline alone: nothing says it ran async
+    if not os.path.lexists(config):  # a timeline alone: nothing says it ran async
         return None, None
-    try:
-        cfg = OmegaConf.load(config)
-        if int(OmegaConf.select(cfg, "trainer.staleness", default=0) or 0) < 1:
-            return None, None
-        from hybridflow.program import assemble as program
-        graph_file = json.loads((path / "graph.json").read_text())["file"]
-        plan = program.prepare(graph_file, [], yaml_file=str(config), preflight=False).plan
-    except Exception as err:  # noqa: BLE001 - the chart is still drawn, without sides
-        return None, (f"note: the rollout side of {path} is not marked: its graph could "
-                      f"not be compiled again ({type(err).__name__}: {err})")
-    from hybridflow.plan.async_split import sides_of
-    sides = sides_of(plan)
-    rollout = [plan.node(n) for n in sides.rollout]
-    sources = [n.name for n in rollout if n.op is Op.SOURCE]
-    # a gather's rounds draw and record the source again: calls cannot be counted
-    gathers = any(n.op is Op.GATHER for n in rollout)
-    source = sources[0] if sources and not gathers else None
-    return TimelineSides(frozenset(sides.rollout), sides.staleness, source,
+    cfg = read_yaml(str(config), "run config")
+    if int(OmegaConf.select(cfg, "trainer.staleness", default=0) or 0) < 1:
+        return None, None
+    if not os.path.lexists(path / PLAN_FILE):
+        return None, (f"note: the rollout side of {path} is not marked: it has no "
+                      f"{PLAN_FILE} (a run made before it was written)")
+    sides = read_plan_record(str(path)).record.get("sides")
+    if not sides:
+        return None, None
+    return TimelineSides(frozenset(sides["rollout"]), int(sides["staleness"]), sides["source"],
                          int(cfg.trainer.steps)), None
 
 

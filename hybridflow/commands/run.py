@@ -18,7 +18,10 @@ from hybridflow.commands.errors import failure_reason
 from hybridflow.plan.compiler import GraphError
 from hybridflow.program.config import ConfigError
 from hybridflow.core.data import DataError
+from hybridflow.core.metric_names import OPTIMISED_REWARD_KEYS
+from hybridflow.core.loading import UserFileError, read_yaml
 from hybridflow.program.assemble import GraphFileError, prepare
+from hybridflow.program.run_record import save_plan_record
 from hybridflow.run.lifecycle import (check_resumed_config, check_same_graph, explicit_keys,
                                       graph_identity, record_end)
 from hybridflow.run.lock import RunLock
@@ -40,6 +43,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="continue a run from its last checkpoint (default: the newest "
                              "run of this graph)")
     return parser
+
+
+def resume_word(args) -> None:
+    """`--resume key=value`: the optional RUN_DIR of --resume took an override (argparse
+    binds the next word); a key=value that is not a directory is an override, and
+    --resume means the newest run."""
+    word = args.resume
+    if word not in (None, _NEWEST) and "=" in word and not os.path.isdir(word):
+        args.overrides = [*args.overrides, word]
+        args.resume = _NEWEST
 
 
 def _overrides(args) -> list[str]:
@@ -77,11 +90,14 @@ def _run_dir(args, loaded) -> RunDir:
 
 
 def run(args) -> int:
+    resume_word(args)
     with SignalGuard() as signals:  # SIGTERM and SIGHUP stop a run like Ctrl-C
         try:  # everything that can be checked before a worker starts
             loaded = prepare(args.graph, _overrides(args), args.config)
+            refuse_untrained(loaded.plan, args.graph)
             run_dir = _run_dir(args, loaded)
-        except (GraphError, ConfigError, GraphFileError, DataError, FileNotFoundError) as err:
+        except (GraphError, ConfigError, GraphFileError, DataError, UserFileError,
+                FileNotFoundError) as err:
             print(f"hybridflow run: {err}", file=sys.stderr)
             return 1
         lock = RunLock(run_dir.path)
@@ -90,6 +106,15 @@ def run(args) -> int:
             return _locked_run(args, loaded, run_dir, signals)
         finally:
             lock.release()
+
+
+def refuse_untrained(plan, graph: str) -> None:
+    """A run trains: a graph with no training node would run its steps, learn nothing
+    and exit 0 (verl and TRL always update). `hybridflow check` still draws it."""
+    if not any(n.kind.trains for n in plan.nodes):
+        raise GraphError(f"graph {plan.graph_name!r} ({graph}) has no training node: a run "
+                         f"would learn nothing; add one (e.g. g.call('actor', 'update', "
+                         f"...)), or inspect the graph with `hybridflow check {graph}`")
 
 
 def _say(text: str) -> None:
@@ -101,11 +126,11 @@ def _resumed_config(args, loaded, run_dir: RunDir):
     before anything is written; returns the loaded graph to resume with."""
     for note in check_same_graph(run_dir, graph_identity(loaded.graph.name, args.graph)):
         _say(note)
-    saved = OmegaConf.load(run_dir.file("config.yaml"))
+    saved = read_yaml(run_dir.file("config.yaml"), "run config")
     with tempfile.TemporaryDirectory() as scratch:  # never written into the run
         base = os.path.join(scratch, "config.yaml")  # the run's config, then --config's
-        OmegaConf.save(OmegaConf.merge(saved, OmegaConf.load(args.config)) if args.config
-                       else saved, base)
+        OmegaConf.save(OmegaConf.merge(saved, read_yaml(args.config, "config file"))
+                       if args.config else saved, base)
         resumed = prepare(args.graph, _overrides(args), base)
     for note in check_resumed_config(run_dir, saved, resumed.cfg,
                                      explicit_keys(_overrides(args), args.config)):
@@ -120,16 +145,18 @@ def _locked_run(args, loaded, run_dir: RunDir, signals) -> int:
     else:
         run_dir.save_graph_identity(graph_identity(loaded.graph.name, args.graph))
         run_dir.save_config(loaded.cfg)
+        save_plan_record(run_dir, loaded.plan, loaded.cfg)  # what readers need, as data
         run_dir.set_status("starting", step=0, steps=loaded.cfg.trainer.steps)
     try:  # datasets are read, then the workers start (and a resume loads its checkpoint)
         trainer = Trainer(loaded, run_dir, resume_from=run_dir.path if args.resume else None)
     except (Exception, SystemExit, KeyboardInterrupt) as err:  # noqa: BLE001 - recorded
         return _start_failed(run_dir, err, resumed=bool(args.resume))
     signals.reclaim()  # a Ray runtime's start replaced the SIGTERM handler
+    for note in trainer.notes:  # rows dropped as too long; what a resume trimmed
+        _say(note)
     if args.resume:  # only now, with the checkpoint loaded, the run takes the new config
         run_dir.save_config(loaded.cfg)
-        for note in trainer.notes:
-            _say(note)
+        save_plan_record(run_dir, loaded.plan, loaded.cfg)
         _say(f"resumed from {trainer.resumed_from} (step {trainer.step})"
              if trainer.resumed_from else f"no checkpoint in {run_dir.path}: starting at step 0")
     print(f"run directory: {run_dir.path}")
@@ -202,12 +229,6 @@ def _failed(run_dir: RunDir, what: str, err: BaseException, step: int) -> int:
     for note in notes:
         _say(note)
     return 1
-
-
-# The reward the update optimises: after the graph's shaping (a KL penalty in the
-# reward, an overlong penalty: the shaping node reports critic/rewards/mean) or, when
-# nothing shapes it, the reward worker's score.
-OPTIMISED_REWARD_KEYS = ("critic/rewards/mean", "critic/score/mean")
 
 
 def progress_fields(metrics: dict) -> dict[str, float]:

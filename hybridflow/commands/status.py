@@ -29,7 +29,7 @@ def _ago(seconds: float) -> str:
 
 
 def _running(run: RunDir, status: dict, progress: str) -> str:
-    owner = read_owner(run.path)
+    owner = read_owner(run.path, strict=True)
     updated = _ago(time.time() - status.get("time", time.time()))
     if owner is not None and owner.alive():
         return f"running ({owner.describe()}), {progress}, last update {updated}"
@@ -41,17 +41,35 @@ def _running(run: RunDir, status: dict, progress: str) -> str:
             f"continue it with `hybridflow run GRAPH --resume {run.path}`")
 
 
+_FIELDS = {"state": str, "step": int, "steps": int, "time": (int, float), "pid": int}
+
+
+def _checked(run: RunDir, status: dict) -> dict:
+    """status.json's fields have the types the run writes (someone else's hand may not)."""
+    from hybridflow.core.loading import UserFileError
+    for key, kind in _FIELDS.items():
+        value = status.get(key)
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            raise UserFileError(f"run status {run.file('status.json')!r}: field {key!r} is "
+                                f"{value!r}, not what `hybridflow run` writes; the run "
+                                f"directory is damaged: delete status.json to reset it",
+                                run.file("status.json"))
+    return status
+
+
 def describe(run_path: str) -> str:
     """One line: the state, the step, and what to do next where there is something."""
-    if not os.path.isfile(os.path.join(run_path, "config.yaml")):
+    from hybridflow.core.loading import check_dir, describe_path
+    check_dir(run_path, "run directory", "give a directory made by `hybridflow run`")
+    if describe_path(os.path.join(run_path, "config.yaml")) == "missing":
         raise RunDirError(f"{run_path} is not a run directory (no config.yaml)")
     run = RunDir(run_path, create=False)
-    status = run.status()
+    status = _checked(run, run.status())
     state = status.get("state")
     steps = f"/{status['steps']}" if status.get("steps") else ""
     progress = f"step {status.get('step', 0)}{steps}"
     if state in (None, "starting"):  # datasets and workers loading
-        owner = read_owner(run.path)
+        owner = read_owner(run.path, strict=True)
         if owner is not None and owner.alive() is not False:
             return f"starting ({owner.describe()})"
         return ("never started (no status.json)" if state is None else

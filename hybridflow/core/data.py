@@ -17,10 +17,12 @@ import numpy as np
 import torch
 
 from hybridflow.core.batch import Batch
+from hybridflow.core.loading import UserFileError, check_file, library_read, read_jsonl
 from hybridflow.core.names import import_named
 
 __all__ = ["DataError", "PromptDataset", "PromptLoader", "check_data_file", "read_rows",
-           "write_rows", "toy_rows", "tokenize_prompts", "row_checker"]
+           "write_rows", "toy_rows", "word_arith_rows", "unknown_characters", "tokenize_prompts",
+           "row_checker"]
 
 RowCheck = Callable[[str, object], None]  # (data_source, ground_truth) -> ValueError/TypeError
 
@@ -32,35 +34,26 @@ class DataError(ValueError):
 DATA_EXTENSIONS = (".jsonl", ".parquet")
 
 
+_DATA_FIX = "give a .jsonl (one JSON object a line) or .parquet file in verl's schema"
+
+
 def check_data_file(path: str) -> None:
-    """A cheap look before reading: the file exists, has a known format, is not empty."""
-    if not os.path.isfile(path):
-        raise DataError(f"data file {path!r} does not exist")
+    """A cheap look before reading: a regular, non-empty file of a known format."""
+    check_file(path, "data file", _DATA_FIX)
     if not path.endswith(DATA_EXTENSIONS):
-        raise DataError(f"data file {path!r} has an unknown format: use .jsonl (one JSON "
-                        f"object a line) or .parquet")
-    if os.path.getsize(path) == 0:
-        raise DataError(f"data file {path!r} is empty")
+        raise UserFileError(f"data file {path!r} has an unknown format: use .jsonl (one JSON "
+                            f"object a line) or .parquet", path)
 
 
 def read_rows(path: str) -> list[dict]:
+    """Every row of a data file; any failure names the file (and line)."""
     check_data_file(path)
     if path.endswith(".parquet"):
-        import pyarrow.parquet as pq
-        try:
+        with library_read(path, "data file", "it is not a valid parquet file: write it "
+                          "again (hybridflow data, or pandas.DataFrame.to_parquet)"):
+            import pyarrow.parquet as pq
             return pq.read_table(path).to_pylist()
-        except Exception as err:  # noqa: BLE001 - pyarrow raises many types
-            raise DataError(f"{path}: not a valid parquet file: {err}") from None
-    rows = []
-    with open(path, encoding="utf-8") as fh:
-        for line_no, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise DataError(f"{path}:{line_no}: row is not valid JSON: {err.msg}") from None
-    return rows
+    return [row for _, row in read_jsonl(path, "data file", dict, _DATA_FIX)]
 
 
 def write_rows(rows: list[dict], path: str) -> None:
@@ -90,6 +83,23 @@ def toy_rows(seed: int, max_operand: int, test_fraction: float, train_on_test: b
     return make(seed, max_operand, test_fraction, train_on_test)
 
 
+WORD_ARITH_MAKER = "algorithms.rewards.word_arith:train_test_rows"
+
+
+def word_arith_rows(seed: int, n_train: int, n_test: int, max_number: int,
+                    maker: str = WORD_ARITH_MAKER) -> tuple[list[dict], list[dict]]:
+    """(train rows, held-out rows) of the word-problem task (`hybridflow data
+    word_arith`): chat-message prompts, GSM8K answers, for a real chat model."""
+    try:
+        make = import_named(maker, "the word_arith data maker")
+    except ValueError as err:
+        raise DataError(str(err)) from None
+    try:
+        return make(seed, n_train, n_test, max_number)
+    except ValueError as err:
+        raise DataError(f"word_arith: {err}") from None
+
+
 def _prompt_text(prompt, tokenizer, where: str) -> str:
     if isinstance(prompt, str):
         return prompt
@@ -102,6 +112,16 @@ def _prompt_text(prompt, tokenizer, where: str) -> str:
         return "".join(str(m["content"]) for m in messages)
     raise DataError(f"{where}: 'prompt' must be a string or a list of chat messages "
                     f"({{'role', 'content'}}), got {type(prompt).__name__}")
+
+
+def unknown_characters(tokenizer, text: str, ids) -> str:
+    """The characters of `text` the tokenizer turns into its unknown token (they would
+    train as `<unk>`), or ''; the data loader and the agent path both refuse them."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None or unk not in ids:
+        return ""
+    return "".join(sorted({c for c in text
+                           if unk in tokenizer(c, add_special_tokens=False)["input_ids"]}))
 
 
 @dataclass
@@ -175,6 +195,11 @@ class PromptDataset:
         if not text.strip():
             raise DataError(f"{where}: empty prompt")
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        unknown = unknown_characters(tokenizer, text, ids)
+        if unknown:
+            raise DataError(f"{where}: the tokenizer has no token for {unknown!r} in the "
+                            f"prompt {text[:60]!r}; write prompts with characters it knows "
+                            f"or use a tokenizer that knows them (model.tokenizer)")
         return PromptRow(text, list(ids), str(row["data_source"]),
                          reward_model["ground_truth"], dict(row.get("extra_info") or {}))
 

@@ -17,18 +17,39 @@ the modules to ship by value.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.abc
 import importlib.util
 import os
 import sys
 from types import ModuleType
 
-__all__ = ["exec_user_file", "modules_beside", "pickle_by_value", "register_with_ray"]
+__all__ = ["exec_user_file", "import_user_file", "user_module_name", "modules_beside",
+           "pickle_by_value", "register_with_ray"]
 
 _BY_VALUE: dict[str, ModuleType] = {}  # user modules to ship by value, by name
 
 
-def exec_user_file(path: str, name: str, error: type[ValueError], what: str) -> ModuleType:
+def user_module_name(path: str) -> str:
+    """The private module name of the user's file at `path` (one per absolute path)."""
+    path = os.path.abspath(path)
+    stem = os.path.splitext(os.path.basename(path))[0]
+    return f"hybridflow_user_{stem}_{hashlib.sha1(path.encode()).hexdigest()[:10]}"
+
+
+def import_user_file(path: str, what: str, error: type[Exception] = ValueError) -> ModuleType:
+    """The one way a user's Python file (a graph, worker, scorer or environment file) is
+    imported: it must be a regular .py file (a directory or a FIFO is named as one), and
+    a failing import raises `error` naming the file."""
+    from hybridflow.core.loading import UserFileError, check_file
+    try:
+        check_file(path, what, "give the path of a Python file", empty_ok=True)
+    except UserFileError as err:
+        raise error(str(err)) from None
+    return exec_user_file(path, user_module_name(path), error, what)
+
+
+def exec_user_file(path: str, name: str, error: type[Exception], what: str) -> ModuleType:
     """Import the file at `path` as module `name` (once); the modules it imports from
     its own folder are shipped by value along with it. A failing import raises
     `error` naming the file."""
@@ -38,6 +59,8 @@ def exec_user_file(path: str, name: str, error: type[ValueError], what: str) -> 
     _find_beside(folder)
     before = set(sys.modules)
     spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:  # not a .py name: no loader knows it
+        raise error(f"{what} {path!r} is not a Python source file (.py)")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:
@@ -46,7 +69,8 @@ def exec_user_file(path: str, name: str, error: type[ValueError], what: str) -> 
         del sys.modules[name]
         if not isinstance(err, Exception):
             raise
-        raise error(f"{what} {path!r} failed to import: {type(err).__name__}: {err}") from err
+        detail = " ".join(str(err).split())
+        raise error(f"{what} {path!r} failed to import: {type(err).__name__}: {detail}") from err
     pickle_by_value(module)
     for helper in modules_beside(folder, set(sys.modules) - before - {name}):
         pickle_by_value(helper)

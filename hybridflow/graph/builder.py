@@ -17,7 +17,9 @@ given by node name (a string), which lets a node refer to one defined later; the
 compiler rejects the cycles this can make. `rename={"old": "new"}` renames keys of a
 node's output, e.g. to keep a baseline's scores apart from the policy's.
 `monitor=True` marks a node that only observes (logs metrics): nothing needs to
-consume its output, so the compiler does not warn about it.
+consume its output, so the compiler does not warn about it. `validation="greedy"`
+(or `"sampled"`) marks the node of a validation graph whose `scores` the step loop
+reads (docs/graphs.md#validation); the loop consumes it, so no warning either.
 """
 from __future__ import annotations
 
@@ -108,6 +110,7 @@ class Node:
     group_by: str | None = None     # fn nodes: overrides the declaration
     rename: dict[str, str] = field(default_factory=dict)  # output key -> new name
     monitor: bool = False           # only observes (metrics): no consumer is expected
+    validation: str | None = None   # "greedy" / "sampled": the loop reads its scores
 
     def __post_init__(self):
         self.op = Op.of(self.op, "node op")
@@ -156,7 +159,7 @@ class Graph:
 
     def call(self, target: str, *inputs: NodeHandle | str, name: str | None = None,
              rename: dict[str, str] | None = None, monitor: bool = False,
-             **kwargs) -> NodeHandle:
+             validation: str | None = None, **kwargs) -> NodeHandle:
         location = _caller_location()
         role, dot, meth = target.partition(".")
         if not dot or not role or not meth:
@@ -164,17 +167,17 @@ class Graph:
             role, meth = role or "?", meth or "?"
         node = Node(name or f"{role}.{meth}", Op.CALL, self._input_names(inputs, location),
                     dict(kwargs), location, role=role, method=meth, rename=dict(rename or {}),
-                    monitor=monitor)
+                    monitor=monitor, validation=validation)
         return self._add(node)
 
     def fn(self, func: Callable, *inputs: NodeHandle | str, name: str | None = None,
            group_by: str | None = None, rename: dict[str, str] | None = None,
-           monitor: bool = False, **kwargs) -> NodeHandle:
+           monitor: bool = False, validation: str | None = None, **kwargs) -> NodeHandle:
         location = _caller_location()
         default = getattr(func, "__name__", "fn")
         node = Node(name or default, Op.FN, self._input_names(inputs, location), dict(kwargs),
                     location, fn=func, group_by=group_by, rename=dict(rename or {}),
-                    monitor=monitor)
+                    monitor=monitor, validation=validation)
         return self._add(node)
 
     def gather(self, node: NodeHandle | str, *, until: int, max_rounds: int,

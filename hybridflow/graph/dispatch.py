@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import inspect
 import numbers
-import warnings
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable
@@ -235,10 +234,9 @@ def _concat_collect(outputs: list) -> Batch:
 class DispatchMode:
     """A named way to fan a call out over a group's ranks and collect the results.
 
-    `slots(layout) -> SlotLayout` is the way every built-in mode is declared and the
-    way to register one. `dispatch_fn`/`collect_fn` is the older form (a pair of
-    functions over the whole value), kept for modes registered before slot layouts
-    and for `one_per_worker`, whose input is one value per rank, not rows
+    `slots(layout) -> SlotLayout` is the way every row mode is declared and the way
+    to register one. `dispatch_fn`/`collect_fn` (a pair of functions over the whole
+    value) is `one_per_worker`'s alone: its input is one value per rank, not rows
     (`rows=False`: it cannot be a graph node's dispatch).
     """
     name: str
@@ -293,31 +291,23 @@ _MODES: dict[str, DispatchMode] = {
 def register_dispatch_mode(name: str, dispatch: Callable | None = None,
                            collect: Callable | None = None, *,
                            slots: Callable[[Layout], SlotLayout] | None = None) -> None:
-    """Add a user-defined mode. The way to do it: `slots(layout) -> SlotLayout`,
-    which rows each rank receives and whose results are kept; it runs on Ray with
-    shards moving worker to worker, like the built-in modes.
+    """Add a user-defined mode: `slots(layout) -> SlotLayout`, which rows each rank
+    receives and whose results are kept; it runs on Ray with shards moving worker to
+    worker, like the built-in modes.
 
-    The older form, `dispatch(value, layout) -> per-rank values` (SKIP where a rank
-    does not run) and `collect(outputs, layout) -> value`, still works but is
-    deprecated: on Ray such a mode gathers the whole input on rank 0, which splits
-    it and collects every rank's result (three task waves, every row through one
-    worker)."""
+    `dispatch` and `collect` are accepted only to refuse the older (dispatch, collect)
+    pair form, removed (it routed every row through rank 0), with the way to migrate."""
+    if dispatch is not None or collect is not None:
+        raise ValueError(
+            f"dispatch mode {name!r} is registered as a (dispatch, collect) pair of "
+            f"functions, a form that was removed: declare which rows each rank receives "
+            f"instead, register_dispatch_mode({name!r}, slots=fn(layout) -> SlotLayout) "
+            f"(docs/runtime.md, 'Registering a mode', shows a pair rewritten as slots)")
+    if slots is None:
+        raise ValueError(f"dispatch mode {name!r} needs slots=fn(layout) -> SlotLayout")
     if name in _MODES:
         raise ValueError(f"dispatch mode {name!r} is already registered")
-    if slots is not None:
-        if dispatch is not None or collect is not None:
-            raise ValueError(f"dispatch mode {name!r}: give slots=, or the older "
-                             f"dispatch and collect functions, not both")
-        _MODES[name] = DispatchMode(name, slots)
-        return
-    if dispatch is None or collect is None:
-        raise ValueError(f"dispatch mode {name!r} needs slots=fn(layout) -> SlotLayout")
-    warnings.warn(f"dispatch mode {name!r} is registered as a (dispatch, collect) pair; "
-                  f"declare which rows each rank receives instead "
-                  f"(register_dispatch_mode({name!r}, slots=fn(layout) -> SlotLayout)): "
-                  f"on Ray a pair routes every row through rank 0",
-                  DeprecationWarning, stacklevel=2)
-    _MODES[name] = DispatchMode(name, dispatch_fn=dispatch, collect_fn=collect)
+    _MODES[name] = DispatchMode(name, slots)
 
 
 def get_dispatch_mode(name: str) -> DispatchMode:

@@ -9,6 +9,9 @@
 
 Stateless: everything is computed from the config and the plan. Importing this
 package imports torch; `hybridflow check` imports it only with `--memory`.
+
+May import `core/`, `graph/`, `plan/`, `workers/` (the real model classes and sections)
+and `planner/` (its device table).
 """
 from hybridflow.memory.model_size import Architecture, ModelSize, model_size, model_size_of
 from hybridflow.memory.passes import MicroBatch, kv_cache_bytes, training_state

@@ -339,7 +339,8 @@ class _Checker:
         consumed = {d for n in nodes.values() for d in n.deps}
         for name in order:
             node = nodes[name]
-            monitor = getattr(self.graph.nodes.get(name), "monitor", False)
+            built = self.graph.nodes.get(name)  # a validation node is read by the loop
+            monitor = getattr(built, "monitor", False) or getattr(built, "validation", None)
             if name not in consumed and not node.kind.trains and not monitor:
                 self.warnings.append(f"{node.where()}: its output is consumed by no node")
 

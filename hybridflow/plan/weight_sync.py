@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from hybridflow.graph.dispatch import worker_methods
+from hybridflow.core.worker_hooks import host_role
 
 __all__ = ["insert_weight_sync", "resync_plan", "sync_pairs", "weights_host", "planner_view",
            "EXPORT_NODE", "SYNC_NODE"]
@@ -33,7 +34,7 @@ EXPORT_METHOD, LOAD_METHOD = "export_weights", "load_weights"
 def weights_host(cls) -> str | None:
     """The role whose weights a worker class generates with (colocated) or loads
     (apart): its `HOST_ROLE` when it declares a `load_weights` method, else None."""
-    host = getattr(cls, "HOST_ROLE", None)
+    host = host_role(cls)
     return host if host is not None and LOAD_METHOD in worker_methods(cls) else None
 
 

@@ -13,6 +13,9 @@ schedule (step simulation), pipeline (the overlapped step of an async run, the
 rollout apart), search (enumeration and pruning), ranking (the
 result as data), explain (table, paragraph, JSON), render (graphviz) and result
 (PlannerResult: the ranking with its words and drawing, on top of both).
+
+May import `core/` only (today it imports nothing else of hybridflow): the planner works
+on its own problem types, and `program/` bridges a compiled plan to them.
 """
 from .cost import Layout
 from .devices import DEVICES, Cluster, Device, get_device

@@ -45,15 +45,13 @@ def user_device_names() -> list[str]:
 
 def find_user_device(name: str) -> Device | None:
     path = device_path(name)
-    return load_device(path) if os.path.isfile(path) else None
+    return load_device(path) if os.path.lexists(path) else None
 
 
 def load_device(path: str) -> Device:
-    try:
-        with open(path) as handle:
-            data = json.load(handle)
-    except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"device entry {path}: cannot read it ({err})") from None
+    from hybridflow.core.loading import read_json
+    data = read_json(path, "device entry", dict, "re-measure it with `hybridflow plan "
+                     "--measure-device --save NAME`")
     row = {f.name for f in fields(Device)} - {"efficiency"}
     missing = sorted(row - set(data) - {"host_bandwidth"})
     if missing:

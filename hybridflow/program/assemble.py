@@ -28,6 +28,7 @@ from hybridflow.program.config import (ConfigError, ParallelConfig, PoolConfig, 
                                        build_config, run_values)
 from hybridflow.graph.builder import Graph
 from hybridflow.core.kinds import Op
+from hybridflow.core.worker_hooks import config_schema, served_by
 from hybridflow.plan.placement import Placement
 from hybridflow.program.user_files import (GraphFileError, call_graph_file, import_object,
                                            load_graph_module)
@@ -64,18 +65,15 @@ def algorithm_schema(module: ModuleType, path: str) -> type | None:
 def role_schema(role: str, spec: str) -> type | None:
     """The `config_schema` dataclass of the worker class bound to `role` (None: its
     section is free-form)."""
-    try:
-        cls = import_object(spec)
-    except ConfigError as err:
-        raise ConfigError(f"workers.{role}={spec}: {err}") from None
-    return getattr(cls, "config_schema", None)
+    cls = import_object(spec, f"workers.{role}")
+    return config_schema(cls)
 
 
 def role_bindings(cfg: DictConfig) -> dict[str, type]:
     from hybridflow.workers import DEFAULT_ROLES
     bindings = dict(DEFAULT_ROLES)
     for role, spec in (cfg.workers or {}).items():
-        bindings[str(role)] = import_object(str(spec))
+        bindings[str(role)] = import_object(str(spec), f"workers.{role}")
     return bindings
 
 
@@ -84,7 +82,7 @@ def folded_roles(cfg: DictConfig, bindings: dict[str, type]) -> dict[str, str]:
     `served_by(cfg)` (e.g. the reference of a LoRA actor is the actor, adapters off)."""
     folded = {}
     for role, cls in bindings.items():
-        host = cls.served_by(cfg) if callable(getattr(cls, "served_by", None)) else None
+        host = served_by(cls, cfg)
         if host is not None and host != role:
             folded[role] = host
     return folded

@@ -9,7 +9,6 @@ rollout role on a pool of its own (`placement.roles.rollout`).
 """
 from __future__ import annotations
 
-import json
 import os
 
 from omegaconf import DictConfig, OmegaConf
@@ -29,10 +28,11 @@ def expand_auto(overrides: list[str] | None) -> list[str]:
 
 def _hf_config(cfg: DictConfig) -> dict:
     if cfg.model.path:
+        from hybridflow.core.loading import read_json
         path = os.path.join(cfg.model.path, "config.json")
-        if os.path.isfile(path):
-            with open(path) as fh:
-                return json.load(fh)
+        if os.path.lexists(path):
+            return read_json(path, "model config", dict, "model.path must be a Hugging Face "
+                             "model directory with a JSON config.json")
     config = dict(OmegaConf.to_container(cfg.model.hf_config, resolve=True))
     config.setdefault("vocab_size", 32)  # the char tokenizer's size order; shapes only
     return config

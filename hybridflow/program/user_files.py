@@ -9,16 +9,13 @@ are pickled by value for Ray workers: see user_code.py).
 """
 from __future__ import annotations
 
-import hashlib
-import importlib
-import importlib.util
 import os
 import sys
 from types import ModuleType
 
 from hybridflow.core.constraints import ConfigError
-from hybridflow.core.user_code import exec_user_file as _exec_user_file
-from hybridflow.core.user_code import register_with_ray
+from hybridflow.core.names import resolve_name
+from hybridflow.core.user_code import import_user_file, register_with_ray
 
 __all__ = ["GraphFileError", "load_graph_module", "import_object", "call_graph_file",
            "pickle_user_files_by_value_for_ray"]
@@ -29,15 +26,11 @@ class GraphFileError(ValueError):
 
 
 def load_graph_module(path: str) -> ModuleType:
-    if not os.path.isfile(path):
-        raise GraphFileError(f"graph file {path!r} does not exist")
-    path = os.path.abspath(path)
-    stem = os.path.splitext(os.path.basename(path))[0]
-    digest = hashlib.sha1(path.encode()).hexdigest()[:8]
-    name = f"hybridflow_user_graph_{stem}_{digest}"
-    module = _exec_user_file(path, name, GraphFileError, "graph file")
+    """The graph file's module; GraphFileError naming the file (a missing one, a
+    directory or a FIFO in its place, a failing import, no build(cfg))."""
+    module = import_user_file(path, "graph file", GraphFileError)
     if not callable(getattr(module, "build", None)):
-        del sys.modules[name]
+        del sys.modules[module.__name__]
         raise GraphFileError(f"graph file {path!r} must export build(cfg) -> Graph")
     return module
 
@@ -48,28 +41,9 @@ def pickle_user_files_by_value_for_ray() -> None:
     register_with_ray()
 
 
-def import_object(spec: str):
-    """'package.module:Name' or 'path/to/file.py:Name'."""
-    target, _, attr = spec.partition(":")
-    if not attr:
-        raise ConfigError(f"worker class {spec!r} must be 'module:Class' or 'file.py:Class'")
-    if target.endswith(".py"):
-        module = _load_file(target)
-    else:
-        try:
-            module = importlib.import_module(target)
-        except ImportError as err:
-            raise ConfigError(f"cannot import worker module {target!r}: {err}") from None
-    if not hasattr(module, attr):
-        raise ConfigError(f"{target!r} has no attribute {attr!r}")
-    return getattr(module, attr)
-
-
-def _load_file(path: str) -> ModuleType:
-    if not os.path.isfile(path):
-        raise ConfigError(f"worker file {path!r} does not exist")
-    name = "hybridflow_user_" + hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:10]
-    return _exec_user_file(path, name, ConfigError, "worker file")
+def import_object(spec: str, key: str = "workers"):
+    """'package.module:Name' or 'path/to/file.py:Name' (core/names.py's resolver)."""
+    return resolve_name(spec, key, ConfigError, "a worker class", "worker file")
 
 
 def call_graph_file(path: str, what: str, fn, *args):

@@ -25,7 +25,9 @@ import time
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
+
+from hybridflow.core.loading import UserFileError, read_json, read_safetensors
 
 __all__ = ["CheckpointError", "save_checkpoint", "latest_checkpoint", "load_trainer_state",
            "verify_checkpoint", "capture_rng", "restore_rng"]
@@ -134,18 +136,19 @@ def verify_checkpoint(path: str) -> dict:
     checkpoints have sizes only); returns the manifest. Raises CheckpointError
     naming the first damaged file."""
     manifest = os.path.join(path, "manifest.json")
-    if not os.path.isfile(manifest):
+    if not os.path.lexists(manifest):
         raise CheckpointError(f"{path} is not a complete checkpoint (no manifest.json)")
-    try:
-        with open(manifest) as fh:
-            record = json.load(fh)
-    except (OSError, ValueError) as err:
-        raise CheckpointError(f"checkpoint {path} is damaged: manifest.json is not "
-                              f"readable JSON ({err}); delete {path} to resume from the "
-                              f"checkpoint before it") from None
-    digests = record.get("sha256", {})
-    for rel, size in record["files"].items():
-        full = os.path.join(path, rel)
+    fix = f"the checkpoint is damaged: delete {path} to resume from the checkpoint before it"
+    record = read_json(manifest, "checkpoint manifest", dict, fix)
+    files, digests = record.get("files"), record.get("sha256", {})
+    if not isinstance(files, dict) or not isinstance(digests, dict):
+        raise UserFileError(f"checkpoint manifest {manifest!r} lacks its 'files' and "
+                            f"'sha256' tables; {fix}", manifest)
+    for rel, size in files.items():
+        full = os.path.join(path, str(rel))
+        if not _inside(path, full):  # a manifest never names a file outside its checkpoint
+            raise UserFileError(f"checkpoint manifest {manifest!r} names {rel!r}, outside "
+                                f"the checkpoint; {fix}", manifest)
         if not os.path.isfile(full) or os.path.getsize(full) != size:
             problem = "is missing or has the wrong size"
         elif rel in digests and file_sha256(full) != digests[rel]:
@@ -157,8 +160,17 @@ def verify_checkpoint(path: str) -> dict:
     return record
 
 
+def _inside(root: str, path: str) -> bool:
+    root = os.path.realpath(root)
+    return os.path.commonpath([root, os.path.realpath(path)]) == root
+
+
 def load_trainer_state(path: str) -> tuple[dict, torch.Tensor]:
     verify_checkpoint(path)
-    with open(os.path.join(path, "trainer_state.json")) as fh:
-        state = json.load(fh)
-    return state, load_file(os.path.join(path, "rng_torch.safetensors"))["state"]
+    fix = f"the checkpoint is damaged: delete {path} to resume from the checkpoint before it"
+    state = read_json(os.path.join(path, "trainer_state.json"), "checkpoint state", dict, fix)
+    rng = read_safetensors(os.path.join(path, "rng_torch.safetensors"), "checkpoint RNG state",
+                           fix)
+    if "state" not in rng:
+        raise UserFileError(f"checkpoint RNG state {path!r} lacks its tensor; {fix}", path)
+    return state, rng["state"]

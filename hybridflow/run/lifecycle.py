@@ -16,6 +16,7 @@ import traceback
 
 from omegaconf import DictConfig, OmegaConf
 
+from hybridflow.core.loading import read_yaml
 from hybridflow.run.tracking import RunDir
 
 __all__ = ["ResumeError", "graph_identity", "check_same_graph", "config_changes",
@@ -78,7 +79,7 @@ def explicit_keys(overrides: list[str], yaml_file: str | None) -> set[str]:
     if "placement" in keys:  # `placement=auto` replans the whole section
         keys.add("placement")
     if yaml_file:
-        keys |= set(_flatten(OmegaConf.to_container(OmegaConf.load(yaml_file))))
+        keys |= set(_flatten(OmegaConf.to_container(read_yaml(yaml_file, "config file"))))
     return keys
 
 

@@ -88,14 +88,28 @@ def _directory_guard(run_path: str):
         os.close(fd)  # closing releases the flock
 
 
-def read_owner(run_path: str) -> LockOwner | None:
-    """The lock's owner, or None when the directory has no (readable) lock."""
+def read_owner(run_path: str, strict: bool = False) -> LockOwner | None:
+    """The lock's owner, or None when the directory has no lock. An unreadable lock
+    is None too (a torn write that `acquire` takes over), or, with `strict` (what
+    `hybridflow status` reports), a UserFileError naming it. A FIFO or a directory
+    in its place is never opened (opening a FIFO blocks)."""
+    from hybridflow.core.loading import UserFileError, read_json
+    path = os.path.join(run_path, LOCK_FILE)
+    if not os.path.lexists(path):
+        return None
+    fix = "the run directory is damaged: delete it if no run is using the directory"
     try:
-        with open(os.path.join(run_path, LOCK_FILE)) as fh:
-            record = json.load(fh)
+        record = read_json(path, "run lock", fix=fix)
         return LockOwner(int(record["pid"]), str(record["host"]), float(record["started"]),
                          record.get("proc_start"))
-    except (FileNotFoundError, ValueError, KeyError, TypeError):
+    except UserFileError:
+        if strict:
+            raise
+        return None
+    except (ValueError, KeyError, TypeError) as err:
+        if strict:
+            raise UserFileError(f"run lock {path!r} lacks a valid {err} field; {fix}",
+                                path) from None
         return None
 
 

@@ -18,19 +18,23 @@ from collections import defaultdict
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
 
 from hybridflow.run.busy import busy_fractions
 from hybridflow.run.checkpoint import (latest_checkpoint, load_trainer_state, restore_rng,
                                        save_checkpoint)
 from hybridflow.plan.compiler import ExecutionPlan
 from hybridflow.core.data import PromptDataset, PromptLoader, row_checker, toy_rows
-from hybridflow.graph.builder import Graph
 from hybridflow.core.kinds import NodeKind, Op, RowEffect
+from hybridflow.core.metric_names import STEP_TIME, TIMING_PREFIX
+from hybridflow.core.worker_hooks import reports_held_tensors
 from hybridflow.program.assemble import LoadedGraph, compile_program
+from hybridflow.program.validation import (ScoreSource, ValidationPlan, compile_validation,
+                                           default_validation_graph)
+from hybridflow.graph.dispatch import merge_metrics
 from hybridflow.run.signals import Interrupted, NoSignals
 from hybridflow.runtime.run_scheduler import RunScheduler
 from hybridflow.run.tracking import MetricSinks, RunDir
+from hybridflow.run.generations import GENERATIONS_FILE, GenerationLog, train_nodes
 
 __all__ = ["Trainer", "NumericsError", "default_validation_graph", "seed_everything"]
 
@@ -43,19 +47,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def default_validation_graph(cfg: DictConfig) -> Graph:
-    """Greedy answers (accuracy) and N samples (mean@N, best@N) per held-out prompt."""
-    g = Graph("validation")
-    prompts = g.source("prompts")
-    greedy = g.call("actor.generate", prompts, n=1, do_sample=False, name="greedy")
-    g.call("reward.score", greedy, name="greedy_score")
-    if cfg.trainer.val_samples > 1:
-        sampled = g.call("actor.generate", prompts, n=cfg.trainer.val_samples,
-                         do_sample=True, name="sampled")
-        g.call("reward.score", sampled, name="sampled_score")
-    return g
 
 
 def make_runtime(plan: ExecutionPlan, cfg, extra_plans=()):
@@ -88,11 +79,13 @@ class Trainer:
         self.module = loaded.module
         cfg = self.cfg
         seed_everything(cfg.trainer.seed)
+        self.notes: list[str] = []  # lines for the user: rows dropped, what a resume trimmed
         self.train_loader, self.val_loader = self._make_loaders()
-        self.val_plan = self._compile_validation() if cfg.trainer.val_every > 0 else None
+        self.validation = self._compile_validation() if cfg.trainer.val_every > 0 else None
+        self.val_plan = self.validation.plan if self.validation is not None else None
         self.step, self.saved_step = 0, None
         self.last_result = None  # the last step's StepResult (outputs left on the workers)
-        self.resumed_from, self.notes = None, []  # what a resume loaded; what it trimmed
+        self.resumed_from = None  # what a resume loaded
         self.sinks = None
         extra = [self.val_plan] if self.val_plan is not None else []
         self.runtime = make_runtime(self.plan, loaded.values, extra)
@@ -102,6 +95,8 @@ class Trainer:
             if resume_from:
                 self._resume(resume_from)
             self.sinks = MetricSinks(run, cfg.trainer.tensorboard, cfg.trainer.wandb, run.path)
+            self.generations = GenerationLog(run.file(GENERATIONS_FILE), self.tokenizer,
+                                             self.sinks)
         except BaseException:
             self.close()
             raise
@@ -110,7 +105,7 @@ class Trainer:
     def _make_loaders(self) -> tuple[PromptLoader, PromptLoader | None]:
         from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
         cfg = self.cfg
-        tok = load_tokenizer(tokenizer_spec(cfg.model))
+        tok = self.tokenizer = load_tokenizer(tokenizer_spec(cfg.model))
         limit, drop = cfg.data.max_prompt_length, cfg.data.filter_overlong
         check = row_checker(self.plan, cfg)  # values the scorer needs, checked at load
         if cfg.data.train_files:
@@ -123,6 +118,7 @@ class Trainer:
                                              toy.train_on_test, toy.maker)
             train = PromptDataset(train_rows, tok, limit, drop, name="toy train", check_row=check)
             val = PromptDataset(val_rows, tok, limit, drop, name="toy test", check_row=check)
+        self._note_dropped(train, val, limit)
         pad = tok.pad_token_id
         gathers = any(n.row_effect is RowEffect.GATHERS  # rounds concatenate
                       for n in self.plan.nodes)
@@ -131,11 +127,21 @@ class Trainer:
         val_loader = PromptLoader(val, min(len(val), 256), pad, False) if val else None
         return train_loader, val_loader
 
-    def _compile_validation(self) -> ExecutionPlan | None:
+    def _note_dropped(self, train, val, limit: int) -> None:
+        """Rows longer than data.max_prompt_length are dropped and counted: a line at
+        start and `data/dropped_overlong_*` in step 1's metrics."""
+        self.dropped = {"data/dropped_overlong_train": train.dropped,
+                        "data/dropped_overlong_val": val.dropped if val else 0}
+        for name, data in (("train", train), ("validation", val)):
+            if data is not None and data.dropped:
+                self.notes.append(f"{data.name}: dropped {data.dropped} {name} rows longer "
+                                  f"than data.max_prompt_length={limit} (kept {len(data)}); "
+                                  f"set data.filter_overlong=false to fail on them instead")
+
+    def _compile_validation(self) -> ValidationPlan | None:
         if self.val_loader is None:
             return None
-        build = getattr(self.module, "validation", None) or default_validation_graph
-        return compile_program(self.cfg, build(self.cfg))
+        return compile_validation(self.module, self.cfg, compile_program)
 
     def sources(self) -> list[str]:
         return [n.name for n in self.plan.nodes if n.op is Op.SOURCE]
@@ -167,6 +173,7 @@ class Trainer:
         metrics = self.train_step()
         if self.step == 1:  # once a run (a resumed run keeps this line), after
             metrics.update(self.held_bytes())  # an update allocated optimizer state
+            metrics.update(self.dropped)
         if self.val_plan is not None and self.step % cfg.val_every == 0:
             metrics.update(self.validate())
         self.sinks.log(self.step, metrics)
@@ -195,7 +202,7 @@ class Trainer:
         from hybridflow.workers.base import held_bytes
         plans = [self.plan] + ([self.val_plan] if self.val_plan is not None else [])
         roles = sorted({r for p in plans for r in p.roles
-                        if hasattr(p.bindings[r], "held_tensors")})
+                        if reports_held_tensors(p.bindings[r])})
         return held_bytes([report for role in roles
                            for report in self.runtime.call_role(role, "held_tensors")])
 
@@ -205,9 +212,10 @@ class Trainer:
         self.last_result = result
         if self.cfg.trainer.check_finite:
             check_finite(self.step, result.node_metrics)
+        self._log_train_generations(result)
         elapsed = time.perf_counter() - start
         metrics = dict(result.metrics)
-        metrics["perf/time_per_step"] = elapsed
+        metrics[STEP_TIME] = elapsed
         metrics["engine/driver_bytes"] = result.driver_bytes
         # each generate node's own mean length times its rows (a gather's extra rounds
         # are not counted: their rows are not kept per round)
@@ -220,22 +228,51 @@ class Trainer:
         self.sinks.log_timeline(self.step, result.timeline)
         return metrics
 
+    def _log_train_generations(self, result) -> None:
+        nodes = train_nodes(self.plan) if self.cfg.trainer.log_generations else None
+        if nodes:
+            self.generations.write(self.generations.samples(
+                self.runtime, result, *nodes, self.cfg.trainer.log_generations, self.step,
+                "train"))
+
     def validate(self) -> dict:
+        """Scores from the nodes the validation graph marks (program/validation.py);
+        every node's own metrics too, as `val/<metric>`, merged over the batches."""
         per_source: dict[str, list] = defaultdict(lambda: [[], defaultdict(list)])
+        node_metrics, rows = [], []
+        marks = self.validation
+        samples, wanted = [], self.cfg.trainer.log_val_generations
+        rollout = _generation_node(self.val_plan, marks.greedy.node)
         for batch in self.val_loader.all_batches():
             result = self.runtime.run_step({"prompts": batch}, plan=self.val_plan)
-            scores = self._fetch_scores(result, "greedy", "greedy_score")
-            for score, source, _ in scores:
+            if rollout is not None and len(samples) < wanted:  # held-out rows are fixed
+                samples += self.generations.samples(self.runtime, result, rollout,
+                                                    marks.greedy.node, wanted - len(samples),
+                                                    self.step, "val")
+            for score, source, _ in self._fetch_scores(result, marks.greedy):
                 per_source[source][0].append(score)
-            if "sampled_score" in result.outputs:
-                for score, source, uid in self._fetch_scores(result, "sampled", "sampled_score"):
+            if marks.sampled is not None:
+                for score, source, uid in self._fetch_scores(result, marks.sampled):
                     per_source[source][1][uid].append(score)
-        return _validation_metrics(per_source, self.cfg.trainer.val_samples)
+            node_metrics.append({k: v for k, v in result.metrics.items()
+                                 if not k.startswith(TIMING_PREFIX)})
+            rows.append(len(batch))
+        out = {f"val/{k}": v for k, v in merge_metrics(node_metrics, rows).items()}
+        out.update(_validation_metrics(per_source, self.cfg.trainer.val_samples))
+        self.generations.write(samples, show=True)
+        return out
 
-    def _fetch_scores(self, result, rollout: str, score: str):
-        rows = self.runtime.fetch(result, rollout, ("data_source", "uid"))
-        scores = self.runtime.fetch(result, score, ("scores",))["scores"].tolist()
-        return zip(scores, rows["data_source"], rows["uid"])
+    def _fetch_scores(self, result, source: ScoreSource):
+        scores = self.runtime.fetch(result, source.node, ("scores",))["scores"].tolist()
+        columns = {}
+        for key, writer in source.rows.items():
+            columns[key] = list(self.runtime.fetch(result, writer, (key,))[key])
+            if len(columns[key]) != len(scores):
+                raise RuntimeError(
+                    f"validation: node '{source.node}' returned {len(scores)} scores but "
+                    f"'{key}' of node '{writer}' has {len(columns[key])} rows; the marked node "
+                    f"must keep its input's rows")
+        return zip(scores, columns["data_source"], columns["uid"])
 
     # ------------------------------------------------------------ checkpoints
     def trained_roles(self) -> list[str]:
@@ -314,3 +351,9 @@ def _validation_metrics(per_source: dict, n: int) -> dict:
             out[f"val/{source}/mean@{n}"] = float(np.mean([np.mean(g) for g in groups]))
             out[f"val/{source}/best@{n}"] = float(np.mean([max(g) for g in groups]))
     return out
+
+
+def _generation_node(plan, scored: str) -> str | None:
+    """The node whose `responses` the marked validation node scored (for its samples)."""
+    node = next((n for n in plan.nodes if n.name == scored), None)
+    return None if node is None else node.input_keys.get("responses")

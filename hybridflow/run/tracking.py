@@ -5,6 +5,7 @@ runs/<graph>-<time>/
   graph.json        the graph's name, file and the file's sha256 (checked on resume)
   metrics.jsonl     one line per step (appended to on resume)
   timeline.jsonl    per-node start/end of each step, for `hybridflow render --timeline`
+  generations.jsonl sample prompts, responses and scores (generations.py)
   status.json       starting / running (with the current step) / finished / failed /
                     interrupted
   error.log         the traceback of every failure, appended
@@ -55,23 +56,22 @@ def write_atomic(path: str, text: str) -> None:
 def read_jsonl(path: str) -> tuple[list[dict], str | None]:
     """The records of a JSON-lines file, and a note when its last line was torn (what
     a crash or a full disk leaves): that line is dropped. A bad line before the last
-    is damage no crash makes: RunDirError naming the file and line."""
-    try:
-        with open(path) as fh:
-            lines = fh.read().splitlines()
-    except FileNotFoundError:
+    is damage no crash makes: UserFileError naming the file and line."""
+    from hybridflow.core.loading import UserFileError, parse_json, read_text
+    if not os.path.lexists(path):
         return [], None
-    numbered = [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
+    what, fix = "run record", "fix or delete that line"
+    numbered = [(n, line) for n, line in enumerate(
+        read_text(path, what, fix, empty_ok=True).splitlines(), 1) if line.strip()]
     records = []
     for i, (number, line) in enumerate(numbered):
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            if i == len(numbered) - 1:
-                return records, (f"{path}:{number}: dropped a torn last line (a crash or a "
-                                 f"full disk cut it short: {err})")
-            raise RunDirError(f"{path}:{number} is not a JSON record ({err}); fix or delete "
-                              f"that line") from None
+            records.append(parse_json(line, what, path, fix, dict, number))
+        except UserFileError as err:
+            if i < len(numbered) - 1:
+                raise
+            return records, (f"{path}:{number}: dropped a torn last line (a crash or a "
+                             f"full disk cut it short: {err})")
     return records, None
 
 
@@ -98,11 +98,13 @@ class RunDir:
         write_atomic(self.file("status.json"), json.dumps(record, indent=1))
 
     def status(self) -> dict:
-        try:
-            with open(self.file("status.json")) as fh:
-                return json.load(fh)
-        except (FileNotFoundError, json.JSONDecodeError):
+        """status.json, or {} before the run wrote it; UserFileError when it is damaged
+        (the run's own writes are atomic: only someone else's hand damages it)."""
+        from hybridflow.core.loading import read_json
+        if not os.path.lexists(self.file("status.json")):
             return {}
+        return read_json(self.file("status.json"), "run status",
+                         fix="the run directory is damaged: delete status.json to reset it")
 
     def log_error(self, text: str) -> str:
         """Append a failure's traceback to error.log; returns the file's path."""
@@ -116,11 +118,11 @@ class RunDir:
 
     def graph_identity(self) -> dict | None:
         """graph.json, or None for a run made before it was written."""
-        try:
-            with open(self.file("graph.json")) as fh:
-                return json.load(fh)
-        except (FileNotFoundError, json.JSONDecodeError):
+        from hybridflow.core.loading import read_json
+        if not os.path.lexists(self.file("graph.json")):
             return None
+        return read_json(self.file("graph.json"), "run graph record",
+                         fix="the run directory is damaged: restore or delete graph.json")
 
     def read_metrics(self) -> list[dict]:
         return read_jsonl(self.file("metrics.jsonl"))[0]
@@ -130,7 +132,7 @@ class RunDir:
         (they will be redone); -1 drops them all, step 0's validation included.
         Returns a note for each file whose torn last line was dropped."""
         notes = []
-        for name in ("metrics.jsonl", "timeline.jsonl"):
+        for name in ("metrics.jsonl", "timeline.jsonl", "generations.jsonl"):
             if not os.path.exists(self.file(name)):
                 continue
             records, note = read_jsonl(self.file(name))

@@ -12,6 +12,7 @@ from typing import Any
 from hybridflow.core.batch import Batch, as_object_array
 from hybridflow.plan.compiler import ExecutionPlan, PlanNode
 from hybridflow.core.kinds import Op
+from hybridflow.core.metric_names import is_summed
 
 __all__ = ["NodeFailure", "StepResult", "assemble_input", "finish_output", "run_fn_node",
            "input_columns", "metrics_of", "as_node_batch", "NodeIO"]
@@ -161,7 +162,7 @@ def sum_round_metrics(rounds: list[dict]) -> dict:
     out = {}
     for key in {k for r in rounds for k in r}:
         values = [r[key] for r in rounds if key in r]
-        out[key] = sum(values) if key.endswith("_total") else sum(values) / len(values)
+        out[key] = sum(values) if is_summed(key) else sum(values) / len(values)
     return out
 
 

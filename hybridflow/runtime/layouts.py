@@ -37,8 +37,6 @@ def _home_slots(ex, plan: ExecutionPlan, analysis, name: str) -> list:
     for node in plan.nodes:
         if name in node.deps and node.op is Op.CALL:
             _, _, slots = slot_layout(ex, plan, analysis, node)
-            if slots is None:  # a (dispatch, collect) pair: rank 0 takes it all
-                return [(node.pool, 0)]
             return [(node.pool, slots.receiver(s)) for s in range(slots.slots)]
     pool = next((n.pool for n in plan.nodes if n.pool), None)
     return [(pool, r) for r in range(ex.pool_size(pool))] if pool else []

@@ -10,7 +10,7 @@ State (all owned by `LocalRuntime`, changed only by its own methods):
 - `ranks[pool]`: one dict per simulated rank, role -> worker instance; the roles of a
   pool share that dict (colocation: the same objects, so weights move in memory).
 - `workers_of[pool]`: the in-process FusedWorker of each rank, over that dict.
-- `plans`: the scheduler's per-plan analysis (`scheduler.PlanCache`).
+- `plans`: the scheduler's per-plan analysis (`executor.PlanCache`).
 - `_node_keys`: (plan id, node name) -> the key a task names its node by; each
   worker keeps the node object itself under it (nothing is pickled).
 
@@ -27,8 +27,9 @@ import torch
 
 from hybridflow.core.batch import Batch
 from hybridflow.plan.compiler import ExecutionPlan, PlanNode
-from hybridflow.program.config import RuntimeConfig
+from hybridflow.core.runtime_section import RuntimeConfig
 from hybridflow.core.deadline import call_with_deadline, handler_held
+from hybridflow.core.origin import construct_role
 from hybridflow.runtime.common import NodeFailure, StepResult
 from hybridflow.runtime.executor import PlanCache, TaskRecord
 from hybridflow.runtime.worker_shell import FusedWorker, WorkerError
@@ -157,7 +158,7 @@ class LocalRuntime:
         colocated: dict = {}
         for role in roles:  # construction order = placement order, so ref can see actor
             ctx = self.make_context(rank, size, seed, colocated)
-            colocated[role] = self.plan.bindings[role](self.cfg, ctx)
+            colocated[role] = construct_role(role, self.plan.bindings[role], self.cfg, ctx)
         return colocated
 
     def workers(self, role: str) -> list:

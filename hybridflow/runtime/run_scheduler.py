@@ -41,6 +41,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from hybridflow.core.kinds import Op
+from hybridflow.core.metric_names import RUNTIME_PREFIX, TIMING_PREFIX, TRAINED_VERSION_SUFFIX
 from hybridflow.plan.async_split import buffer_nodes, sides_of, staleness_of
 from hybridflow.plan.compiler import ExecutionPlan
 from hybridflow.runtime.common import StepResult
@@ -176,10 +177,10 @@ class RunScheduler:
         for metrics in node_metrics.values():
             merged.update(metrics)
         extra = {k: v for k, v in result.metrics.items()
-                 if k.startswith(("timing_s/", "runtime/"))}
+                 if k.startswith((TIMING_PREFIX, RUNTIME_PREFIX))}
         for run in earlier:
             for key, value in run.metrics.items():
-                if key.startswith("timing_s/"):
+                if key.startswith(TIMING_PREFIX):
                     extra[key] = extra.get(key, 0.0) + value
         merged.update(extra)
         merged.update(self._staleness(batch, node_metrics))
@@ -193,7 +194,7 @@ class RunScheduler:
         """Updates between the weights that sampled the batch's rows (their
         `policy_version`s) and those trained (`<role>/trained_version`)."""
         trained = [v for n, m in node_metrics.items() if self.plan.node(n).kind.trains
-                   for k, v in m.items() if k.endswith("/trained_version")]
+                   for k, v in m.items() if k.endswith(TRAINED_VERSION_SUFFIX)]
         out = {"async/ahead": float(len(self.held))}
         rows = {v: c for v, c in batch.versions.items() if v >= 0}
         if trained and rows:

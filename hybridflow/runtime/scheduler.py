@@ -50,8 +50,8 @@ from hybridflow.plan.compiler import ExecutionPlan, PlanNode
 from hybridflow.core.deadline import call_with_deadline
 from hybridflow.graph.dispatch import DispatchMode, Layout, SlotLayout, merge_metrics
 from hybridflow.core.kinds import Op
+from hybridflow.core.metric_names import timing_key
 from hybridflow.runtime.common import NodeFailure, NodeIO, StepResult, run_fn_node
-from hybridflow.runtime.funnel import submit_funnel
 from hybridflow.runtime.gather_rounds import submit_gather
 from hybridflow.runtime.executor import Executor, TaskArgs, check_roles
 from hybridflow.runtime.layouts import home_slots, slot_layout
@@ -180,7 +180,7 @@ class StepScheduler:
         self.result.node_metrics[node.name] = dict(metrics)
         self.result.rows[node.name] = self.outputs[node.name].num_rows or 0
         if starts:
-            self.result.metrics[f"timing_s/{node.name}"] = max(ends) - min(starts)
+            self.result.metrics[timing_key(node.name)] = max(ends) - min(starts)
 
     def _finish_step(self) -> None:
         merged = {}
@@ -303,8 +303,6 @@ class StepScheduler:
     # ---- calls: a slot layout says which rows each rank receives
     def _submit_call(self, node: PlanNode) -> bool:
         mode, layout, slots = self._slot_layout(node)
-        if slots is None:
-            return submit_funnel(self, node, mode, layout)
         if slots.slots == 1:  # every rank that runs takes the whole input, at once
             inputs, lineage = [self._whole_inputs(node)], node.name
         else:
@@ -391,9 +389,3 @@ class StepScheduler:
         self.meta_of[shard] = meta
         return shard
 
-    def _submit_raw(self, node, method, pool, rank, returns, task, args: TaskArgs, extra):
-        self.result.driver_bytes += args.value_bytes()
-        return self.ex.submit(node, method, pool, rank, returns, task, [*extra, *args.refs])
-
-    def _record(self, node, pool, rank, meta, slot, refs: list) -> None:
-        self.tasks.add(node.name, pool, rank, meta, slot, refs)

@@ -34,10 +34,10 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from hybridflow.core.batch import Batch
+from hybridflow.core.origin import construct_role
 from hybridflow.plan.compiler import PlanNode
-from hybridflow.graph.dispatch import SKIP, DispatchMode, Layout
 from hybridflow.core.kinds import Op
-from hybridflow.runtime.common import NodeIO, as_node_batch, finish_gather, metrics_of, run_fn_node
+from hybridflow.runtime.common import NodeIO, finish_gather, metrics_of, run_fn_node
 
 __all__ = ["FusedWorker", "ShardTask", "ShippedNode", "DepInput", "Piece", "WorkerError",
            "payload_bytes", "estimated_bytes", "group_hashes", "default_context",
@@ -92,31 +92,22 @@ class ShippedNode:
 class ShardTask:
     node: bytes                       # ShippedNode.digest: the worker learnt the node
     inputs: dict[str, DepInput] = field(default_factory=dict)
-    prepared: bool = False            # args[0] is the method input as is (generic modes)
-    finish: bool = True               # False: a generic mode's collector finishes it
     group_keys: tuple[str, ...] = ()  # report per-row group hashes of these columns
-    mode: DispatchMode | None = None  # generic modes: shipped, as user modes are
-                                      # registered in the driver process only
 
     def __reduce__(self):
         """Plain tuples on the wire: a quarter of the dataclasses' pickle."""
         inputs = {dep: (tuple((p.arg, p.rows) for p in spec.pieces), spec.index)
                   for dep, spec in self.inputs.items()}
-        return (_rebuild_task, (self.node, inputs, self.prepared, self.finish,
-                                self.group_keys, self.mode))
+        return (_rebuild_task, (self.node, inputs, self.group_keys))
 
 
-def _rebuild_task(node, inputs, prepared, finish, group_keys, mode) -> ShardTask:
+def _rebuild_task(node, inputs, group_keys) -> ShardTask:
     specs = {dep: DepInput(tuple(Piece(arg, rows) for arg, rows in pieces), index)
              for dep, (pieces, index) in inputs.items()}
-    return ShardTask(node, specs, prepared, finish, group_keys, mode)
+    return ShardTask(node, specs, group_keys)
 
 
 _NO_COLUMNS = Batch()  # a dep that supplies no column to a node (read only)
-
-
-class Skipped:
-    """Stands for dispatch.SKIP once it has crossed a process boundary."""
 
 
 def payload_bytes(batch: Batch | None) -> int:
@@ -220,9 +211,10 @@ class FusedWorker:
             for role in roles:
                 ctx = make_context(self.rank, self.world_size, self.local_rank, device, seed,
                                    self.roles)
-                self.roles[role] = bindings[role](cfg, ctx)
-        except Exception:  # noqa: BLE001 - shipped to the driver with the traceback
-            raise WorkerError(f"constructing role '{role}': {traceback.format_exc()}") from None
+                self.roles[role] = construct_role(role, bindings[role], cfg, ctx)
+        except Exception as err:  # noqa: BLE001 - shipped to the driver with the traceback
+            # the one-line cause first: the driver's headline is the detail's first line
+            raise WorkerError(f"{err}\n{traceback.format_exc()}") from None
         seed_process(seed + self.rank)  # sampling follows trainer.seed, a stream per rank
         return os.getpid()
 
@@ -242,39 +234,11 @@ class FusedWorker:
         """Assemble this rank's input, run the node's method (or fn), finish it."""
         start = time.time()
         try:
-            if task.prepared and isinstance(args[0], Skipped):
-                return None, self._meta(task, None, start, skipped=True)
             node, io, call = self._prepare(task.node)
-            batch = args[0] if task.prepared else self._assemble(io, task, args)
+            batch = self._assemble(io, task, args)
             out = run_fn_node(node, batch) if call is None else call(batch, **node.kwargs)
-            if task.finish:
-                out = io.finish(out)
+            out = io.finish(out)
         except Exception:  # noqa: BLE001 - shipped to the driver with the traceback
-            raise WorkerError(traceback.format_exc()) from None
-        return out, self._meta(task, out, start)
-
-    def scatter(self, task: ShardTask, layout: Layout, *args):
-        """A generic dispatch mode: gather the whole input here, split it with the
-        mode's own dispatch function; one object per rank, then a meta."""
-        start = time.time()
-        try:
-            node, io, _ = self._prepare(task.node)
-            value = self._assemble(io, task, args)
-            parts = task.mode.dispatch(value, layout)
-            if len(parts) != layout.world_size:
-                raise ValueError(f"dispatch mode {node.dispatch!r} returned "
-                                 f"{len(parts)} values for {layout.world_size} ranks")
-        except Exception:  # noqa: BLE001
-            raise WorkerError(traceback.format_exc()) from None
-        parts = [Skipped() if p is SKIP else p for p in parts]
-        return (*parts, self._meta(ShardTask(task.node), None, start))
-
-    def collect(self, task: ShardTask, layout: Layout, *outputs):
-        start = time.time()
-        try:
-            value = task.mode.collect(list(outputs), layout)
-            out = self._prepare(task.node)[1].finish(as_node_batch(value))
-        except Exception:  # noqa: BLE001
             raise WorkerError(traceback.format_exc()) from None
         return out, self._meta(task, out, start)
 
@@ -341,7 +305,7 @@ class FusedWorker:
             inputs.update({dep: _NO_COLUMNS for dep in io.deps if dep not in inputs})
         return io.assemble(inputs)
 
-    def _meta(self, task: ShardTask, out, start: float, skipped: bool = False) -> dict:
+    def _meta(self, task: ShardTask, out, start: float) -> dict:
         groups = {}
         for key in task.group_keys:
             if out is not None and key in out:
@@ -351,7 +315,7 @@ class FusedWorker:
                 "keys": out.keys() if batch else [],
                 "nbytes": estimated_bytes(out) if batch and self.counts_bytes else 0,
                 "metrics": dict(out.meta.get("metrics", {})) if batch else metrics_of(out),
-                "groups": groups, "skipped": skipped, "versions": _versions(out),
+                "groups": groups, "versions": _versions(out),
                 "start": start, "end": time.time(), "pid": self.pid, "rank": self.rank}
 
 

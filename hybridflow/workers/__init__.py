@@ -5,6 +5,9 @@ critic, reward.
 
 See docs/workers.md for each method's keys, kwargs and config, docs/rollout.md for
 the rollout role and its engines.
+
+May import `core/` and `graph/` only: the runtime hosts workers, workers never reach
+into the runtime, the plan or the program.
 """
 from hybridflow.workers.actor import ActorWorker
 from hybridflow.workers.base import Worker, WorkerContext

@@ -21,6 +21,7 @@ import json
 import os
 
 from hybridflow.core.batch import Batch
+from hybridflow.core.metric_names import TRAINED_VERSION
 from hybridflow.graph.dispatch import DP, RANK_ZERO, method
 from hybridflow.graph.loss import takes_loss
 from hybridflow.workers.base import Worker, metrics_batch
@@ -153,8 +154,9 @@ class ActorWorker(Worker):
         super().load_checkpoint(directory)
         path = os.path.join(directory, VERSION_FILE)
         if os.path.exists(path):  # checkpoints from before versions were counted: 0
-            with open(path) as fh:
-                self.policy_version = int(json.load(fh)["policy_version"])
+            from hybridflow.core.loading import read_json
+            record = read_json(path, "checkpoint policy version", dict)
+            self.policy_version = int(record.get("policy_version", 0))
 
     # ---------------------------------------------------------------- logprob
     @method(dispatch=DP, reads=LOGPROB_READS, writes=("old_log_probs",), kind="inference",
@@ -203,7 +205,7 @@ class ActorWorker(Worker):
                                      shuffle=cfg.shuffle, seed=self.ctx.seed)
         # the version these weights had before this update: with the batch's
         # `policy_version`, how stale its samples were (async/staleness/*)
-        metrics["trained_version"] = float(self.policy_version)
+        metrics[TRAINED_VERSION] = float(self.policy_version)
         self.policy_version += 1  # what every later generated row is stamped with
         return metrics_batch(Batch(), {f"actor/{k}": v for k, v in metrics.items()})
 

@@ -19,6 +19,7 @@ import torch
 
 from hybridflow.core.batch import Batch
 from hybridflow.core.context import WorkerContext
+from hybridflow.core.worker_hooks import WorkerHooks
 from hybridflow.workers.models import model_bytes, resolve_device
 
 __all__ = ["WorkerContext", "Worker", "metrics_batch", "storage_bytes", "held_bytes"]
@@ -52,8 +53,10 @@ def metrics_batch(batch: Batch, metrics: dict[str, float]) -> Batch:
     return batch
 
 
-class Worker:
-    """Base of the role workers: context, device, and checkpoint plumbing.
+class Worker(WorkerHooks):
+    """Base of the role workers: context, device, and checkpoint plumbing; the
+    optional hooks the engine reads (`HOST_ROLE`, `served_by`, ...) are declared, with
+    their defaults, by `hybridflow.core.worker_hooks.WorkerHooks`.
 
     Subclasses set `self.module` (the model) and, when they train, `self.trainer`
     (a `hybridflow.workers.training.Trainer`).
@@ -135,11 +138,11 @@ def save_rng(directory: str, rank: int) -> None:
 
 
 def load_rng(directory: str, rank: int) -> None:
-    from safetensors.torch import load_file
+    from hybridflow.core.loading import read_safetensors
     path = _rng_file(directory, rank)
-    if not os.path.exists(path):  # checkpoints from before generators were saved
+    if not os.path.lexists(path):  # checkpoints from before generators were saved
         return
-    states = load_file(path)
+    states = read_safetensors(path, "checkpoint RNG state")
     torch.set_rng_state(states["cpu"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state(states["cuda"])

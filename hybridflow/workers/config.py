@@ -187,7 +187,11 @@ class RolloutConfig:
     log_prob_micro_batch_size: int = checked(16, at_least(1))   # rows per forward in logprob
     log_prob_max_tokens_per_micro_batch: Optional[int] = checked(None, at_least(1))
     gpu_memory_utilization: float = checked(0.5, in_range(0, 1, open_low=True))  # vllm only
-    enable_sleep_mode: bool = True        # vllm only
+    enable_sleep_mode: bool = True        # vllm only, where its platform has sleep mode
+    # vllm only: the KV cache's size (vLLM's kv_cache_memory_bytes), on every platform;
+    # 0 = vLLM sizes it from gpu_memory_utilization (on the CPU: a share of host RAM)
+    kv_cache_gib: float = checked(1.0, at_least(0))
+    enforce_eager: bool = False           # vllm only: no CUDA graphs / torch.compile
     max_model_len: int = checked(0, at_least(0))  # vllm only; 0 = the model's max positions
     weight_bucket_mb: float = checked(256.0, above(0))  # weights reach an engine in buckets
 

@@ -88,12 +88,12 @@ def save_adapter(module, directory: str, weights: dict | None = None) -> None:
 
 def load_adapter(module, directory: str) -> None:
     from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
+    from hybridflow.core.loading import read_safetensors
     path = os.path.join(directory, ADAPTER_FILE)
     if not os.path.exists(path):
         raise FileNotFoundError(f"no {ADAPTER_FILE} in checkpoint directory {directory!r}: "
                                 "was it saved by a run with actor.lora.rank > 0?")
-    result = set_peft_model_state_dict(module, load_file(path))
+    result = set_peft_model_state_dict(module, read_safetensors(path, "checkpoint adapter"))
     unexpected = getattr(result, "unexpected_keys", [])
     if unexpected:
         raise ValueError(f"adapter {directory!r} does not match the model (rank or "

@@ -85,10 +85,13 @@ class PolicyOutputs(LossInputs):
         return self._unpacked(token_logprobs(self._token_logits, tokens))
 
     def entropy(self, grad: bool = True) -> torch.Tensor:
-        """Per-token entropy; `grad=False` for a metric (no backward memory)."""
+        """Per-token entropy; `grad=False` for a metric (no backward memory).
+        The shared forward (`_token_logits`) is computed before grad is switched
+        off, so a metric read first never strips the graph from `log_probs`."""
         if grad not in self._entropy:
+            logits = self._token_logits
             with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
-                logits = self._token_logits if grad else self._token_logits.detach()
+                logits = logits if grad else logits.detach()
                 self._entropy[grad] = self._unpacked(entropy_from_logits(logits))
         return self._entropy[grad]
 
@@ -104,15 +107,47 @@ class ValueOutputs(LossInputs):
         return response_values(self.model, self.micro, self.packed)
 
 
+LOSS_CONTRACT = ("the loss is a 0-dim float tensor computed from out's outputs (out.log_probs, "
+                 "out.entropy(), out.values, ...) so that it has a gradient, the metrics a dict "
+                 "of name -> float or 0-dim tensor")
+
+
 def run_loss(loss, micro: Batch, out: LossInputs) -> tuple[torch.Tensor, dict]:
-    """Call a graph's loss and check what it returned, naming the loss on error."""
+    """Call a graph's loss and check what it returned against the contract, naming
+    the loss and stating the contract on every violation (TypeError/ValueError)."""
     result = loss(micro, out)
-    if not (isinstance(result, tuple) and len(result) == 2 and torch.is_tensor(result[0])
-            and isinstance(result[1], dict)):
+    problem = _loss_problem(result)
+    if problem:
         name = getattr(loss, "__name__", type(loss).__name__)
-        raise TypeError(f"loss {name!r} must return (loss tensor, metrics dict), got "
-                        f"{type(result).__name__}")
+        raise TypeError(f"loss {name!r} must return (loss, metrics): it {problem}; "
+                        f"{LOSS_CONTRACT} (docs/workers.md#losses)")
     return result
+
+
+def _loss_problem(result) -> str | None:
+    """What is wrong with a loss's return value, or None."""
+    if not (isinstance(result, tuple) and len(result) == 2):
+        return f"returned {_kind(result)}, not a (loss, metrics) pair"
+    value, metrics = result
+    if not torch.is_tensor(value):
+        return f"returned a loss of {_kind(value)}, not a tensor"
+    if value.dim() != 0:
+        return (f"returned a loss of shape {list(value.shape)}, not a scalar (reduce it, "
+                "e.g. out.mean(x))")
+    if not value.is_floating_point():
+        return f"returned a loss of dtype {value.dtype}, not a float"
+    if torch.is_grad_enabled() and not value.requires_grad:
+        return ("returned a loss with no gradient (it was computed without out's outputs, "
+                "under torch.no_grad(), or from .detach()ed values)")
+    if not isinstance(metrics, dict):
+        return f"returned metrics of {_kind(metrics)}, not a dict"
+    return None
+
+
+def _kind(value) -> str:
+    if isinstance(value, tuple):
+        return f"a tuple of {len(value)}"
+    return f"type {type(value).__name__}"
 
 
 def select_for_loss(batch: Batch, model_reads: tuple[str, ...], loss, where: str) -> Batch:

@@ -8,6 +8,8 @@ a model with sdpa attention gets `sdpa_varlen` (`varlen_attention.py`).
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from hybridflow.workers.config import ModelConfig
@@ -22,6 +24,8 @@ __all__ = [
     "model_bytes",
     "resolve_device",
     "resolve_dtype",
+    "token_ids_from_tokenizer",
+    "TOKEN_ID_KEYS",
 ]
 
 
@@ -85,18 +89,34 @@ def resolve_dtype(name: str) -> torch.dtype:
         raise ValueError(f"unknown model dtype {name!r}; use one of {sorted(_DTYPES)}") from None
 
 
+TOKEN_ID_KEYS = ("pad_token_id", "eos_token_id", "bos_token_id")
+
+
+def token_ids_from_tokenizer(config, tokenizer) -> None:
+    """Give `config` the tokenizer's pad/eos/bos ids wherever the tokenizer has one.
+    The tokenizer is the authority: the rollout assembler ends a response at its eos,
+    while vLLM also stops at the config's (and LlamaConfig's defaults, bos=1 eos=2, are
+    not None, so copying only over None left the char tokenizer's <bos>=2 as eos)."""
+    for key in TOKEN_ID_KEYS:
+        value = getattr(tokenizer, key, None)
+        if value is not None:
+            setattr(config, key, value)
+
+
 def _hf_config(model_cfg: ModelConfig, tokenizer, path: str | None, **overrides):
     from transformers import AutoConfig
     if path is not None:
-        config = AutoConfig.from_pretrained(require_local_dir(path, "model"))
+        from hybridflow.core.loading import library_read
+        folder = require_local_dir(path, "model")
+        with library_read(os.path.join(folder, "config.json"), "model config",
+                          "a Hugging Face model directory holds a JSON config.json"):
+            config = AutoConfig.from_pretrained(folder)
     else:
         values = dict(model_cfg.hf_config)
         model_type = values.pop("model_type", "llama")
         values.setdefault("vocab_size", len(tokenizer))
         config = AutoConfig.for_model(model_type, **values)
-    for key in ("pad_token_id", "eos_token_id", "bos_token_id"):
-        if getattr(config, key, None) is None and getattr(tokenizer, key, None) is not None:
-            setattr(config, key, getattr(tokenizer, key))
+    token_ids_from_tokenizer(config, tokenizer)
     for key, value in overrides.items():
         setattr(config, key, value)
     return config
@@ -111,9 +131,12 @@ def _build(auto_cls, model_cfg: ModelConfig, tokenizer, device, seed: int,
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # heads missing from a checkpoint init the same everywhere
         if path is not None:
-            model, info = auto_cls.from_pretrained(path, config=config, dtype=dtype,
-                                                   output_loading_info=True,
-                                                   ignore_mismatched_sizes=True)
+            from hybridflow.core.loading import library_read
+            with library_read(path, "model directory", "its weight files are damaged or "
+                              "not the model's: save the model again"):
+                model, info = auto_cls.from_pretrained(path, config=config, dtype=dtype,
+                                                       output_loading_info=True,
+                                                       ignore_mismatched_sizes=True)
             check_loading_info(path, info, may_miss, may_leave)
         else:
             model = auto_cls.from_config(config).to(dtype)

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from hybridflow.core.batch import Batch
+from hybridflow.core.metric_names import SCORE_MEAN
 from hybridflow.graph.dispatch import DP, method
 from hybridflow.workers.base import Worker, metrics_batch
 from hybridflow.workers.config import ModelConfig, RewardConfig, read_section
@@ -164,7 +165,7 @@ class RewardWorker(Worker):
                 for key, value in (r.extra or {}).items():
                     if isinstance(value, (int, float, bool)) and not isinstance(value, str):
                         sums.setdefault(key, []).append(float(value))
-        metrics.update({"critic/score/mean": float(scores.mean()),
+        metrics.update({SCORE_MEAN: float(scores.mean()),
                         "reward/timeouts": float(timeouts)})
         metrics.update({f"reward/{k}": sum(v) / len(v) for k, v in sums.items()})
         return scores, metrics
@@ -185,4 +186,4 @@ class RewardWorker(Worker):
                                  attention_mask=enc["attention_mask"]).logits
             scores.append(logits[:, 0].float().cpu())
         scores = torch.cat(scores)
-        return scores, {"critic/score/mean": float(scores.mean())}
+        return scores, {SCORE_MEAN: float(scores.mean())}

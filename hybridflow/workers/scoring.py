@@ -15,10 +15,7 @@ in `sys.modules` (dataclasses and pickling look its module up there).
 """
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import inspect
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
@@ -119,24 +116,6 @@ def load_scorer_table(spec: str) -> ScorerTable:
     return ScorerTable(table, spec)
 
 
-def _import_file(file: Path):
-    """Import a Python file as a module named uniquely after its absolute path."""
-    digest = hashlib.sha1(str(file.resolve()).encode()).hexdigest()[:10]
-    name = f"_user_scorer_{file.stem}_{digest}"
-    spec = importlib.util.spec_from_file_location(name, file)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import scorer file {file}: not a Python source file")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses and pickling look the module up here
-    try:
-        spec.loader.exec_module(module)
-    except Exception as err:
-        del sys.modules[name]
-        raise ImportError(f"importing scorer file {file} failed: "
-                          f"{type(err).__name__}: {err}") from err
-    return module
-
-
 def _check_contract(fn: Callable, where: str, kwargs: dict | None = None) -> None:
     """TypeError unless `fn` can be called by keyword with the four contract
     arguments, the response facts it names and the config `kwargs`."""
@@ -163,10 +142,11 @@ def load_scorer(path: str | Path, function_name: str = "compute_score",
     import), AttributeError (no such function; lists the ones defined there)
     or TypeError (not callable, or a signature that does not fit the contract).
     """
+    from hybridflow.core.user_code import import_user_file
     file = Path(path)
-    if not file.is_file():
+    if not file.exists():
         raise FileNotFoundError(f"scorer file not found: {file} (resolved: {file.resolve()})")
-    module = _import_file(file)
+    module = import_user_file(str(file), "scorer file", ImportError)
     where = f"{function_name!r} in {file}"
     if not hasattr(module, function_name):
         defined = sorted(n for n, v in vars(module).items()

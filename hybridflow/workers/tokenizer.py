@@ -26,8 +26,14 @@ def require_local_dir(spec: str, what: str) -> str:
     path = os.path.expanduser(spec)
     if os.path.isdir(path):
         return path
-    if os.path.exists(path):
-        raise ValueError(f"{what} {spec!r} is a file; give the directory that holds it")
+    if os.path.exists(path) and path.endswith(".gguf"):
+        from hybridflow.workers.gguf import gguf_hint
+        raise ValueError(f"{what}: {gguf_hint(spec)}")
+    if os.path.lexists(path):
+        from hybridflow.core.loading import describe_path
+        kind = describe_path(path) or "a file"
+        raise ValueError(f"{what} {spec!r} is {kind}, not a directory; give the directory "
+                         f"that holds it")
     raise FileNotFoundError(
         f"{what} {spec!r} is not a local directory. hybridflow does not download "
         f"models or tokenizers at run time: download it beforehand (e.g. "
@@ -59,7 +65,12 @@ def load_tokenizer(spec: str = "char"):
     if spec == "char":
         return build_char_tokenizer()
     from transformers import AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(require_local_dir(spec, "tokenizer"))
+
+    from hybridflow.core.loading import library_read
+    folder = require_local_dir(spec, "tokenizer")
+    with library_read(folder, "tokenizer directory", "its tokenizer files are damaged: "
+                      "save the tokenizer again (tokenizer.save_pretrained(dir))"):
+        tok = AutoTokenizer.from_pretrained(folder)
     tok.padding_side = "left"
     if tok.pad_token_id is None:  # common for decoder-only LMs: pad with EOS
         tok.pad_token = tok.eos_token

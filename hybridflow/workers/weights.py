@@ -50,12 +50,13 @@ def save_weights(module: torch.nn.Module, directory: str, weights: dict | None =
 
 def load_weights(module: torch.nn.Module, directory: str) -> None:
     """Load `model.safetensors` from `directory` into `module` (sharded or not)."""
-    from safetensors.torch import load_file
+    from hybridflow.core.loading import read_safetensors
     path = os.path.join(directory, WEIGHTS_FILE)
     if not os.path.exists(path):
         raise FileNotFoundError(f"no {WEIGHTS_FILE} in checkpoint directory {directory!r}")
+    weights = read_safetensors(path, "checkpoint weights")  # a damaged file named as one
     try:
-        load_full_state_dict(module, load_file(path))
+        load_full_state_dict(module, weights)
     except ValueError as err:
         raise ValueError(f"checkpoint {directory!r} does not match the model: {err}") from None
 

@@ -1,5 +1,7 @@
-"""The agent rollout as a node: `agent.play` in a graph, run by the local runtime on
-the calculator task, beside the actor whose engine it generates with."""
+"""The agent rollout as a node: `agent.play` in a graph, run on the calculator task
+beside the actor whose engine it generates with, by the local runtime and by Ray (where
+the agent role folds onto the actor's worker process and loads the environment file
+in that process)."""
 import textwrap
 
 import pytest
@@ -24,21 +26,30 @@ def build(cfg):
 '''
 
 
-@pytest.fixture
-def overrides(tmp_path):
+# What each runtime adds to the run's overrides.
+ON = {"local": ("model.device=cpu",),
+      "ray": ("runtime.name=ray", "runtime.num_cpus=4", "runtime.call_timeout_s=300")}
+
+
+def _overrides(tmp_path, runtime_name="local"):
     train, _ = write_data(str(tmp_path / "data"), n_train=8, n_test=4, seed=0)
     (tmp_path / "agent_probe.py").write_text(textwrap.dedent(GRAPH))
     return str(tmp_path / "agent_probe.py"), [
         f"trainer.runs_dir={tmp_path}", "trainer.progress=false", "trainer.steps=1",
         "trainer.val_every=0", f"data.train_files={train}", "data.max_prompt_length=16",
-        "data.batch_size=4", "rollout.n=2", "model.device=cpu", "actor.mini_batch_size=8",
+        "data.batch_size=4", "rollout.n=2", *ON[runtime_name], "actor.mini_batch_size=8",
         "workers.agent=hybridflow.agents.worker:AgentRolloutWorker",
         f"agent.env={calculator.__file__}:make_env", "agent.max_turns=2",
         "agent.max_turn_tokens=8", "agent.max_response_tokens=32"]
 
 
-def test_agent_play_is_a_node_that_runs_episodes_beside_the_actor(overrides, tmp_path):
-    graph, args = overrides
+@pytest.fixture
+def overrides(tmp_path):
+    return _overrides(tmp_path)
+
+
+def test_agent_play_is_a_node_that_runs_episodes_beside_the_actor(tmp_path, runtime_name):
+    graph, args = _overrides(tmp_path, runtime_name)
     loaded = prepare(graph, args)
     node = next(n for n in loaded.plan.nodes if n.role == "agent")
     assert set(AGENT_ROLLOUT_WRITES) <= set(node.writes)

@@ -1,6 +1,8 @@
-"""graphs/agent_grpo.py end to end on the local runtime: from the shipped tool-using
+"""graphs/agent_grpo.py end to end: on the local runtime, from the shipped tool-using
 base checkpoint, GRPO over calculator episodes raises held-out greedy accuracy (played
-with the tool) from at most 0.5 to at least 0.9, and logs the agent metrics."""
+with the tool) from at most 0.5 to at least 0.9, and logs the agent metrics; on the
+Ray runtime (logical GPUs) a few steps run, the agent role plays in the actor's worker
+process, validation plays greedy episodes, and the agent metrics are logged."""
 import pytest
 
 from tests.support.e2e import series, train
@@ -19,4 +21,20 @@ def test_agent_grpo_learns_to_use_the_tool(tmp_path):
     assert calls[-1] > calls[0], calls  # it learned to call the tool, not to add
     for key in AGENT_METRICS:
         assert key in metrics[-1], key
+    assert trainer.run.status()["state"] == "finished"
+
+
+@pytest.mark.slow  # a training run on Ray
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_session")
+def test_agent_grpo_runs_on_ray(tmp_path):
+    trainer, metrics = train("agent_grpo", tmp_path, "runtime.name=ray", "trainer.steps=2",
+                             "trainer.val_every=2", "runtime.torch_threads=1",
+                             "data.batch_size=8", "rollout.n=4",
+                             "actor.mini_batch_size=32", "actor.micro_batch_size=32")
+    last = metrics[-1]
+    for key in (*AGENT_METRICS, "actor/pg_loss", VAL):
+        assert key in last, key
+    assert last["agent/episodes"] == 32  # 8 prompts x n=4
+    assert last["agent/env_errors"] == 0
     assert trainer.run.status()["state"] == "finished"

@@ -2,7 +2,7 @@
 task from the shipped base model on the local runtime: held-out greedy accuracy
 rises by at least 0.3. The agent graphs (agent_grpo, agent_sft) check and render
 here; they train on the calculator task, not the toy one, so agent_grpo's learning
-run is tests/e2e/test_agent_grpo.py (and _ray.py)."""
+run is tests/e2e/test_agent_grpo.py (local and Ray)."""
 import glob
 import os
 

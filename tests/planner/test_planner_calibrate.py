@@ -80,11 +80,8 @@ def test_a_device_entry_with_an_unknown_constant_is_an_actionable_error(devices_
 
 def write_run_dir(folder, run: MeasuredRun) -> str:
     """A run directory as `hybridflow run` writes it, with the synthetic node times."""
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    os.makedirs(folder)
-    (folder / "graph.json").write_text(json.dumps({"file": os.path.join(repo, "graphs",
-                                                                         "grpo.py")}))
-    (folder / "config.yaml").write_text("trainer: {steps: 3, val_every: 0}\n")
+    from tests.support.recorded_runs import graph_path, record_run
+    record_run(folder, graph_path("grpo.py"), "trainer: {steps: 3, val_every: 0}\n")
     lines, metrics = [], []
     for step in (1, 2, 3):
         clock = 0.0

@@ -12,7 +12,8 @@ from hybridflow.core.batch import Batch
 from hybridflow.runtime.local import LocalRuntime
 from hybridflow.runtime.ray.executor import RayRuntime
 
-pytestmark = pytest.mark.ray
+# a Ray session and every dispatch mode on it (~25 s)
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 CFG = {"runtime": {"call_timeout_s": 60}}
 
 
@@ -47,8 +48,7 @@ def run_both(runtime: RayRuntime, plan, feeds):
 
 
 # ----------------------------------------------------------------- dispatch modes
-@pytest.mark.parametrize("mode", ["dp", "dp_tp", "rank_zero", "broadcast", fakes.REVERSED,
-                                  fakes.LEGACY])
+@pytest.mark.parametrize("mode", ["dp", "dp_tp", "rank_zero", "broadcast", fakes.REVERSED])
 def test_every_dispatch_mode_gives_the_local_output_for_batch_sizes_1_to_2n(echo, mode):
     plan = fakes.echo_plan(fakes.call_graph(f"echo.{mode}", name=mode))
     for rows in range(1, 9):
@@ -93,14 +93,6 @@ def test_a_user_slot_layout_moves_no_bytes_through_the_driver_or_rank_zero(echo)
     assert torch.equal(out["z"], fakes.prompts(4096)["input_ids"] * 2 + 1)
     assert out["rank_z"].tolist() == [3 - c for c in range(4) for _ in range(1024)]
     assert [home[1] for home in result.outputs["user"].homes] == [3, 2, 1, 0]
-
-
-def test_a_function_pair_mode_still_funnels_through_rank_zero(echo):
-    """The deprecated form works, at the cost the slot layout removes."""
-    plan = fakes.echo_plan(fakes.call_graph(f"echo.{fakes.LEGACY}", name="legacy"))
-    result = echo.run_step({"prompts": fakes.prompts(8)}, plan=plan)
-    tasks = sorted(e["rank"] for e in result.timeline if e["node"] == f"echo.{fakes.LEGACY}")
-    assert tasks == [0, 0, 0, 1, 2, 3]  # scatter, the four calls, collect
 
 
 def test_ranks_share_one_torch_distributed_world(echo):

@@ -12,7 +12,7 @@ from tests.support import runtime_fakes as fakes
 from hybridflow.runtime.common import NodeFailure
 from hybridflow.runtime.ray.executor import RayRuntime
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]  # hung, killed and exiting Ray workers (~39 s)
 TIMEOUT = 4.0
 CFG = {"runtime": {"call_timeout_s": TIMEOUT}}
 

@@ -67,16 +67,6 @@ def build(cfg):
 """
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=8, num_gpus=4, include_dashboard=False)
-    yield
-    ray.shutdown()
-
-
 def _train(path, tmp_path, *overrides):
     loaded = prepare(str(path), [f"trainer.runs_dir={tmp_path}", *ONE_STEP, *overrides])
     run = new_run_dir(str(tmp_path), loaded.graph.name)

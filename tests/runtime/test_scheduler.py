@@ -92,7 +92,6 @@ def test_a_chain_across_layouts_keeps_every_row_for_uneven_sizes(executor):
 
 @pytest.mark.parametrize("mode, rank_of_chunk, world", [
     (fakes.REVERSED, lambda c: 3 - c, 4),   # slot layout: chunk c on rank 3 - c
-    (fakes.LEGACY, lambda c: 3 - c, 4),     # the same, as a deprecated function pair
     (fakes.ODD_RANKS, lambda c: 2 * c + 1, 2)])  # rows over ranks 1 and 3 only
 def test_a_user_registered_mode_puts_rows_where_it_says(executor, mode, rank_of_chunk, world):
     plan = fakes.echo_plan(fakes.call_graph(f"echo.{mode}", name=mode))
@@ -101,10 +100,9 @@ def test_a_user_registered_mode_puts_rows_where_it_says(executor, mode, rank_of_
         out = executor.fetch(result, f"echo.{mode}", ["y", "rank"])
         assert torch.equal(out["y"], fakes.prompts(rows)["input_ids"] * 2), (mode, rows)
         assert out["rank"].tolist() == rank_of_rows(rows, world, rank_of_chunk), (mode, rows)
-        if mode != fakes.LEGACY:  # a pair's collect decides its metrics itself
-            sizes = [len(c) for c in echo_rows(rows, world)]  # each rank reports its rows
-            mean = sum(n * n for n in sizes) / rows           # weighted by rows
-            assert result.node_metrics[f"echo.{mode}"] == {"echo/rows": pytest.approx(mean)}
+        sizes = [len(c) for c in echo_rows(rows, world)]  # each rank reports its rows
+        mean = sum(n * n for n in sizes) / rows           # weighted by rows
+        assert result.node_metrics[f"echo.{mode}"] == {"echo/rows": pytest.approx(mean)}
 
 
 def test_a_failing_worker_method_names_node_role_and_rank(executor):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import time
-import warnings
 
 import numpy as np
 import torch
@@ -20,7 +19,6 @@ from hybridflow.graph.builder import Graph, node_fn
 from hybridflow.plan.placement import Placement, PoolSpec
 
 REVERSED = "reversed_dp"      # a user mode declared as a slot layout
-LEGACY = "legacy_reversed"    # the same rows, registered the older way (a function pair)
 ODD_RANKS = "odd_ranks"       # only odd ranks run, rows split over them
 
 
@@ -36,23 +34,10 @@ def odd_rank_slots(layout: Layout) -> SlotLayout:
                                       for r in range(layout.world_size)), tuple(odd))
 
 
-def _reversed_dispatch(value: Batch, layout: Layout) -> list:
-    return value.split(layout.world_size)[::-1]
-
-
-def _reversed_collect(outputs: list, layout: Layout) -> Batch:
-    return Batch.concat(outputs[::-1])
-
-
 def _register() -> None:
-    for name, kwargs in ((REVERSED, {"slots": reversed_slots}),
-                         (ODD_RANKS, {"slots": odd_rank_slots}),
-                         (LEGACY, {"dispatch": _reversed_dispatch,
-                                   "collect": _reversed_collect})):
+    for name, slots in ((REVERSED, reversed_slots), (ODD_RANKS, odd_rank_slots)):
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", DeprecationWarning)
-                register_dispatch_mode(name, **kwargs)
+            register_dispatch_mode(name, slots=slots)
         except ValueError:  # already registered in this process
             pass
 
@@ -106,10 +91,6 @@ class Echo(Base):
 
     @method(dispatch=REVERSED, reads=("input_ids",), writes=("y", "rank"))
     def reversed_dp(self, batch):
-        return self._echo(batch)
-
-    @method(dispatch=LEGACY, reads=("input_ids",), writes=("y", "rank"))
-    def legacy_reversed(self, batch):
         return self._echo(batch)
 
     @method(dispatch=ODD_RANKS, reads=("input_ids",), writes=("y", "rank"))

@@ -11,6 +11,8 @@ from tests.support.workers import (leave_process_group, make_cfg, ragged_respons
                                    rollout_for_update)
 from hybridflow.workers import ActorWorker, WorkerContext
 
+pytestmark = pytest.mark.slow  # two gloo ranks train a model (~15 s)
+
 CONFIGS = {
     # two epochs (ratios move off 1, clipping active), KL loss and entropy bonus
     "token_mean": (make_cfg(actor={"lr": 1e-2, "ppo_epochs": 2, "use_kl_loss": True,

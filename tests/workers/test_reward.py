@@ -79,6 +79,7 @@ def test_scorer_failure_names_row_data_source_and_scorer(scorer_file, truth, mes
     assert "my_scorer.py" in str(err.value)
 
 
+@pytest.mark.slow  # waits out a scorer timeout in a process pool (~8 s)
 def test_process_pool_times_out_a_slow_sample(scorer_file):
     worker = RewardWorker(make_cfg(reward={"function_path": scorer_file, "num_workers": 2,
                                            "timeout_s": 1.0}))

@@ -1,80 +1,23 @@
-"""The vLLM engine against a fake `vllm.LLM` (vLLM itself cannot run here): what it
-asks vLLM for, the order of its calls, and that nothing it sends would fail to
-serialise in vLLM's multiprocess executor."""
+"""The vLLM engine against a fake `vllm.LLM` (the main suite's environment has no
+vLLM; tests/workers/rollout/test_vllm_real.py runs the real one): what it asks vLLM
+for and the order of its calls."""
+import importlib.util
 import json
-import pickle
-from types import SimpleNamespace
 
 import pytest
 import torch
 
+from tests.support.vllm_fakes import FAKE_RELOAD, FakeLLM, FakeParams
+from tests.support.vllm_fakes import fake_output as _output
 from tests.support.workers import make_cfg, prompt_batch
 from hybridflow.workers.base import WorkerContext
 from hybridflow.workers.config import ModelConfig, RolloutConfig, read_section
 from hybridflow.workers.rollout.engine import UNKNOWN_VERSION, EngineSpec
-from hybridflow.workers.rollout.vllm import (SLEEP_LEVEL, log_probs_from_outputs,
-                                             make_vllm_engine, prompt_token_lists,
-                                             responses_from_outputs, sampling_kwargs)
+from hybridflow.workers.rollout.vllm import (SLEEP_LEVEL, log_probs_from_outputs, make_vllm_engine,
+                                             prompt_token_lists, responses_from_outputs,
+                                             sampling_kwargs)
 from hybridflow.workers.rollout.weights import plain_weight_name, policy_weights
 from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
-
-
-class FakeLLM:
-    """Records calls like vLLM's `LLM`. Unless the engine runs in the rank's own
-    process (external_launcher), a function sent to the workers must pickle, as in
-    vLLM's multiprocess executor: lambdas and closures are refused."""
-
-    def __init__(self, **kwargs):
-        self.kwargs, self.calls, self.loaded = kwargs, [], {}
-        self.in_process = kwargs.get("distributed_executor_backend") == "external_launcher"
-
-    def _send(self, fn):
-        if not self.in_process:
-            try:
-                pickle.dumps(fn)
-            except (pickle.PicklingError, AttributeError, TypeError) as err:
-                raise TypeError(f"vLLM's multiprocess executor cannot serialise {fn!r}: "
-                                f"{err}") from err
-
-    def apply_model(self, fn):
-        self._send(fn)
-        model = SimpleNamespace(load_weights=self._load)
-        return [fn(model)]
-
-    def collective_rpc(self, method, args=()):
-        self._send(method)
-        return [method(SimpleNamespace(), *args)]
-
-    def _load(self, weights):
-        names = []
-        for name, tensor in weights:
-            self.loaded[name] = tensor.clone()
-            names.append(name)
-        self.calls.append(("load", len(names)))
-
-    def reset_prefix_cache(self):
-        self.calls.append(("reset_prefix_cache",))
-
-    def sleep(self, level):
-        self.calls.append(("sleep", level))
-
-    def wake_up(self, tags=None):
-        self.calls.append(("wake_up", tuple(tags or ())))
-
-    def generate(self, prompts, params, use_tqdm=False):
-        self.calls.append(("generate", len(prompts)))
-        eos = params.kwargs["stop_token_ids"][0]
-        return [_output([5, 6, eos], [-0.5, -0.25, -1.0]) for _ in prompts]
-
-
-class FakeParams:
-    def __init__(self, **kwargs):
-        self.kwargs = kwargs
-
-
-def _output(ids, logps):
-    ranked = [{t: SimpleNamespace(logprob=lp)} for t, lp in zip(ids, logps)]
-    return SimpleNamespace(outputs=[SimpleNamespace(token_ids=ids, logprobs=ranked)])
 
 
 def _spec(module=None, **rollout):
@@ -86,11 +29,17 @@ def _spec(module=None, **rollout):
 
 
 def test_engine_runs_in_the_rank_process_with_a_causal_lm_config(monkeypatch):
-    engine = make_vllm_engine(_spec(), FakeLLM, FakeParams)
+    engine = make_vllm_engine(_spec(), FakeLLM, FakeParams, FAKE_RELOAD)
     kwargs = engine.llm.kwargs
     assert kwargs["distributed_executor_backend"] == "external_launcher"
     assert kwargs["max_model_len"] == 128  # the tiny model's max_position_embeddings
     assert kwargs["enable_prefix_caching"] and kwargs["logprobs_mode"] == "processed_logprobs"
+    assert kwargs["dtype"] == "float32"  # vLLM's name, not the model section's "fp32"
+    assert kwargs["kv_cache_memory_bytes"] == 1 << 30  # rollout.kv_cache_gib=1: a fixed size
+    with open(f"{kwargs['generation_config']}/generation_config.json") as fh:
+        gen = json.load(fh)  # vLLM stops at this eos too: the tokenizer's
+    assert (gen["eos_token_id"], gen["bos_token_id"]) == (engine.tokenizer.eos_token_id,
+                                                          engine.tokenizer.bos_token_id)
     with open(f"{kwargs['model']}/config.json") as fh:
         assert json.load(fh)["architectures"] == ["LlamaForCausalLM"]  # not an embedding model
     # its own pool: the seeded initial weights are loaded at once, as version 0
@@ -102,13 +51,16 @@ def test_weights_go_in_buckets_and_the_prefix_cache_is_reset_after():
     from hybridflow.workers.models import build_causal_lm
     spec = _spec()
     module = build_causal_lm(spec.model_cfg, spec.tokenizer, "cpu", 0)
-    engine = make_vllm_engine(spec, FakeLLM, FakeParams)
+    engine = make_vllm_engine(spec, FakeLLM, FakeParams, FAKE_RELOAD)
     engine.llm.calls.clear()
     from hybridflow.workers.rollout.weights import refresh_engine
     refresh_engine(engine, module, version=3, bucket_bytes=4096)
     loads = [c for c in engine.llm.calls if c[0] == "load"]
     assert len(loads) > 1 and all(n >= 1 for _, n in loads)  # per bucket, not all at once
-    assert engine.llm.calls[-1] == ("reset_prefix_cache",)
+    # one layerwise-reload session around all the buckets, then the prefix cache reset
+    assert engine.llm.calls[0] == ("begin_reload",)
+    assert engine.llm.calls[-2:] == [("finish_reload",), ("reset_prefix_cache",)]
+    assert [c[0] for c in engine.llm.calls].count("begin_reload") == 1
     assert engine.policy_version == 3
     weights = policy_weights(module)
     assert set(engine.llm.loaded) == set(weights)
@@ -120,7 +72,7 @@ def test_colocated_engine_sleeps_at_level_2_and_reloads_before_generating():
     from hybridflow.workers.rollout import engine as registry
     actor = ActorWorker(make_cfg(rollout={"backend": "hf"}))
     spec = _spec(module=actor.module)
-    actor._engine = make_vllm_engine(spec, FakeLLM, FakeParams)
+    actor._engine = make_vllm_engine(spec, FakeLLM, FakeParams, FAKE_RELOAD)
     llm = actor._engine.llm
     assert llm.calls == [("sleep", 2)] and actor._engine.policy_version == UNKNOWN_VERSION
     assert registry.UNKNOWN_VERSION == UNKNOWN_VERSION
@@ -136,15 +88,55 @@ def test_colocated_engine_sleeps_at_level_2_and_reloads_before_generating():
     assert out["response_length"].tolist() == [3] * 4
 
 
-def test_the_fake_refuses_what_a_multiprocess_executor_cannot_send():
+def test_the_fake_refuses_what_vllm_refuses():
+    from functools import partial
+
+    from hybridflow.workers.rollout.vllm import VLLMEngine, load_into_model
     llm = FakeLLM(distributed_executor_backend="mp")
-    with pytest.raises(TypeError, match="cannot serialise"):
-        llm.apply_model(lambda model: model.load_weights([]))
-    from hybridflow.workers.rollout.vllm import VLLMEngine
+    for fn in (lambda model: None, partial(load_into_model, weights=[])):  # msgpack: no function
+        with pytest.raises(TypeError, match="cannot serialise"):
+            llm.apply_model(fn)
+    llm = FakeLLM(distributed_executor_backend="external_launcher")
     engine = VLLMEngine(llm, FakeParams, None, torch.device("cpu"), sleep_mode=False)
-    engine.load_weights([("w", torch.ones(1))])  # what the engine sends does pickle
+    engine.load_weights([("w", torch.ones(1))])  # the first load: no session needed
     engine.finish_weight_update(1)
-    assert llm.loaded["w"].tolist() == [1.0] and engine.policy_version == 1
+    with pytest.raises(AttributeError, match="weight_loader"):  # outside a reload session
+        engine.load_weights([("w", torch.ones(1))])
+    with pytest.raises(ValueError, match="Sleep mode"):
+        llm.sleep(level=2)
+    engine = VLLMEngine(FakeLLM(distributed_executor_backend="external_launcher"), FakeParams,
+                        None, torch.device("cpu"), sleep_mode=False, reload=FAKE_RELOAD)
+    for version in (1, 2):
+        engine.load_weights([("w", torch.full((1,), float(version)))])
+        engine.finish_weight_update(version)
+    assert engine.llm.loaded["w"].tolist() == [2.0] and engine.policy_version == 2
+
+
+def test_no_sleep_mode_where_the_platform_has_none():
+    from hybridflow.workers import ActorWorker
+    actor = ActorWorker(make_cfg(rollout={"backend": "hf"}))
+    engine = make_vllm_engine(_spec(module=actor.module), FakeLLM, FakeParams, FAKE_RELOAD,
+                              sleep_available=False)
+    assert engine.llm.kwargs["enable_sleep_mode"] is False and not engine.sleep_mode
+    engine.sleep()  # a no-op: the fake refuses sleep without sleep mode
+    assert engine.llm.calls == []
+
+
+def test_an_unsupported_head_size_is_refused_before_vllm_starts(monkeypatch):
+    from hybridflow.workers.rollout import vllm_checks
+    monkeypatch.setattr(vllm_checks, "supported_head_sizes", lambda: [32, 64])
+    built = []
+    with pytest.raises(ValueError, match=r"head size 8 .*allowed: 32, 64"):
+        make_vllm_engine(_spec(), lambda **kw: built.append(kw), FakeParams, FAKE_RELOAD)
+    assert built == []
+
+
+def test_dtype_names_are_vllms():
+    from hybridflow.workers.rollout.vllm_checks import vllm_dtype
+    assert [vllm_dtype(n) for n in ("bf16", "fp32", "fp16", "bfloat16")] == \
+        ["bfloat16", "float32", "float16", "bfloat16"]
+    with pytest.raises(ValueError, match="unknown model dtype 'f8'"):
+        vllm_dtype("f8")
 
 
 def test_prompts_lose_their_left_padding():
@@ -180,6 +172,7 @@ def test_weight_names_lose_wrapper_prefixes_and_lora_factors():
                              ".weight") is None
 
 
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")
 def test_vllm_backend_without_vllm_says_how_to_install():
     from hybridflow.workers import ActorWorker
     actor = ActorWorker(make_cfg(rollout={"backend": "vllm"}))

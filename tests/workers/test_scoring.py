@@ -65,7 +65,7 @@ def test_load_scorer_rejects_a_wrong_signature(tmp_path, source, message):
 
 
 def test_load_scorer_reports_import_errors(tmp_path):
-    with pytest.raises(ImportError, match="importing scorer file .*broken.py failed: SyntaxError"):
+    with pytest.raises(ImportError, match="scorer file .*broken.py' failed to import: SyntaxError"):
         load_scorer(_write(tmp_path, "def compute_score(:\n", name="broken.py"))
 
 
@@ -106,7 +106,7 @@ def test_the_default_table_is_found_by_name_and_a_bad_name_is_reported():
     table = load_scorer_table("algorithms.rewards:SCORERS")
     assert table("toy_arith", "12", "12") == 1.0
     with pytest.raises(ValueError, match=r"reward.scorer_table='algorithms.rewards:NOPE': "
-                                         r"module 'algorithms.rewards' has no 'NOPE'"):
+                                         r"'algorithms.rewards' defines no 'NOPE'"):
         load_scorer_table("algorithms.rewards:NOPE")
     with pytest.raises(ValueError, match="must name a mapping data_source -> scorer"):
         load_scorer_table("algorithms.rewards:compute_score")

@@ -7,7 +7,7 @@ State (owned by `RayRuntime`, changed only by its own methods):
 - `settings`: the `runtime` config section, read once.
 - `broken`: why the workers can no longer be trusted (an actor died or a call timed
   out), or None. A plain exception inside a method does not break the runtime.
-- `plans`: per plan (`scheduler.PlanCache`), which inputs feed each node, which
+- `plans`: per plan (`executor.PlanCache`), which inputs feed each node, which
   group-id columns its output must report, and each node pickled once.
 - `_taught`: (pool, rank, node digest) for every node a worker was sent
   (`FusedWorker.learn_node`, once per worker and runtime); tasks then name it by digest.

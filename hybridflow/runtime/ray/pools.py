@@ -17,7 +17,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from hybridflow.program.config import RuntimeConfig
+from hybridflow.core.runtime_section import RuntimeConfig
 from hybridflow.plan.placement import Placement, PoolSpec
 from hybridflow.runtime.worker_shell import FusedWorker, failure_detail
 from hybridflow.core.sections import read_section
@@ -29,7 +29,8 @@ __all__ = ["RayConnectError", "RuntimeSettings", "WorkerGroup", "connect", "laun
 @dataclass
 class RuntimeSettings(RuntimeConfig):
     """The `runtime` section, read once: the fields and defaults of
-    `hybridflow.program.config.RuntimeConfig`, and what the Ray runtime derives from them."""
+    `hybridflow.core.runtime_section.RuntimeConfig`, and what the Ray runtime derives from
+    them."""
 
     @classmethod
     def from_config(cls, cfg) -> "RuntimeSettings":
@@ -188,9 +189,10 @@ def _get_all(refs: list, timeout: float, what: str, doing: str) -> list[Any]:
         try:
             ray.get(ready[0])
         except ray.exceptions.RayError as err:
-            rank = refs.index(ready[0])
-            raise RuntimeError(f"{what}: {doing} failed on rank {rank}:\n"
-                               f"{failure_detail(err)}") from None
+            rank, detail = refs.index(ready[0]), failure_detail(err)
+            first = detail.strip().splitlines()[0] if detail.strip() else ""
+            raise RuntimeError(f"{what}: {doing} failed on rank {rank}: {first}\n"
+                               f"{detail}") from None
     return ray.get(refs)
 
 

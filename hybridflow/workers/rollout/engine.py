@@ -94,13 +94,8 @@ def _import_factory(name: str) -> None:
     """`rollout.backend="package.module:factory"` registers that factory under that
     name in each process that needs it (Ray workers do not run the driver's
     `register_engine` calls)."""
-    import importlib
-    target, _, attr = name.partition(":")
-    try:
-        factory = getattr(importlib.import_module(target), attr)
-    except (ImportError, AttributeError) as err:
-        raise ValueError(f"rollout.backend {name!r}: cannot import the engine factory "
-                         f"{attr!r} from {target!r}: {err}") from None
+    from hybridflow.core.names import resolve_name
+    factory = resolve_name(name, "rollout.backend", ValueError, "an engine factory")
     register_engine(name, factory, replace=True)
 
 

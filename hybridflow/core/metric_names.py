@@ -1,0 +1,50 @@
+"""Metric names that are protocol: one part of the engine writes them and another reads
+them back by name, so a rename on one side must be a rename on the other. Each is
+written and read through the constants here; a metric only logged is named where it is
+logged.
+
+- `SUMMED_SUFFIX`: a metric whose key ends in `_total` is a count, added up over a
+  gather's rounds (`runtime/common.py` `sum_round_metrics`); every other metric of a
+  re-run node is averaged. Graph functions name their counts so (`graphs/ops.py`).
+- `TIMING_PREFIX`: `timing_s/<node>`, a node's span in a step (first task start to last
+  task end), written by the scheduler; the run scheduler adds up a step's passes.
+- `RUNTIME_PREFIX`: `runtime/...`, the scheduler's own timings of a step.
+- `TRAINED_VERSION`: `<role>/trained_version`, the update count of a trained role's
+  weights before the step's update (the actor writes it); with the trained rows'
+  `policy_version` column the run scheduler computes how stale they were
+  (`async/staleness/*`). `SAMPLED_VERSION`, `rollout/sampled_version`, is the
+  version a generate node sampled with (its metric).
+- `SCORE_MEAN` (`critic/score/mean`, the reward worker's mean score) and
+  `SHAPED_REWARD_MEAN` (`critic/rewards/mean`, the reward after a graph's shaping):
+  the progress bar of `hybridflow run` shows the first of `OPTIMISED_REWARD_KEYS`.
+- `STEP_TIME` (`perf/time_per_step`): the loop's wall time of a step, which reading a
+  measured run for the planner takes the median of (`program/run_dir.py`).
+"""
+from __future__ import annotations
+
+__all__ = ["SUMMED_SUFFIX", "TIMING_PREFIX", "RUNTIME_PREFIX", "TRAINED_VERSION",
+           "TRAINED_VERSION_SUFFIX", "SAMPLED_VERSION", "SCORE_MEAN", "SHAPED_REWARD_MEAN",
+           "OPTIMISED_REWARD_KEYS", "STEP_TIME", "timing_key", "is_summed"]
+
+SUMMED_SUFFIX = "_total"
+TIMING_PREFIX = "timing_s/"
+RUNTIME_PREFIX = "runtime/"
+TRAINED_VERSION = "trained_version"  # under the role's prefix: actor/trained_version
+TRAINED_VERSION_SUFFIX = "/" + TRAINED_VERSION
+SAMPLED_VERSION = "rollout/sampled_version"
+SCORE_MEAN = "critic/score/mean"
+SHAPED_REWARD_MEAN = "critic/rewards/mean"
+# The reward the update optimises: after the graph's shaping (a KL penalty in the
+# reward, an overlong penalty) or, when nothing shapes it, the reward worker's score.
+OPTIMISED_REWARD_KEYS = (SHAPED_REWARD_MEAN, SCORE_MEAN)
+STEP_TIME = "perf/time_per_step"
+
+
+def timing_key(node: str) -> str:
+    """`timing_s/<node>`."""
+    return TIMING_PREFIX + node
+
+
+def is_summed(key: str) -> bool:
+    """A count, added up over a gather's rounds rather than averaged."""
+    return key.endswith(SUMMED_SUFFIX)

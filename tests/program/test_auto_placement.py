@@ -1,0 +1,50 @@
+"""placement=auto: the planner's best placement becomes the run's placement."""
+import os
+
+from hybridflow.plan.async_split import sides_of
+from hybridflow.program.assemble import prepare
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PPO = os.path.join(REPO, "graphs", "ppo.py")
+
+
+def test_auto_placement_replaces_the_placement_section(capsys):
+    loaded = prepare(PPO, ["placement=auto", "placement.cluster.devices_per_node=4",
+                           "runtime.name=ray"], preflight=False)
+    placement = loaded.plan.placement
+    assert sum(p.world_size for p in placement.pools.values()) == 4
+    assert {"actor", "ref", "critic", "reward"} <= set(placement.roles)
+    assert loaded.cfg.placement.auto is False  # the saved config replays the choice
+    assert set(loaded.cfg.placement.pools) == set(placement.pools)
+    assert "Best plan" in capsys.readouterr().out
+
+
+def test_auto_placement_on_one_device_colocates_everything(capsys):
+    loaded = prepare(PPO, ["placement=auto"], preflight=False)
+    assert len(loaded.plan.placement.pools) == 1
+
+
+GRPO = os.path.join(os.path.dirname(PPO), "grpo.py")
+ASYNC_AUTO = ["placement=auto", "placement.cluster.device=a100-80g", "trainer.staleness=1",
+              "trainer.allow_uncorrected_async=true", "runtime.name=ray"]
+
+
+def test_async_auto_placement_puts_the_rollout_on_a_pool_of_its_own_when_that_wins(capsys):
+    """Two GPUs: a rollout apart skips the engine switch each step and overlaps training."""
+    loaded = prepare(GRPO, ASYNC_AUTO + ["placement.cluster.devices_per_node=2"],
+                     preflight=False)
+    roles = loaded.plan.placement.roles
+    assert roles["rollout"] != roles["actor"]
+    assert "rollout" not in loaded.plan.placement.folded
+    assert "weight_sync" in {n.name for n in loaded.plan.nodes}  # the compiler's real sync
+    assert sides_of(loaded.plan) is not None
+    out = capsys.readouterr().out
+    assert "beats the rollout sharing the actor's devices" in out
+
+
+def test_async_auto_placement_on_one_device_keeps_the_rollout_folded(capsys):
+    loaded = prepare(GRPO, ASYNC_AUTO + ["placement.cluster.devices_per_node=1"],
+                     preflight=False)
+    assert loaded.plan.placement.folded == {"rollout": "actor"}
+    assert "weight_sync" not in {n.name for n in loaded.plan.nodes}
+    assert "No plan with the rollout on a pool of its own fits" in capsys.readouterr().out
