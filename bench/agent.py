@@ -107,7 +107,7 @@ def run(episodes: int = 128, max_active: int = 32, reps: int = 5, gen_ms: float 
         metrics = results[name][-1].metrics
         rows_out.append({"variant": name, "median_s": median(times[name]),
                          "episodes_per_s": episodes / median(times[name]),
-                         "generate_calls": metrics["agent/generate_calls"],
+                         "generate_calls": metrics["agent/generate_calls_total"],
                          "rows_per_call": metrics["agent/generate_rows/mean"],
                          "turns_mean": metrics["agent/turns/mean"]})
     speedup = rows_out[0]["episodes_per_s"] / rows_out[1]["episodes_per_s"]

@@ -39,13 +39,38 @@ def _unavailable(err: Exception) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a command; `argv` None: this is the process (the console script,
+    `python -m hybridflow`), which then ends even if user code left a thread behind."""
     parser, handlers = build_parser()
     args = parser.parse_args(argv)  # argparse exits 2 itself on bad arguments
     try:
-        return int(handlers[args.command](args) or 0)
+        code = int(handlers[args.command](args) or 0)
     except (KeyboardInterrupt, SystemExit, Exception) as err:  # noqa: BLE001 - sorted below
         from hybridflow.commands.errors import report
-        return report(args.command, err)
+        code = report(args.command, err)
+    if argv is None:
+        end_process(code)
+    return code
+
+
+def end_process(code: int, grace_s: float = 2.0) -> None:
+    """The one way the process ends once its outcome is reported: a thread that user
+    code left running (an environment, a scorer or a function node that never
+    returned, past its bound) would keep the interpreter alive at exit, since
+    non-daemon threads are joined then. Wait `grace_s` for such threads, then end
+    without joining them (`os._exit`, after flushing the output)."""
+    import os
+    import threading
+    import time
+    deadline = time.monotonic() + grace_s
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    if any(t.is_alive() and not t.daemon and t is not threading.current_thread()
+           for t in threading.enumerate()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 if __name__ == "__main__":

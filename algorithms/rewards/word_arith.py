@@ -68,7 +68,8 @@ def make_row(template: int, a: int, b: int, index: int, rng: random.Random,
         "prompt": [{"role": "user", "content": f"{question} {INSTRUCTION}"}],
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": str(result)},
-        "extra_info": {"index": index, "split": split, "op": op, "question": question,
+        "extra_info": {"index": index, "split": split, "op": op, "problem": [template, a, b],
+                       "question": question,
                        "answer": f"{a} {_SYMBOL[op]} {b} = {result}\n#### {result}"},
     }
 

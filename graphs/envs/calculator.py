@@ -11,7 +11,7 @@ so the call is written `calc(...)`):
 A turn without a call is the final answer: reward 1 if it equals the sum exactly
 (read like the toy arithmetic task: up to the first newline or end marker), else 0.
 A call that does not parse or adds something that is not a sum of whole numbers is
-a tool error (reward 0, `agent/tool_errors`). The model may also answer without
+a tool error (reward 0, `agent/tool_errors_total`). The model may also answer without
 the tool; for five-digit operands the tiny model rarely gets that right.
 
 Rows follow verl's dataset schema (`make_problems`, `train_test_split`; the loader

@@ -13,9 +13,9 @@ reward is their sum) and whether the episode is done. Either method may be a pla
 function (run in a thread) or `async def`.
 
 Errors, all of which end only the episode at hand (reward 0, a counted metric):
-- raising `ToolError` (e.g. a malformed tool call) -> `agent/tool_errors`;
-- raising anything else, or returning garbage -> `agent/env_errors`;
-- taking longer than the step timeout -> `agent/env_timeouts`.
+- raising `ToolError` (e.g. a malformed tool call) -> `agent/tool_errors_total`;
+- raising anything else, or returning garbage -> `agent/env_errors_total`;
+- taking longer than the step timeout -> `agent/env_timeouts_total`.
 
 Stateless module: each environment keeps its own episode state.
 """
@@ -31,7 +31,7 @@ __all__ = ["Environment", "ModelTurn", "StepResult", "ToolError", "EnvironmentOu
 
 class ToolError(Exception):
     """The model's tool call could not be run (malformed call, bad arguments, the tool
-    raised): ends the episode with reward 0, counted as `agent/tool_errors`."""
+    raised): ends the episode with reward 0, counted as `agent/tool_errors_total`."""
 
 
 class EnvironmentOutputError(TypeError):

@@ -5,10 +5,10 @@ counted in its metric, so bad input shows in the logs instead of killing the run
 
     done          the environment said done; reward = the sum of its step rewards
     truncated     out of turns (`max_turns`) or tokens (the budget, or a model turn
-                  that hit its token limit before its stop token)  -> agent/truncated
-    env_error     the environment raised or returned garbage       -> agent/env_errors
-    env_timeout   an environment call outlived its timeout         -> agent/env_timeouts
-    tool_error    a malformed tool call, or the tool raised        -> agent/tool_errors
+                  that hit its token limit before its stop token)  -> agent/truncated_total
+    env_error     the environment raised or returned garbage       -> agent/env_errors_total
+    env_timeout   an environment call outlived its timeout         -> agent/env_timeouts_total
+    tool_error    a malformed tool call, or the tool raised        -> agent/tool_errors_total
 
 State: an Episode holds its row, environment, trajectory, reward so far and status
 (None while it runs); the runner is the only writer.
@@ -27,8 +27,10 @@ from hybridflow.agents.trajectory import Trajectory, layout_batch
 __all__ = ["Episode", "RolloutResult", "STATUSES", "EnvironmentFailedError"]
 
 STATUSES = ("done", "truncated", "env_error", "env_timeout", "tool_error")
-_STATUS_METRICS = {"truncated": "agent/truncated", "env_error": "agent/env_errors",
-                   "env_timeout": "agent/env_timeouts", "tool_error": "agent/tool_errors"}
+_STATUS_METRICS = {"truncated": "agent/truncated_total",  # counts: summed over ranks
+                   "env_error": "agent/env_errors_total",
+                   "env_timeout": "agent/env_timeouts_total",
+                   "tool_error": "agent/tool_errors_total"}
 
 
 class EnvironmentFailedError(RuntimeError):
@@ -64,12 +66,13 @@ class RolloutResult:
         counts = {status: sum(e.status == status for e in eps) for status in STATUSES}
         trajs = [e.trajectory for e in eps if e.trajectory is not None]
         self.metrics = {
-            "agent/episodes": float(len(eps)),
+            "agent/episodes_total": float(len(eps)),
             "agent/turns/mean": sum(t.model_turns for t in trajs) / n,
             "agent/tool_calls/mean": sum(e.tool_calls for e in eps) / n,
+            "agent/tool_calls_total": float(sum(e.tool_calls for e in eps)),
             "agent/reward/mean": sum(e.reward for e in eps) / n,
             "agent/response_tokens/mean": sum(len(t) for t in trajs) / n,
-            "agent/generate_calls": float(self.generate_calls),
+            "agent/generate_calls_total": float(self.generate_calls),
             "agent/generate_rows/mean": self.generated_rows / max(1, self.generate_calls),
             **{metric: float(counts[status]) for status, metric in _STATUS_METRICS.items()},
         }

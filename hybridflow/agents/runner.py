@@ -22,13 +22,15 @@ State: per `run`, the episodes (see episodes.py) and the scheduler's queues, all
 from __future__ import annotations
 
 import asyncio
-import inspect
+import functools
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from hybridflow.agents.bounded import bounded_call, max_token_chars
 from hybridflow.agents.chat_format import ChatFormat
+from hybridflow.core.origin import contain
 from hybridflow.agents.env import ModelTurn, ToolError, as_first_observation, as_step_result
 from hybridflow.agents.episodes import EnvironmentFailedError, Episode, RolloutResult
 from hybridflow.agents.trajectory import Trajectory
@@ -73,7 +75,7 @@ class _Schedule:
     env_calls: set = field(default_factory=set)   # asyncio tasks of environment calls
     generating: Any = None            # the asyncio task of the generate call in flight
     active: int = 0                   # started and not finished
-    env_pool: Any = None              # threads for plain environment calls
+    env_slots: Any = None             # asyncio.Semaphore: plain calls in flight at once
     gen_pool: Any = None              # the generator's own thread
 
 
@@ -92,12 +94,11 @@ class EpisodeRunner:
     async def arun(self, rows: list[dict]) -> RolloutResult:
         result = RolloutResult([Episode(i, dict(row)) for i, row in enumerate(rows)])
         s = _Schedule(deque(result.episodes),
-                      env_pool=ThreadPoolExecutor(self.options.env_threads, "agent-env"),
+                      env_slots=asyncio.Semaphore(self.options.env_threads),
                       gen_pool=ThreadPoolExecutor(1, "agent-generate"))
         try:
             await self._drive(s, result)
-        finally:  # a timed-out environment call may still run: do not wait for it
-            s.env_pool.shutdown(wait=False, cancel_futures=True)
+        finally:  # a timed-out environment call runs on in its daemon thread (bounded.py)
             s.gen_pool.shutdown(wait=False)
         result.compute_metrics()
         self._check_not_all_failed(result)
@@ -133,8 +134,8 @@ class EpisodeRunner:
             s.active += 1
             try:
                 episode.env = self.env_factory()
-            except Exception as err:  # noqa: BLE001 - the user's code: ends this episode
-                self._end(s, episode, "env_error", f"building it raised {_name(err)}")
+            except BaseException as err:  # noqa: BLE001 - the user's code: ends this episode
+                self._end(s, episode, "env_error", f"building it raised {_name(contain(err))}")
                 continue
             missing = [m for m in ("reset", "step") if not callable(getattr(episode.env, m,
                                                                             None))]
@@ -181,41 +182,68 @@ class EpisodeRunner:
         s.env_calls.add(asyncio.create_task(self._timed_call(s, episode, what, fn, arg)))
 
     async def _timed_call(self, s: _Schedule, episode: Episode, what: str, fn, arg):
-        """(episode, what, value, failure): failure is (status, message) or None."""
+        """(episode, what, value, failure): failure is (status, message) or None. The
+        call, the check of its result and the tokenization of its observation are
+        bounded together by step_timeout_s, off the event loop (bounded.py)."""
+        after = self._after_reset if what == "reset" else \
+            functools.partial(self._after_step_value, episode)
         try:
-            if inspect.iscoroutinefunction(fn):
-                call = fn(arg)
-            else:
-                call = asyncio.get_running_loop().run_in_executor(s.env_pool, fn, arg)
-            value = await asyncio.wait_for(call, self.options.step_timeout_s)
-            value = as_first_observation(value) if what == "reset" else as_step_result(value)
+            async with s.env_slots:
+                value = await bounded_call(fn, arg, after, self.options.step_timeout_s,
+                                           f"{self.env_name}.{what}()")
             return episode, what, value, None
         except asyncio.TimeoutError:
             return episode, what, None, ("env_timeout", f"{what} took longer than "
                                          f"{self.options.step_timeout_s:g}s")
+        except _Ended as ended:
+            return episode, what, None, ended.args
         except ToolError as err:
             return episode, what, None, ("tool_error", str(err))
         except Exception as err:  # noqa: BLE001 - the user's code: ends this episode
             return episode, what, None, ("env_error", f"{what} raised {_name(err)}")
 
+    def _after_reset(self, value) -> list[int]:
+        """In the call's thread: the first observation, checked and tokenized."""
+        first = as_first_observation(value)
+        self._fits(first, self.options.max_response_tokens, "the first observation")
+        try:
+            return self.format.prompt_ids(first)
+        except Exception as err:  # noqa: BLE001 - the environment's text: ends this episode
+            raise _Ended("env_error", f"formatting the first observation raised "
+                                      f"{_name(err)}") from None
+
+    def _after_step_value(self, episode: Episode, value):
+        """In the call's thread: (step, observation ids or None when the episode ends)."""
+        step, traj = as_step_result(value), episode.trajectory
+        if step.done or traj.model_turns >= self.options.max_turns:
+            return step, None
+        room = self.options.max_response_tokens - len(traj)
+        self._fits(step.observation, room, "the observation")
+        try:
+            ids = self.format.observation_ids(step.observation)
+        except Exception as err:  # noqa: BLE001 - the environment's text: ends this episode
+            raise _Ended("env_error", f"formatting an observation raised {_name(err)}") \
+                from None
+        return step, ids
+
+    def _fits(self, text: str, room: int, what: str) -> None:
+        """Refuse, untokenized, a text too long to fit in `room` tokens however it is
+        tokenized (a 5 MB observation used to take minutes on the event loop)."""
+        if isinstance(text, str) and len(text) > max(room, 1) * max_token_chars(self.format):
+            raise _Ended("truncated", f"{what} of {len(text):,} characters cannot fit in "
+                                      f"the {room} tokens left of max_response_tokens="
+                                      f"{self.options.max_response_tokens}")
+
     def _after_env_call(self, s: _Schedule, episode: Episode, what: str, value, failure):
         if failure is not None:
             self._end(s, episode, *failure)
         elif what == "reset":
-            self._start(s, episode, value)
+            episode.trajectory = Trajectory(value)
+            s.ready.append(episode)
         else:
-            self._after_step(s, episode, value)
+            self._after_step(s, episode, *value)
 
-    def _start(self, s: _Schedule, episode: Episode, first_observation: str) -> None:
-        try:
-            episode.trajectory = Trajectory(self.format.prompt_ids(first_observation))
-        except Exception as err:  # noqa: BLE001 - the environment's text: ends this episode
-            self._end(s, episode, "env_error", f"formatting the first observation raised "
-                      f"{_name(err)}")
-            return
-        s.ready.append(episode)
-
-    def _after_step(self, s: _Schedule, episode: Episode, step) -> None:
+    def _after_step(self, s: _Schedule, episode: Episode, step, ids) -> None:
         episode.reward += float(step.reward)
         episode.tool_calls += step.tool_calls
         traj = episode.trajectory
@@ -225,12 +253,6 @@ class EpisodeRunner:
         if traj.model_turns >= self.options.max_turns:
             self._end(s, episode, "truncated", f"not done after max_turns="
                       f"{self.options.max_turns}")
-            return
-        try:
-            ids = self.format.observation_ids(step.observation)
-        except Exception as err:  # noqa: BLE001 - the environment's text: ends this episode
-            self._end(s, episode, "env_error", f"formatting an observation raised "
-                      f"{_name(err)}")
             return
         if len(traj) + len(ids) >= self.options.max_response_tokens:
             self._end(s, episode, "truncated", f"the observation would leave no room in "
@@ -250,6 +272,10 @@ class EpisodeRunner:
                 f"{sum(e.status == 'env_timeout' for e in failed)} timeouts); first, "
                 f"episode {first.index}: {first.error}. Fix the environment (or raise "
                 f"the step timeout if it is only slow)")
+
+
+class _Ended(Exception):
+    """Raised in an environment call's thread: the episode ends with (status, message)."""
 
 
 def _cut_turn(turn: GeneratedTurn, stop_ids: frozenset, limit: int):

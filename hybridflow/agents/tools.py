@@ -8,7 +8,7 @@ A model turn that contains a call (`<calc>12+30</calc>` with the default tag for
 `calc(12+30)` with `call_format="function"`) gets the tool's result back as the next
 observation; a turn without a call is the final answer, scored by `score`. A call
 that does not parse, or a tool that raises, is a `ToolError` (the episode ends with
-reward 0, counted as `agent/tool_errors`).
+reward 0, counted as `agent/tool_errors_total`).
 
 State: a `ToolEnvironment` keeps its episode's row; a `Tool` keeps nothing.
 """

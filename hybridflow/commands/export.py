@@ -43,13 +43,21 @@ def _inside(root: str, path: str) -> bool:
     return os.path.commonpath([root, os.path.realpath(path)]) == root
 
 
+def _incomplete(root: str) -> str:
+    """' (step_000003 lacks manifest.json)' for checkpoint folders without a manifest."""
+    names = sorted(n for n in os.listdir(root) if n.startswith("step_")) \
+        if os.path.isdir(root) else []
+    return f" ({', '.join(names)} lack manifest.json: damaged)" if names else ""
+
+
 def export_role(run_dir: str, out: str, role: str = "actor", merge: bool = True) -> str:
     from hybridflow.core.loading import check_dir
     _check_role_name(role)
     check_dir(run_dir, "run directory", "give a directory made by `hybridflow run`")
     ckpt = latest_checkpoint(os.path.join(run_dir, "checkpoints"))
     if ckpt is None:
-        raise FileNotFoundError(f"{run_dir} has no complete checkpoint")
+        raise FileNotFoundError(f"{run_dir} has no complete checkpoint"
+                                f"{_incomplete(os.path.join(run_dir, 'checkpoints'))}")
     source = os.path.join(ckpt, role)
     if not _inside(ckpt, source):  # a role directory linked to elsewhere
         raise CheckpointError(f"checkpoint {ckpt}: role {role!r} leads outside the "
@@ -63,9 +71,9 @@ def export_role(run_dir: str, out: str, role: str = "actor", merge: bool = True)
                                  f"if missing)")
     os.makedirs(out, exist_ok=True)
     if merge and os.path.isfile(os.path.join(source, "adapter_config.json")):
-        from hybridflow.core.loading import read_yaml
+        from hybridflow.program.run_record import read_run_config
         from hybridflow.workers.lora import merge_checkpoint
-        cfg = read_yaml(os.path.join(run_dir, "config.yaml"), "run config")
+        cfg = read_run_config(run_dir)
         merge_checkpoint(source, cfg, int(cfg.trainer.seed), out)
         return ckpt
     for name in os.listdir(source):

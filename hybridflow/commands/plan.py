@@ -100,7 +100,8 @@ def load_model_spec(value: str):
     from hybridflow.planner import ModelSpec
 
     from hybridflow.core.loading import read_json
-    path = os.path.join(value, "config.json") if os.path.isdir(value) else value
+    path = value if value.endswith(".json") else (
+        os.path.join(value, "config.json") if os.path.isdir(value) else value)
     if path.endswith(".json"):
         name = os.path.basename(os.path.dirname(path)) or None
         config = read_json(path, "model config", dict, "give a model's Hugging Face "

@@ -81,15 +81,14 @@ def timeline_sides(run_dir: str):
     be read, or None). Read from RUN_DIR/plan.json: the graph file is never imported."""
     from omegaconf import OmegaConf
 
-    from hybridflow.core.loading import read_yaml
     from hybridflow.draw.timeline import TimelineSides
-    from hybridflow.program.run_record import PLAN_FILE, read_plan_record
+    from hybridflow.program.run_record import PLAN_FILE, read_plan_record, read_run_config
     path = Path(run_dir)
     path = path.parent if path.suffix == ".jsonl" else path
     config = path / "config.yaml"
     if not os.path.lexists(config):  # a timeline alone: nothing says it ran async
         return None, None
-    cfg = read_yaml(str(config), "run config")
+    cfg = read_run_config(str(path))
     if int(OmegaConf.select(cfg, "trainer.staleness", default=0) or 0) < 1:
         return None, None
     if not os.path.lexists(path / PLAN_FILE):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import tempfile
 import traceback
@@ -18,10 +19,11 @@ from hybridflow.commands.errors import failure_reason
 from hybridflow.plan.compiler import GraphError
 from hybridflow.program.config import ConfigError
 from hybridflow.core.data import DataError
+from hybridflow.core.origin import contain
 from hybridflow.core.metric_names import OPTIMISED_REWARD_KEYS
 from hybridflow.core.loading import UserFileError, read_yaml
 from hybridflow.program.assemble import GraphFileError, prepare
-from hybridflow.program.run_record import save_plan_record
+from hybridflow.program.run_record import PLAN_FILE, plan_record, read_run_config
 from hybridflow.run.lifecycle import (check_resumed_config, check_same_graph, explicit_keys,
                                       graph_identity, record_end)
 from hybridflow.run.lock import RunLock
@@ -71,14 +73,14 @@ def _run_dir(args, loaded) -> RunDir:
     trainer = loaded.cfg.trainer
     if args.resume == _NEWEST and trainer.run_name:  # the run of that name
         path = os.path.join(trainer.runs_dir, trainer.run_name)
-        if not os.path.isfile(os.path.join(path, "config.yaml")):
+        if not os.path.lexists(os.path.join(path, "config.yaml")):
             raise FileNotFoundError(f"--resume: no run named {trainer.run_name!r} in "
                                     f"{trainer.runs_dir!r}")
         return RunDir(path, create=False)
     if args.resume == _NEWEST:
         return newest_run_dir(trainer.runs_dir, loaded.graph.name)
     if args.resume:
-        if not os.path.isfile(os.path.join(args.resume, "config.yaml")):
+        if not os.path.lexists(os.path.join(args.resume, "config.yaml")):
             raise FileNotFoundError(f"--resume {args.resume}: not a run directory "
                                     f"(no config.yaml)")
         return RunDir(args.resume, create=False)
@@ -89,12 +91,29 @@ def _run_dir(args, loaded) -> RunDir:
                           f"directory in it: {err.strerror} ({err.filename})") from None
 
 
+def _before_launch(args, loaded) -> None:
+    """A note when the sizes are still the toy's; a CPU run whose predicted memory
+    does not fit this machine is refused (ConfigError) before any worker starts."""
+    from hybridflow.program.toy_defaults import toy_defaults_note
+    note = toy_defaults_note(loaded.cfg, explicit_keys(_overrides(args), args.config))
+    if note and not args.resume:
+        _say(f"note: {note}")
+    if not loaded.cfg.trainer.check_memory:
+        return
+    from hybridflow.memory.report import launch_memory_problems
+    problems = launch_memory_problems(loaded.cfg, loaded.plan)
+    if problems:
+        raise ConfigError("; ".join(problems) + " (`hybridflow check --memory` shows the "
+                          "prediction; trainer.check_memory=false starts anyway)")
+
+
 def run(args) -> int:
     resume_word(args)
     with SignalGuard() as signals:  # SIGTERM and SIGHUP stop a run like Ctrl-C
         try:  # everything that can be checked before a worker starts
             loaded = prepare(args.graph, _overrides(args), args.config)
             refuse_untrained(loaded.plan, args.graph)
+            _before_launch(args, loaded)
             run_dir = _run_dir(args, loaded)
         except (GraphError, ConfigError, GraphFileError, DataError, UserFileError,
                 FileNotFoundError) as err:
@@ -108,13 +127,22 @@ def run(args) -> int:
             lock.release()
 
 
+def raised_by_code(err: BaseException, signals) -> bool:
+    """A KeyboardInterrupt that no signal caused: while the guard holds SIGINT, a
+    Ctrl-C arrives as its `Interrupted`, so a bare one was raised by code (an
+    environment, a scorer, a function node) and is that code's failure, not the
+    user's Ctrl-C (issue 26)."""
+    return (isinstance(err, KeyboardInterrupt) and not isinstance(err, Interrupted)
+            and signals.pending is None and signals.holds(signal.SIGINT))
+
+
 def refuse_untrained(plan, graph: str) -> None:
     """A run trains: a graph with no training node would run its steps, learn nothing
     and exit 0 (verl and TRL always update). `hybridflow check` still draws it."""
     if not any(n.kind.trains for n in plan.nodes):
-        raise GraphError(f"graph {plan.graph_name!r} ({graph}) has no training node: a run "
-                         f"would learn nothing; add one (e.g. g.call('actor', 'update', "
-                         f"...)), or inspect the graph with `hybridflow check {graph}`")
+        raise GraphFileError(f"graph {plan.graph_name!r} ({graph}) has no training node: a run "
+                             f"would learn nothing; add one (e.g. g.call('actor.update', "
+                             f"...)), or inspect the graph with `hybridflow check {graph}`")
 
 
 def _say(text: str) -> None:
@@ -126,7 +154,7 @@ def _resumed_config(args, loaded, run_dir: RunDir):
     before anything is written; returns the loaded graph to resume with."""
     for note in check_same_graph(run_dir, graph_identity(loaded.graph.name, args.graph)):
         _say(note)
-    saved = read_yaml(run_dir.file("config.yaml"), "run config")
+    saved = read_run_config(run_dir.path, typed=False)
     with tempfile.TemporaryDirectory() as scratch:  # never written into the run
         base = os.path.join(scratch, "config.yaml")  # the run's config, then --config's
         OmegaConf.save(OmegaConf.merge(saved, read_yaml(args.config, "config file"))
@@ -145,18 +173,21 @@ def _locked_run(args, loaded, run_dir: RunDir, signals) -> int:
     else:
         run_dir.save_graph_identity(graph_identity(loaded.graph.name, args.graph))
         run_dir.save_config(loaded.cfg)
-        save_plan_record(run_dir, loaded.plan, loaded.cfg)  # what readers need, as data
+        # what the commands reading a run directory need, as data (never its code)
+        run_dir.save_json(PLAN_FILE, plan_record(loaded.plan, loaded.cfg))
         run_dir.set_status("starting", step=0, steps=loaded.cfg.trainer.steps)
     try:  # datasets are read, then the workers start (and a resume loads its checkpoint)
         trainer = Trainer(loaded, run_dir, resume_from=run_dir.path if args.resume else None)
     except (Exception, SystemExit, KeyboardInterrupt) as err:  # noqa: BLE001 - recorded
+        if raised_by_code(err, signals):
+            err = contain(err, "user code")
         return _start_failed(run_dir, err, resumed=bool(args.resume))
     signals.reclaim()  # a Ray runtime's start replaced the SIGTERM handler
     for note in trainer.notes:  # rows dropped as too long; what a resume trimmed
         _say(note)
     if args.resume:  # only now, with the checkpoint loaded, the run takes the new config
         run_dir.save_config(loaded.cfg)
-        save_plan_record(run_dir, loaded.plan, loaded.cfg)
+        run_dir.save_json(PLAN_FILE, plan_record(loaded.plan, loaded.cfg))
         _say(f"resumed from {trainer.resumed_from} (step {trainer.step})"
              if trainer.resumed_from else f"no checkpoint in {run_dir.path}: starting at step 0")
     print(f"run directory: {run_dir.path}")
@@ -165,6 +196,9 @@ def _locked_run(args, loaded, run_dir: RunDir, signals) -> int:
         final = trainer.fit(on_step=progress.update, signals=signals)
     except KeyboardInterrupt as err:
         progress.close()  # before the message, so the bar does not redraw under it
+        if raised_by_code(err, signals):
+            return _failed(run_dir, f"stopped at step {trainer.step}",
+                           contain(err, "user code"), step=trainer.step)
         return _interrupted(run_dir, trainer, err, args.graph)
     except (Exception, SystemExit) as err:  # noqa: BLE001 - recorded, then reported
         progress.close()
@@ -252,6 +286,7 @@ class _Progress:
         from tqdm import tqdm
         self.bar = tqdm(total=total, initial=start, disable=not enabled, unit="step",
                         dynamic_ncols=True)
+        self.bar.refresh()  # drawn before the first step's work (a stuck step shows 0/N)
 
     def update(self, step: int, metrics: dict) -> None:
         self.bar.set_postfix({k: f"{v:.3f}" for k, v in progress_fields(metrics).items()},

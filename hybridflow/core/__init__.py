@@ -1,7 +1,8 @@
 """The data model and the leaves every layer stands on: `Batch`, node kinds, config
 constraints, deadlines on user calls, the one `"module:Name"` resolver and the one
-user-file importer, prompt data, the worker context, the section reader and the `runtime`
-section's schema.
+user-file importer, prompt data, the worker context, the section reader, the `runtime`
+section's schema, the optional worker hooks (`worker_hooks.py`), the metric names that
+are protocol (`metric_names.py`) and the atomic file write.
 
 Imports nothing of hybridflow outside `core/`.
 """

@@ -29,13 +29,6 @@ class WorkerContext:
     seed: int = 0
     colocated: dict[str, Any] = field(default_factory=dict)
 
-    @classmethod
-    def from_env(cls, **overrides) -> "WorkerContext":
-        env = {"rank": int(os.environ.get("RANK", 0)),
-               "world_size": int(os.environ.get("WORLD_SIZE", 1)),
-               "local_rank": int(os.environ.get("LOCAL_RANK", 0))}
-        return cls(**{**env, **overrides})
-
     def backend(self) -> str:
         device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
         return "nccl" if device.startswith("cuda") else "gloo"

@@ -139,11 +139,15 @@ def read_jsonl(path: str, what: str, expect: type | None = dict, fix: str = "",
 
 
 def read_yaml(path: str, what: str, fix: str = ""):
-    """The file as an OmegaConf config (DictConfig or ListConfig; the caller checks)."""
+    """The file as an OmegaConf config (DictConfig or ListConfig; the caller checks).
+    An empty file is refused: a config named on purpose holds something."""
     from omegaconf import OmegaConf
-    text = read_text(path, what, fix, empty_ok=True)
+    text = read_text(path, what, fix)
+    if not text.strip():
+        raise _fail(what, path, "holds only blank lines", fix or "give its sections "
+                    "(trainer:, data:, ...) or do not name it")
     try:
-        return OmegaConf.create(text) if text.strip() else OmegaConf.create({})
+        return OmegaConf.create(text)
     except Exception as err:  # noqa: BLE001 - yaml and omegaconf raise many types
         detail = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise _fail(what, path, f"is not valid YAML ({detail})", fix) from None
@@ -181,8 +185,9 @@ def check_safetensors(path: str, what: str = "weights file") -> None:
     ends = [entry.get("data_offsets", [0, 0])[-1] for key, entry in header.items()
             if key != "__metadata__" and isinstance(entry, dict)]
     need = 8 + length + max((e for e in ends if isinstance(e, int)), default=0)
-    if need > size:
-        raise _fail(what, path, f"is truncated: its tensors need {need} bytes, the file has "
+    if need != size:  # the format has no slack: any other size is a damaged file
+        problem = "is truncated" if need > size else "has bytes its tensors do not account for"
+        raise _fail(what, path, f"{problem}: its header gives {need} bytes, the file has "
                     f"{size}", fix)
 
 

@@ -3,9 +3,11 @@ them back by name, so a rename on one side must be a rename on the other. Each i
 written and read through the constants here; a metric only logged is named where it is
 logged.
 
-- `SUMMED_SUFFIX`: a metric whose key ends in `_total` is a count, added up over a
-  gather's rounds (`runtime/common.py` `sum_round_metrics`); every other metric of a
-  re-run node is averaged. Graph functions name their counts so (`graphs/ops.py`).
+- `SUMMED_SUFFIX`: a metric whose key ends in `_total` is a count, added up wherever
+  metrics of several parts are merged: data-parallel ranks and shards
+  (`graph/dispatch.py` `merge_metrics`), a gather's rounds (`runtime/common.py`
+  `sum_round_metrics`), validation batches (`run/loop.py`); every other metric is
+  averaged (weighted by rows). Graph functions name their counts so (`graphs/ops.py`).
 - `TIMING_PREFIX`: `timing_s/<node>`, a node's span in a step (first task start to last
   task end), written by the scheduler; the run scheduler adds up a step's passes.
 - `RUNTIME_PREFIX`: `runtime/...`, the scheduler's own timings of a step.
@@ -46,5 +48,5 @@ def timing_key(node: str) -> str:
 
 
 def is_summed(key: str) -> bool:
-    """A count, added up over a gather's rounds rather than averaged."""
+    """A count, added up over ranks, rounds and batches rather than averaged."""
     return key.endswith(SUMMED_SUFFIX)

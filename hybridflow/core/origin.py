@@ -15,7 +15,8 @@ import os
 import re
 import sysconfig
 
-__all__ = ["RoleStartError", "construct_role", "user_origin", "is_user_file"]
+__all__ = ["RoleStartError", "UserCodeExit", "construct_role", "contain", "describe_exit",
+           "user_origin", "is_user_file"]
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _LIBRARIES = tuple({os.path.abspath(sysconfig.get_paths()[k]) for k in ("stdlib", "purelib",
@@ -88,3 +89,30 @@ def construct_role(role: str, cls, cfg, ctx):
             f"role '{role}' ({name}, {_defined_at(cls)}): constructing it failed"
             f"{' in ' + where if where else ''}: {cause}{'; ' + hint if hint else ''}",
             role) from err
+
+
+class UserCodeExit(RuntimeError):
+    """User code raised a BaseException that is not an error (`sys.exit`,
+    `KeyboardInterrupt` raised by the code itself, ...): contained and reported as
+    that code's failure, never taken for the end of the process or a Ctrl-C."""
+
+
+def describe_exit(err: BaseException, what: str = "user code") -> str:
+    """One line for a non-Exception raised by user code: what did it, where, and
+    what to do instead."""
+    where = user_origin(err) or what
+    if isinstance(err, SystemExit):
+        return (f"{where} called sys.exit({err.code!r}); user code must raise an exception "
+                f"to stop a run, not end the process")
+    done = f"raised {type(err).__name__}" + (f"({err})" if str(err) else "")
+    return (f"{where} {done}; user code must raise an exception to stop a run, not "
+            f"interrupt it")
+
+
+def contain(err: BaseException, what: str = "user code") -> BaseException:
+    """`err` as an Exception: an Exception as it is, anything else a `UserCodeExit`."""
+    if isinstance(err, Exception):
+        return err
+    contained = UserCodeExit(describe_exit(err, what))
+    contained.__cause__ = err
+    return contained

@@ -22,4 +22,6 @@ class RuntimeConfig:
     start_timeout_s: float = checked(300.0, above(0))  # actor start and model loading (Ray)
     connect_timeout_s: float = checked(30.0, above(0))  # reaching `address` (then Ray's retries)
     listen_all: bool = False            # a Ray the run starts listens on all interfaces
-    torch_threads: int = checked(1, at_least(1))
+    # None: the local runtime uses the cores this process may use (os.sched_getaffinity),
+    # a Ray worker 1 (several share the machine)
+    torch_threads: Optional[int] = checked(None, at_least(1))

@@ -4,8 +4,9 @@
 its shape from its kind, its fill from its role, and on each edge the keys the
 consumer reads from that producer (keys only passed along are summarised as "+N").
 With `show_plan=True` the drawing adds the placement: each resource pool is a box
-holding the nodes of its colocated roles, labelled with its devices; driver nodes
-(sources, functions) stay outside every pool. A folded role's nodes (served by a host
+holding the nodes of its colocated roles, labelled with its devices; a function node
+sits in the box of the pool whose workers run it (plan/sites.py), and only driver
+nodes (sources, stateful functions) stay outside every pool. A folded role's nodes (served by a host
 role's worker, e.g. the reference of a LoRA actor) sit in the host's box, dashed and
 labelled "served by <host>".
 
@@ -35,6 +36,7 @@ from hybridflow.core.kinds import NodeKind, Op
 from hybridflow.draw.style import (CROSSING_COLOR, DRIVER_FILL, FONT, ROLLOUT_SIDE_COLOR,
                                    RenderError, role_colors)
 from hybridflow.draw.timeline import render_timeline, timeline_svg
+from hybridflow.plan.sites import fn_site
 
 __all__ = ["RenderError", "KIND_SHAPES", "role_colors", "edge_keys", "plan_to_dot",
            "render_graph", "render_timeline", "timeline_svg"]
@@ -269,8 +271,9 @@ def plan_to_dot(plan: ExecutionPlan, show_plan: bool = False) -> graphviz.Digrap
              arrowsize="0.7")
     ahead = set(sides.rollout) if sides is not None else set()
     by_pool: dict[str | None, list[PlanNode]] = {}
-    for node in plan.nodes:
-        by_pool.setdefault(node.pool if show_plan else None, []).append(node)
+    for node in plan.nodes:  # a function node is drawn where it runs (plan/sites.py)
+        pool = fn_site(plan, node).pool if node.op is Op.FN else node.pool
+        by_pool.setdefault(pool if show_plan else None, []).append(node)
     outside = by_pool.pop(None, [])
     if sides is not None and not show_plan:
         _side_boxes(dot, outside, sides, colors)

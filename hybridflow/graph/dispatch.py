@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from hybridflow.core.batch import Batch
 from hybridflow.core.kinds import METHOD_KINDS, NodeKind
+from hybridflow.core.metric_names import is_summed
 
 __all__ = [
     "BROADCAST", "DP", "DP_TP", "ONE_PER_WORKER", "RANK_ZERO", "SKIP", "NODE_KINDS",
@@ -126,8 +127,9 @@ def worker_methods(cls) -> dict[str, MethodSpec]:
 
 
 def merge_metrics(dicts: list[dict], weights: list[float] | None = None) -> dict:
-    """Mean of each numeric metric over ranks, weighted by `weights` (the rows each
-    rank saw, so uneven shards average exactly) or equal when not given."""
+    """Each numeric metric over ranks (or any parts): counts (`*_total`, the one rule
+    of `core.metric_names.is_summed`) summed, others the mean weighted by `weights`
+    (the rows each rank saw, so uneven shards average exactly) or equal if not given."""
     if not any(dicts):  # most nodes report none
         return {}
     weights = list(weights) if weights and sum(weights) > 0 else [1.0] * len(dicts)
@@ -138,7 +140,11 @@ def merge_metrics(dicts: list[dict], weights: list[float] | None = None) -> dict
         vals = [v for v, _ in pairs]
         numeric = all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in vals)
         total = sum(w for _, w in pairs)
-        out[key] = float(sum(v * w for v, w in pairs) / total) if numeric and total else vals[0]
+        if numeric and is_summed(key):
+            out[key] = float(sum(vals))
+        else:
+            out[key] = float(sum(v * w for v, w in pairs) / total) if numeric and total \
+                else vals[0]
     return out
 
 

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from hybridflow.memory.roles import PoolMemory, RoleMemory, pools_memory, roles_memory
 
-__all__ = ["MemoryReport", "plan_memory", "format_report", "gib"]
+__all__ = ["MemoryReport", "plan_memory", "format_report", "gib", "pass_keys",
+           "machine_memory_bytes", "launch_memory_problems"]
 
 GIB = 1024 ** 3
 
@@ -29,20 +30,44 @@ class MemoryReport:
         return all(p.fits for p in self.pools)
 
     def problems(self) -> list[str]:
-        """One line per pool that does not fit, naming its largest role."""
+        """One line per pool that does not fit, naming its largest role, the pass of
+        its peak and the keys that size that pass."""
         lines = []
         for pool in self.pools:
             if pool.fits:
                 continue
             worst = max(pool.roles, key=lambda r: r.peak)
+            peak_pass = pool.peak_pass()
             lines.append(
                 f"does not fit: pool '{pool.pool}' needs {gib(pool.peak)} of "
                 f"{gib(pool.capacity)} per {self.device} device (role '{worst.role}' needs "
-                f"{gib(worst.peak)}, peak in {pool.peak_pass()}); lower the micro-batch "
-                f"sizes or rollout.micro_batch_size, shorten data.max_prompt_length / "
+                f"{gib(worst.peak)}, peak in {peak_pass}); lower "
+                f"{' or '.join(pass_keys(peak_pass))}, shorten data.max_prompt_length / "
                 f"rollout.max_new_tokens, train LoRA adapters, use more devices (fsdp2), "
                 f"or place roles on separate pools")
         return lines
+
+
+def pass_keys(pass_name: str) -> list[str]:
+    """The config keys that size a pass's micro-batches ("actor.update" ->
+    actor.micro_batch_size, actor.max_tokens_per_micro_batch)."""
+    role, _, method = pass_name.partition(".")
+    if method == "generate":
+        return ["rollout.micro_batch_size"]
+    if role == "actor" and method == "logprob":
+        return ["rollout.log_prob_micro_batch_size",
+                "rollout.log_prob_max_tokens_per_micro_batch (a token budget)"]
+    if role in ("actor", "critic", "ref"):
+        return [f"{role}.micro_batch_size",
+                f"{role}.max_tokens_per_micro_batch (a token budget)"]
+    return ["the micro-batch sizes"]
+
+
+def machine_memory_bytes() -> int:
+    """The memory this machine has (psutil): a CPU pool's capacity, since the local
+    runtime's CPU workers share it."""
+    import psutil
+    return int(psutil.virtual_memory().total)
 
 
 def plan_memory(cfg, plan) -> MemoryReport:
@@ -50,7 +75,9 @@ def plan_memory(cfg, plan) -> MemoryReport:
     from hybridflow.planner.devices import get_device
     device = str(_cluster_device(cfg))
     spec = get_device(device)
-    capacity = float(spec.memory_bytes)
+    # the planner's "cpu" entry sizes a CPU of a cluster being planned; the pool of a
+    # run on this machine has this machine's memory (a 24 GiB box is not 256 GiB)
+    capacity = float(machine_memory_bytes() if spec.name == "cpu" else spec.memory_bytes)
     roles = roles_memory(cfg, plan, capacity, cuda=spec.name != "cpu")
     return MemoryReport(spec.name, capacity, roles, pools_memory(roles, capacity))
 
@@ -67,7 +94,8 @@ def _parts(parts: dict[str, int]) -> str:
 
 def format_report(report: MemoryReport) -> str:
     cap = gib(report.capacity) if report.capacity else "unknown"
-    lines = [f"memory per device (device {report.device}: {cap}; peaks assume every row "
+    where = " (this machine, psutil)" if report.device == "cpu" else ""
+    lines = [f"memory per device (device {report.device}: {cap}{where}; peaks assume every row "
              "padded to data.max_prompt_length + rollout.max_new_tokens)"]
     for role in report.roles:
         name, transient = role.largest_pass()
@@ -82,3 +110,21 @@ def format_report(report: MemoryReport) -> str:
         lines.append(f"  pool {pool.pool} ({names}): {gib(pool.peak)} of {cap} -> {verdict} "
                      f"(resident summed + largest pass, {pool.peak_pass()})")
     return "\n".join(lines)
+
+
+def launch_memory_problems(cfg, plan) -> list[str]:
+    """What `hybridflow run` refuses to start with (`trainer.check_memory`): the
+    "does not fit" lines of the plan's memory report, for a run whose workers run on
+    this machine's CPU (a GPU run's device memory is not this machine's RAM)."""
+    if _cluster_device(cfg) != "cpu" or not _runs_on_cpu(cfg):
+        return []
+    report = plan_memory(cfg, plan)
+    return [] if report.fits else report.problems()
+
+
+def _runs_on_cpu(cfg) -> bool:
+    device = str(cfg.model.device)
+    if device not in ("auto", ""):
+        return device == "cpu"
+    import torch
+    return not torch.cuda.is_available()

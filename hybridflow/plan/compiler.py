@@ -101,9 +101,11 @@ class ExecutionPlan:
     def summary(self) -> str:
         lines = [f"graph '{self.graph_name}': {len(self.nodes)} nodes, roles "
                  f"{', '.join(self.roles) or '-'}"]
+        from hybridflow.plan.sites import site_label  # where a function node runs
         folded = self.placement.folded
         for n in self.nodes:
-            where = f"{n.role}@{n.pool} [{n.dispatch}]" if n.role else "driver"
+            where = f"{n.role}@{n.pool} [{n.dispatch}]" if n.role else \
+                site_label(self, n) if n.op is Op.FN else "driver"
             if n.role in folded:
                 where = f"{n.role}→{folded[n.role]}@{n.pool} [{n.dispatch}]"
             lines.append(f"  {n.name:<22} {n.kind:<9} {where:<28} "

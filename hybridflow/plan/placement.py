@@ -77,12 +77,6 @@ class Placement:
     def tp_size(self, role: str) -> int:
         return int(self.parallel.get(role, {}).get("tp", 1))
 
-    def to_config(self) -> dict:
-        return {"pools": {n: {"nodes": p.nodes, "devices_per_node": p.devices_per_node}
-                          for n, p in self.pools.items()},
-                "roles": dict(self.roles),
-                "parallel": {r: dict(p) for r, p in self.parallel.items()}}
-
 
 def _fields(section, known: tuple[str, ...], where: str) -> dict[str, int]:
     """Integer fields of a pool or parallel entry, rejecting unknown names."""

@@ -87,9 +87,6 @@ class Candidate:
     def label(self) -> str:
         return " | ".join(p.describe() for p in self.pools)
 
-    def peak_memory_fraction(self) -> float:
-        return max(p.memory.total / p.memory.capacity for p in self.pools)
-
     def to_placement_config(self) -> dict:
         return {
             "pools": {p.name: {"nodes": p.nodes, "devices_per_node": p.devices_per_node}

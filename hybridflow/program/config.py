@@ -49,6 +49,8 @@ class TrainerConfig:
     tensorboard: bool = False
     wandb: bool = False
     check_finite: bool = True    # stop on NaN/inf in losses or rewards
+    # refuse to start a CPU run whose predicted peak memory exceeds this machine's
+    check_memory: bool = True
     # sample generations (prompt, response, score) to generations.jsonl, TensorBoard,
     # W&B: N of each training step's (0: none), N of each validation's (also printed)
     log_generations: int = checked(0, at_least(0))
@@ -58,6 +60,8 @@ class TrainerConfig:
     allow_uncorrected_async: bool = False  # train stale samples with no off-policy correction
     # reorder each generated batch so data-parallel ranks get equal tokens (balance.py)
     balance_batch: bool = False
+    # steps whose batches (every node's output) are written to RUN_DIR/batches/ (batch_dump.py)
+    dump_batches: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -220,17 +224,19 @@ def _explain(err: Exception, cfg: DictConfig, source: str) -> ConfigError:
 
 
 def _closest(key: str, known: list[str]) -> list[str]:
-    """The known keys closest to `key`: for a key without its section (`steps`), the
-    dotted keys that end in it or in a name close to it (`trainer.steps`)."""
+    """The known keys closest to `key`: for a key without its section (`steps`), first
+    the dotted keys that end in it (`trainer.steps`), then the closest keys, then the
+    dotted keys ending in a name close to it."""
     close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
-    if close or "." in key:
+    if "." in key:
         return close
-    leaves = {}
+    leaves: dict[str, list[str]] = {}
     for name in known:
-        leaves.setdefault(name.rsplit(".", 1)[-1], []).append(name)
+        if "." in name:
+            leaves.setdefault(name.rsplit(".", 1)[-1], []).append(name)
     exact = leaves.get(key, [])
     near = difflib.get_close_matches(key, list(leaves), n=3, cutoff=0.75)
-    return (exact or [k for leaf in near for k in leaves[leaf]])[:3]
+    return (exact or close or [k for leaf in near for k in leaves[leaf]])[:3]
 
 
 def _check_sections(base: DictConfig, other, source: str, prefix: str = "") -> None:

@@ -52,20 +52,23 @@ def _timeline(path: str) -> list[dict]:
 def read_run(run_dir: str) -> MeasuredRun:
     """The measured run in `run_dir`, from its records only (config.yaml, plan.json,
     metrics.jsonl, timeline.jsonl): the graph file is never imported."""
-    from hybridflow.core.loading import check_dir, read_yaml
+    from hybridflow.core.loading import check_dir
     from hybridflow.program.auto_placement import run_models
-    from hybridflow.program.run_record import read_plan_record
+    from hybridflow.program.run_record import read_plan_record, read_run_config
 
     check_dir(run_dir, "run directory", "give a directory made by `hybridflow run`")
     graph_json = os.path.join(run_dir, "graph.json")
     if not os.path.lexists(graph_json):
         raise PlanningError(f"{graph_json} does not exist: is {run_dir} a run directory of "
                             "`hybridflow run`?")
-    cfg = read_yaml(os.path.join(run_dir, "config.yaml"), "run config")
+    cfg = read_run_config(run_dir)
     recorded = read_plan_record(run_dir)
     pipeline = recorded.pipeline()
     timeline = _timeline(os.path.join(run_dir, "timeline.jsonl"))
     metrics = _jsonl(os.path.join(run_dir, "metrics.jsonl"))
+    if not metrics:
+        raise PlanningError(f"{os.path.join(run_dir, 'metrics.jsonl')} holds no step "
+                            f"metrics: calibrate from a run that finished at least one step")
     steps = sorted({r["step"] for r in timeline})
     kept = tuple(steps[WARMUP_STEPS:] if len(steps) > WARMUP_STEPS else steps)
     models = run_models(cfg, recorded)

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from hybridflow.core.loading import UserFileError, read_json
 
-__all__ = ["PLAN_FILE", "plan_record", "save_plan_record", "read_plan_record", "RecordedPlan"]
+__all__ = ["PLAN_FILE", "plan_record", "read_plan_record", "RecordedPlan",
+           "read_run_config"]
 
 PLAN_FILE = "plan.json"
 _FORMAT = 1
@@ -48,13 +49,6 @@ def plan_record(plan, cfg) -> dict:
             "movable": dict(pipeline.movable)},
         "model_roles": list(models), "roles": run_roles(plan, pipeline, models),
         "sides": sides}
-
-
-def save_plan_record(run_dir, plan, cfg) -> None:
-    import json
-
-    from hybridflow.run.tracking import write_atomic
-    write_atomic(run_dir.file(PLAN_FILE), json.dumps(plan_record(plan, cfg), indent=1))
 
 
 @dataclass(frozen=True)
@@ -95,3 +89,36 @@ def read_plan_record(run_dir: str) -> RecordedPlan:
     except (KeyError, TypeError, ValueError) as err:
         raise UserFileError(f"run plan record {path!r} is not what `hybridflow run` writes "
                             f"({type(err).__name__}: {err}); {fix}", path) from None
+
+
+def read_run_config(run_dir: str, typed: bool = True):
+    """RUN_DIR/config.yaml: a mapping holding every section `hybridflow run` saves (a
+    truncated file loses the last ones); `typed`: its values checked against the run's
+    schema (a wrong type is named by its key). UserFileError naming the file."""
+    from omegaconf import DictConfig, OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from hybridflow.core.loading import read_yaml
+    from hybridflow.program.config import RUN_SECTIONS, RunConfig
+    path = os.path.join(run_dir, "config.yaml")
+    fix = "the run directory is damaged: restore config.yaml (`hybridflow run` writes it)"
+    cfg = read_yaml(path, "run config", fix)
+    if not isinstance(cfg, DictConfig):
+        raise UserFileError(f"run config {path!r} holds a {type(cfg).__name__}, not the "
+                            f"run's sections; {fix}", path)
+    missing = [s for s in RUN_SECTIONS if not isinstance(cfg.get(s), (DictConfig, dict))
+               and s != "algorithm"]
+    if missing:
+        raise UserFileError(f"run config {path!r} lacks the section(s) {missing} a run "
+                            f"saves (cut short?); {fix}", path)
+    if not typed:
+        return cfg
+    schema = OmegaConf.structured(RunConfig)
+    OmegaConf.set_struct(schema, False)  # a bound role's own section is not in RunConfig
+    try:
+        return OmegaConf.merge(schema, cfg)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None) or "?"
+        detail = str(getattr(err, "msg", err)).splitlines()[0]
+        raise UserFileError(f"run config {path!r}: bad value for '{key}' ({detail}); {fix}",
+                            path) from None

@@ -115,7 +115,7 @@ def _complete(ckpt_root: str) -> list[str]:
     if not os.path.isdir(ckpt_root):
         return []
     names = sorted(n for n in os.listdir(ckpt_root) if n.startswith(_PREFIX)
-                   and os.path.isfile(os.path.join(ckpt_root, n, "manifest.json")))
+                   and os.path.lexists(os.path.join(ckpt_root, n, "manifest.json")))
     return [os.path.join(ckpt_root, n) for n in names]
 
 

@@ -19,6 +19,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 
+from hybridflow.run.batch_dump import dump_step
 from hybridflow.run.busy import busy_fractions
 from hybridflow.run.checkpoint import (latest_checkpoint, load_trainer_state, restore_rng,
                                        save_checkpoint)
@@ -210,6 +211,8 @@ class Trainer:
         start = time.perf_counter()
         result = self.scheduler.step(self.step, self.cfg.trainer.steps)
         self.last_result = result
+        if self.step in self.cfg.trainer.dump_batches:  # a documented look at a batch
+            dump_step(self.run.path, self.step, self.plan, self.runtime, result)
         if self.cfg.trainer.check_finite:
             check_finite(self.step, result.node_metrics)
         self._log_train_generations(result)

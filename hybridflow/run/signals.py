@@ -52,6 +52,10 @@ class SignalGuard:
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
+    def holds(self, signum: int) -> bool:
+        """Whether this guard's handler is the one installed for `signum` now."""
+        return signum in self._previous and signal.getsignal(signum) == self._handle
+
     def reclaim(self) -> None:
         """Install the handlers again: `ray.init` replaces the driver's SIGTERM handler
         with one that exits at once (call this once the runtime has started)."""

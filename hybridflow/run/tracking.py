@@ -29,28 +29,14 @@ import time
 
 from omegaconf import DictConfig, OmegaConf
 
+from hybridflow.core.files import write_atomic
+
 __all__ = ["RunDir", "RunDirError", "new_run_dir", "newest_run_dir", "MetricSinks",
            "write_atomic", "read_jsonl"]
 
 
 class RunDirError(ValueError):
     """A run directory whose files cannot be read as hybridflow wrote them."""
-
-
-def write_atomic(path: str, text: str) -> None:
-    """Write `text` to a temporary file beside `path`, then rename it into place;
-    on failure (a full disk) the temporary file is removed and the old file stays."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
 
 
 def read_jsonl(path: str) -> tuple[list[dict], str | None]:
@@ -112,6 +98,10 @@ class RunDir:
         with open(path, "a") as fh:
             fh.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}\n{text}\n")
         return path
+
+    def save_json(self, name: str, record: dict) -> None:
+        """Write a record of the run (e.g. plan.json) atomically."""
+        write_atomic(self.file(name), json.dumps(record, indent=1))
 
     def save_graph_identity(self, identity: dict) -> None:
         write_atomic(self.file("graph.json"), json.dumps(identity, indent=1))

@@ -12,7 +12,6 @@ from typing import Any
 from hybridflow.core.batch import Batch, as_object_array
 from hybridflow.plan.compiler import ExecutionPlan, PlanNode
 from hybridflow.core.kinds import Op
-from hybridflow.core.metric_names import is_summed
 
 __all__ = ["NodeFailure", "StepResult", "assemble_input", "finish_output", "run_fn_node",
            "input_columns", "metrics_of", "as_node_batch", "NodeIO"]
@@ -157,13 +156,10 @@ def upstream_nodes(plan: ExecutionPlan, name: str) -> list[PlanNode]:
 
 
 def sum_round_metrics(rounds: list[dict]) -> dict:
-    """Metrics of a node re-run by a gather: `*_total` metrics add up over rounds,
-    others keep the mean."""
-    out = {}
-    for key in {k for r in rounds for k in r}:
-        values = [r[key] for r in rounds if key in r]
-        out[key] = sum(values) if is_summed(key) else sum(values) / len(values)
-    return out
+    """Metrics of a node re-run by a gather: counts (`*_total`, the one rule of
+    `core.metric_names.is_summed`) add up over rounds, others keep the mean."""
+    from hybridflow.graph.dispatch import merge_metrics
+    return merge_metrics(rounds)
 
 
 def finish_gather(node: PlanNode, pieces: list[Batch], rounds: int) -> Batch:

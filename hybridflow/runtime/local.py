@@ -20,6 +20,8 @@ one rank; use the Ray runtime for data parallelism.
 """
 from __future__ import annotations
 
+import os
+
 from collections.abc import Mapping
 from typing import Any, Callable
 
@@ -117,6 +119,15 @@ class Ran:
         raise AssertionError("local tasks report no failures later")
 
 
+def available_cores() -> int:
+    """The cores this process may run on (its affinity mask, e.g. a container's or
+    taskset's share), not the machine's count."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
 class LocalRuntime:
     name = "local"
 
@@ -127,10 +138,11 @@ class LocalRuntime:
         # user code (methods, function nodes) is bounded here as Ray bounds it
         settings = read_section(cfg, "runtime", RuntimeConfig)
         self.call_timeout_s = settings.call_timeout_s
-        # the workers run in this process: give it the threads a Ray worker gets. Left
-        # at torch's default (every core), tiny operators wait at OpenMP barriers for
-        # descheduled threads on a busy machine: 10-50x slower steps were measured
-        torch.set_num_threads(settings.torch_threads)
+        # the workers run in this process: by default the cores it may use (a real
+        # model's passes scale with them). Tiny models on a busy machine may run faster
+        # at runtime.torch_threads=1 (operators waiting at OpenMP barriers for
+        # descheduled threads: 10-50x slower toy steps were measured)
+        torch.set_num_threads(settings.torch_threads or available_cores())
         self.broken: str | None = None
         self.plans = PlanCache()
         self.ranks: dict[str, list[dict]] = {}

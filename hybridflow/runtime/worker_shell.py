@@ -34,7 +34,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from hybridflow.core.batch import Batch
-from hybridflow.core.origin import construct_role
+from hybridflow.core.origin import construct_role, describe_exit
 from hybridflow.plan.compiler import PlanNode
 from hybridflow.core.kinds import Op
 from hybridflow.runtime.common import NodeIO, finish_gather, metrics_of, run_fn_node
@@ -240,6 +240,13 @@ class FusedWorker:
             out = io.finish(out)
         except Exception:  # noqa: BLE001 - shipped to the driver with the traceback
             raise WorkerError(traceback.format_exc()) from None
+        except BaseException as err:  # sys.exit / KeyboardInterrupt raised by user code
+            if getattr(err, "signum", None) is not None:  # a signal's (run/signals.py)
+                raise
+            # contained: it would end a Ray actor, or be taken for Ctrl-C; the last
+            # line is what the driver's one-line summary shows
+            raise WorkerError(traceback.format_exc() + describe_exit(err, "user code")) \
+                from None
         return out, self._meta(task, out, start)
 
     def gather(self, task: ShardTask, rounds: int, *shards):

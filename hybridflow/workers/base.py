@@ -20,7 +20,7 @@ import torch
 from hybridflow.core.batch import Batch
 from hybridflow.core.context import WorkerContext
 from hybridflow.core.worker_hooks import WorkerHooks
-from hybridflow.workers.models import model_bytes, resolve_device
+from hybridflow.workers.models import resolve_device
 
 __all__ = ["WorkerContext", "Worker", "metrics_batch", "storage_bytes", "held_bytes"]
 
@@ -73,10 +73,6 @@ class Worker(WorkerHooks):
         return resolve_device(spec, self.ctx.device, self.ctx.local_rank)
 
     # ---------------------------------------------------------------- weights
-    def weight_bytes(self) -> int:
-        """Bytes of model weights this worker holds in this process."""
-        return model_bytes(self.module) if self.module is not None else 0
-
     def held_tensors(self) -> dict[str, Any]:
         """The storages this worker holds, for the run's memory metrics: model weights
         (parameters and buffers) and optimizer state, keyed by storage address so that
@@ -88,12 +84,6 @@ class Worker(WorkerHooks):
                  if isinstance(t, torch.Tensor)] if optimizer is not None else []
         return {"process": f"{socket.gethostname()}:{os.getpid()}", "weights": weights,
                 "optimizer": storage_bytes(state)}
-
-    def state_dict_for_checkpoint(self) -> dict[str, Any]:
-        if self.trainer is not None:
-            return self.trainer.state_dict()
-        from hybridflow.workers.training import full_state_dict
-        return {"model": full_state_dict(self.module)} if self.module is not None else {}
 
     def save_checkpoint(self, directory: str) -> None:
         """Weights as safetensors (+ HF config, loadable by `from_pretrained`);

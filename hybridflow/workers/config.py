@@ -232,6 +232,9 @@ class RewardConfig:
     micro_batch_size: int = checked(16, at_least(1))  # reward model rows per forward
     num_workers: int = checked(0, at_least(0))        # >0: rule scoring in a process pool
     timeout_s: float = checked(30.0, above(0))        # per sample, in this process or the pool
+    # a scorer that times out on this many samples in a row is stuck: the step fails
+    # (the batch is bounded: at most this many x timeout_s, not rows x timeout_s); 0: never
+    max_consecutive_timeouts: int = checked(3, at_least(0))
     kwargs: dict[str, Any] = field(default_factory=dict)  # to the scorer, by keyword
     # name -> {function_path, function_name, weight, kwargs}: a weighted sum of named
     # scorers (function_path null: the table's); replaces the single scorer above

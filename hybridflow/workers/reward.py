@@ -108,7 +108,8 @@ class RewardWorker(Worker):
             self.module.eval().requires_grad_(False)
             self.rule, self.rules = None, {}
         else:
-            self.rules = {name: (weight, RuleScorer(ref, rc.num_workers, rc.timeout_s))
+            self.rules = {name: (weight, RuleScorer(ref, rc.num_workers, rc.timeout_s,
+                                                     rc.max_consecutive_timeouts))
                           for name, (weight, ref) in scorer_components(rc).items()}
             self.rule = next(iter(self.rules.values()))[1]  # the first (often only) one
 
@@ -166,7 +167,7 @@ class RewardWorker(Worker):
                     if isinstance(value, (int, float, bool)) and not isinstance(value, str):
                         sums.setdefault(key, []).append(float(value))
         metrics.update({SCORE_MEAN: float(scores.mean()),
-                        "reward/timeouts": float(timeouts)})
+                        "reward/timeouts_total": float(timeouts)})
         metrics.update({f"reward/{k}": sum(v) / len(v) for k, v in sums.items()})
         return scores, metrics
 

@@ -91,11 +91,21 @@ def score_one(ref: ScorerRef, sample: dict, timeout_s: float | None = None) -> S
     return SampleResult(score=score, extra=extra)
 
 
+def stuck_scorer(ref: ScorerRef, count: int, timeout_s: float) -> ScoringError:
+    return ScoringError(
+        f"reward scorer {ref.describe()} timed out on {count} samples in a row "
+        f"(reward.timeout_s={timeout_s:g}s each): it looks stuck, so the step stops instead "
+        f"of waiting rows x {timeout_s:g}s; fix the scorer, raise reward.timeout_s if it is "
+        f"only slow, or set reward.max_consecutive_timeouts=0 to score the batch anyway")
+
+
 class RuleScorer:
     """Scores lists of samples with one scorer, optionally in `num_workers` processes."""
 
-    def __init__(self, ref: ScorerRef, num_workers: int = 0, timeout_s: float = 30.0):
+    def __init__(self, ref: ScorerRef, num_workers: int = 0, timeout_s: float = 30.0,
+                 max_consecutive_timeouts: int = 3):
         self.ref, self.num_workers, self.timeout_s = ref, num_workers, timeout_s
+        self.max_consecutive = max_consecutive_timeouts
         self._pool = None
         ref.load()  # fail at construction on a bad path/name, not mid-run
 
@@ -112,6 +122,17 @@ class RuleScorer:
     def __del__(self):
         self.close()
 
+    def _bounded(self, results) -> list[SampleResult]:
+        """Consume the results in order; `max_consecutive` timeouts in a row raise
+        (the batch's bound: a stuck scorer is heard of after that many timeouts)."""
+        out, run = [], 0
+        for result in results:
+            out.append(result)
+            run = run + 1 if result.timed_out else 0
+            if self.max_consecutive and run >= self.max_consecutive:
+                raise stuck_scorer(self.ref, run, self.timeout_s)
+        return out
+
     def score(self, samples: list[dict]) -> list[SampleResult]:
         if self.num_workers > 0 and samples:
             pool = self._get_pool()
@@ -119,14 +140,17 @@ class RuleScorer:
                        for s in samples]
             budget = self.timeout_s * (len(samples) / self.num_workers + 1) + 30
             try:
-                results = [p.get(timeout=budget) for p in pending]
+                results = self._bounded(p.get(timeout=budget) for p in pending)
             except multiprocessing.TimeoutError:
                 self.close()  # a scorer stuck outside Python: start a fresh pool next time
                 raise ScoringError(f"reward scoring with {self.ref.describe()} did not finish "
                                    f"within {budget:.0f}s; a scorer may be stuck in native code"
                                    ) from None
+            except ScoringError:
+                self.close()  # its processes are busy with the stuck scorer
+                raise
         else:
-            results = [score_one(self.ref, s, self.timeout_s) for s in samples]
+            results = self._bounded(score_one(self.ref, s, self.timeout_s) for s in samples)
         for row, (sample, result) in enumerate(zip(samples, results)):
             where = (f"row {row} (data_source={sample['data_source']!r}, scorer "
                      f"{self.ref.describe()})")

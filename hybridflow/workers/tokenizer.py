@@ -31,9 +31,9 @@ def require_local_dir(spec: str, what: str) -> str:
         raise ValueError(f"{what}: {gguf_hint(spec)}")
     if os.path.lexists(path):
         from hybridflow.core.loading import describe_path
-        kind = describe_path(path) or "a file"
-        raise ValueError(f"{what} {spec!r} is {kind}, not a directory; give the directory "
-                         f"that holds it")
+        kind = describe_path(path)
+        what_it_is = f"is {kind}, not a directory" if kind else "is a file"
+        raise ValueError(f"{what} {spec!r} {what_it_is}; give the directory that holds it")
     raise FileNotFoundError(
         f"{what} {spec!r} is not a local directory. hybridflow does not download "
         f"models or tokenizers at run time: download it beforehand (e.g. "

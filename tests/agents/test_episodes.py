@@ -21,10 +21,10 @@ def test_the_score_sits_at_the_last_model_token_and_failures_score_zero():
     assert batch["scores"].tolist() == [2.5, 0.0]
     assert list(batch["agent_status"]) == ["done", "tool_error"]
     metrics = result.compute_metrics()
-    assert metrics["agent/tool_errors"] == 1 and metrics["agent/turns/mean"] == 1.5
+    assert metrics["agent/tool_errors_total"] == 1 and metrics["agent/turns/mean"] == 1.5
 
 
 def test_an_empty_batch_is_an_empty_rollout():
     result = RolloutResult([])
-    assert result.compute_metrics()["agent/episodes"] == 0
+    assert result.compute_metrics()["agent/episodes_total"] == 0
     assert len(result.to_batch(pad_id=0)) == 0

@@ -38,7 +38,7 @@ def test_every_episode_runs_its_turns_and_sums_its_rewards(fmt, generator):
     assert m["agent/turns/mean"] == pytest.approx(sum(r["turns"] for r in rows) / 12)
     assert m["agent/tool_calls/mean"] == pytest.approx(sum(r["turns"] - 1 for r in rows) / 12)
     assert m["agent/reward/mean"] == 1.0
-    assert m["agent/env_errors"] == m["agent/truncated"] == 0
+    assert m["agent/env_errors_total"] == m["agent/truncated_total"] == 0
 
 
 class FlakyEnv(ScriptedEnv):
@@ -60,9 +60,11 @@ class FlakyEnv(ScriptedEnv):
 
 
 @pytest.mark.parametrize("fault,status,metric", [
-    ("raise", "env_error", "agent/env_errors"), ("hang", "env_timeout", "agent/env_timeouts"),
-    ("garbage", "env_error", "agent/env_errors"), ("nan", "env_error", "agent/env_errors"),
-    ("tool", "tool_error", "agent/tool_errors")])
+    ("raise", "env_error", "agent/env_errors_total"),
+    ("hang", "env_timeout", "agent/env_timeouts_total"),
+    ("garbage", "env_error", "agent/env_errors_total"),
+    ("nan", "env_error", "agent/env_errors_total"),
+    ("tool", "tool_error", "agent/tool_errors_total")])
 def test_a_faulty_episode_scores_zero_and_is_counted_and_the_batch_goes_on(
         fmt, generator, fault, status, metric):
     rows = scripted_rows(6, seed=2, max_turns=2)
@@ -86,7 +88,7 @@ def test_an_environment_failing_on_every_episode_is_an_error_naming_it(fmt, gene
 
 def test_tool_errors_on_every_episode_are_the_models_fault_not_an_error(fmt, generator):
     rows = [dict(r, fault="tool") for r in scripted_rows(4, seed=3)]
-    assert run(fmt, generator, rows, env=FlakyEnv).metrics["agent/tool_errors"] == 4
+    assert run(fmt, generator, rows, env=FlakyEnv).metrics["agent/tool_errors_total"] == 4
 
 
 def test_an_environment_that_cannot_be_built_or_reset_ends_its_episode(fmt, generator):
@@ -111,10 +113,10 @@ def test_out_of_turns_or_tokens_is_truncated_with_reward_zero(fmt, generator):
     rows = [dict(r, turns=4) for r in scripted_rows(4, seed=5, max_turns=4)]
     by_turns = run(fmt, generator, rows, max_turns=2)
     assert [e.status for e in by_turns.episodes] == ["truncated"] * 4
-    assert by_turns.metrics["agent/truncated"] == 4
+    assert by_turns.metrics["agent/truncated_total"] == 4
     assert all(e.trajectory.model_turns == 2 for e in by_turns.episodes)
     by_tokens = run(fmt, generator, rows, max_turns=4, max_response_tokens=6)
-    assert by_tokens.metrics["agent/truncated"] == 4
+    assert by_tokens.metrics["agent/truncated_total"] == 4
     assert all(len(e.trajectory) <= 6 and e.reward == 0 for e in by_tokens.episodes)
 
 
@@ -213,4 +215,4 @@ def test_options_are_checked():
 
 def test_no_rows_is_an_empty_result_not_an_error(fmt, generator):
     result = run(fmt, generator, [])
-    assert result.episodes == [] and result.metrics["agent/episodes"] == 0
+    assert result.episodes == [] and result.metrics["agent/episodes_total"] == 0

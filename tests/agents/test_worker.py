@@ -60,7 +60,7 @@ def test_agent_play_is_a_node_that_runs_episodes_beside_the_actor(tmp_path, runt
     finally:
         trainer.close()
     metrics = run.read_metrics()[-1]
-    assert metrics["agent/episodes"] == 8  # 4 prompts x n=2
+    assert metrics["agent/episodes_total"] == 8  # 4 prompts x n=2
     assert 1 <= metrics["agent/turns/mean"] <= 2
     assert "timing_s/agent.play" in metrics
 

@@ -144,7 +144,11 @@ def test_plan_svg_draws_pools_with_devices_and_colocated_roles(tmp_path):
     assert "pool critic_pool · 2 devices · critic" in texts
     source = render.plan_to_dot(plan, show_plan=True).source
     pool_block = source.split("subgraph cluster_pool_main")[1].split("}")[0]
-    assert "generate" in pool_block and "advantages" not in pool_block  # driver node
+    from hybridflow.plan.sites import fn_site  # a function node sits where it runs
+    fn = next(n for n in plan.nodes if n.op == "fn")
+    home = fn_site(plan, fn).pool
+    assert "generate" in pool_block and (fn.name in pool_block) == (home == "main")
+    assert "prompts" not in pool_block  # a source stays on the driver
 
 
 def test_multi_node_pool_label():

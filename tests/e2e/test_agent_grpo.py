@@ -8,8 +8,8 @@ import pytest
 from tests.support.e2e import series, train
 
 VAL = "val/toy_calc/greedy"
-AGENT_METRICS = ("agent/turns/mean", "agent/tool_calls/mean", "agent/tool_errors",
-                 "agent/env_timeouts")
+AGENT_METRICS = ("agent/turns/mean", "agent/tool_calls/mean", "agent/tool_errors_total",
+                 "agent/env_timeouts_total")
 
 
 @pytest.mark.slow  # a training run (about a minute on a quiet 2-core machine)
@@ -35,6 +35,6 @@ def test_agent_grpo_runs_on_ray(tmp_path):
     last = metrics[-1]
     for key in (*AGENT_METRICS, "actor/pg_loss", VAL):
         assert key in last, key
-    assert last["agent/episodes"] == 32  # 8 prompts x n=4
-    assert last["agent/env_errors"] == 0
+    assert last["agent/episodes_total"] == 32  # 8 prompts x n=4
+    assert last["agent/env_errors_total"] == 0
     assert trainer.run.status()["state"] == "finished"

@@ -18,3 +18,9 @@ def two_row_maker(seed, max_operand, test_fraction, train_on_test):
 
 
 NOT_A_TABLE = ["length"]  # a list of names, not a mapping data_source -> scorer
+
+# data.toy.maker naming what is not a function (each must fail `check`)
+MAKER_STRING = "algorithms.rewards.toy:train_test_rows"
+MAKER_NUMBER = 7
+MAKER_TABLE = {"train": []}
+MAKER_ROWS = [{"prompt": "1+1="}]

@@ -8,6 +8,7 @@ from tests.support.workers import (PROMPTS, empty_like, make_cfg, prompt_batch,
                                    rollout_for_update)
 from hybridflow.core.batch import Batch
 from hybridflow.workers import ActorWorker
+from hybridflow.workers.base import held_bytes
 
 
 
@@ -154,5 +155,6 @@ def test_checkpoint_round_trip_restores_weights_and_optimizer(tmp_path):
     assert all(torch.equal(saved[k], v) for k, v in actor.module.state_dict().items())
     assert actor.trainer.scheduler.last_epoch == step
     assert AutoModelForCausalLM.from_pretrained(tmp_path).config.hidden_size == 32
-    assert actor.weight_bytes() == sum(p.numel() * 4 for p in actor.module.parameters()) \
+    assert held_bytes([actor.held_tensors()])["engine/weight_bytes"] == sum(
+        p.numel() * 4 for p in actor.module.parameters()) \
         + sum(b.numel() * b.element_size() for b in actor.module.buffers())

@@ -88,14 +88,14 @@ def test_process_pool_times_out_a_slow_sample(scorer_file):
     finally:
         worker.rule.close()
     assert out["scores"].tolist() == [1.0, 0.0, 1.0]
-    assert out.meta["metrics"]["reward/timeouts"] == 1.0
+    assert out.meta["metrics"]["reward/timeouts_total"] == 1.0
 
 
 def test_in_process_scoring_times_out_a_slow_sample_too(scorer_file):
     worker = RewardWorker(make_cfg(reward={"function_path": scorer_file, "timeout_s": 0.5}))
     out = worker.score(response_batch(worker.tokenizer, ["3", "x", "5"], ["3", "slow", "5"]))
     assert out["scores"].tolist() == [1.0, 0.0, 1.0]
-    assert out.meta["metrics"]["reward/timeouts"] == 1.0
+    assert out.meta["metrics"]["reward/timeouts_total"] == 1.0
 
 
 def test_a_sample_timeout_does_not_swallow_an_outer_deadline(scorer_file):

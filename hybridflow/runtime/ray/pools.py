@@ -141,7 +141,7 @@ def launch_group(spec: PoolSpec, roles: list[str], settings: RuntimeSettings) ->
                 num_cpus=1, num_gpus=1 if use_gpu else 0, scheduling_strategy=strategy,
                 max_restarts=0).remote(
                     spec.name, node * spec.devices_per_node + local, spec.world_size, local,
-                    settings.torch_threads))
+                    settings.torch_threads or 1))  # None: one per worker
     return group
 
 

@@ -75,7 +75,7 @@ def preflight_vllm(cfg) -> None:
     """Preflight: a run with rollout.backend='vllm' whose model vLLM cannot run fails
     before any worker starts (where vLLM imports in the driver; the engine checks
     again in the worker otherwise). Raises the run's ConfigError."""
-    from hybridflow.program.config import ConfigError
+    from hybridflow.core.constraints import ConfigError
     from hybridflow.workers.config import ModelConfig, RolloutConfig, read_section
     if read_section(cfg, "rollout", RolloutConfig).backend != "vllm":
         return
