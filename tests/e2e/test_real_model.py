@@ -30,7 +30,7 @@ def test_the_converted_model_has_agreeing_special_ids_and_a_chat_template():
 @needs_model
 def test_grpo_steps_train_response_tokens_only_and_write_generations(tmp_path):
     from hybridflow.core.data import word_arith_rows, write_rows
-    from hybridflow.run_generations import train_nodes
+    from hybridflow.run.generations import train_nodes
     from hybridflow.workers.tokenizer import load_tokenizer
     from tests.support.e2e import train
     rows_train, rows_test = word_arith_rows(1, 8, 2, 20)

@@ -1,10 +1,10 @@
-"""Sample generations (run_generations.py): written to generations.jsonl at every
+"""Sample generations (run/generations.py): written to generations.jsonl at every
 validation (on by default) and training step (trainer.log_generations), printed at
 validation, sent to TensorBoard, trimmed with the metrics on resume."""
 import json
 import os
 
-from hybridflow.run_generations import format_samples, pick_rows
+from hybridflow.run.generations import format_samples, pick_rows
 from hybridflow.run.tracking import RunDir
 from tests.support.e2e import train
 
