@@ -25,8 +25,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     # the agent role plays episodes with the actor's rollout engine and tokenizer
     "agents": {"core", "graph", "workers"},
     "runtime": {"core", "graph", "plan"},
-    # memory is predicted from the real model classes and the planner's device table
-    "memory": {"core", "graph", "plan", "workers", "planner"},
+    # memory is predicted from the real model classes, the planner's device table and,
+    # for an agent rollout, the agent section's response budget
+    "memory": {"core", "graph", "plan", "workers", "agents", "planner"},
     "draw": {"core", "plan"},
     "program": {"core", "graph", "plan", "workers", "agents", "planner", "memory"},
     "run": EVERYTHING - {"run", "commands"},

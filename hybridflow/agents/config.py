@@ -28,13 +28,32 @@ class AgentConfig:
     max_active: int = checked(0, at_least(0))              # episodes in flight; 0 = all
     max_batch_rows: int = checked(0, at_least(0))          # rows per generate call; 0 = all
     env_threads: int = checked(32, at_least(1))
+    # the same seed gives the same episodes: each generate call waits for the
+    # environment calls in flight and takes the ready episodes in index order, so what
+    # is sampled together does not depend on which thread finished first. false lets
+    # generation overlap slow environments (faster; not reproducible)
+    deterministic: bool = True
 
     def runner_options(self) -> RunnerOptions:
         return RunnerOptions(max_turns=self.max_turns,
                              max_response_tokens=self.max_response_tokens,
                              max_turn_tokens=self.max_turn_tokens,
                              step_timeout_s=self.step_timeout_s, max_active=self.max_active,
-                             max_batch_rows=self.max_batch_rows, env_threads=self.env_threads)
+                             max_batch_rows=self.max_batch_rows, env_threads=self.env_threads,
+                             deterministic=self.deterministic)
+
+
+def episode_width(cfg, plan) -> int | None:
+    """The response width of the plan's agent rollouts (`agent.max_response_tokens`,
+    the widest), or None without one: the memory model and the planner lay an agent
+    batch out this wide, not `rollout.max_new_tokens` (one turn's budget)."""
+    from hybridflow.agents.worker import AgentRolloutWorker
+    from hybridflow.core.sections import read_section
+    agents = [r for r in plan.roles if isinstance(plan.bindings.get(r), type)
+              and issubclass(plan.bindings[r], AgentRolloutWorker)]
+    if not agents:
+        return None
+    return max(read_section(cfg, r, AgentConfig).max_response_tokens for r in agents)
 
 
 def check_agent_section(section: AgentConfig) -> None:
@@ -47,6 +66,6 @@ def check_agent_section(section: AgentConfig) -> None:
                           f"agent.max_response_tokens={section.max_response_tokens}, the "
                           "budget of the whole episode; lower it or raise the budget")
     try:
-        check_environment(section.env)
+        check_environment(section.env, section.step_timeout_s)
     except EnvironmentSpecError as err:
         raise ConfigError(f"agent.env: {err}") from None

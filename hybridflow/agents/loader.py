@@ -33,14 +33,22 @@ def load_environment_factory(spec: str) -> Callable[[], Any]:
     return factory
 
 
-def check_environment(spec: str) -> Callable[[], Any]:
-    """Load the factory, build one environment and check its shape; returns the factory."""
+def check_environment(spec: str, timeout_s: float | None = None) -> Callable[[], Any]:
+    """Load the factory, build one environment (within `timeout_s`, the episode's step
+    bound) and check its shape; returns the factory. Whatever building raises — sys.exit
+    and KeyboardInterrupt too — or a build that does not return is this error."""
+    from hybridflow.core.deadline import CallTimeout, call_with_deadline
+    from hybridflow.core.origin import contain
     factory = load_environment_factory(spec)
     try:
-        env = factory()
-    except Exception as err:
+        env = call_with_deadline(factory, timeout_s, f"building environment {spec!r}",
+                                 "agent.step_timeout_s")
+    except CallTimeout as err:
+        raise EnvironmentSpecError(f"environment {spec!r}: {err}") from None
+    except BaseException as raised:  # the user's constructor: contained
+        err = contain(raised, f"building environment {spec!r}")
         raise EnvironmentSpecError(f"environment {spec!r}: building one with no arguments "
-                                   f"raised {type(err).__name__}: {err}") from err
+                                   f"raised {type(err).__name__}: {err}") from raised
     missing = [m for m in ("reset", "step") if not callable(getattr(env, m, None))]
     if missing:
         raise EnvironmentSpecError(f"environment {spec!r} built a {type(env).__name__} "

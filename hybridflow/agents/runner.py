@@ -57,6 +57,10 @@ class RunnerOptions:
     max_batch_rows: int = 0           # rows per generate call; 0 = every ready episode
     env_threads: int = 32             # threads for plain (non-async) environment calls
     lockstep: bool = False            # the turn-by-turn baseline (see the module docstring)
+    # generate only once no environment call is in flight, the ready episodes in index
+    # order: the groups sampled together (and so the sampling RNG's draws) do not
+    # depend on thread timing, and a seed reproduces the episodes (issue 26)
+    deterministic: bool = False
 
     def __post_init__(self):
         for name in ("max_turns", "max_response_tokens", "max_turn_tokens", "env_threads"):
@@ -108,7 +112,8 @@ class EpisodeRunner:
     async def _drive(self, s: _Schedule, result: RolloutResult) -> None:
         self._admit(s)
         while s.active:
-            if s.generating is None and s.ready and not (self.options.lockstep and s.env_calls):
+            waits = self.options.lockstep or self.options.deterministic
+            if s.generating is None and s.ready and not (waits and s.env_calls):
                 group = self._take_ready(s)
                 s.generating = asyncio.create_task(self._generate(s, group))
                 result.generate_calls += 1
@@ -146,6 +151,8 @@ class EpisodeRunner:
             self._call_env(s, episode, "reset", episode.env.reset, episode.row)
 
     def _take_ready(self, s: _Schedule) -> list[Episode]:
+        if self.options.deterministic:  # not the order the environment calls finished in
+            s.ready = deque(sorted(s.ready, key=lambda e: e.index))
         size = self.options.max_batch_rows or len(s.ready)
         return [s.ready.popleft() for _ in range(min(size, len(s.ready)))]
 

@@ -216,7 +216,7 @@ def roles_memory(cfg, plan, capacity: float | None = None, cuda: bool = False,
                  ) -> list[RoleMemory]:
     """Each role of the plan on one device of its pool (roles this module does not
     know, e.g. a user's worker class, come back with a note and no bytes)."""
-    s = _sections(cfg)
+    s = _agent_widths(_sections(cfg), cfg, plan)
     calls = _calls(plan)
     n = _generate_n(s, calls)
     _, prompt = _data(cfg)
@@ -238,6 +238,19 @@ def roles_memory(cfg, plan, capacity: float | None = None, cuda: bool = False,
                 memory.notes.append(f"not counted: {err}")
         out.append(memory)
     return out
+
+
+def _agent_widths(s: dict, cfg, plan) -> dict:
+    """An agent rollout lays its episodes out `agent.max_response_tokens` wide (the
+    model's turns and the observations), not `rollout.max_new_tokens` (one turn's
+    sampling budget): every pass over its batch is that wide (issue 26: ~4x under)."""
+    from dataclasses import replace
+
+    from hybridflow.agents.config import episode_width
+    width = episode_width(cfg, plan)
+    if width is None:
+        return s
+    return {**s, "rollout": replace(s["rollout"], max_new_tokens=width)}
 
 
 def _default_binding(plan, role: str) -> bool:

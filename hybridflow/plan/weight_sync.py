@@ -123,8 +123,9 @@ def planner_view(plan):
     model of its own; the planner's cost model knows generation as the actor's."""
     folded = getattr(getattr(plan, "placement", None), "folded", {})  # any graph view
     bindings = getattr(plan, "bindings", {})
-    merged = {role: host for role, host in folded.items()
-              if role in bindings and weights_host(bindings[role]) == host}
+    # every folded role: served by its host's worker, it holds no model of its own and
+    # cannot be placed apart from it (an agent rollout, issue 26), like a rollout
+    merged = {role: host for role, host in folded.items() if role in bindings}
     if not merged:
         return plan
     nodes = [replace(n, role=merged.get(n.role, n.role)) for n in plan.nodes]

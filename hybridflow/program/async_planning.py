@@ -51,6 +51,9 @@ def _rollouts_folded(plan):
         host = weights_host(plan.bindings[role]) if role in plan.bindings else None
         if host is not None and host in trained and host != role:
             hosts[role] = host
+    # a folded role that cannot hold weights of its own (an agent rollout) stays its
+    # host's, never movable apart
+    fixed = {r: h for r, h in plan.placement.folded.items() if r not in hosts}
     if not hosts:
         return planner_view(plan), {}
     sync_methods = (EXPORT_METHOD, LOAD_METHOD)
@@ -64,5 +67,7 @@ def _rollouts_folded(plan):
             if node.kind is NodeKind.GENERATE:
                 movable[node.name] = node.role
             node = replace(node, role=hosts[node.role])
+        elif node.role in fixed:
+            node = replace(node, role=fixed[node.role])
         nodes.append(replace(node, deps=tuple(d for d in node.deps if d not in dropped)))
     return replace(plan, nodes=nodes), movable

@@ -53,6 +53,8 @@ def plan_auto_placement(cfg: DictConfig, plan: ExecutionPlan) -> tuple[dict, str
     cluster_cfg = cfg.placement.cluster
     # a colocated rollout is planned as the actor; with trainer.staleness >= 1 the
     # planner also weighs it on a pool of its own, weights synced (async_planning.py)
+    from hybridflow.agents.config import episode_width
+    width = episode_width(cfg, plan) or cfg.rollout.max_new_tokens  # an agent's episodes
     plan, pipeline = pipeline_view(plan, cfg.trainer.staleness)
     try:
         result = plan_placement(
@@ -60,7 +62,7 @@ def plan_auto_placement(cfg: DictConfig, plan: ExecutionPlan) -> tuple[dict, str
             run_models(cfg, plan),
             Workload(prompts=cfg.data.batch_size, samples_per_prompt=cfg.rollout.n,
                      prompt_len=cfg.data.max_prompt_length,
-                     response_len=cfg.rollout.max_new_tokens,
+                     response_len=width,
                      ppo_epochs=cfg.actor.ppo_epochs,
                      mini_batches=max(1, -(-cfg.data.batch_size * cfg.rollout.n
                                           // cfg.actor.mini_batch_size))),

@@ -202,6 +202,26 @@ CASES = [pytest.param(kind, how, id=f"{kind.name}-{how}")
          for kind in KINDS for how in kind.cases]
 
 
+def _checkpoint_file(name):
+    def setup(tmp):
+        folder = fabricate_run(tmp / "run")
+        return (tmp / "run" / "checkpoints" / "step_000003" / name,
+                ["run", GRPO, "--resume", folder])
+    return setup
+
+
+# read by a resume once the workers are up (seconds each): the slow part of the sweep
+RESUME_KINDS = [
+    Kind("checkpoint state (resume)", _checkpoint_file("trainer_state.json"),
+         wrong=_JSON_LIST, cases=tuple(c for c in CORRUPTIONS if c != "missing")),
+    Kind("checkpoint RNG state (resume)", _checkpoint_file("rng_torch.safetensors"),
+         wrong=(7).to_bytes(8, "little") + b"[1,2,3]",
+         cases=tuple(c for c in CORRUPTIONS if c != "missing")),
+]
+RESUME_CASES = [pytest.param(kind, how, id=f"{kind.name}-{how}")
+                for kind in RESUME_KINDS for how in kind.cases]
+
+
 class _Hung(Exception):
     pass
 
@@ -230,6 +250,17 @@ def message_lines(err: str) -> list[str]:
 
 @pytest.mark.parametrize("kind,how", CASES)
 def test_a_damaged_file_ends_in_one_line_naming_it(kind, how, tmp_path, capsys):
+    check_damage(kind, how, tmp_path, capsys)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind,how", RESUME_CASES)
+def test_a_damaged_checkpoint_file_ends_a_resume_in_one_line_naming_it(kind, how, tmp_path,
+                                                                       capsys):
+    check_damage(kind, how, tmp_path, capsys)
+
+
+def check_damage(kind: Kind, how: str, tmp_path, capsys) -> None:
     path, argv = kind.setup(tmp_path)
     corrupt(str(path), how, kind.valid or path.read_bytes(), kind.wrong)
     if "checkpoints" in str(path) and how not in ("missing", "directory", "fifo"):
@@ -248,4 +279,4 @@ def test_a_damaged_file_ends_in_one_line_naming_it(kind, how, tmp_path, capsys):
 
 def test_the_sweep_covers_every_kind_and_corruption():
     """The count the issue's note reports (and a guard against a kind losing its cases)."""
-    assert len(KINDS) == 23 and len(CASES) >= 170
+    assert len(KINDS) == 23 and len(CASES) >= 170 and len(RESUME_CASES) == 14

@@ -156,10 +156,10 @@ def test_a_scorer_calling_sys_exit_fails_the_run_naming_the_file(capsys, tmp_pat
     code, err, status, run_dir = run(capsys, tmp_path, "trainer.steps=4",
                                      f"reward.function_path={path}")
     assert code == 1
-    assert (f"hybridflow run: stopped at step 3: compute_score() at {path}:9 called "
-            f"sys.exit(3)") in err
+    assert "hybridflow run: stopped at step 3: node 'reward.score'" in err  # issue 26: and
+    assert f"compute_score() at {path}:9 called sys.exit(3)" in err  # the node is named
     assert status["state"] == "failed" and status["step"] == 3
-    assert status["error"] == "SystemExit"
+    assert status["node"] == "reward.score"
     assert not os.path.exists(os.path.join(run_dir, "lock.json"))
 
 
@@ -170,9 +170,9 @@ def test_a_function_node_calling_sys_exit_fails_the_run_naming_the_file(capsys, 
         'value = 0.5\n    if calls >= 2:\n        raise SystemExit("bye")'))
     code, err, status, _ = run(capsys, tmp_path, "trainer.steps=3", graph=str(graph))
     assert code == 1
-    assert (f"stopped at step 2: advantages_nan_from_step_2() at {graph}:15 called "
-            f"sys.exit('bye')") in err
-    assert status["state"] == "failed" and status["error"] == "SystemExit"
+    assert "stopped at step 2: node 'advantages_nan_from_step_2'" in err
+    assert f"advantages_nan_from_step_2() at {graph}:15 called sys.exit('bye')" in err
+    assert status["state"] == "failed" and status["node"] == "advantages_nan_from_step_2"
 
 
 def _signal_scorer(tmp_path, times: int) -> str:

@@ -23,8 +23,9 @@ def record_run(folder, graph: str, yaml_text: str = "", graph_file: str | None =
     os.remove(source)
     run = RunDir(str(folder), create=False)
     run.save_config(loaded.cfg)
-    run.save_graph_identity({"name": loaded.graph.name, "file": graph_file or graph,
-                             "sha256": "-"})
+    from hybridflow.run.lifecycle import graph_identity
+    identity = graph_identity(loaded.graph.name, graph)
+    run.save_graph_identity({**identity, "file": graph_file or identity["file"]})
     run.save_json(PLAN_FILE, plan_record(loaded.plan, loaded.cfg))
     return str(folder)
 
