@@ -57,6 +57,7 @@ class Op(_Named):
     CALL = "call"          # a role's method on its worker group
     FN = "fn"              # a plain function over batches
     GATHER = "gather"      # rows of a node over repeated draws (dynamic sampling)
+    BUFFER = "buffer"      # holds a producer's outputs across steps (async hand-off)
 
 
 class NodeKind(_Named):
@@ -66,6 +67,7 @@ class NodeKind(_Named):
     INFERENCE = "inference"
     TRAIN = "train"
     FUNCTION = "function"
+    BUFFER = "buffer"      # the async hand-off: no work, outputs held across steps
 
     @property
     def row_effect(self) -> RowEffect:
@@ -79,5 +81,5 @@ class NodeKind(_Named):
 
 _ROW_EFFECTS = {NodeKind.SOURCE: RowEffect.CHANGES, NodeKind.GENERATE: RowEffect.REPEATS,
                 NodeKind.INFERENCE: RowEffect.KEEPS, NodeKind.TRAIN: RowEffect.KEEPS,
-                NodeKind.FUNCTION: RowEffect.KEEPS}
+                NodeKind.FUNCTION: RowEffect.KEEPS, NodeKind.BUFFER: RowEffect.KEEPS}
 METHOD_KINDS = (NodeKind.GENERATE, NodeKind.INFERENCE, NodeKind.TRAIN)

@@ -9,12 +9,13 @@ logged.
   `sum_round_metrics`), validation batches (`run/loop.py`); every other metric is
   averaged (weighted by rows). Graph functions name their counts so (`graphs/ops.py`).
 - `TIMING_PREFIX`: `timing_s/<node>`, a node's span in a step (first task start to last
-  task end), written by the scheduler; the async schedule adds the warm-up steps' spans.
+  task end), written by the scheduler; the run scheduler adds up a step's passes.
 - `RUNTIME_PREFIX`: `runtime/...`, the scheduler's own timings of a step.
 - `TRAINED_VERSION`: `<role>/trained_version`, the update count of a trained role's
-  weights before the step's update (the actor writes it); with `SAMPLED_VERSION`,
-  `rollout/sampled_version` (written by the generate nodes), the async schedule
-  computes how stale a batch's samples were (`async/staleness/*`).
+  weights before the step's update (the actor writes it); with the trained rows'
+  `policy_version` column the run scheduler computes how stale they were
+  (`async/staleness/*`). `SAMPLED_VERSION`, `rollout/sampled_version`, is the
+  version a generate node sampled with (its metric).
 - `SCORE_MEAN` (`critic/score/mean`, the reward worker's mean score) and
   `SHAPED_REWARD_MEAN` (`critic/rewards/mean`, the reward after a graph's shaping):
   the progress bar of `hybridflow run` shows the first of `OPTIMISED_REWARD_KEYS`.

@@ -10,11 +10,12 @@ nodes (sources, stateful functions) stay outside every pool. A folded role's nod
 role's worker, e.g. the reference of a LoRA actor) sit in the host's box, dashed and
 labelled "served by <host>".
 
-A plan with async sides (`trainer.staleness = k >= 1`, async_split.py) is drawn with
-its rollout-side nodes outlined in blue (without `show_plan`, also boxed in a
-"rollout side (runs k steps ahead)" cluster beside a "train side" one), and the edges
-where samples cross from the rollout side to the train side drawn in orange and
-labelled "waits ≤k steps": there a batch waits in the queue while training catches up.
+An async plan (`trainer.staleness = k >= 1`, async_split.py) holds BUFFER nodes, drawn
+like any node (an orange queue shape labelled with its capacity, unit and admission
+rule); its rollout-side nodes are outlined in blue (without `show_plan`, also boxed in
+a "rollout side (runs k steps ahead)" cluster beside a "train side" one), and the
+edges through a buffer drawn in orange, the one into it labelled "waits ≤k steps":
+there a batch waits while training catches up.
 
 Timelines (`render_timeline`, `timeline_svg`) are drawn by render_timeline.py.
 
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import graphviz
 
+from hybridflow.plan.async_split import sides_of
 from hybridflow.plan.compiler import ExecutionPlan, PlanNode
 from hybridflow.core.kinds import NodeKind, Op
 from hybridflow.draw.style import (CROSSING_COLOR, DRIVER_FILL, FONT, ROLLOUT_SIDE_COLOR,
@@ -47,6 +49,7 @@ KIND_SHAPES = {
     NodeKind.INFERENCE: ("box", "rounded"),
     NodeKind.TRAIN: ("box3d", ""),
     NodeKind.FUNCTION: ("ellipse", ""),
+    NodeKind.BUFFER: ("cds", ""),
 }
 MAX_SHOWN_KEYS = 6
 
@@ -82,6 +85,9 @@ def _node_label(node: PlanNode, host: str | None = None) -> str:
         rows.append(f'<FONT POINT-SIZE="10">{html.escape(target)}</FONT>')
     if host:
         rows.append(f'<FONT POINT-SIZE="9"><I>served by {html.escape(host)}</I></FONT>')
+    if node.buffer is not None:
+        for text in node.buffer.describe().split(", "):
+            rows.append(f'<FONT POINT-SIZE="9">{html.escape(text)}</FONT>')
     extras = [f"{k}={v}" for k, v in node.kwargs.items()]
     if node.group_by:
         extras.append(f"group_by={node.group_by}")
@@ -123,6 +129,8 @@ def _node_attrs(node: PlanNode, colors: dict[str, str], host: str | None = None,
              "label": _node_label(node, host), "tooltip": f"{node.kind} · {node.location}"}
     if ahead:
         attrs.update(color=ROLLOUT_SIDE_COLOR, penwidth="2.4")
+    if node.op is Op.BUFFER:
+        attrs.update(color=CROSSING_COLOR, penwidth="2.4")
     return attrs
 
 
@@ -167,9 +175,9 @@ def _legend(dot: graphviz.Digraph, plan: ExecutionPlan, colors: dict[str, str]) 
              for k in NodeKind if any(n.kind is k for n in plan.nodes)]
     items += [(f"legend_role_{r}", f"role {r}", "box", "", c) for r, c in colors.items()]
     items.append(("legend_role_driver", "driver", "box", "", DRIVER_FILL))
-    outlined = {}
-    if plan.sides is not None:
-        items.append(("legend_side_rollout", f"rollout side ({_steps(plan.sides.staleness)} "
+    outlined, sides = {}, sides_of(plan)
+    if sides is not None:
+        items.append(("legend_side_rollout", f"rollout side ({_steps(sides.staleness)} "
                       f"ahead)", "box", "", DRIVER_FILL))
         outlined = {"legend_side_rollout": {"color": ROLLOUT_SIDE_COLOR, "penwidth": "2.4"}}
     with dot.subgraph(name="cluster_legend") as leg:
@@ -203,6 +211,10 @@ def _side_boxes(dot: graphviz.Digraph, nodes: list[PlanNode], sides,
             for node in nodes:
                 if node.name in members:
                     box.node(node.name, **_node_attrs(node, colors, ahead=key == "rollout"))
+    sided = set(sides.rollout) | set(sides.train)
+    for node in nodes:  # the buffers, between the two boxes
+        if node.name not in sided:
+            dot.node(node.name, **_node_attrs(node, colors))
 
 
 def _pool_boxes(dot: graphviz.Digraph, plan: ExecutionPlan, by_pool: dict,
@@ -227,23 +239,28 @@ def _pool_boxes(dot: graphviz.Digraph, plan: ExecutionPlan, by_pool: dict,
 
 def _edges(dot: graphviz.Digraph, plan: ExecutionPlan) -> None:
     """An edge per dependency, labelled with the keys read; in an async plan the edges
-    from the rollout side to the train side say how long their samples may wait."""
-    sides = plan.sides
-    crossing = set(sides.crossing_edges(plan)) if sides is not None else set()
+    through a buffer are orange, the one into it saying how long its samples may wait;
+    a weight change waiting for the generation of its pass (`after`) is dotted."""
     for node in plan.nodes:
         for dep in node.deps:
             read, passed = edge_keys(plan, dep, node.name)
             label, attrs = _edge_label(read, passed), {"style": "solid" if read else "dashed"}
-            if (dep, node.name) in crossing:
-                label = f"waits ≤{_steps(sides.staleness)}\\l" + label
-                attrs.update(color=CROSSING_COLOR, fontcolor=CROSSING_COLOR, penwidth="1.8")
+            if node.op is Op.BUFFER:
+                label = f"waits ≤{_steps(node.buffer.capacity)}\\l"
+                attrs.update(color=CROSSING_COLOR, fontcolor=CROSSING_COLOR, penwidth="1.8",
+                             style="solid")
+            elif plan.node(dep).op is Op.BUFFER:
+                attrs.update(color=CROSSING_COLOR, penwidth="1.8")
             dot.edge(dep, node.name, label=label, **attrs)
+        for dep in node.after:
+            dot.edge(dep, node.name, label="after\\l", style="dotted", color="#888888",
+                     constraint="false")
 
 
 def plan_to_dot(plan: ExecutionPlan, show_plan: bool = False) -> graphviz.Digraph:
     """The diagram as a graphviz.Digraph (no `dot` program needed to build it)."""
     colors = role_colors(n.role for n in plan.nodes if n.role)
-    sides = plan.sides  # None unless trainer.staleness >= 1
+    sides = sides_of(plan)  # None unless trainer.staleness >= 1
     title = f"graph {plan.graph_name}" + (" · placement" if show_plan else "") + \
         (f" · async: trainer.staleness={sides.staleness}" if sides is not None else "")
     dot = graphviz.Digraph(plan.graph_name)

@@ -1,8 +1,8 @@
-"""Async training from the same graph: the rollout side, the train side, and the plans
-that run them `trainer.staleness` steps apart.
+"""Async training from the same graph: the rollout side, the train side, and the
+BUFFER nodes between them.
 
-With `trainer.staleness = k >= 1` the loop generates the batch of step t + k while it
-trains step t. The compiler derives the two sides from the graph:
+With `trainer.staleness = k >= 1` the rollout runs up to k steps ahead of training.
+The compiler derives the two sides from the graph (`split_sides`):
 
 - the **rollout side**: the data sources, the generate node(s), and every node that
   depends only on them and does not read a trained role's current weights (rule
@@ -12,35 +12,54 @@ trains step t. The compiler derives the two sides from the graph:
 
 Where the split is impossible (a generate node fed by the train side; a gather that
 re-runs training) `split_sides` raises a `GraphError` naming the node. An update of
-the generating policy trained ahead-of-time samples must correct for them (its loss
-reads `rollout_log_probs`) unless the user opts out: `correction_problems`.
+the generating policy trained on ahead-of-time samples must correct for them (its
+loss reads `rollout_log_probs`) unless the user opts out: `correction_problems`.
 
-Three plans run the sides (`iteration_plans`):
-- `rollout`: the rollout side alone (warm-up: the first k batches);
-- `both`: one iteration — the train side of step t on the rollout outputs generated
-  earlier (fed as `ready:<node>` sources holding the workers' outputs), and the
-  rollout side of step t + k, with ordering edges so the new batch is generated
-  with the weights from before this step's update (the weight sync waits for the
-  generation; a colocated update waits for it too). Both runtimes then use the same
-  weights version for the same batch. The train nodes that wait for nothing come
-  first in its order, as workers run tasks in the order they are submitted;
-- `train`: the train side alone (the last k steps, nothing left to generate).
+`attach_staleness` then gives ONE plan: every edge from a rollout-side node to the
+train side goes through a `BUFFER` node (`buffer/<producer>`, a `BufferSpec`: its
+capacity k, the group key it admits whole, and its admission rule on the rows'
+`policy_version`). The run-long scheduler (runtime/run_scheduler.py) keeps the
+buffers' contents across steps. A train-side node that changes the weights the
+rollout samples with (the colocated update of the generating host, or the weight
+sync into a rollout's own copy) lists the samplers in `PlanNode.after`: when both
+run in one scheduler pass, it waits for the generation, so a batch is sampled with
+the weights from before that pass's update on both runtimes. `trainer.staleness=0`
+inserts no buffer: the plan is the graph's (a buffer of capacity 0 passes through).
 
-Stateless: plans are built once per run from the compiled plan.
+`sides_of(plan)` reads the sides back from a plan's buffers (for drawings and the
+planner); `without_buffers(plan)` is the graph's plan without them.
+Stateless: functions of a plan.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from hybridflow.plan.compiler import ExecutionPlan, GraphError, PlanNode, plan_stages
 from hybridflow.core.kinds import NodeKind, Op
+from hybridflow.plan.compiler import ExecutionPlan, GraphError, PlanNode, plan_stages
 from hybridflow.plan.weight_sync import LOAD_METHOD, weights_host
 
-__all__ = ["Sides", "IterationPlans", "split_sides", "correction_problems", "iteration_plans",
-           "attach_staleness", "READY", "CORRECTION_KEY"]
+__all__ = ["Sides", "BufferSpec", "split_sides", "staleness_of", "correction_problems",
+           "attach_staleness", "insert_buffers", "check_buffers", "sides_of",
+           "without_buffers", "buffer_summary", "buffer_nodes", "BUFFER_PREFIX",
+           "CORRECTION_KEY", "PROMPT_UNIT"]
 
-READY = "ready:"                      # prefix of the sources fed with earlier rollouts
+BUFFER_PREFIX = "buffer/"             # a buffer node is named after its producer
 CORRECTION_KEY = "rollout_log_probs"  # a loss reading it corrects for the behaviour policy
+PROMPT_UNIT = "uid"                   # a prompt's samples: what the loader draws together
+
+
+@dataclass(frozen=True)
+class BufferSpec:
+    """What a BUFFER node holds and admits."""
+    producer: str          # the rollout-side node whose outputs it holds
+    capacity: int          # batches generated ahead and not yet trained (k)
+    unit: str | None       # group key admitted whole (a GRPO group: `uid`)
+    max_staleness: int     # admits rows with policy_version >= trained version - this
+
+    def describe(self) -> str:
+        unit = f"unit {self.unit}" if self.unit else "unit: the batch"
+        return (f"capacity {self.capacity}, {unit}, admits policy_version >= "
+                f"trained - {self.max_staleness}")
 
 
 @dataclass(frozen=True)
@@ -52,25 +71,16 @@ class Sides:
     staleness: int
 
     def crossing_edges(self, plan: ExecutionPlan) -> list[tuple[str, str]]:
-        """(rollout node, train node) edges: where the samples wait up to k steps."""
+        """(rollout node, train node) edges: where the samples wait up to k steps
+        (through the buffer of the rollout node, in a buffered plan)."""
         rollout = set(self.rollout)
-        return [(d, n) for n in self.train for d in plan.node(n).deps if d in rollout]
-
-    def summary(self, plan: ExecutionPlan) -> str:
-        lines = [f"async: trainer.staleness={self.staleness} (batches generated with weights "
-                 f"up to {self.staleness} update(s) old)",
-                 f"  rollout side: {', '.join(self.rollout)}",
-                 f"  train side:   {', '.join(self.train)}"]
-        edges = [f"{a} -> {b}" for a, b in self.crossing_edges(plan)]
-        lines.append(f"  handed over:  {', '.join(edges) or '-'}")
-        return "\n".join(lines)
+        return [(_producer(plan, d), n) for n in self.train for d in plan.node(n).deps
+                if d in rollout or _producer(plan, d) in rollout]
 
 
-@dataclass(frozen=True)
-class IterationPlans:
-    rollout: ExecutionPlan
-    both: ExecutionPlan
-    train: ExecutionPlan
+def _producer(plan: ExecutionPlan, name: str) -> str:
+    node = plan.node(name)
+    return node.buffer.producer if node.op is Op.BUFFER else name
 
 
 def trained_roles(plan: ExecutionPlan) -> set[str]:
@@ -90,7 +100,7 @@ def _generator_host(plan: ExecutionPlan, node: PlanNode) -> str:
 def _keeps_state(node: PlanNode) -> bool:
     """A function node with state across steps (checkpointed with the run) stays on
     the train side: it sees each batch once, in step order, when it is trained, so
-    a resume that re-draws the queued batches does not count them twice."""
+    a resume that re-draws the buffered batches does not count them twice."""
     return node.op is Op.FN and callable(getattr(node.fn, "state_dict", None))
 
 
@@ -155,8 +165,8 @@ def correction_problems(plan: ExecutionPlan, sides: Sides,
 
 def attach_staleness(plan: ExecutionPlan, staleness: int, allow_uncorrected: bool = False,
                      default_corrects=lambda node: False) -> ExecutionPlan:
-    """`plan` with its sides (`plan.sides`) when `staleness >= 1`; GraphError when the
-    split is impossible or an update goes uncorrected without the opt-out."""
+    """`plan` with its buffers when `staleness >= 1` (unchanged at 0); GraphError when
+    the split is impossible or an update goes uncorrected without the opt-out."""
     if staleness < 1:
         return plan
     sides = split_sides(plan, staleness)
@@ -164,21 +174,28 @@ def attach_staleness(plan: ExecutionPlan, staleness: int, allow_uncorrected: boo
         correction_problems(plan, sides, default_corrects)
     if problems:
         raise GraphError(plan.graph_name, problems)
-    return replace(plan, sides=sides)
+    return insert_buffers(plan, sides)
 
 
-# ------------------------------------------------------------------ iteration plans
-def _ready_source(node: PlanNode) -> PlanNode:
-    """A source fed the node's output from an earlier step. Columns keep their
-    writers' names (the batches carry them), only the dependency is renamed."""
-    return PlanNode(READY + node.name, NodeKind.SOURCE, Op.SOURCE, (),
-                    f"{node.location}; generated ahead, handed to the train side",
-                    writes=node.writes, output_keys=dict(node.output_keys))
+# ------------------------------------------------------------------ the buffers
+def _unit(plan: ExecutionPlan, producer: PlanNode, train: list[PlanNode]) -> str | None:
+    """The group key a buffer admits whole: the one its grouped consumers group by,
+    else a prompt's samples (`uid`) when its rows carry them."""
+    for node in train:
+        if node.op is Op.FN and node.group_by and producer.name in node.deps:
+            return node.group_by
+    return PROMPT_UNIT if PROMPT_UNIT in producer.output_keys else None
 
 
-def _reading_ready(node: PlanNode, rollout: set[str]) -> PlanNode:
-    """A train-side node reading the handed-over outputs instead of this iteration's."""
-    return replace(node, deps=tuple(READY + d if d in rollout else d for d in node.deps))
+def _buffer(plan: ExecutionPlan, producer: PlanNode, train: list[PlanNode],
+            k: int) -> PlanNode:
+    """Columns keep their writers' names (the rows carry them); only the dependency
+    goes through the buffer."""
+    spec = BufferSpec(producer.name, k, _unit(plan, producer, train), k)
+    return PlanNode(BUFFER_PREFIX + producer.name, NodeKind.BUFFER, Op.BUFFER,
+                    (producer.name,), f"{producer.location}; held up to {k} step(s)",
+                    writes=producer.writes, input_keys=dict(producer.output_keys),
+                    output_keys=dict(producer.output_keys), buffer=spec)
 
 
 def _waits_for_generation(node: PlanNode, shared: set[str], own: set[str]) -> bool:
@@ -191,9 +208,9 @@ def _waits_for_generation(node: PlanNode, shared: set[str], own: set[str]) -> bo
         (node.method == LOAD_METHOD and node.role in own)
 
 
-def _weight_owners(plan: ExecutionPlan, ahead: list[PlanNode]) -> tuple[set, set]:
-    """(hosts whose module the generation shares, generating roles with weights of
-    their own) among the rollout side's generate nodes."""
+def _samplers(plan: ExecutionPlan, ahead: list[PlanNode]) -> tuple[tuple, set, set]:
+    """(rollout-side nodes sampling with the generating weights, hosts whose module
+    the generation shares, generating roles with weights of their own)."""
     shared, own = set(), set()
     for node in ahead:
         if node.kind is not NodeKind.GENERATE:
@@ -203,63 +220,111 @@ def _weight_owners(plan: ExecutionPlan, ahead: list[PlanNode]) -> tuple[set, set
             shared.add(host)
         else:
             own.add(node.role)
-    return shared, own
-
-
-def _groups_read_later(plan: ExecutionPlan, sides: Sides) -> dict[str, tuple]:
-    """Group-id columns (a grouped function's `group_by`) the train side reads from a
-    handed-over output: the rollout side's run must report them with its rows."""
-    rollout, out = set(sides.rollout), {}
-    for name in sides.train:
-        node = plan.node(name)
-        if node.op is not Op.FN or not node.group_by:
-            continue
-        writer = node.input_keys.get(node.group_by)
-        dep = next((d for d in node.deps if plan.node(d).output_keys.get(node.group_by)
-                    == writer), None)
-        if dep in rollout:
-            out[dep] = tuple(sorted({*out.get(dep, ()), node.group_by}))
-    return out
-
-
-def _plan(plan: ExecutionPlan, nodes: list[PlanNode], suffix: str,
-          handoff: dict[str, str] | None = None) -> ExecutionPlan:
-    names = {n.name for n in nodes}
-    groups = {n: k for n, k in _groups_read_later(plan, plan.sides).items() if n in names}
-    return replace(plan, graph_name=f"{plan.graph_name}:{suffix}", nodes=nodes,
-                   stages=plan_stages(nodes), warnings=[], handoff=dict(handoff or {}),
-                   report_groups=groups)
-
-
-def _train_first(train: list[PlanNode], ahead: list[PlanNode]) -> list[PlanNode]:
-    """The async step's node order: the train nodes that wait for no rollout-side node
-    first, then the rollout side, then the rest. The scheduler submits in plan order
-    and a worker runs its tasks in submission order, so a rollout-side call queued
-    first on a shared pool (a reward waiting for the generation) would hold back
-    training that could already run."""
-    rollout, behind, early = {n.name for n in ahead}, {n.name for n in train}, set()
-    for node in train:  # topological order: a node's train-side deps are decided
-        if all(d not in rollout and (d not in behind or d in early) for d in node.deps):
-            early.add(node.name)
-    return [n for n in train if n.name in early] + ahead + \
-        [n for n in train if n.name not in early]
-
-
-def iteration_plans(plan: ExecutionPlan) -> IterationPlans:
-    """The rollout-only, both-sides and train-only plans of a plan with sides."""
-    sides = plan.sides
-    rollout = set(sides.rollout)
-    ahead = [n for n in plan.nodes if n.name in rollout]
-    ready = [_ready_source(plan.node(n)) for n in sides.handoff]
-    handoff = {READY + n: n for n in sides.handoff}
-    behind = [_reading_ready(plan.node(n), rollout) for n in sides.train]
-    shared, own = _weight_owners(plan, ahead)
     samplers = tuple(n.name for n in ahead if n.op is Op.GATHER
                      or (n.op is Op.CALL and (n.role in own or n.role in shared
                                               or plan.placement.folded.get(n.role) in shared)))
-    both_train = [replace(n, deps=n.deps + samplers)
-                  if _waits_for_generation(n, shared, own) else n for n in behind]
-    return IterationPlans(rollout=_plan(plan, ahead, "rollout side"),
-                          both=_plan(plan, ready + _train_first(both_train, ahead),
-                                     "async step", handoff),
-                          train=_plan(plan, ready + behind, "train side", handoff))
+    return samplers, shared, own
+
+
+def insert_buffers(plan: ExecutionPlan, sides: Sides) -> ExecutionPlan:
+    """One plan: a BUFFER node after each rollout node the train side reads, the
+    train side reading the buffers, weight changes ordered after the samplers."""
+    rollout = set(sides.rollout)
+    ahead = [n for n in plan.nodes if n.name in rollout]
+    train = [n for n in plan.nodes if n.name not in rollout]
+    samplers, shared, own = _samplers(plan, ahead)
+    nodes = []
+    for node in plan.nodes:
+        if node.name in rollout:
+            nodes.append(node)
+            if node.name in sides.handoff:
+                nodes.append(_buffer(plan, node, train, sides.staleness))
+            continue
+        deps = tuple(BUFFER_PREFIX + d if d in rollout else d for d in node.deps)
+        after = samplers if _waits_for_generation(node, shared, own) else ()
+        nodes.append(replace(node, deps=deps, after=after))
+    out = replace(plan, nodes=nodes, stages=plan_stages(nodes))
+    problems = check_buffers(out)
+    if problems:
+        raise GraphError(plan.graph_name, problems)
+    return out
+
+
+def buffer_nodes(plan: ExecutionPlan) -> list[PlanNode]:
+    return [n for n in plan.nodes if n.op is Op.BUFFER]
+
+
+def check_buffers(plan: ExecutionPlan) -> list[str]:
+    """What the compiler refuses of a plan's buffers, one message per defect."""
+    problems, buffers = [], buffer_nodes(plan)
+    trained = trained_roles(plan)
+    for node in buffers:
+        spec = node.buffer
+        if spec is None or node.deps != (spec.producer,):
+            problems.append(f"{node.where()}: a buffer holds exactly one node's output; "
+                            f"it has deps {list(node.deps)}")
+            continue
+        producer = plan.node(spec.producer)
+        if producer.op is Op.CALL and producer.role in trained \
+                and producer.kind is not NodeKind.GENERATE:
+            problems.append(f"{node.where()}: it buffers '{producer.name}', which reads "
+                            f"the current weights of trained role '{producer.role}'; "
+                            f"only rollout-side outputs can wait for training")
+        if spec.capacity < 1 or spec.max_staleness < spec.capacity:
+            problems.append(f"{node.where()}: capacity {spec.capacity} and admission "
+                            f"bound {spec.max_staleness} must satisfy 1 <= capacity <= "
+                            f"bound (capacity 0 is the synchronous plan: no buffer)")
+        if spec.unit is not None and spec.unit not in producer.output_keys:
+            problems.append(f"{node.where()}: its unit '{spec.unit}' is not a column of "
+                            f"'{producer.name}' (it writes {sorted(producer.output_keys)})")
+    if len({n.buffer.capacity for n in buffers if n.buffer}) > 1:
+        problems.append("the buffers of one plan hold the same batches: give them one "
+                        "capacity (trainer.staleness)")
+    return problems
+
+
+def staleness_of(plan: ExecutionPlan) -> int:
+    """The buffers' capacity: 0 for a synchronous plan."""
+    return max((n.buffer.capacity for n in buffer_nodes(plan)), default=0)
+
+
+def sides_of(plan: ExecutionPlan) -> Sides | None:
+    """The sides of a buffered plan (None without buffers): the train side is what
+    reads a buffer, directly or not; the buffers belong to neither."""
+    buffers = buffer_nodes(plan)
+    if not buffers:
+        return None
+    names = {n.name for n in buffers}
+    train: set[str] = set()
+    for node in plan.nodes:
+        if any(d in names or d in train for d in node.deps):
+            train.add(node.name)
+    order = [n.name for n in plan.nodes if n.name not in names]
+    return Sides(tuple(n for n in order if n not in train), tuple(n for n in order if n in train),
+                 tuple(n.buffer.producer for n in buffers), staleness_of(plan))
+
+
+def without_buffers(plan: ExecutionPlan) -> ExecutionPlan:
+    """The graph's plan: buffers removed, their readers reading the producers."""
+    buffers = {n.name: n.buffer.producer for n in buffer_nodes(plan)}
+    if not buffers:
+        return plan
+    nodes = [replace(n, deps=tuple(buffers.get(d, d) for d in n.deps), after=())
+             for n in plan.nodes if n.name not in buffers]
+    return replace(plan, nodes=nodes, stages=plan_stages(nodes))
+
+
+def buffer_summary(plan: ExecutionPlan) -> str:
+    """What `hybridflow check` prints of an async plan."""
+    sides = sides_of(plan)
+    k = sides.staleness
+    lines = [f"async: trainer.staleness={k} (batches generated with weights up to {k} "
+             f"update(s) old)",
+             f"  rollout side: {', '.join(sides.rollout)}",
+             f"  train side:   {', '.join(sides.train)}"]
+    edges = [f"{a} -> {b}" for a, b in sides.crossing_edges(plan)]
+    lines.append(f"  handed over:  {', '.join(edges) or '-'}")
+    for node in buffer_nodes(plan):
+        readers = [n for n in plan.consumers(node.name)]
+        lines.append(f"  buffer {node.name} -> {', '.join(readers)}: {node.buffer.describe()}")
+    return "\n".join(lines)

@@ -53,6 +53,9 @@ class PlanNode:
     rename: dict[str, str] = field(default_factory=dict)
     input_keys: dict[str, str] = field(default_factory=dict)   # key -> writer node
     output_keys: dict[str, str] = field(default_factory=dict)  # key -> writer node
+    buffer: Any = None             # async_split.BufferSpec of a BUFFER node
+    after: tuple[str, ...] = ()    # ordering only: waits for these when they run in the
+    #                                same scheduler pass (async: the weights it changes)
 
     def __post_init__(self):
         self.kind = NodeKind.of(self.kind, "node kind")
@@ -75,9 +78,12 @@ class ExecutionPlan:
     bindings: dict[str, type]
     stages: list[list[str]]        # nodes in one stage may run at the same time
     warnings: list[str] = field(default_factory=list)
-    sides: Any = None              # async_split.Sides when trainer.staleness >= 1
-    handoff: dict[str, str] = field(default_factory=dict)  # source fed a node's output
-    report_groups: dict[str, tuple] = field(default_factory=dict)  # group ids a later step reads
+
+    @property
+    def sides(self):
+        raise AttributeError("ExecutionPlan.sides was removed: an async plan holds BUFFER "
+                             "nodes; read its sides with hybridflow.plan.async_split."
+                             "sides_of(plan) (docs/async.md)")
 
     def node(self, name: str) -> PlanNode:
         for node in self.nodes:
@@ -115,8 +121,9 @@ class ExecutionPlan:
                              f"its own)")
         lines.append("  concurrency: " + " | ".join("{" + ", ".join(s) + "}" for s in self.stages))
         lines += [f"  warning: {w}" for w in self.warnings]
-        if self.sides is not None:  # trainer.staleness >= 1 (async_split.py)
-            lines.append(self.sides.summary(self))
+        if any(n.op is Op.BUFFER for n in self.nodes):  # trainer.staleness >= 1
+            from hybridflow.plan.async_split import buffer_summary
+            lines.append(buffer_summary(self))
         return "\n".join(lines)
 
 

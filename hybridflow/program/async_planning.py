@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hybridflow.plan.async_split import split_sides, trained_roles
+from hybridflow.plan.async_split import (split_sides, staleness_of, trained_roles,
+                                         without_buffers)
 from hybridflow.core.kinds import NodeKind
 from hybridflow.plan.weight_sync import EXPORT_METHOD, LOAD_METHOD, planner_view, weights_host
 
@@ -27,15 +28,15 @@ __all__ = ["pipeline_view"]
 def pipeline_view(plan, staleness: int | None = None):
     """(the graph view the planner plans, its `Pipeline` or None when synchronous).
 
-    `staleness` None: the plan's own (`plan.sides`, set by `program.prepare`)."""
+    `staleness` None: the plan's own (its buffers' capacity, set by `program.prepare`)."""
     from hybridflow.planner import Pipeline
 
-    sides = getattr(plan, "sides", None)
-    staleness = (sides.staleness if sides is not None else 0) if staleness is None else staleness
+    buffered = staleness_of(plan)
+    staleness = buffered if staleness is None else staleness
+    plan = without_buffers(plan)  # the planner costs the graph's nodes, not the hand-off
     if staleness < 1:
         return planner_view(plan), None
-    if sides is None or sides.staleness != staleness:
-        sides = split_sides(plan, staleness)
+    sides = split_sides(plan, staleness)
     view, movable = _rollouts_folded(plan)
     names = {n.name for n in view.nodes}
     return view, Pipeline(staleness, frozenset(n for n in sides.rollout if n in names), movable)

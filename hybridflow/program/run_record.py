@@ -25,19 +25,20 @@ _FORMAT = 1
 def plan_record(plan, cfg) -> dict:
     """The record of a compiled `plan` (synchronous or async) and its config."""
     from hybridflow.core.kinds import Op
+    from hybridflow.plan.async_split import sides_of
     from hybridflow.program.async_planning import pipeline_view
     from hybridflow.program.auto_placement import run_models
     from hybridflow.program.run_dir import run_roles
 
     view, pipeline = pipeline_view(plan)
     models = run_models(cfg, view)
-    sides = None
-    if plan.sides is not None:
-        rollout = [plan.node(n) for n in plan.sides.rollout]
+    sides, split = None, sides_of(plan)
+    if split is not None:
+        rollout = [plan.node(n) for n in split.rollout]
         sources = [n.name for n in rollout if n.op is Op.SOURCE]
         # a gather's rounds draw and record the source again: calls cannot be counted
         gathers = any(n.op is Op.GATHER for n in rollout)
-        sides = {"rollout": list(plan.sides.rollout), "staleness": plan.sides.staleness,
+        sides = {"rollout": list(split.rollout), "staleness": split.staleness,
                  "source": sources[0] if sources and not gathers else None}
     return {
         "format": _FORMAT, "graph": plan.graph_name,

@@ -19,8 +19,8 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from hybridflow.run.async_loop import AsyncSchedule, busy_fractions
 from hybridflow.run.batch_dump import dump_step
+from hybridflow.run.busy import busy_fractions
 from hybridflow.run.checkpoint import (latest_checkpoint, load_trainer_state, restore_rng,
                                        save_checkpoint)
 from hybridflow.plan.compiler import ExecutionPlan
@@ -33,6 +33,7 @@ from hybridflow.program.validation import (ScoreSource, ValidationPlan, compile_
                                            default_validation_graph)
 from hybridflow.graph.dispatch import merge_metrics
 from hybridflow.run.signals import Interrupted, NoSignals
+from hybridflow.runtime.run_scheduler import RunScheduler
 from hybridflow.run.tracking import MetricSinks, RunDir
 from hybridflow.run.generations import GENERATIONS_FILE, GenerationLog, train_nodes
 
@@ -87,13 +88,10 @@ class Trainer:
         self.last_result = None  # the last step's StepResult (outputs left on the workers)
         self.resumed_from = None  # what a resume loaded
         self.sinks = None
-        # trainer.staleness >= 1: the rollout runs ahead of training (async_loop.py)
-        self.ahead = AsyncSchedule(self.plan, self.train_loader) if self.plan.sides else None
         extra = [self.val_plan] if self.val_plan is not None else []
-        self.runtime = make_runtime(self.plan, loaded.values,
-                                    extra + (self.ahead.extra_plans if self.ahead else []))
-        if self.ahead:
-            self.ahead.runtime = self.runtime
+        self.runtime = make_runtime(self.plan, loaded.values, extra)
+        # what outlives a step: the buffers of an async plan, the batches drawn
+        self.scheduler = RunScheduler(self.runtime, self.plan, self.train_loader)
         try:  # the caller gets no trainer to close on failure: stop the workers here
             if resume_from:
                 self._resume(resume_from)
@@ -211,12 +209,7 @@ class Trainer:
 
     def train_step(self) -> dict:
         start = time.perf_counter()
-        if self.ahead is not None:
-            result, _ = self.ahead.run(self.step, self.cfg.trainer.steps)
-        else:
-            feeds = {name: self.train_loader.next_batch() for name in self.sources()}
-            result = self.runtime.run_step(feeds,
-                                           draw=lambda source: self.train_loader.next_batch())
+        result = self.scheduler.step(self.step, self.cfg.trainer.steps)
         self.last_result = result
         if self.step in self.cfg.trainer.dump_batches:  # a documented look at a batch
             dump_step(self.run.path, self.step, self.plan, self.runtime, result)
@@ -312,8 +305,7 @@ class Trainer:
                 self.runtime.call_role(role, "save_checkpoint", f"{root}/{role}")
             for role in self.untrained_processes():
                 self.runtime.call_role(role, "save_process_rng", f"{root}/rng/{role}")
-        loader = self.ahead.loader_state() if self.ahead else self.train_loader.state_dict()
-        state = {"loader": loader,
+        state = {**self.scheduler.state_dict(),
                  "nodes": {n.name: n.fn.state_dict() for n in self.stateful_nodes()}}
         path = save_checkpoint(self.run.checkpoints, self.step, save_roles, state,
                                keep=self.cfg.trainer.max_checkpoints)
@@ -334,9 +326,8 @@ class Trainer:
             self.runtime.call_role(role, "load_checkpoint", f"{path}/{role}")
         for role in self.untrained_processes():
             self.runtime.call_role(role, "load_process_rng", f"{path}/rng/{role}")
-        self.train_loader.load_state_dict(state["loader"])
-        if self.ahead:  # the batches queued at the save are drawn again
-            self.ahead.reset()
+        # the loader; the batches buffered at the save are drawn again
+        self.scheduler.load_state_dict(state, int(state["step"]))
         for node in self.stateful_nodes():
             if node.name in state.get("nodes", {}):
                 node.fn.load_state_dict(state["nodes"][node.name])

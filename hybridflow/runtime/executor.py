@@ -38,7 +38,18 @@ class TaskRecord:
 
 class Executor(Protocol):
     """What a runtime gives the scheduler. Handles are opaque: an ObjectRef or a
-    Batch sent by value on Ray, a `local.Held` value locally."""
+    Batch sent by value on Ray, a `local.Held` value locally.
+
+    Ordering guarantee: the tasks `submit` sends to one worker (one pool's rank) run
+    one at a time, in the order they were submitted, whatever order their arguments
+    become ready in. The scheduler relies on it: it submits the train side's ready
+    tasks before the rollout side's in a pass, so a reward queued behind a generation
+    never holds back a log-prob pass on the same worker; and a task that reads an
+    earlier task's output on the same worker needs no other synchronisation.
+    `LocalRuntime` runs each task inline when it is submitted; `RayRuntime` submits
+    to a synchronous Ray actor per rank (one thread: Ray runs a caller's tasks to an
+    actor in submission order). Tasks to different workers have no order but their
+    data dependencies."""
     plans: "PlanCache"
     broken: str | None
     call_timeout_s: float   # bounds user code the scheduler runs itself (driver functions)
@@ -68,6 +79,10 @@ class PlanAnalysis:
     upstream: dict[str, ExecutionPlan] = field(default_factory=dict)  # re-run by gathers
     layouts: dict[str, tuple] = field(default_factory=dict)  # call -> (mode, layout, slots)
     roles_checked: bool = False   # every call's role runs in this runtime
+    # submitted first in each sweep: the nodes reading a buffer, directly or not (the
+    # train side), so their tasks queue ahead of the rollout's on a shared worker
+    first: list[str] = field(default_factory=list)
+    first_set: frozenset = frozenset()
 
 
 def analyse(plan: ExecutionPlan) -> PlanAnalysis:
@@ -84,13 +99,25 @@ def analyse(plan: ExecutionPlan) -> PlanAnalysis:
             if dep is not None and key == node.group_by and node.op is Op.FN:
                 group_keys.setdefault(dep, set()).add(key)
         suppliers[node.name] = [d for d in node.deps if d in deps]
-    for name, keys in plan.report_groups.items():  # read by a later step (async)
-        group_keys.setdefault(name, set()).update(keys)
+    for node in plan.nodes:  # a buffer's rows were made by its producer, steps earlier
+        if node.op is Op.BUFFER and node.name in group_keys:
+            group_keys.setdefault(node.buffer.producer, set()).update(group_keys[node.name])
     unread = {n.name: tuple(d for d in n.deps if d not in suppliers[n.name])
               for n in plan.nodes}
+    first = _behind_buffers(plan)
     return PlanAnalysis(suppliers, {k: tuple(sorted(v)) for k, v in group_keys.items()},
                         {n.name: n for n in plan.nodes}, unread,
-                        keeps={n.name: n.row_effect.keeps_partition for n in plan.nodes})
+                        keeps={n.name: n.row_effect.keeps_partition for n in plan.nodes},
+                        first=first, first_set=frozenset(first))
+
+
+def _behind_buffers(plan: ExecutionPlan) -> list[str]:
+    """The buffers and what reads them, directly or not, in plan order."""
+    behind: set[str] = set()
+    for node in plan.nodes:
+        if node.op is Op.BUFFER or any(d in behind for d in node.deps):
+            behind.add(node.name)
+    return [n.name for n in plan.nodes if n.name in behind]
 
 
 class PlanCache:

@@ -221,11 +221,13 @@ class LocalRuntime:
 
     # ------------------------------------------------------------------- step
     def run_step(self, feeds: dict[str, Batch], plan: ExecutionPlan | None = None,
-                 draw: Callable[[str], Batch] | None = None) -> StepResult:
-        """Run every node once. `feeds` gives each source node's batch; `draw(source)`
-        gives more, for gather nodes that need another round. Outputs are Batches."""
+                 draw: Callable[[str], Batch] | None = None,
+                 skip: frozenset = frozenset()) -> StepResult:
+        """Run every node not in `skip` once. `feeds` gives each source node's batch
+        (and each fed buffer's); `draw(source)` gives more, for gather nodes that need
+        another round. Outputs are Batches."""
         with handler_held():  # each task's deadline then only sets a timer
-            result = run_step(self, plan or self.plan, feeds, draw)
+            result = run_step(self, plan or self.plan, feeds, draw, skip)
         result.outputs = NodeBatches(result.outputs, result.node_metrics)
         return result
 

@@ -21,6 +21,7 @@ class NodeOutput:
     groups: list[dict] | None = None
     nbytes: int = 0
     metrics: dict = field(default_factory=dict)
+    versions: dict = field(default_factory=dict)  # policy_version -> rows, once done
 
     @property
     def done(self) -> bool:

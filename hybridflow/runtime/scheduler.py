@@ -1,37 +1,42 @@
-"""One step of a plan, for both runtimes: the step scheduler.
+"""One pass of a plan, for both runtimes: the step scheduler.
 
-The scheduler decides everything a step means: which nodes wait, which are ready,
+The scheduler decides everything a pass means: which nodes wait, which are ready,
 which rows each rank of a call receives (the dispatch mode's `SlotLayout`), gather
 rounds (re-running upstream nodes on fresh draws), where function nodes run (sharded
 on the workers, whole on one worker, or on the driver), failures named by node,
 role and rank (`NodeFailure`), metrics and the timeline. The runtimes are only
 *executors* behind it (the pattern of Dask's `get_async`): `LocalRuntime` runs each
 task inline when it is submitted, `RayRuntime` submits it to an actor and tracks it.
-Both run the same worker code (`ray_worker.FusedWorker.run`/`gather`/...).
+Both run the same worker code (`worker_shell.FusedWorker`). What outlives a pass (an
+async plan's buffers) is the run scheduler's (run_scheduler.py): it feeds each pass
+its buffered batches and says which side to skip.
 
 State (one `StepScheduler` per `run_step`; only its own methods change it; workers
 never see it, they only receive task descriptions):
-- `waiting`: nodes not yet submitted, in plan (topological) order.
+- `waiting`: nodes not yet submitted and not skipped: the buffers and what reads them
+  (the train side) first, then the rest, each in plan (topological) order. A sweep
+  submits what it can in that order and repeats until it submits nothing, so on a
+  worker shared by both sides the train side's tasks queue first (the executor runs
+  a worker's tasks in submission order: `executor.Executor`).
 - `outputs`: node -> NodeOutput, set when the node is submitted. Its `refs` (one per
-  slot, concatenation = the node's output) exist at once; `rows`, `keys` and
-  `groups` are filled when every task of the node has reported (the node is *done*).
-- `tasks`: the executor's tracker of tasks in flight (`ray_tasks.InFlight` on Ray,
+  slot, concatenation = the node's output) exist at once; `rows`, `keys`, `groups`
+  and `versions` are filled when every task of the node has reported (*done*).
+- `tasks`: the executor's tracker of tasks in flight (`ray/tasks.InFlight` on Ray,
   `local.Ran` locally): records per node, per-actor queues, the hang clock.
 - `result`: the StepResult being filled (metrics, timeline, driver bytes).
 
 A waiting node is submitted as soon as its inputs allow (`reshard` says which rows
-each slot takes):
+each slot takes), and after the nodes of its `after` that run in this pass:
 - its inputs' shards line up with its slots (same slot count and row partition,
   known from a shared lineage or equal row counts): at once, the refs passed through;
 - its layout has one slot (rank_zero, broadcast): at once, every shard to each rank;
 - otherwise (reshard, a group check, a driver function): when its inputs are done,
   with the row ranges each rank must take.
+A source takes its feed; a buffer its fed batch (a NodeOutput of an earlier pass).
 While some node waits for its inputs to be done the scheduler wakes on every
 arrival; once every node is submitted it waits for all metas at once.
 
-The executor interface (`executor.Executor`) is what a runtime provides; per plan
-it keeps an `executor.PlanCache` (which inputs feed each node, group-id columns to
-report, the part of the plan a gather re-runs), computed once per plan.
+A runtime provides `executor.Executor`, and per plan an `executor.PlanCache`.
 """
 from __future__ import annotations
 
@@ -43,13 +48,13 @@ from typing import Callable
 from hybridflow.core.batch import Batch
 from hybridflow.plan.compiler import ExecutionPlan, PlanNode
 from hybridflow.core.deadline import call_with_deadline
-from hybridflow.graph.dispatch import (DispatchMode, Layout, SlotLayout, get_dispatch_mode,
-                                       merge_metrics)
+from hybridflow.graph.dispatch import DispatchMode, Layout, SlotLayout, merge_metrics
 from hybridflow.core.kinds import Op
 from hybridflow.core.metric_names import timing_key
 from hybridflow.runtime.common import NodeFailure, NodeIO, StepResult, run_fn_node
 from hybridflow.runtime.gather_rounds import submit_gather
 from hybridflow.runtime.executor import Executor, TaskArgs, check_roles
+from hybridflow.runtime.layouts import home_slots, slot_layout
 from hybridflow.runtime.outputs import NodeOutput
 from hybridflow.runtime.reshard import grouped_inputs, slot_inputs, whole_inputs
 from hybridflow.runtime.worker_shell import DepInput, Piece, ShardTask, group_hashes
@@ -57,7 +62,7 @@ from hybridflow.runtime.worker_shell import DepInput, Piece, ShardTask, group_ha
 __all__ = ["StepScheduler", "run_step", "keeps_state"]
 
 # read on every node of every step: an Enum class attribute costs ~0.1 µs in 3.11
-_SOURCE, _GATHER, _FN = Op.SOURCE, Op.GATHER, Op.FN
+_SOURCE, _GATHER, _FN, _BUFFER = Op.SOURCE, Op.GATHER, Op.FN, Op.BUFFER
 
 
 def keeps_state(node: PlanNode) -> bool:
@@ -67,16 +72,17 @@ def keeps_state(node: PlanNode) -> bool:
 
 
 def run_step(executor: Executor, plan: ExecutionPlan, feeds: dict[str, Batch | NodeOutput],
-             draw: Callable[[str], Batch] | None = None) -> StepResult:
-    """Every node of `plan` once; `draw(source)` gives more batches for gathers. A feed
-    may be a `NodeOutput` of an earlier step (async: a rollout generated ahead), used
-    as it is, its shards never leaving the workers."""
+             draw: Callable[[str], Batch] | None = None,
+             skip: frozenset = frozenset()) -> StepResult:
+    """One pass: every node of `plan` not in `skip` once; `draw(source)` gives more
+    batches for gathers. A feed may be a `NodeOutput` of an earlier pass (a buffer's
+    batch, generated ahead), used as it is, its shards never leaving the workers."""
     if executor.broken:
         raise RuntimeError(f"the runtime cannot run another step: {executor.broken}; "
                            f"shut it down and start a new one")
     check_roles(executor, plan)
     start = time.perf_counter()
-    scheduler = StepScheduler(executor, plan, feeds, draw)
+    scheduler = StepScheduler(executor, plan, feeds, draw, skip)
     result = scheduler.run()
     result.metrics["runtime/driver_busy_s"] = scheduler.busy_s
     result.metrics["runtime/step_s"] = time.perf_counter() - start
@@ -86,14 +92,16 @@ def run_step(executor: Executor, plan: ExecutionPlan, feeds: dict[str, Batch | N
 # ------------------------------------------------------------------ the step
 class StepScheduler:
     def __init__(self, executor: Executor, plan: ExecutionPlan, feeds: dict[str, Batch],
-                 draw=None):
+                 draw=None, skip: frozenset = frozenset()):
         self.ex, self.plan, self.feeds, self.draw = executor, plan, feeds, draw
-        self.waiting: list[str] = [n.name for n in plan.nodes]
+        self.skip, self.analysis = skip, executor.plans.analysis(plan)
+        self.waiting: list[str] = [n for n in self.analysis.first if n not in skip] + \
+            [n.name for n in plan.nodes if n.name not in skip
+             and n.name not in self.analysis.first_set]
         self.outputs: dict[str, NodeOutput] = {}
         self.tasks = executor.tracker(plan)
         self.records = self.tasks.records
         self.meta_of = self.tasks.meta_of        # shard handle -> meta handle of its task
-        self.analysis = executor.plans.analysis(plan)
         self.group_keys = self.analysis.group_keys
         self.result = StepResult(outputs={})
         self._busy_s = 0.0
@@ -118,8 +126,13 @@ class StepScheduler:
         return self.result
 
     def _submit_ready(self) -> None:
+        """Sweeps over `waiting`, in its order, until one submits nothing."""
         nodes = self.analysis.nodes
-        self.waiting = [name for name in self.waiting if not self._try_submit(nodes[name])]
+        while True:
+            before = len(self.waiting)
+            self.waiting = [name for name in self.waiting if not self._try_submit(nodes[name])]
+            if len(self.waiting) == before or not self.analysis.first:
+                return
 
     def _wait(self) -> None:
         arrived, failures = self.tasks.wait(first=bool(self.waiting))
@@ -158,6 +171,8 @@ class StepScheduler:
             self.result.driver_bytes += sum(self.ex.value_bytes(h) for g in out.groups
                                             for h in g.values())
         out.metrics = merge_metrics([meta["metrics"] for meta in slots], out.rows)
+        for version, rows in (v for m in slots for v in m.get("versions", {}).items()):
+            out.versions[version] = out.versions.get(version, 0) + rows
         self._record_node(node, out.metrics, [r.meta["start"] for r in records],
                           [r.meta["end"] for r in records])
 
@@ -183,8 +198,13 @@ class StepScheduler:
         op = node.op
         if op is _SOURCE:
             return self._submit_source(node)
+        if op is _BUFFER:
+            return self._submit_buffer(node)
         for dep in node.deps:
             if dep not in self.outputs:
+                return False
+        for dep in node.after:  # ordering only, and only when it runs in this pass
+            if dep not in self.outputs and dep not in self.skip and dep in self.analysis.nodes:
                 return False
         if op is _GATHER:
             return submit_gather(self, node)
@@ -209,6 +229,18 @@ class StepScheduler:
         self._record_driver_node(node, start)
         return True
 
+    def _submit_buffer(self, node: PlanNode) -> bool:
+        """Its fed batch (a producer's output of an earlier pass), or unfed, this
+        pass's output once done (capacity 0: passes through)."""
+        feed = self.feeds.get(node.name)
+        if feed is None:
+            produced = self.outputs.get(node.buffer.producer)
+            if produced is None or not produced.done:
+                return False
+            feed = produced
+        self.outputs[node.name] = replace(feed, node=node.name)
+        return True
+
     def _record_driver_node(self, node: PlanNode, start: float) -> None:
         """A node the driver ran itself (a feed put, a function): one span, no rank."""
         end = time.time()
@@ -218,35 +250,11 @@ class StepScheduler:
 
     def _slot_layout(self, node: PlanNode) -> tuple[DispatchMode, Layout, SlotLayout | None]:
         """The call's mode, group layout and slot layout (once per plan and runtime)."""
-        cached = self.analysis.layouts.get(node.name)
-        if cached is None:
-            cached = self.analysis.layouts[node.name] = self._compute_slot_layout(node)
-        return cached
-
-    def _compute_slot_layout(self, node: PlanNode):
-        mode = get_dispatch_mode(node.dispatch)
-        size, tp = self.ex.pool_size(node.pool), self.plan.placement.tp_size(node.role)
-        if size % tp:
-            raise NodeFailure(node, None, f"pool '{node.pool}' has {size} ranks, not a "
-                                          f"multiple of the tensor-parallel size {tp}")
-        layout = Layout(size, tp)
-        return mode, layout, mode.slot_layout(layout)
+        return slot_layout(self.ex, self.plan, self.analysis, node)
 
     def home_slots(self, name: str) -> list:
-        """Where a batch put by the driver goes: one slot per chunk its first consumer
-        call receives, each on the first rank that receives it (once per plan)."""
-        homes = self.analysis.homes.get(name)
-        if homes is None:
-            homes = self.analysis.homes[name] = self._compute_home_slots(name)
-        return homes
-
-    def _compute_home_slots(self, name: str) -> list:
-        for node in self.plan.nodes:
-            if name in node.deps and node.op is Op.CALL:
-                _, _, slots = self._slot_layout(node)
-                return [(node.pool, slots.receiver(s)) for s in range(slots.slots)]
-        pool = next((n.pool for n in self.plan.nodes if n.pool), None)
-        return [(pool, r) for r in range(self.ex.pool_size(pool))] if pool else []
+        """Where a batch put by the driver goes (once per plan): see `layouts.py`."""
+        return home_slots(self.ex, self.plan, self.analysis, name)
 
     def _put(self, node: PlanNode, batch: Batch) -> None:
         """A batch from the driver, split for its first consumer; the executor says
@@ -338,16 +346,13 @@ class StepScheduler:
 
     def _io(self, node: PlanNode) -> NodeIO:
         """What a node the driver runs reads and writes (once per plan)."""
-        io = self.analysis.io.get(node.name)
-        if io is None:
-            io = self.analysis.io[node.name] = NodeIO(node)
-        return io
+        if node.name not in self.analysis.io:
+            self.analysis.io[node.name] = NodeIO(node)
+        return self.analysis.io[node.name]
 
     def _home_of_first(self, node: PlanNode):
         out = self.outputs.get(node.deps[0]) if node.deps else None
-        if out is None or out.homes[0] is None:
-            return None
-        return out.homes[0]
+        return None if out is None else out.homes[0]
 
     def _suppliers(self, node: PlanNode) -> list[NodeOutput]:
         return [self.outputs[d] for d in self.analysis.suppliers[node.name]]
@@ -362,7 +367,7 @@ class StepScheduler:
         for dep, spec in inputs.items():
             pieces = tuple([Piece(args.add(p.arg), p.rows) for p in spec.pieces])
             specs[dep] = DepInput(pieces, spec.index)
-        for dep in self.analysis.unread[node.name]:  # ordering only: no column read
+        for dep in self.analysis.unread[node.name] + node.after:  # ordering: no column read
             if dep not in inputs:
                 for record in self.records.get(dep, ()):
                     args.add(record.ref)

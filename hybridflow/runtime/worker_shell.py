@@ -322,5 +322,15 @@ class FusedWorker:
                 "keys": out.keys() if batch else [],
                 "nbytes": estimated_bytes(out) if batch and self.counts_bytes else 0,
                 "metrics": dict(out.meta.get("metrics", {})) if batch else metrics_of(out),
-                "groups": groups,
+                "groups": groups, "versions": _versions(out),
                 "start": start, "end": time.time(), "pid": self.pid, "rank": self.rank}
+
+
+def _versions(out) -> dict:
+    """{policy_version: rows} of an output that carries the column (a generation's):
+    what the run-long scheduler admits rows by and reports staleness from, a few
+    integers per task."""
+    if not isinstance(out, Batch) or "policy_version" not in out:
+        return {}
+    values, counts = np.unique(np.asarray(out["policy_version"]), return_counts=True)
+    return {int(v): int(c) for v, c in zip(values, counts)}

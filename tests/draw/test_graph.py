@@ -315,35 +315,54 @@ def edge_line(source: str, a: str, b: str) -> str:
     return next(line for line in source.splitlines() if line.strip().startswith(f"{a} -> {b} "))
 
 
-def test_an_async_plan_is_drawn_as_two_sides_with_the_waiting_edges_labelled():
+def node_line(source: str, name: str) -> str:
+    quoted = re.escape(f'"{name}"') if "/" in name else re.escape(name)
+    return next(x for x in source.splitlines() if re.match(rf"\s*{quoted} \[", x))
+
+
+def buffered_edge(source: str, a: str, b: str) -> str:
+    return next(line for line in source.splitlines()
+                if line.strip().startswith((f'{a} -> "{b}" ', f'"{a}" -> {b} ')))
+
+
+def test_an_async_plan_is_drawn_as_two_sides_with_its_buffer_nodes_between():
+    from hybridflow.plan.async_split import BUFFER_PREFIX, sides_of
     plan = async_plan()
+    sides = sides_of(plan)
     source = render.plan_to_dot(plan).source
     rollout, train = dot_block(source, "cluster_side_rollout"), \
         dot_block(source, "cluster_side_train")
     assert 'label="rollout side (runs 1 step ahead)"' in rollout
     assert 'label="train side"' in train
-    for name in plan.sides.rollout:
+    for name in sides.rollout:
         assert re.search(rf"^\s*{name} \[", rollout, re.M) and name not in train, name
-    for name in plan.sides.train:
+    for name in sides.train:
         assert re.search(rf"^\s*{name} \[", train, re.M), name
-    crossing = plan.sides.crossing_edges(plan)
+    crossing = sides.crossing_edges(plan)
     assert ("generate", "update_actor") in crossing and ("reward", "advantages") in crossing
-    for node in plan.nodes:
+    for producer, consumer in crossing:  # through the buffer, drawn like any node
+        buffer = BUFFER_PREFIX + producer
+        line = node_line(source, buffer)
+        assert "shape=cds" in line and "capacity 1" in line and buffer not in rollout + train
+        assert "waits ≤1 step" in buffered_edge(source, producer, buffer)
+        assert render.CROSSING_COLOR in buffered_edge(source, buffer, consumer)
+    for node in plan.nodes:  # no other edge waits
         for dep in node.deps:
-            line = edge_line(source, dep, node.name)
-            assert ("waits ≤1 step" in line) == ((dep, node.name) in crossing), line
+            if node.op != "buffer" and plan.node(dep).op != "buffer":
+                assert "waits" not in edge_line(source, dep, node.name)
     assert "async: trainer.staleness=1" in source
     assert "≤2 steps" in render.plan_to_dot(async_plan(2)).source
 
 
 def test_the_placement_view_of_an_async_plan_outlines_the_rollout_side():
+    from hybridflow.plan.async_split import sides_of
     plan = async_plan()
     source = render.plan_to_dot(plan, show_plan=True).source
     assert "cluster_side_" not in source and "cluster_pool_main" in source
     for node in plan.nodes:
-        line = next(x for x in source.splitlines() if re.match(rf"\s*{node.name} \[", x))
-        assert (render.ROLLOUT_SIDE_COLOR in line) == (node.name in plan.sides.rollout)
-    assert "waits ≤1 step" in edge_line(source, "ref_logprob", "update_actor")
+        line = node_line(source, node.name)
+        assert (render.ROLLOUT_SIDE_COLOR in line) == (node.name in sides_of(plan).rollout)
+    assert "waits ≤1 step" in buffered_edge(source, "ref_logprob", "buffer/ref_logprob")
     assert "rollout side (1 step ahead)" in source  # the legend
 
 

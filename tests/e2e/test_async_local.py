@@ -3,10 +3,15 @@ rows generated with exactly the promised weights version, on the same prompts as
 synchronous run, and a resumed run neither loses nor repeats a prompt."""
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
 
+from hybridflow.plan.async_split import buffer_nodes
+from hybridflow.run.tracking import RunDir
 from hybridflow.runtime.common import NodeFailure
-from tests.support.async_runs import SPLIT, UNCORRECTED, run_recording
+from tests.support.async_runs import SPLIT, UNCORRECTED, run_recording, worker_order
 from tests.support.e2e import train
 from tests.support.runs import FAST, stable
 
@@ -38,12 +43,30 @@ def test_a_rollout_on_its_own_pool_samples_with_the_synced_version(tmp_path):
     assert {"perf/busy/gen", "perf/busy/main"} <= set(seen[3][2])
 
 
-def test_resume_redraws_the_queued_prompts_and_repeats_none(tmp_path):
-    args = ("trainer.steps=5", "trainer.staleness=2", "trainer.save_every=2",
+def test_a_pass_queues_the_train_side_first_on_a_shared_worker(tmp_path):
+    """The scheduler submits the train side's ready tasks before the rollout side's and
+    a worker runs its tasks in submission order (executor.Executor): the actor's
+    log-probs of batch t run before the generation and scoring of batch t + 1 on the
+    worker they share; the update, which changes the weights the generation samples
+    with, runs after it (`after`)."""
+    trainer, _ = run_recording(tmp_path, "trainer.steps=3", "trainer.staleness=1",
+                               *UNCORRECTED, *FAST)
+    order = worker_order(trainer.timelines[2], "main")
+    assert order[0] == "actor.logprob", order
+    assert order.index("rollout.generate") < order.index("actor.update")
+    assert order.index("reward.score") < order.index("actor.update")
+    # the first step has two passes: batch 1 generated alone, then both sides
+    first = worker_order(trainer.timelines[1], "main")
+    assert first.count("rollout.generate") == 2 and first.count("actor.update") == 1
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_resume_redraws_the_queued_prompts_and_repeats_none(tmp_path, k):
+    args = ("trainer.steps=5", f"trainer.staleness={k}", "trainer.save_every=2",
             *UNCORRECTED, *FAST)
     _, whole = run_recording(tmp_path / "whole", *args)
     trainer, part = run_recording(tmp_path / "part", *args, stop_after=3)
-    assert trainer.saved_step == 2  # steps 3 and 4 were queued (step 3 trained, unsaved)
+    assert trainer.saved_step == 2  # batches 3 .. 2 + k were buffered (3 trained, unsaved)
     _, resumed = run_recording(tmp_path / "part", *args, resume=trainer.run.path)
     assert sorted(resumed) == [3, 4, 5]
     trained = [uid for s in (1, 2) for uid in part[s][0]] + \
@@ -51,7 +74,7 @@ def test_resume_redraws_the_queued_prompts_and_repeats_none(tmp_path):
     assert trained == [uid for s in range(1, 6) for uid in whole[s][0]]
     assert len(set(trained)) == len(trained) // 4  # each prompt once, its 4 samples
     # the re-drawn batches were generated again, from the restored weights
-    assert set(resumed[3][1]) == {2} and set(whole[3][1]) == {0}
+    assert set(resumed[3][1]) == {2} and set(whole[3][1]) == {max(0, 3 - k - 1)}
 
 
 def test_async_runs_are_deterministic(tmp_path):
@@ -65,8 +88,36 @@ def test_staleness_zero_is_the_synchronous_loop(tmp_path):
     trainer, zero = train("grpo", tmp_path / "zero", "trainer.steps=2",
                           "trainer.staleness=0", *FAST)
     _, default = train("grpo", tmp_path / "default", "trainer.steps=2", *FAST)
-    assert trainer.ahead is None and trainer.plan.sides is None
+    assert not buffer_nodes(trainer.plan) and trainer.scheduler.k == 0
     assert stable(zero) == stable(default)
+
+
+BASELINE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data",
+                        "async_baseline_metrics.json")
+PPO = ("critic.mini_batch_size=32", "critic.micro_batch_size=32")
+
+
+@pytest.mark.parametrize("graph,k", [
+    ("grpo", 0), ("grpo", 1),
+    pytest.param("ppo", 0, marks=pytest.mark.slow), pytest.param("ppo", 1, marks=pytest.mark.slow)])
+def test_the_run_scheduler_reproduces_the_metrics_recorded_before_it(tmp_path, graph, k):
+    """tests/data/async_baseline_metrics.json was recorded on main before the buffer
+    node and the run-long scheduler (the per-step loop and the derived async plans):
+    the same 3-step runs (seed 7) give the same metrics, key by key, and the same
+    rows with the same policy_version, at staleness 0 and 1."""
+    baseline = json.load(open(BASELINE))[f"{graph}/k={k}"]
+    trainer, seen = run_recording(tmp_path, "trainer.steps=3", f"trainer.staleness={k}",
+                                  "trainer.seed=7", *UNCORRECTED, *FAST,
+                                  *(PPO if graph == "ppo" else ()), graph=graph)
+    got = stable(RunDir(trainer.run.path).read_metrics())
+    assert len(got) == len(baseline["metrics"]) == 3
+    for step, (now, then) in enumerate(zip(got, baseline["metrics"]), start=1):
+        assert sorted(now) == sorted(then), step
+        for key in then:
+            assert now[key] == then[key], (step, key)
+    assert {str(s): [v[0], v[1]] for s, v in seen.items()} == baseline["rows"]
+    if k == 1:  # batch t sampled after update t - 2
+        assert [set(v[1]) for v in seen.values()] == [{0}, {0}, {1}]
 
 
 @pytest.mark.parametrize("graph,extra", [

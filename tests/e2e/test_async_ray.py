@@ -9,7 +9,7 @@ import os
 import pytest
 
 from hybridflow.cli import main
-from tests.support.async_runs import SPLIT, UNCORRECTED, run_recording
+from tests.support.async_runs import SPLIT, UNCORRECTED, run_recording, worker_order
 from tests.support.e2e import graph_file
 from tests.support.runs import FAST
 
@@ -32,13 +32,17 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 def test_ray_runs_the_local_schedule(tmp_path):
     args = ("trainer.steps=4", "trainer.staleness=1", *UNCORRECTED, *SPLIT, *FAST)
-    _, on_ray = run_recording(tmp_path / "ray", *args, "runtime.name=ray")
+    trainer, on_ray = run_recording(tmp_path / "ray", *args, "runtime.name=ray")
     _, local = run_recording(tmp_path / "local", *args)
     assert {s: (v[0], v[1]) for s, v in on_ray.items()} == \
         {s: (v[0], v[1]) for s, v in local.items()}
     assert {s: set(v[1]) for s, v in on_ray.items()} == {1: {0}, 2: {0}, 3: {1}, 4: {2}}
     assert on_ray[3][2]["async/staleness/max"] == 1
     assert on_ray[3][2]["timing_s/weight_sync"] > 0
+    # Ray runs a caller's tasks to one actor in submission order, the train side's
+    # first: the log-probs of batch 3 start before the reward of batch 4 on `main`
+    order = worker_order(trainer.timelines[3], "main")
+    assert order.index("actor.logprob") < order.index("reward.score"), order
 
 
 @pytest.mark.slow  # a run killed and resumed on Ray (~30 s)

@@ -3,6 +3,7 @@ and the key to set, and lets a correction (graph loss or config default) or the
 explicit opt-out through."""
 import pytest
 
+from hybridflow.plan.async_split import sides_of
 from hybridflow.plan.compiler import GraphError
 from hybridflow.program.assemble import prepare
 from tests.support.e2e import graph_file
@@ -39,7 +40,7 @@ def test_an_uncorrected_async_update_is_refused_naming_node_and_key():
                                    ("trainer.allow_uncorrected_async=true",)])
 def test_a_correction_or_the_opt_out_compiles(extra):
     plan = prepare(graph_file("grpo"), ["trainer.staleness=2", *extra], preflight=False).plan
-    assert plan.sides.staleness == 2
+    assert sides_of(plan).staleness == 2
 
 
 def test_the_default_loss_counts_as_corrected_when_its_config_corrects(tmp_path):
@@ -54,4 +55,4 @@ def test_the_default_loss_counts_as_corrected_when_its_config_corrects(tmp_path)
 
 def test_synchronous_training_needs_no_correction():
     plan = prepare(graph_file("grpo"), [], preflight=False).plan
-    assert plan.sides is None
+    assert sides_of(plan) is None

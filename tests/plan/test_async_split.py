@@ -1,6 +1,6 @@
 """The async split (hybridflow/plan/async_split.py): which nodes run ahead of training on
 each shipped graph, the refusals before launch (an impossible split, a graph with
-nothing to generate, an uncorrected update), and the order of the async step."""
+nothing to generate, an uncorrected update), and the one plan's BUFFER nodes."""
 from __future__ import annotations
 
 import os
@@ -8,7 +8,8 @@ import textwrap
 
 import pytest
 
-from hybridflow.plan.async_split import READY, iteration_plans, split_sides
+from hybridflow.plan.async_split import (BUFFER_PREFIX, BufferSpec, check_buffers, sides_of,
+                                         split_sides, without_buffers)
 from hybridflow.plan.compiler import GraphError
 from hybridflow.program.assemble import prepare
 
@@ -58,7 +59,7 @@ SHIPPED = {
 @pytest.mark.parametrize("name", sorted(SHIPPED))
 def test_split_of_each_shipped_graph(name):
     plan = plan_of(name)
-    assert plan.sides is None  # staleness 0: no split
+    assert sides_of(plan) is None  # staleness 0: no split, no buffer
     sides = split_sides(plan, 1)
     rollout, train = SHIPPED[name]
     assert (sides.rollout, sides.train, sides.staleness) == (rollout, train, 1)
@@ -74,9 +75,9 @@ def test_dapo_hands_over_the_gathered_rows_not_the_raw_generation():
 
 def test_a_split_rollout_puts_the_weight_sync_on_the_train_side():
     plan = plan_of("grpo", *ASYNC, *SPLIT_ROLLOUT)
-    assert plan.sides.train == ("actor.logprob", "actor.update", "weight_export",
+    assert sides_of(plan).train == ("actor.logprob", "actor.update", "weight_export",
                                 "weight_sync")
-    assert ("rollout.generate", "actor.update") in plan.sides.crossing_edges(plan)
+    assert ("rollout.generate", "actor.update") in sides_of(plan).crossing_edges(plan)
     assert "async: trainer.staleness=1" in plan.summary()
     assert "rollout side: prompts, rollout.generate" in plan.summary()
 
@@ -95,7 +96,7 @@ def test_an_uncorrected_update_is_refused_unless_opted_out(name):
     message = str(err.value)
     assert "node 'actor.update'" in message and "no off-policy correction" in message
     assert "actor.off_policy=tis" in message and "allow_uncorrected_async=true" in message
-    assert plan_of(name, *ASYNC).sides is not None
+    assert sides_of(plan_of(name, *ASYNC)) is not None
 
 
 # ------------------------------------------------------------- impossible splits
@@ -146,39 +147,86 @@ def test_a_gather_of_train_side_rows_is_refused_naming_it(tmp_path):
 
 def test_the_same_graphs_compile_synchronously(tmp_path):
     for body in (REGENERATE, GATHER_BEHIND):
-        assert prepare(write(tmp_path, body), FAKE_BINDINGS, preflight=False).plan.sides \
-            is None
+        assert sides_of(prepare(write(tmp_path, body), FAKE_BINDINGS,
+                                preflight=False).plan) is None
 
 
-# ------------------------------------------------------------- the async step
-def test_an_agent_on_the_actors_engine_samples_with_the_actors_weights():
-    """agent.play is served by the actor's worker: the update waits for the episodes
-    of step t + k before changing the weights they are played with."""
-    both = iteration_plans(plan_of("agent_grpo", *ASYNC)).both
-    assert "agent.play" in both.node("actor.update").deps
-
-
-def test_the_async_step_queues_training_that_waits_for_nothing_first():
-    """Workers run tasks in the order the scheduler submits them (plan order): the
-    train side's first passes must not queue behind a reward waiting for generation."""
-    both = iteration_plans(plan_of("grpo", *ASYNC, *SPLIT_ROLLOUT)).both
-    order = [n.name for n in both.nodes]
-    assert order.index("actor.logprob") < order.index("reward.score")
-    assert order.index("actor.update") < order.index("ref.logprob")
-    # the weight sync still waits for the generation of step t + k (exact versions)
-    assert "rollout.generate" in both.node("weight_sync").deps
-    assert both.node("actor.logprob").deps == (READY + "rollout.generate",)
+# ------------------------------------------------------------- the buffers
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_one_plan_with_a_buffer_on_each_crossing_edge(name):
+    """The async plan is the graph's plan with a BUFFER node after each rollout-side
+    node the train side reads; the sides read back from it are the split's."""
+    sync, plan = plan_of(name), plan_of(name, *ASYNC)
+    split = split_sides(sync, 1)
+    buffers = [n for n in plan.nodes if n.op == "buffer"]
+    assert [b.name for b in buffers] == [BUFFER_PREFIX + n for n in split.handoff]
+    for b in buffers:
+        assert b.kind == "buffer" and b.buffer.capacity == 1 and b.buffer.max_staleness == 1
+        assert b.deps == (b.buffer.producer,)
+        assert b.output_keys == sync.node(b.buffer.producer).output_keys
+    read_back = sides_of(plan)
+    assert (read_back.rollout, read_back.train) == (split.rollout, split.train)
+    for node in plan.nodes:  # the train side reads the buffers, never the producers
+        if node.name in split.train:
+            assert not set(node.deps) & set(split.rollout), node.name
+    # without the buffers it is the graph's plan again
+    assert [(n.name, n.deps) for n in without_buffers(plan).nodes] == \
+        [(n.name, n.deps) for n in sync.nodes]
     seen = set()
-    for node in both.nodes:  # still in topological order
+    for node in plan.nodes:  # topological order
         assert set(node.deps) <= seen, node.name
         seen.add(node.name)
 
 
+def test_a_buffer_admits_a_prompts_samples_whole():
+    """The unit of the generation's buffer is the prompt group (uid): a GRPO group
+    is admitted whole; DAPO's gathered rows too."""
+    plan = plan_of("grpo", *ASYNC)
+    assert plan.node(BUFFER_PREFIX + "rollout.generate").buffer.unit == "uid"
+    assert plan_of("dapo", *ASYNC).node(BUFFER_PREFIX + "gather").buffer.unit == "uid"
+    assert "capacity 1, unit uid, admits policy_version >= trained - 1" in plan.summary()
+
+
+def test_the_compiler_refuses_a_bad_buffer_naming_it():
+    from dataclasses import replace
+    plan = plan_of("grpo", *ASYNC)
+    name = BUFFER_PREFIX + "rollout.generate"
+    node = plan.node(name)
+    bad = [replace(node, buffer=BufferSpec("rollout.generate", 1, "no_such_key", 1))
+           if n.name == name else n for n in plan.nodes]
+    problems = check_buffers(replace(plan, nodes=bad))
+    assert len(problems) == 1 and f"node '{name}'" in problems[0]
+    assert "unit 'no_such_key' is not a column of 'rollout.generate'" in problems[0]
+    zero = [replace(node, buffer=BufferSpec("rollout.generate", 0, "uid", 0))
+            if n.name == name else n for n in plan.nodes]
+    assert any("capacity 0 is the synchronous plan" in p
+               for p in check_buffers(replace(plan, nodes=zero)))
+    trained = [replace(node, deps=("actor.logprob",),
+                       buffer=BufferSpec("actor.logprob", 1, None, 1))
+               if n.name == name else n for n in plan.nodes]
+    assert any("reads the current weights of trained role 'actor'" in p
+               for p in check_buffers(replace(plan, nodes=trained)))
+
+
+def test_an_agent_on_the_actors_engine_samples_with_the_actors_weights():
+    """agent.play is served by the actor's worker: in a pass that also plays the
+    episodes of step t + k, the update waits for them before changing the weights."""
+    assert plan_of("agent_grpo", *ASYNC).node("actor.update").after == ("agent.play",)
+
+
+def test_the_weight_sync_waits_for_the_generation_of_its_pass():
+    """Exact versions: the weight sync into a split rollout runs after the generation
+    in the same pass; the train side reads the buffer, not the generation."""
+    plan = plan_of("grpo", *ASYNC, *SPLIT_ROLLOUT)
+    assert plan.node("weight_sync").after == ("rollout.generate",)
+    assert plan.node("actor.update").after == ()  # the rollout has its own weights
+    assert plan.node("actor.logprob").deps == (BUFFER_PREFIX + "rollout.generate",)
+
+
 def test_a_colocated_update_waits_for_the_generation_it_shares_weights_with():
-    both = iteration_plans(plan_of("ppo", *ASYNC)).both
-    order = [n.name for n in both.nodes]
-    assert "rollout.generate" in both.node("actor.update").deps
-    assert order.index("critic.update") < order.index("rollout.generate")
+    plan = plan_of("ppo", *ASYNC)
+    assert plan.node("actor.update").after == ("rollout.generate",)
+    assert plan.node("critic.update").after == ()
 
 
 def test_a_trained_role_generating_itself_runs_its_generation_ahead(tmp_path):
@@ -186,9 +234,9 @@ def test_a_trained_role_generating_itself_runs_its_generation_ahead(tmp_path):
     update is refused uncorrected and, opted out, waits for the generation ahead."""
     path = write(tmp_path, TRAINED.format(name="self_generating", extra=""))
     plan = prepare(path, FAKE_BINDINGS + ASYNC, preflight=False).plan
-    assert plan.sides.rollout == ("prompts", "actor.generate", "reward.score", "advantages")
-    assert plan.sides.train == ("actor.logprob", "actor.update")
-    assert "actor.generate" in iteration_plans(plan).both.node("actor.update").deps
+    assert sides_of(plan).rollout == ("prompts", "actor.generate", "reward.score", "advantages")
+    assert sides_of(plan).train == ("actor.logprob", "actor.update")
+    assert plan.node("actor.update").after == ("actor.generate",)
     with pytest.raises(GraphError, match="node 'actor.update'.*no off-policy correction"):
         prepare(path, FAKE_BINDINGS + ["trainer.staleness=1"], preflight=False)
 
@@ -239,5 +287,5 @@ def test_a_function_node_with_state_stays_on_the_train_side(tmp_path):
     path = tmp_path / "stateful.py"
     path.write_text(STATEFUL_GRAPH)
     plan = prepare(str(path), [*ASYNC], preflight=False).plan
-    assert plan.sides.rollout == ("prompts", "rollout.generate", "reward.score")
-    assert plan.sides.train[:2] == ("running_scale", "grpo_advantages")
+    assert sides_of(plan).rollout == ("prompts", "rollout.generate", "reward.score")
+    assert sides_of(plan).train[:2] == ("running_scale", "grpo_advantages")

@@ -2,7 +2,7 @@
 import os
 
 from hybridflow.program.async_planning import pipeline_view
-from hybridflow.plan.async_split import split_sides
+from hybridflow.plan.async_split import sides_of
 from hybridflow.program.assemble import load_plan
 from hybridflow.plan.weight_sync import planner_view
 
@@ -25,7 +25,7 @@ def test_async_plans_name_the_compilers_rollout_side_and_the_movable_generate_no
     plan = load_plan(GRPO, ASYNC)
     view, pipeline = pipeline_view(plan)
     assert pipeline.staleness == 1
-    assert pipeline.rollout_side == frozenset(split_sides(plan, 1).rollout)
+    assert pipeline.rollout_side == frozenset(sides_of(plan).rollout)
     assert pipeline.movable == {"rollout.generate": "rollout"}
     assert {n.role for n in view.nodes if n.role} == {"actor", "ref", "reward"}  # folded
 

@@ -1,6 +1,7 @@
 """placement=auto: the planner's best placement becomes the run's placement."""
 import os
 
+from hybridflow.plan.async_split import sides_of
 from hybridflow.program.assemble import prepare
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -36,7 +37,7 @@ def test_async_auto_placement_puts_the_rollout_on_a_pool_of_its_own_when_that_wi
     assert roles["rollout"] != roles["actor"]
     assert "rollout" not in loaded.plan.placement.folded
     assert "weight_sync" in {n.name for n in loaded.plan.nodes}  # the compiler's real sync
-    assert loaded.plan.sides is not None
+    assert sides_of(loaded.plan) is not None
     out = capsys.readouterr().out
     assert "beats the rollout sharing the actor's devices" in out
 

@@ -1,7 +1,7 @@
 """Async runs from tests: train a graph and record, per step, the rows the update read."""
 from __future__ import annotations
 
-from hybridflow.plan.async_split import READY
+from hybridflow.plan.async_split import BUFFER_PREFIX, buffer_nodes
 from hybridflow.run.loop import Trainer
 from hybridflow.program.assemble import prepare
 from hybridflow.run.tracking import RunDir, new_run_dir
@@ -24,9 +24,12 @@ def run_recording(tmp_path, *overrides, graph="grpo", resume=None, stop_after=No
     seen = {}
     # the samples the update reads: the generate node's, or a gather's of them
     samples = [n.name for n in loaded.plan.nodes if n.kind == "generate" or n.op == "gather"]
-    name = READY + samples[-1] if loaded.plan.sides else samples[-1]
+    name = BUFFER_PREFIX + samples[-1] if buffer_nodes(loaded.plan) else samples[-1]
+
+    trainer.timelines = {}  # step -> its timeline (every pass of the step)
 
     def record(step, metrics):
+        trainer.timelines[step] = list(trainer.last_result.timeline)
         rows = trainer.runtime.fetch(trainer.last_result, name, ("uid", "policy_version"))
         seen[step] = (list(rows["uid"]), rows["policy_version"].tolist(), metrics)
         if step == stop_after:
@@ -38,3 +41,9 @@ def run_recording(tmp_path, *overrides, graph="grpo", resume=None, stop_after=No
     finally:
         trainer.close()
     return trainer, seen
+
+
+def worker_order(timeline: list[dict], pool: str, rank: int = 0) -> list[str]:
+    """The nodes one worker ran, in the order it started them."""
+    return [e["node"] for e in sorted(timeline, key=lambda e: e["start"])
+            if e["pool"] == pool and e["rank"] == rank]

@@ -136,10 +136,12 @@ class RayRuntime:
 
     # ------------------------------------------------------------------- API
     def run_step(self, feeds: dict[str, Batch], plan: ExecutionPlan | None = None,
-                 draw: Callable[[str], Batch] | None = None) -> StepResult:
-        """Run every node once; outputs stay on the workers as NodeOutput handles.
-        `draw(source)` gives more batches, for gather nodes that need another round."""
-        return run_step(self, plan or self.plan, feeds, draw)
+                 draw: Callable[[str], Batch] | None = None,
+                 skip: frozenset = frozenset()) -> StepResult:
+        """Run every node not in `skip` once; outputs stay on the workers as NodeOutput
+        handles. `draw(source)` gives more batches, for gather nodes that need another
+        round."""
+        return run_step(self, plan or self.plan, feeds, draw, skip)
 
     def fetch(self, result: StepResult, node: str, keys) -> Batch:
         """Only `keys` of a node's output, on the driver (counted in driver_bytes)."""
