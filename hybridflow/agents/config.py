@@ -43,18 +43,6 @@ class AgentConfig:
                              deterministic=self.deterministic)
 
 
-def episode_width(cfg, plan) -> int | None:
-    """The response width of the plan's agent rollouts (`agent.max_response_tokens`,
-    the widest), or None without one: the memory model and the planner lay an agent
-    batch out this wide, not `rollout.max_new_tokens` (one turn's budget)."""
-    from hybridflow.agents.worker import AgentRolloutWorker
-    from hybridflow.core.sections import read_section
-    agents = [r for r in plan.roles if isinstance(plan.bindings.get(r), type)
-              and issubclass(plan.bindings[r], AgentRolloutWorker)]
-    if not agents:
-        return None
-    return max(read_section(cfg, r, AgentConfig).max_response_tokens for r in agents)
-
 
 def check_agent_section(section: AgentConfig) -> None:
     """The environment named by `agent.env` loads and builds (ConfigError otherwise)."""

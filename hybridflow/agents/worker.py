@@ -36,7 +36,7 @@ from hybridflow.workers.rollout.generation import sampling_options
 from hybridflow.workers.rollout.weights import refresh_engine
 from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
 
-__all__ = ["AgentRolloutWorker"]
+__all__ = ["AgentRolloutWorker", "episode_width"]
 
 SECTION = "agent"
 
@@ -95,3 +95,15 @@ class AgentRolloutWorker(Worker):
         finally:
             if not engine.shares_module:
                 engine.sleep()  # give training the memory, as actor.generate does
+
+
+def episode_width(cfg, plan) -> int | None:
+    """The response width of the plan's agent rollouts (`agent.max_response_tokens`,
+    the widest), or None without one: the memory model and the planner lay an agent
+    batch out this wide, not `rollout.max_new_tokens` (one turn's budget)."""
+    from hybridflow.core.sections import read_section
+    agents = [r for r in plan.roles if isinstance(plan.bindings.get(r), type)
+              and issubclass(plan.bindings[r], AgentRolloutWorker)]
+    if not agents:
+        return None
+    return max(read_section(cfg, r, AgentConfig).max_response_tokens for r in agents)

@@ -184,7 +184,8 @@ def _plan_from_config(args, extra: dict):
     from hybridflow.program.async_planning import pipeline_view
     from hybridflow.program.auto_placement import run_models
     from hybridflow.planner import Cluster, plan_placement
-    from hybridflow.program.run_dir import run_pools, run_roles, run_workload
+    from hybridflow.program.run_dir import run_pools, run_workload
+    from hybridflow.program.run_record import run_roles
     from hybridflow.program.assemble import prepare
 
     loaded = prepare(args.graph, list(args.overrides or []), extra.get("yaml_file"),

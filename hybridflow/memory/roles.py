@@ -246,7 +246,7 @@ def _agent_widths(s: dict, cfg, plan) -> dict:
     sampling budget): every pass over its batch is that wide (issue 26: ~4x under)."""
     from dataclasses import replace
 
-    from hybridflow.agents.config import episode_width
+    from hybridflow.agents.worker import episode_width
     width = episode_width(cfg, plan)
     if width is None:
         return s

@@ -35,7 +35,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from hybridflow.core.kinds import NodeKind, Op
-from hybridflow.plan.compiler import ExecutionPlan, GraphError, PlanNode, plan_stages
+from hybridflow.plan.compiler import (SUMMARY_SECTIONS, ExecutionPlan, GraphError, PlanNode,
+                                      plan_stages)
 from hybridflow.plan.weight_sync import LOAD_METHOD, weights_host
 
 __all__ = ["Sides", "BufferSpec", "split_sides", "staleness_of", "correction_problems",
@@ -328,3 +329,10 @@ def buffer_summary(plan: ExecutionPlan) -> str:
         readers = [n for n in plan.consumers(node.name)]
         lines.append(f"  buffer {node.name} -> {', '.join(readers)}: {node.buffer.describe()}")
     return "\n".join(lines)
+
+
+def _buffer_section(plan: ExecutionPlan) -> str | None:
+    return buffer_summary(plan) if buffer_nodes(plan) else None
+
+
+SUMMARY_SECTIONS.append(_buffer_section)

@@ -121,10 +121,14 @@ class ExecutionPlan:
                              f"its own)")
         lines.append("  concurrency: " + " | ".join("{" + ", ".join(s) + "}" for s in self.stages))
         lines += [f"  warning: {w}" for w in self.warnings]
-        if any(n.op is Op.BUFFER for n in self.nodes):  # trainer.staleness >= 1
-            from hybridflow.plan.async_split import buffer_summary
-            lines.append(buffer_summary(self))
+        lines += [text for section in SUMMARY_SECTIONS if (text := section(self))]
         return "\n".join(lines)
+
+
+# What the passes that rewrite a plan add to its summary: each registers a function
+# (plan -> text, or None when the plan has nothing of its own) when it is imported, so
+# the compiler names none of them (async_split registers the buffers' lines).
+SUMMARY_SECTIONS: list = []
 
 
 def _suggest(name: str, options) -> str:

@@ -53,7 +53,7 @@ def plan_auto_placement(cfg: DictConfig, plan: ExecutionPlan) -> tuple[dict, str
     cluster_cfg = cfg.placement.cluster
     # a colocated rollout is planned as the actor; with trainer.staleness >= 1 the
     # planner also weighs it on a pool of its own, weights synced (async_planning.py)
-    from hybridflow.agents.config import episode_width
+    from hybridflow.agents.worker import episode_width
     width = episode_width(cfg, plan) or cfg.rollout.max_new_tokens  # an agent's episodes
     plan, pipeline = pipeline_view(plan, cfg.trainer.staleness)
     try:

@@ -22,7 +22,7 @@ from hybridflow.planner.problem import PlanningError, Workload
 
 WARMUP_STEPS = 1
 
-__all__ = ["MeasuredRun", "WARMUP_STEPS", "read_run", "node_means", "run_workload", "run_roles",
+__all__ = ["MeasuredRun", "WARMUP_STEPS", "read_run", "node_means", "run_workload",
            "run_pools"]
 
 
@@ -116,14 +116,6 @@ def run_workload(cfg, metrics: list[dict], steps: tuple[int, ...]) -> Workload:
                     micro_batch_tokens=cfg.actor.micro_batch_size * padded,
                     response_mean=mean, padded_len=padded)
 
-
-def run_roles(compiled, pipeline, models: dict) -> list[str]:
-    """The roles a run places: those with a model, and an async run's rollout role when
-    the run put it on a pool of its own (not folded into its host)."""
-    folded = compiled.placement.folded
-    apart = [] if pipeline is None else [
-        r for r in dict.fromkeys(pipeline.movable.values()) if r not in folded]
-    return list(models) + apart
 
 
 def run_pools(cfg, roles: list[str]) -> tuple[int, tuple[tuple[str, ...], ...]]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from hybridflow.core.loading import UserFileError, read_json
 
-__all__ = ["PLAN_FILE", "plan_record", "read_plan_record", "RecordedPlan",
+__all__ = ["PLAN_FILE", "run_roles", "plan_record", "read_plan_record", "RecordedPlan",
            "read_run_config"]
 
 PLAN_FILE = "plan.json"
@@ -28,7 +28,6 @@ def plan_record(plan, cfg) -> dict:
     from hybridflow.plan.async_split import sides_of
     from hybridflow.program.async_planning import pipeline_view
     from hybridflow.program.auto_placement import run_models
-    from hybridflow.program.run_dir import run_roles
 
     view, pipeline = pipeline_view(plan)
     models = run_models(cfg, view)
@@ -122,3 +121,12 @@ def read_run_config(run_dir: str, typed: bool = True):
         detail = str(getattr(err, "msg", err)).splitlines()[0]
         raise UserFileError(f"run config {path!r}: bad value for '{key}' ({detail}); {fix}",
                             path) from None
+
+
+def run_roles(compiled, pipeline, models: dict) -> list[str]:
+    """The roles a run places: those with a model, and an async run's rollout role when
+    the run put it on a pool of its own (not folded into its host)."""
+    folded = compiled.placement.folded
+    apart = [] if pipeline is None else [
+        r for r in dict.fromkeys(pipeline.movable.values()) if r not in folded]
+    return list(models) + apart
