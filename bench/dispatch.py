@@ -59,13 +59,14 @@ def python_step(workers, x: torch.Tensor, calls: int) -> torch.Tensor:
     return x
 
 
-def local_variants(sizes, chain: int) -> tuple[dict, dict]:
+def local_variants(sizes, chain: int, threads: int = 1) -> tuple[dict, dict]:
     """name -> step callable, for every size and graph length."""
     variants, meta = {}, {}
     workers = [PlainNoop() for _ in range(WORKERS)]
     for calls in (1, chain):
         plan = noop_workers.noop_plan(calls, born_on_workers=False, workers=WORKERS)
-        runtime = LocalRuntime(plan, {})
+        # the bench sets its threads; the local runtime would take every core by default
+        runtime = LocalRuntime(plan, {"runtime": {"torch_threads": threads}})
         for b in sizes:
             x = torch.zeros(b, noop_workers.WIDTH)
             feeds = {"batch": Batch({"x0": x})}
@@ -185,7 +186,7 @@ def run(sizes=(8, 512, 8192), calls: int = 200, warmup: int = 20, threads: int =
         quiet: bool = False) -> dict:
     set_threads(threads)
     rows = []
-    local, meta = local_variants(sizes, chain)  # before Ray: its driver threads add noise
+    local, meta = local_variants(sizes, chain, threads)  # before Ray: its driver threads add noise
     rows += time_groups(local, meta, sizes, chain, calls, warmup)
     variants, runtime, actors = {}, None, []
     if with_ray:

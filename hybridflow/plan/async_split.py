@@ -252,7 +252,8 @@ def insert_buffers(plan: ExecutionPlan, sides: Sides) -> ExecutionPlan:
 
 
 def buffer_nodes(plan: ExecutionPlan) -> list[PlanNode]:
-    return [n for n in plan.nodes if n.op is Op.BUFFER]
+    # the planner's own graphs (planner.Node: no op) have no buffers
+    return [n for n in plan.nodes if getattr(n, "op", None) is Op.BUFFER]
 
 
 def check_buffers(plan: ExecutionPlan) -> list[str]:

@@ -25,8 +25,10 @@ def test_grpo_with_lora_learns_and_holds_one_base_model(tmp_path):
     base = AutoModelForCausalLM.from_pretrained(TOY_BASE)
     base_bytes = model_bytes(base)
     cfg = base.config
-    kv = cfg.num_key_value_heads * cfg.hidden_size // cfg.num_attention_heads
-    adapter_bytes = 4 * RANK * cfg.num_hidden_layers * (6 * cfg.hidden_size + 2 * kv)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    q, kv = cfg.num_attention_heads * head_dim, cfg.num_key_value_heads * head_dim
+    # LoRA A [r, in] + B [out, r] on q (h->q), k and v (h->kv), o (q->h), fp32
+    adapter_bytes = 4 * RANK * cfg.num_hidden_layers * (4 * cfg.hidden_size + 2 * q + 2 * kv)
 
     trainer, lora = train("grpo", tmp_path / "lora", f"actor.lora.rank={RANK}", "actor.lr=2e-3",
                     "trainer.steps=20", "trainer.val_every=20")

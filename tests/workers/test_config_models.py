@@ -71,7 +71,7 @@ def test_loss_setting_names_are_the_ones_the_loss_providers_register(monkeypatch
 
 @pytest.mark.parametrize("override, words", [
     ("reward.scorer_table=algorithms.rewards:NOPE",
-     "reward.scorer_table='algorithms.rewards:NOPE': module 'algorithms.rewards' has no 'NOPE'"),
+     "reward.scorer_table='algorithms.rewards:NOPE': 'algorithms.rewards' defines no 'NOPE'"),
     ("reward.scorer_table=SCORERS", "reward.scorer_table='SCORERS' must name an object as "
                                     "'package.module:NAME'"),
     ("data.toy.maker=no_such_pkg:make", "data.toy.maker='no_such_pkg:make': cannot import "
