@@ -9,15 +9,11 @@ traceback.
 """
 from __future__ import annotations
 
-import os
 import sys
-import sysconfig
+
+from hybridflow.core.origin import user_origin as exit_origin
 
 __all__ = ["user_errors", "report", "one_line", "exit_origin", "failure_reason"]
-
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_LIBRARIES = tuple({os.path.abspath(sysconfig.get_paths()[k]) for k in ("stdlib", "purelib",
-                                                                        "platlib")})
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
@@ -34,23 +30,6 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from hybridflow.planner.problem import PlanningError
     return (GraphError, ConfigError, GraphFileError, DataError, CheckpointError,
             RunLockError, RunDirError, ResumeError, UserFileError, PlanningError, OSError)
-
-
-def _is_user_file(path: str) -> bool:
-    path = os.path.abspath(path)
-    return (not path.startswith(_PACKAGE + os.sep) and not path.startswith(_LIBRARIES)
-            and not path.startswith("<"))
-
-
-def exit_origin(err: BaseException) -> str:
-    """'function() at file.py:12' of the innermost frame in user code, or ''."""
-    found, tb = "", err.__traceback__
-    while tb is not None:
-        code = tb.tb_frame.f_code
-        if _is_user_file(code.co_filename):
-            found = f"{code.co_name}() at {code.co_filename}:{tb.tb_lineno}"
-        tb = tb.tb_next
-    return found
 
 
 def one_line(err: BaseException) -> str:

@@ -131,8 +131,16 @@ def test_a_worker_that_fails_to_start_is_one_line_and_recorded(capsys, tmp_path)
     name = next(k for k in weights if k.endswith("q_proj.weight"))
     weights[name] = weights[name][:-1].contiguous()
     save_file(weights, str(model / "model.safetensors"), metadata={"format": "pt"})
-    code, err, status, _ = run(capsys, tmp_path, "trainer.steps=2", f"model.path={model}",
-                               f"model.tokenizer={model}")
+    # transformers logs a load report for the misfit tensor; a logging handler left holding
+    # an earlier test's captured stream would print its own traceback into stderr
+    from transformers.utils import logging as hf_logging
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        code, err, status, _ = run(capsys, tmp_path, "trainer.steps=2", f"model.path={model}",
+                                   f"model.tokenizer={model}")
+    finally:
+        hf_logging.set_verbosity(level)
     assert code == 1
     # (a note on the toy-sized defaults may come first: model.path is not the toy's path)
     failed = [line for line in err.splitlines() if line.startswith("hybridflow run: could not")]
