@@ -41,12 +41,12 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
 from bench import workload  # noqa: E402 - path
+from bench.engine_step import EngineStep  # noqa: E402
 from bench.harness import (machine, median, peak_rss_bytes, set_threads,  # noqa: E402
                            table, write_results)
 from bench.scale_loop import HandwrittenScale, write_prompts  # noqa: E402
 from bench.scale_trl import run_trl, trl_available  # noqa: E402
 
-GRPO = os.path.join(ROOT, "graphs", "grpo.py")
 VARIANTS = ("engine-padded", "handwritten", "engine-packed")
 TARGETS = {"engine_over_handwritten": 0.95, "packed_over_padded": 1.3}
 TARGET_OVER_TRL = 1.5
@@ -77,40 +77,12 @@ def engine_overrides(s: dict, data_file: str, packed: bool) -> list[str]:
     return out
 
 
-class EngineStep:
-    """One variant of the engine: the real loop's `train_step`."""
-
-    def __init__(self, s: dict, data_file: str, packed: bool):
-        from hybridflow.run.loop import Trainer
-        from hybridflow.program.assemble import prepare
-        from hybridflow.run.tracking import RunDir
-        loaded = prepare(GRPO, engine_overrides(s, data_file, packed))
-        self.trainer = Trainer(loaded, RunDir(tempfile.mkdtemp(prefix="bench-scale-")))
-        self.rows = s["prompts"] * s["n"]
-        self._steps = 0
-
-    @property
-    def generate_calls(self) -> int:
-        """Generate calls so far: the seed of the next step's drawn lengths."""
-        return self._steps  # one generate call a step
-
-    def step(self) -> dict:
-        self._steps += 1
-        metrics = self.trainer.train_step()
-        phases = {k.split("/", 1)[1]: v for k, v in metrics.items()
-                  if k.startswith("timing_s/")}
-        generated = metrics.get("response_length/mean", 0.0) * self.rows
-        return {"phases_s": phases, "generated_tokens": generated}
-
-    def close(self) -> None:
-        self.trainer.close()
-
-
 def build(name: str, s: dict, data_file: str, texts: list[str]):
     if name == "handwritten":
         return HandwrittenScale(texts, s["size"], s["prompts"], s["n"], s["max_response"],
                                 s["micro"])
-    return EngineStep(s, data_file, packed=name == "engine-packed")
+    return EngineStep(engine_overrides(s, data_file, name == "engine-packed"),
+                      s["prompts"] * s["n"])
 
 
 def alternated(steppers: dict, reps: int, warmup: int) -> dict[str, list[dict]]:

@@ -30,7 +30,7 @@ import torch
 from bench import workload
 from bench.scale_loop import LengthStop, compute_score
 
-__all__ = ["trl_available", "run_trl"]
+__all__ = ["trl_available", "run_trl", "grpo_config", "alternate_with_trl"]
 
 
 def trl_available() -> bool:
@@ -58,9 +58,26 @@ def _length_sampled_generate(model, max_response: int, eos_id: int, first_seed: 
     model.generate = generate
 
 
+def grpo_config(prefix: str, **settings):
+    """TRL's GRPOConfig with what every side-by-side here matches the engine on (CPU,
+    float32, sampling at temperature 1 with no top-p/top-k, AdamW as the engine's,
+    constant lr, grad clip 1.0, clip 0.2, token-mean ("dapo") loss, std-scaled group
+    advantages, no KL, one PPO epoch, no logging), plus the `settings` of one bench
+    (batch shape, lengths, lr, steps)."""
+    from trl import GRPOConfig
+    matched = dict(
+        output_dir=tempfile.mkdtemp(prefix=prefix), use_cpu=True, report_to="none",
+        temperature=1.0, top_p=1.0, top_k=0, weight_decay=0.01, adam_beta1=0.9,
+        adam_beta2=0.999, max_grad_norm=1.0, lr_scheduler_type="constant", warmup_steps=0,
+        beta=0.0, epsilon=0.2, num_iterations=1, loss_type="dapo", scale_rewards="group",
+        save_strategy="no", logging_steps=10_000, seed=0, remove_unused_columns=False,
+        dataloader_num_workers=0, bf16=False, disable_tqdm=True, log_completions=False)
+    return GRPOConfig(**{**matched, **settings})
+
+
 def trl_trainer(s: dict, texts: list[str], steps: int, callback, first_seed: int = 0):
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     from hybridflow.workers.tokenizer import load_tokenizer
     tok = load_tokenizer("char")
@@ -74,51 +91,58 @@ def trl_trainer(s: dict, texts: list[str], steps: int, callback, first_seed: int
     def reward(prompts, completions, **_):
         return [compute_score("scale", c, "0") for c in completions]
 
-    args = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="bench-scale-trl-"), use_cpu=True,
-        report_to="none", per_device_train_batch_size=s["micro"],
+    args = grpo_config(
+        "bench-scale-trl-", per_device_train_batch_size=s["micro"],
         gradient_accumulation_steps=rows // s["micro"], num_generations=s["n"],
-        max_completion_length=s["max_response"], temperature=1.0, top_p=1.0, top_k=0,
-        learning_rate=1e-6, weight_decay=0.01, adam_beta1=0.9, adam_beta2=0.999,
-        max_grad_norm=1.0, lr_scheduler_type="constant", warmup_steps=0, beta=0.0,
-        epsilon=0.2, num_iterations=1, loss_type="dapo", scale_rewards="group",
-        max_steps=steps, save_strategy="no", logging_steps=10_000, seed=0,
-        remove_unused_columns=False, dataloader_num_workers=0, bf16=False,
-        disable_tqdm=True, log_completions=False)
+        max_completion_length=s["max_response"], learning_rate=1e-6, max_steps=steps)
     data = Dataset.from_list([{"prompt": t} for t in texts])
     return GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
                        processing_class=tok, callbacks=[callback])
 
 
-def run_trl(s: dict, texts: list[str], engines: dict, reps: int, warmup: int) -> dict:
-    """TRL for warmup + reps optimizer steps (one generation each); after each, one
-    step of every engine in `engines` (not counted in TRL's time)."""
+def alternate_with_trl(make_trainer, engines: dict, reps: int, warmup: int,
+                       optimizer_steps: int = 1) -> dict:
+    """Run TRL's trainer (`make_trainer(total_optimizer_steps, callback)`) for warmup +
+    reps rounds of `optimizer_steps` optimizer steps (one generation's worth); after
+    each round, one step of every engine in `engines` (not counted in TRL's time).
+    Returns each side's seconds per round, the warm-up rounds dropped."""
     from transformers import TrainerCallback
 
     class Alternate(TrainerCallback):
         def __init__(self):
-            self.mark, self.trl_steps = None, []
+            self.mark, self.trl_steps, self.done = None, [], 0
             self.engine_steps = {name: [] for name in engines}
 
         def on_train_begin(self, args, state, control, **kw):
             self.mark = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kw):
+            self.done += 1
+            if self.done % optimizer_steps:
+                return
             self.trl_steps.append(time.perf_counter() - self.mark)
-            print(f"  trl step {len(self.trl_steps) - 1} {self.trl_steps[-1]:7.2f} s",
-                  flush=True)
+            i = len(self.trl_steps) - 1
+            print(f"  round {i} trl            {self.trl_steps[-1]:7.2f} s", flush=True)
             for name, engine in engines.items():
                 start = time.perf_counter()
                 engine.step()
                 self.engine_steps[name].append(time.perf_counter() - start)
-                print(f"  trl step {len(self.trl_steps) - 1} {name:14s} "
-                      f"{self.engine_steps[name][-1]:7.2f} s", flush=True)
+                print(f"  round {i} {name:14s} {self.engine_steps[name][-1]:7.2f} s",
+                      flush=True)
             self.mark = time.perf_counter()
 
     callback = Alternate()
+    make_trainer(optimizer_steps * (warmup + reps), callback).train()
+    return {"trl_step_s": callback.trl_steps[warmup:],
+            **{f"{name}_step_s": ts[warmup:] for name, ts in callback.engine_steps.items()}}
+
+
+def run_trl(s: dict, texts: list[str], engines: dict, reps: int, warmup: int) -> dict:
+    """TRL for warmup + reps optimizer steps (one generation each); after each, one
+    step of every engine in `engines` (not counted in TRL's time)."""
     torch.manual_seed(0)
     first_seed = min(getattr(e, "generate_calls", 0) for e in engines.values()) \
         if engines else 0
-    trl_trainer(s, texts, warmup + reps, callback, first_seed).train()
-    return {"trl_step_s": callback.trl_steps[warmup:],
-            **{f"{name}_step_s": ts[warmup:] for name, ts in callback.engine_steps.items()}}
+    return alternate_with_trl(
+        lambda steps, callback: trl_trainer(s, texts, steps, callback, first_seed),
+        engines, reps, warmup)
