@@ -134,10 +134,9 @@ def predictions(config, args, rows):
                                   args.max_prompt + args.max_response),
                        args.max_prompt, args.max_response)
     return size, {
-        # plain HF generate here: no scores kept (the engine's `hf` backend keeps them)
+        # plain HF generate here: no log-prob recorder (the engine's `hf` backend has one)
         "generate": sum(generate_pass(size, min(args.gen_micro, rows), args.max_prompt,
-                                      args.max_response, keeps_scores=False,
-                                      cuda=True).values()),
+                                      args.max_response, records_logprobs=False).values()),
         "logprob": sum(inference_pass(size, micro).values()),
         "update": sum(train_pass(size, micro, cuda=True).values())
         + training_state(size)["optimizer"]}

@@ -17,7 +17,7 @@ from typing import Callable
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 __all__ = ["machine", "set_threads", "alternate", "median", "table", "write_results",
-           "peak_rss_bytes", "RESULTS"]
+           "peak_rss_bytes", "rss_bytes", "reset_peak_rss", "RESULTS"]
 
 
 def set_threads(n: int) -> int:
@@ -102,3 +102,23 @@ def write_results(name: str, payload: dict, out: str | None = None) -> str:
     with open(path, "w") as handle:
         json.dump(payload, handle, indent=1, default=str)
     return path
+
+
+def rss_bytes(pid: int | str = "self") -> int:
+    """The resident set size (VmRSS) of a process now, in bytes."""
+    with open(f"/proc/{pid}/status") as handle:
+        for line in handle:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's VmHWM to its current RSS (Linux: `5` to clear_refs), so
+    `peak_rss_bytes()` after a call is that call's peak; False where it cannot."""
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+        return True
+    except OSError:
+        return False

@@ -40,8 +40,10 @@ sdpa attention; bench/memory.py checks them against measured peaks):
   * head_dim * dtype bytes`, plus one layer's keys again (the cache grows by
   concatenation), and the sampling's float32 `[rows, vocab]` tensors (four: logits,
   processed scores, probabilities, a copy); or the prefill's temporaries when
-  larger. The `hf` engine also keeps every step's scores for the rollout log-probs:
-  `rows * response * vocab` float32, to the end of the call (see `generate_pass`).
+  larger. The `hf` engine's log-prob recorder (`ChosenLogProbs`) adds one more: the
+  step's log-softmax, kept until the next step reads the chosen token from it (it
+  no longer keeps every step's scores: `rows * response * vocab` float32 over-counted
+  a 49k-vocabulary model's generate ~2.5x, bench/real_model_memory.py).
 - **Inference** (log-probs, values): one layer's temporaries (3 intermediate + 4
   hidden per token) or the logits, whichever is larger.
 """
@@ -177,22 +179,20 @@ def inference_pass(size: ModelSize, micro: MicroBatch, vocab_head: bool = True,
 
 
 def generate_pass(size: ModelSize, rows: int, prompt: int, response: int,
-                  keeps_scores: bool = True, cuda: bool = False) -> dict[str, int]:
-    """Transient bytes of HF `generate` for `rows` sequences: the largest of the
-    prefill (the prompt's KV cache and one layer's temporaries), the last decoding
+                  records_logprobs: bool = True) -> dict[str, int]:
+    """Transient bytes of HF `generate` for `rows` sequences: the larger of the
+    prefill (the prompt's KV cache and one layer's temporaries) and the last decoding
     step (the full KV cache, one layer of it again while it grows by concatenation,
-    the sampling's float32 `[rows, vocab]` tensors) and, when the engine keeps each
-    step's scores for the rollout log-probs (`keeps_scores`: the `hf` engine), the
-    end of the call: the KV cache (still held by the output) and the scores, three
-    times over on the CPU (kept, stacked, log-softmaxed), once on a GPU (the
-    engine moves them to the host before stacking)."""
+    the sampling's float32 `[rows, vocab]` tensors: four, and a fifth when the engine
+    records the chosen tokens' log-probs, `records_logprobs`: the `hf` engine keeps
+    one step's log-softmax at a time). The recorded log-probs themselves are
+    `[rows, response]` float32, negligible beside these."""
     cache = kv_cache_bytes(size, rows, prompt + response)
-    scores = rows * response * size.arch.vocab * FP32 if keeps_scores else 0
+    vocab_tensors = 4 + (1 if records_logprobs else 0)
     phases = [
         {"kv cache": kv_cache_bytes(size, rows, prompt),
          "activations": layer_transients(size, MicroBatch(rows, prompt, 0))},
         {"kv cache": cache + cache // (2 * size.arch.layers),
-         "sampling": 4 * rows * size.arch.vocab * FP32, "scores": scores},
-        {"kv cache": cache, "scores": scores * (1 if cuda else 3)},
+         "sampling": vocab_tensors * rows * size.arch.vocab * FP32},
     ]
     return max(phases, key=lambda parts: sum(parts.values()))

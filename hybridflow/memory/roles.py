@@ -162,8 +162,8 @@ def _actor_pass(size: ModelSize, s, kind: str, rows: int, prompt: int, state: di
     given = (node.kwargs.get("micro_batch_size") if node is not None else None)
     if kind == "generate":
         micro = min(rows, s["rollout"].micro_batch_size)
-        scores = s["rollout"].backend == "hf"  # keeps every step's scores for log-probs
-        return {**generate_pass(size, micro, prompt, response, scores, state["cuda"]),
+        records = s["rollout"].backend == "hf"  # its log-prob recorder: one more [rows, vocab]
+        return {**generate_pass(size, micro, prompt, response, records),
                 "batch": batch_bytes(rows, prompt, response)}
     if kind == "train":
         budget = None if method == "sft" else s["actor"].max_tokens_per_micro_batch

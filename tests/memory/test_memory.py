@@ -193,17 +193,59 @@ def test_fsdp2_shards_the_actor_state_and_ddp_adds_buckets():
     assert "ddp buckets" not in single.passes["actor.update"]
 
 
-def test_generate_peak_counts_the_hf_engines_kept_scores():
+def test_generate_peak_counts_one_recorded_step_not_every_steps_scores():
     from hybridflow.memory.passes import generate_pass
     size = _hand_size()  # vocab 100, fp32, 2 layers, 2 KV heads of 16
     cache = kv_cache_bytes(size, rows=2, length=53)
-    scores = 2 * 50 * 100 * 4  # rows x response steps x vocab x float32
-    cpu = generate_pass(size, rows=2, prompt=3, response=50)
-    assert cpu == {"kv cache": cache, "scores": 3 * scores}  # kept, stacked, log-softmax
-    gpu = generate_pass(size, rows=2, prompt=3, response=50, cuda=True)
-    assert gpu["scores"] == scores  # moved to the host before stacking
-    plain = generate_pass(size, rows=2, prompt=3, response=50, keeps_scores=False)
-    assert plain["scores"] == 0 and plain["kv cache"] > cache  # + the growing layer
+    step = 2 * 100 * 4  # rows x vocab x float32
+    hf = generate_pass(size, rows=2, prompt=3, response=50)
+    # the full cache, one layer of it again, the sampling's four tensors + the recorder's
+    assert hf == {"kv cache": cache + cache // 4, "sampling": 5 * step}
+    plain = generate_pass(size, rows=2, prompt=3, response=50, records_logprobs=False)
+    assert plain["sampling"] == 4 * step
+    longer = generate_pass(size, rows=2, prompt=3, response=100)
+    assert longer["sampling"] == hf["sampling"]  # nothing vocab-wide grows with the steps
+
+
+def _allocated_peak(fn) -> int:
+    """The highest running sum of the CPU allocator's events while `fn` runs."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    current = peak = 0
+    for _, nbytes in sorted((e.start_ns(), e.nbytes()) for e in
+                            prof.profiler.kineto_results.events() if e.name() == "[memory]"):
+        current += nbytes
+        peak = max(peak, current)
+    return peak
+
+
+def test_the_hf_engines_generate_peak_matches_the_prediction_on_a_wide_vocabulary():
+    """A 20k vocabulary makes every step's scores (the old model: 3 x rows x steps x
+    vocab floats, ~58 MB here) dwarf the KV cache: the engine's peak must be the
+    one-step figure, as SmolLM2's (49k vocabulary) is (bench/real_model_memory.py)."""
+    from types import SimpleNamespace
+
+    from hybridflow.core.batch import Batch
+    from hybridflow.memory.passes import generate_pass
+    from hybridflow.workers.config import RolloutConfig
+    from hybridflow.workers.rollout.hf import HFEngine
+    values = {**LLAMA, "vocab_size": 20_000, "num_hidden_layers": 1}
+    torch.manual_seed(0)
+    model = _real(values)
+    tokenizer = SimpleNamespace(pad_token_id=0, eos_token_id=1)
+    engine = HFEngine(model, tokenizer, torch.device("cpu"), shares_module=True)
+    rows, prompt, response = 6, 8, 60
+    ids = torch.randint(2, 20_000, (rows, prompt))
+    prompts = Batch({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+    opts = RolloutConfig(max_new_tokens=response, micro_batch_size=rows)
+    out = {}
+    measured = _allocated_peak(lambda: out.update(batch=engine.generate(prompts, opts)))
+    width = int(out["batch"]["response_mask"].sum(1).max())
+    predicted = sum(generate_pass(model_size(_config(values), "causal", torch.float32),
+                                  rows, prompt, width).values())
+    assert width > response // 2  # random weights seldom sample the eos id
+    assert 0.7 * measured <= predicted <= 1.3 * measured, (predicted, measured)
 
 
 def test_trained_bf16_models_count_float32_master_weights():
