@@ -70,7 +70,7 @@ def settings(args) -> dict:
     return {"model": args.model, "data": args.data, "prompts": args.prompts, "n": args.n,
             "max_new_tokens": args.max_new_tokens, "mini": mini, "micro": micro,
             "lr": float(shipped.actor.lr), "threads": args.threads, "engine": args.engine,
-            "trl_vllm": args.trl_vllm}
+            "trl_vllm": args.trl_vllm, "overrides": list(args.overrides)}
 
 
 def engine_overrides(s: dict) -> list[str]:
@@ -85,7 +85,7 @@ def engine_overrides(s: dict) -> list[str]:
            f"runtime.torch_threads={s['threads']}"]
     if s["engine"] == "vllm":
         out += ["rollout.backend=vllm"]
-    return out
+    return out + list(s.get("overrides", ()))
 
 
 def trl_rows(path: str) -> list[dict]:
@@ -242,6 +242,9 @@ def main(argv=None) -> int:
     parser.add_argument("--trl-vllm", action="store_true",
                         help='TRL with use_vllm=True, vllm_mode="colocate"')
     parser.add_argument("--out", default=None)
+    parser.add_argument("overrides", nargs="*", help="key=value for the engine's run, e.g. "
+                        "rollout.enforce_eager=false (TRL's vLLM compiles: it sets no "
+                        "enforce_eager)")
     args = parser.parse_args(argv)
     if not args.model or not args.data:
         parser.error("--model (or HYBRIDFLOW_SMOLLM2_DIR) and --data are needed: "

@@ -18,7 +18,7 @@ sys.path.insert(0, REPO)
 
 def _args(**kw):
     base = dict(model="/m", data="/d", prompts=8, n=4, max_new_tokens=48, mini=0, micro=0,
-                threads=2, engine="hf", trl_vllm=False)
+                threads=2, engine="hf", trl_vllm=False, overrides=[])
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -41,7 +41,9 @@ def test_trl_engine_overrides_match_the_trl_side():
                  "runtime.torch_threads=2", "data.train_files=/d/train.jsonl"):
         assert item in over
     assert "rollout.backend=vllm" not in over
-    assert "rollout.backend=vllm" in rt.engine_overrides({**s, "engine": "vllm"})
+    vllm = rt.engine_overrides({**s, "engine": "vllm",
+                                "overrides": ["rollout.enforce_eager=false"]})
+    assert vllm[-2:] == ["rollout.backend=vllm", "rollout.enforce_eager=false"]
 
 
 def test_trl_rows_and_reward_score_as_the_engine_does(tmp_path):
