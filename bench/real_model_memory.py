@@ -56,6 +56,10 @@ PASSES = ("rollout.generate", "actor.logprob", "actor.update")
 CONFIGS = {
     "shipped": [],
     "micro16": ["actor.micro_batch_size=16", "rollout.log_prob_micro_batch_size=32"],
+    # half the rows (4 prompts x 4), the same log-prob and update micro-batches: the
+    # same peaks of those passes for half the compute (a loaded machine)
+    "shipped-b4": ["data.batch_size=4"],
+    "micro16-b4": ["data.batch_size=4", "actor.micro_batch_size=16"],
     "tiny": ["data.batch_size=2", "rollout.n=2", "rollout.max_new_tokens=8",
              "actor.mini_batch_size=4", "actor.micro_batch_size=2",
              "rollout.log_prob_micro_batch_size=4", "rollout.micro_batch_size=4"],
