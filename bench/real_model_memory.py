@@ -180,7 +180,9 @@ def probe(name: str, model: str, data: str, threads: int, with_rss: bool = True,
 
 def run(names: list[str], model: str, data: str, threads: int, with_rss: bool = True,
         out: str | None = None, quiet: bool = False, warmup: bool = True) -> dict:
-    results = []
+    """Each configuration in a fresh process; the JSON is rewritten after each one, so
+    a run stopped part-way keeps the configurations it finished."""
+    results, payload, path = [], {}, None
     for name in names:
         cmd = [sys.executable, os.path.abspath(__file__), "--probe", name, "--model", model,
                "--data", data, "--threads", str(threads)] + ([] if with_rss else ["--no-rss"]) \
@@ -194,17 +196,21 @@ def run(names: list[str], model: str, data: str, threads: int, with_rss: bool = 
         results.append(json.loads(lines[-1]))
         if not quiet:
             print(report_config(results[-1]), flush=True)
-    errors = [abs(p["error"]) for r in results for p in r["passes"].values()]
-    payload = {"machine": machine(), "method": "tensor peak: live CPU tensors before + "
-               "profiler allocation events (bench/memory.py); rss: VmHWM growth",
-               "target": TARGET, "configs": results, "worst_abs_error": max(errors),
-               "within_target": sum(e <= TARGET for e in errors), "passes": len(errors),
-               "load_avg_1m_at_end": os.getloadavg()[0]}
-    path = write_results("real_model_memory", payload, out)
+        payload = summarize(results)
+        path = write_results("real_model_memory", payload, out)
     if not quiet:
         print(f"{payload['within_target']}/{payload['passes']} passes within "
               f"±{TARGET:.0%}; worst {payload['worst_abs_error']:.1%}\nwrote {path}")
     return payload
+
+
+def summarize(results: list[dict]) -> dict:
+    errors = [abs(p["error"]) for r in results for p in r["passes"].values()]
+    return {"machine": machine(), "method": "tensor peak: live CPU tensors before + "
+            "profiler allocation events (bench/memory.py); rss: VmHWM growth",
+            "target": TARGET, "configs": results, "worst_abs_error": max(errors),
+            "within_target": sum(e <= TARGET for e in errors), "passes": len(errors),
+            "load_avg_1m_at_end": os.getloadavg()[0]}
 
 
 def report_config(r: dict) -> str:

@@ -77,6 +77,10 @@ def test_memory_bench_configs_and_table():
               "actor_micro": 8, "logprob_micro": 16, "generate_micro": 32}
     text = rm.report_config({"config": "shipped", "shapes": shapes, "passes": passes})
     assert "actor.update" in text and "1.1" in text  # predicted / measured
+    off = {**passes, "actor.update": {**passes["actor.update"], "error": -0.4}}
+    summary = rm.summarize([{"config": "shipped", "shapes": shapes, "passes": off}])
+    assert (summary["within_target"], summary["passes"]) == (2, 3)
+    assert summary["worst_abs_error"] == pytest.approx(0.4)
 
 
 def test_memory_bench_needs_the_model_and_data(capsys):
