@@ -158,6 +158,8 @@ def probe(name: str, model: str, data: str, threads: int, with_rss: bool = True,
                 call()
                 row["rss_growth"] = peak_rss_bytes() - rss0
         measured[pass_name] = row
+        print(f"{name} {pass_name}: tensor peak {peak / MIB:.1f} MiB", file=sys.stderr,
+              flush=True)  # a probe stopped part-way still shows what it measured
     widest = int(state["gen"]["response_mask"].sum(1).max())
     predicted, at_width = predict(loaded), predict(loaded, max(1, widest))
 
@@ -187,12 +189,13 @@ def run(names: list[str], model: str, data: str, threads: int, with_rss: bool = 
         cmd = [sys.executable, os.path.abspath(__file__), "--probe", name, "--model", model,
                "--data", data, "--threads", str(threads)] + ([] if with_rss else ["--no-rss"]) \
             + ([] if warmup else ["--no-warmup"])
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
+        # the probe's stderr (each pass as it is measured, any traceback) passes through
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT,
                               env={**os.environ, "PYTHONPATH": ROOT})
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
         if proc.returncode or not lines:
-            raise SystemExit(f"probe {name} failed (exit {proc.returncode}):\n"
-                             f"{proc.stderr[-3000:]}")
+            raise SystemExit(f"probe {name} failed (exit {proc.returncode}): its output "
+                             "is above")
         results.append(json.loads(lines[-1]))
         if not quiet:
             print(report_config(results[-1]), flush=True)
