@@ -222,7 +222,7 @@ def _allocated_peak(fn) -> int:
 
 def test_the_hf_engines_generate_peak_matches_the_prediction_on_a_wide_vocabulary():
     """A 20k vocabulary makes every step's scores (the old model: 3 x rows x steps x
-    vocab floats, ~58 MB here) dwarf the KV cache: the engine's peak must be the
+    vocab floats, ~86 MB here) dwarf the KV cache: the engine's peak must be the
     one-step figure, as SmolLM2's (49k vocabulary) is (bench/real_model_memory.py)."""
     from types import SimpleNamespace
 
