@@ -43,7 +43,21 @@ def machine() -> dict:
         load = None
     return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
-            "platform": platform.platform(), "load_avg_1m_at_start": load}
+            "platform": platform.platform(), "load_avg_1m_at_start": load,
+            # the vector ISA torch's kernels use: bf16 is fast only with AVX-512 bf16/AMX
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cpu_vector_flags": _vector_flags()}
+
+
+def _vector_flags() -> list[str]:
+    """The AVX/AMX flags /proc/cpuinfo reports (what the VM exposes, not the chip)."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            flags = next(line.split(":", 1)[1].split() for line in handle
+                         if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return []
+    return sorted(f for f in flags if f.startswith(("avx", "amx")))
 
 
 def alternate(variants: dict[str, Callable[[], object]], reps: int,

@@ -46,6 +46,22 @@ def make_pass(model, ids, mask, kind: str, bf16: bool):
     return run
 
 
+def matmul_probe(reps: int = 10) -> dict[str, float]:
+    """Seconds per matmul of one MLP projection's shape in fp32 and bf16: whether this
+    CPU has bf16 kernels at all (without AVX-512 bf16 / AMX, bf16 is emulated)."""
+    import time
+    a, b = torch.randn(864, 576), torch.randn(576, 1536)
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        x, y = a.to(dtype), b.to(dtype)
+        x @ y
+        start = time.perf_counter()
+        for _ in range(reps):
+            x @ y
+        out[str(dtype).split(".")[-1]] = (time.perf_counter() - start) / reps
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=os.environ.get("HYBRIDFLOW_SMOLLM2_DIR"))
@@ -72,16 +88,21 @@ def main() -> int:
     drift = float((fp32 - bf16).abs().max())
     variants = {f"{kind} {name}": make_pass(model, ids, mask, kind, name == "bf16")
                 for kind in ("update", "logprob") for name in ("fp32", "bf16")}
+    matmul = matmul_probe()
     times = alternate(variants, args.reps, warmup=1)
     rows = []
     for kind in ("update", "logprob"):
         fp, bf = median(times[f"{kind} fp32"]), median(times[f"{kind} bf16"])
         rows.append([kind, fp, bf, fp / bf])
     print(table(["pass", "fp32 s", "bf16 s", "bf16 speed-up"], rows))
+    print(f"torch CPU capability {torch.backends.cpu.get_cpu_capability()}; one "
+          f"864x576 @ 576x1536 matmul: fp32 {matmul['float32'] * 1e3:.1f} ms, "
+          f"bf16 {matmul['bfloat16'] * 1e3:.1f} ms")
     print(f"largest |log-prob fp32 - bf16|: {drift:.3f} nats "
           f"({args.rows} rows x {width} tokens)")
     path = write_results("real_model_precision", {
         "machine": machine(), "args": vars(args), "times_s": times, "max_logprob_drift": drift,
+        "matmul_probe_s": matmul,
         "load_avg_1m_at_end": os.getloadavg()[0],
         "rows": [dict(zip(("pass", "fp32_s", "bf16_s", "speedup"), r)) for r in rows]},
         args.out)

@@ -69,3 +69,22 @@ def test_check_bench_reports_cpu_seconds_against_the_budget(tmp_path):
     assert payload["targets"]["verdict"] in ("within budget", "over budget")
     assert json.loads(out.read_text())["targets"]["cpu_budget_s"] == check.CPU_BUDGET_S
     assert "budget" in check.report(payload)
+
+
+def test_suite_times_sums_wall_and_cpu_seconds_per_module(tmp_path, capsys):
+    from bench import suite_times
+    tests = tmp_path / "t"
+    tests.mkdir()
+    (tests / "test_busy.py").write_text(
+        "import time\n\n\ndef test_spin():\n    end = time.process_time() + 0.2\n"
+        "    while time.process_time() < end:\n        pass\n\n\ndef test_two():\n"
+        "    pass\n")
+    (tests / "test_fails.py").write_text("def test_no():\n    assert False\n")
+    out = tmp_path / "times.json"
+    assert suite_times.main([str(tests)], out=str(out)) == 1
+    payload = json.loads(out.read_text())
+    busy, fails = (payload["modules"][m] for m in ("test_busy.py", "test_fails.py"))
+    assert busy["tests"] == 2 and fails["tests"] == 1
+    assert busy["cpu_s"] >= 0.15 and busy["wall_s"] >= 0.15  # the spin (clock ticks)
+    assert payload["outcomes"] == {"passed": 2, "failed": 1}
+    assert "test_busy.py" in capsys.readouterr().out
