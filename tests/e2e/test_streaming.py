@@ -10,25 +10,9 @@ import pytest
 import torch
 
 from tests.support.e2e import series, train
-from tests.support.stream_runs import stream_recording, trained_uids
+from tests.support.stream_runs import check_rows, stream_recording, trained_uids
 
 CORRECTED = ("actor.off_policy=decoupled",)
-
-
-def check_rows(seen: dict, k: int, n: int = 4) -> None:
-    """Per sample and per token: what the admission rule and the engine promise."""
-    for step, (rows, _, _) in seen.items():
-        trained = step - 1  # updates before this step's
-        pv, tv = rows["policy_version"], rows["token_versions"]
-        mask = rows["response_mask"].bool()
-        assert ((pv >= trained - k) & (pv <= trained)).all(), (step, pv.tolist())
-        for version, tokens, real in zip(pv.tolist(), tv, mask):
-            sampled = tokens[real]
-            assert sampled.min() == version  # a row's version: its oldest token's
-            assert (sampled[1:] >= sampled[:-1]).all()  # new weights, never older ones
-            assert (tokens[~real] == -1).all()
-        counts = {u: list(rows["uid"]).count(u) for u in rows["uid"]}
-        assert set(counts.values()) == {n}  # whole groups only
 
 
 @pytest.mark.parametrize("k,partial", [(1, True), (1, False),

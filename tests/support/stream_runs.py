@@ -45,3 +45,19 @@ def stream_recording(tmp_path, *overrides, graph="grpo", resume=None, stop_after
 def trained_uids(seen: dict) -> list[str]:
     """Each step's groups, once per group, in step order."""
     return [u for step in sorted(seen) for u in dict.fromkeys(seen[step][0]["uid"])]
+
+
+def check_rows(seen: dict, k: int, n: int = 4) -> None:
+    """Per sample and per token: what the admission rule and the engine promise."""
+    for step, (rows, _, _) in seen.items():
+        trained = step - 1  # updates before this step's
+        pv, tv = rows["policy_version"], rows["token_versions"]
+        mask = rows["response_mask"].bool()
+        assert ((pv >= trained - k) & (pv <= trained)).all(), (step, pv.tolist())
+        for version, tokens, real in zip(pv.tolist(), tv, mask):
+            sampled = tokens[real]
+            assert sampled.min() == version  # a row's version: its oldest token's
+            assert (sampled[1:] >= sampled[:-1]).all()  # new weights, never older ones
+            assert (tokens[~real] == -1).all()
+        counts = {u: list(rows["uid"]).count(u) for u in rows["uid"]}
+        assert set(counts.values()) == {n}  # whole groups only
