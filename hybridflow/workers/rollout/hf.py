@@ -120,7 +120,8 @@ class HFEngine:
                                "(placement.roles.rollout=<pool>)")
         if self._stream is None:
             from hybridflow.workers.rollout.stream import StreamLoop
-            self._stream = StreamLoop(self.module, self.tokenizer, self.device, opts, self.seed)
+            self._stream = StreamLoop(self.module, self.tokenizer, self.device, opts, self.seed,
+                                      sampled_warpers(opts))
         elif self._stream.opts != opts:
             raise ValueError("a streaming rollout samples with one set of options; got "
                              f"{opts} after {self._stream.opts}")

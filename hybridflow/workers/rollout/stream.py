@@ -59,8 +59,9 @@ class Request:
 
 
 class StreamLoop:
-    def __init__(self, module, tokenizer, device, opts, seed: int):
+    def __init__(self, module, tokenizer, device, opts, seed: int, warpers=()):
         self.module, self.device, self.opts = module, device, opts
+        self.warpers = list(warpers)  # the engine's sampling warpers for `opts`
         self.pad = tokenizer.pad_token_id
         eos = tokenizer.eos_token_id
         self.eos_id = eos
@@ -139,7 +140,6 @@ class StreamLoop:
     def _next_scores(self) -> torch.Tensor:
         """The processed next-token scores [B, V] of the active sequences (warpers
         applied: the distribution a token is sampled from)."""
-        from hybridflow.workers.rollout.hf import sampled_warpers
         seqs = [r.prompt + r.tokens for r in self.active]
         width = max(len(s) for s in seqs)
         ids = torch.full((len(seqs), width), self.pad, dtype=torch.long)
@@ -156,7 +156,7 @@ class StreamLoop:
         finally:
             self.module.train(was_training)
         scores = out.logits[:, -1, :].float()
-        for warper in sampled_warpers(self.opts):
+        for warper in self.warpers:
             scores = warper(ids, scores)
         return scores
 
