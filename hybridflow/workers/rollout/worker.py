@@ -109,7 +109,8 @@ class RolloutWorker(StreamCalls, Worker):
         opts = sampling_options(self.rollout_cfg, n=n, temperature=temperature, top_p=top_p,
                                 top_k=top_k, max_new_tokens=max_new_tokens,
                                 do_sample=do_sample)
-        return generate_rows(self.engine, batch, opts)
+        with self.stream_lock:  # not inside a streaming loop's decode step (validation)
+            return generate_rows(self.engine, batch, opts)
 
     @method(dispatch=BROADCAST, reads=WEIGHT_KEYS, writes=(), kind="inference")
     def load_weights(self, batch: Batch) -> Batch:
