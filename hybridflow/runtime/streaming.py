@@ -151,7 +151,7 @@ class StreamingScheduler:
                 self.groups.add(reply["rows"])
                 arrived = True
         self.counts = counts
-        if not arrived and not busy and not self.background:
+        if not arrived and not busy:  # (a poll reads rows and `busy` under one lock)
             raise RuntimeError(
                 f"streaming: the buffer holds {self.groups.held()} whole group(s) of the "
                 f"{self.size} a step needs and the rollout has nothing in flight "
