@@ -28,11 +28,17 @@ step in every variant). Per repetition and variant:
 Ratios are taken within a repetition (same seed, same minutes of machine load), then
 the median over repetitions is reported (bench/async_report.py).
 
+`--streaming 2` adds the variant `s2`: `trainer.staleness=2 trainer.async_mode=streaming`
+(the rollout engine generating continuously on its own thread, docs/async.md),
+alternated in the same repetitions with synchronous and pipelined ones; its ratio
+over staleness 0 is reported under "s2".
+
 Async runs need an off-policy choice: `actor.off_policy=tis` when this tree has it,
 else `trainer.allow_uncorrected_async=true` (`--off-policy` forces one).
 
     python bench/async.py [--reps 5] [--steps 30] [--fixed-steps 12] [--prompts 16]
                           [--n 8] [--max-new-tokens 32] [--staleness 0 1 2]
+                          [--streaming 1 2]
                           [--rollout-side-on gen|main] [--out PATH]
 """
 from __future__ import annotations
@@ -80,9 +86,16 @@ def off_policy_override(choice: str) -> tuple[str, str]:
     return choice, f"actor.off_policy={choice}"
 
 
-def overrides(args, k: int, seed: int, correction: str, fixed: bool) -> list[str]:
+def staleness_of(key) -> int:
+    """A variant's staleness: its key (pipelined, int) or "s<k>" (streaming)."""
+    return int(key[1:]) if isinstance(key, str) else int(key)
+
+
+def overrides(args, key, seed: int, correction: str, fixed: bool) -> list[str]:
     """The run's overrides; `fixed`: a learning rate of 0 and no validation (the
     policy, hence every step's work, stays the base model's)."""
+    k = staleness_of(key)
+    mode = ["trainer.async_mode=streaming"] if isinstance(key, str) else []
     val_every, steps = (0, args.fixed_steps) if fixed else (args.val_every, args.steps)
     rollout = ["placement.roles.rollout=gen"] if args.rollout_on == "gen" else []
     out = ["runtime.name=ray", "placement.pools.gen.devices_per_node=1",
@@ -93,7 +106,7 @@ def overrides(args, k: int, seed: int, correction: str, fixed: bool) -> list[str
            "trainer.progress=false", f"data.batch_size={args.prompts}", f"rollout.n={args.n}",
            f"rollout.max_new_tokens={args.max_new_tokens}",
            f"rollout.micro_batch_size={args.prompts * args.n}"]
-    return out + ([correction] if k else []) + (["actor.lr=0"] if fixed else []) \
+    return out + mode + ([correction] if k else []) + (["actor.lr=0"] if fixed else []) \
         + list(args.extra)
 
 
@@ -112,13 +125,14 @@ def side_roles(pool: str) -> list[str]:
 class Variant:
     """One trainer (fresh from the base model) and what its steps measured."""
 
-    def __init__(self, args, k: int, seed: int, correction: str, fixed: bool = False):
+    def __init__(self, args, key, seed: int, correction: str, fixed: bool = False):
         from hybridflow.run.loop import Trainer
         from hybridflow.program.assemble import prepare
         from hybridflow.run.tracking import RunDir
-        self.k, self.name = k, f"staleness {k}"
-        loaded = prepare(GRPO, overrides(args, k, seed, correction, fixed))
-        self.trainer = Trainer(loaded, RunDir(tempfile.mkdtemp(prefix=f"bench-async-{k}-")))
+        self.key, self.k = key, staleness_of(key)
+        self.name = f"streaming {self.k}" if isinstance(key, str) else f"staleness {key}"
+        loaded = prepare(GRPO, overrides(args, key, seed, correction, fixed))
+        self.trainer = Trainer(loaded, RunDir(tempfile.mkdtemp(prefix=f"bench-async-{key}-")))
         self.steps: list[dict] = []           # train_step metrics, one per step
         self.accuracy: list[tuple[int, float]] = []  # (step, greedy accuracy)
         self.val_every = 0 if fixed else args.val_every
@@ -185,7 +199,7 @@ def summarize(v: Variant, window: range, target: float, side_on: str) -> dict:
             break
     stale = [m for m in v.steps if "async/staleness/mean" in m]
     return {
-        "staleness": v.k, "step_s": step_s, "steps_per_s": 1.0 / step_s,
+        "staleness": v.key, "step_s": step_s, "steps_per_s": 1.0 / step_s,
         "all_steps_s": sum(m["perf/time_per_step"] for m in v.steps),
         "generate_s": med("timing_s/rollout.generate"),
         "gen_pool_s": work["gen"], "main_pool_s": work["main"],
@@ -206,7 +220,7 @@ def repetition(args, rep: int, correction: str, fixed: bool) -> dict[int, dict]:
     """Fresh trainers for every variant, stepped in turn; their summaries by k."""
     seed, steps = rep + 1, args.fixed_steps if fixed else args.steps
     parallelism = [machine_parallelism()]  # before and after: the load of the moment
-    variants = [Variant(args, k, seed, correction, fixed) for k in args.staleness]
+    variants = [Variant(args, key, seed, correction, fixed) for key in args.variants]
     try:
         if args.profile:  # where to point py-spy
             for v in variants:
@@ -221,9 +235,9 @@ def repetition(args, rep: int, correction: str, fixed: bool) -> dict[int, dict]:
     finally:
         for v in variants:
             v.close()
-    window = range(args.warmup, steps - max(args.staleness))
+    window = range(args.warmup, steps - max(map(staleness_of, args.variants)))
     parallelism.append(machine_parallelism())
-    return {v.k: {**summarize(v, window, args.target_accuracy, args.rollout_side_on),
+    return {v.key: {**summarize(v, window, args.target_accuracy, args.rollout_side_on),
                   "machine_parallelism": sum(parallelism) / 2} for v in variants}
 
 
@@ -235,8 +249,8 @@ def phase(args, correction: str, fixed: bool) -> dict:
         if not args.quiet:
             print(rep_table(reps[-1], rep, fixed), flush=True)
     return {"reps": [{str(k): r for k, r in rep.items()} for rep in reps],
-            "rows": [median_row(reps, k) for k in args.staleness],
-            "ratios": {str(k): ratios(reps, k) for k in args.staleness if k}}
+            "rows": [median_row(reps, key) for key in args.variants],
+            "ratios": {str(key): ratios(reps, key) for key in args.variants if key != 0}}
 
 
 def ratios(reps: list[dict[int, dict]], k: int) -> dict:
@@ -267,7 +281,7 @@ def run(args) -> dict:
     os.environ["RAY_worker_niceness"] = str(args.worker_niceness)
     started = not ray.is_initialized()
     if started:  # two logical GPUs (pools main and gen) a variant
-        ray.init(num_cpus=8, num_gpus=2 * len(args.staleness), include_dashboard=False,
+        ray.init(num_cpus=8, num_gpus=2 * len(args.variants), include_dashboard=False,
                  log_to_driver=False)
     start = time.perf_counter()
     try:
@@ -288,7 +302,8 @@ def run(args) -> dict:
                   "fixed_policy_steps": args.fixed_steps,
                   "reps": args.reps, "torch_threads": args.threads,
                   "worker_niceness": args.worker_niceness,
-                  "staleness": args.staleness, "target_accuracy": args.target_accuracy,
+                  "staleness": args.staleness, "streaming": args.streaming,
+                  "target_accuracy": args.target_accuracy,
                   "off_policy": correction, "off_policy_override": correction_override},
         **learning,
         "fixed_policy": fixed,
@@ -326,6 +341,9 @@ def parse(argv=None):
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--streaming", type=int, nargs="*", default=[],
+                        help="staleness values also run with trainer.async_mode=streaming "
+                             "(variants s<k>, alternated with the others)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads a worker")
     parser.add_argument("--target-accuracy", type=float, default=0.9)
     parser.add_argument("--off-policy", default="auto",
@@ -345,8 +363,11 @@ def parse(argv=None):
     if 0 not in args.staleness:
         parser.error("--staleness must include 0 (the ratios are against it)")
     args.staleness = sorted(set(args.staleness))
+    if any(k < 1 for k in args.streaming):
+        parser.error("--streaming values must be >= 1 (streaming needs a staleness bound)")
+    args.variants = args.staleness + [f"s{k}" for k in sorted(set(args.streaming))]
     for steps in (args.steps, args.fixed_steps or args.steps):
-        if steps <= args.warmup + max(args.staleness):
+        if steps <= args.warmup + max(map(staleness_of, args.variants)):
             parser.error("--steps and --fixed-steps must exceed --warmup plus the "
                          "largest staleness")
     return args

@@ -56,11 +56,13 @@ class BufferSpec:
     capacity: int          # batches generated ahead and not yet trained (k)
     unit: str | None       # group key admitted whole (a GRPO group: `uid`)
     max_staleness: int     # admits rows with policy_version >= trained version - this
+    streaming: bool = False  # fed sample by sample as they finish (streaming_split.py)
 
     def describe(self) -> str:
         unit = f"unit {self.unit}" if self.unit else "unit: the batch"
+        fed = "; streams samples as they finish" if self.streaming else ""
         return (f"capacity {self.capacity}, {unit}, admits policy_version >= "
-                f"trained - {self.max_staleness}")
+                f"trained - {self.max_staleness}{fed}")
 
 
 @dataclass(frozen=True)
@@ -320,8 +322,11 @@ def buffer_summary(plan: ExecutionPlan) -> str:
     """What `hybridflow check` prints of an async plan."""
     sides = sides_of(plan)
     k = sides.staleness
-    lines = [f"async: trainer.staleness={k} (batches generated with weights up to {k} "
-             f"update(s) old)",
+    streaming = any(n.buffer.streaming for n in buffer_nodes(plan))
+    lines = [f"async: trainer.staleness={k}, trainer.async_mode=streaming (samples "
+             f"generated continuously, admitted with weights up to {k} update(s) old)"
+             if streaming else f"async: trainer.staleness={k} (batches generated with "
+             f"weights up to {k} update(s) old)",
              f"  rollout side: {', '.join(sides.rollout)}",
              f"  train side:   {', '.join(sides.train)}"]
     edges = [f"{a} -> {b}" for a, b in sides.crossing_edges(plan)]

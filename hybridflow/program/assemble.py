@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hybridflow.program.auto_placement import expand_auto, plan_auto_placement
 from hybridflow.plan.async_split import attach_staleness
+from hybridflow.plan.streaming_split import attach_streaming
 from hybridflow.plan.balance import insert_token_balance
 from hybridflow.plan.compiler import ExecutionPlan, compile_graph
 from hybridflow.program.config import (ConfigError, ParallelConfig, PoolConfig, RunConfig,
@@ -142,12 +143,26 @@ def prepare(graph_path: str, overrides: list[str] | None = None,
         plan = _auto_place(cfg, graph, bindings, plan)
     if cfg.trainer.balance_batch:
         plan = insert_token_balance(plan)
-    plan = attach_staleness(plan, cfg.trainer.staleness, cfg.trainer.allow_uncorrected_async,
-                            lambda node: _default_loss_corrects(cfg, node))
+    plan = _attach_async(cfg, plan)
     if preflight:
         from hybridflow.program.preflight import preflight as check_run
         check_run(cfg, plan)
     return LoadedGraph(module, cfg, graph, plan, run_values(cfg))
+
+
+def _attach_async(cfg: DictConfig, plan):
+    """The plan's buffers for `trainer.staleness` and `trainer.async_mode`."""
+    trainer = cfg.trainer
+    corrects = lambda node: _default_loss_corrects(cfg, node)  # noqa: E731
+    if trainer.async_mode != "streaming":
+        return attach_staleness(plan, trainer.staleness, trainer.allow_uncorrected_async,
+                                corrects)
+    if trainer.staleness < 1:
+        raise ConfigError("trainer.async_mode=streaming needs trainer.staleness >= 1 (how "
+                          "many updates old a sample's oldest token may be); got "
+                          f"trainer.staleness={trainer.staleness}; set trainer.staleness=1 "
+                          "or trainer.async_mode=pipeline")
+    return attach_streaming(plan, trainer.staleness, trainer.allow_uncorrected_async, corrects)
 
 
 def _default_loss_corrects(cfg: DictConfig, node) -> bool:

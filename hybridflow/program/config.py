@@ -24,7 +24,7 @@ from omegaconf.errors import (ConfigAttributeError, ConfigKeyError,
                               InterpolationResolutionError, ValidationError)
 
 from hybridflow.core.constraints import (ConfigError, Rule, at_least, check_values, checked,
-                                         in_range, plain_name)
+                                         in_range, one_of, plain_name)
 from hybridflow.core.data import DEFAULT_TOY_MAKER
 from hybridflow.core.names import named_object
 from hybridflow.core.runtime_section import RuntimeConfig
@@ -58,6 +58,11 @@ class TrainerConfig:
     # async: generate up to `staleness` steps ahead of training (0: synchronous)
     staleness: int = checked(0, at_least(0))
     allow_uncorrected_async: bool = False  # train stale samples with no off-policy correction
+    # how the rollout runs ahead (staleness >= 1): "pipeline" generates whole batches k
+    # steps ahead; "streaming" generates continuously and hands over groups as they
+    # finish (docs/async.md)
+    async_mode: str = checked("pipeline", one_of("pipeline", "streaming",
+                                                 what="trainer.async_mode"))
     # reorder each generated batch so data-parallel ranks get equal tokens (balance.py)
     balance_batch: bool = False
     # steps whose batches (every node's output) are written to RUN_DIR/batches/ (batch_dump.py)

@@ -128,10 +128,12 @@ def train_nodes(plan) -> tuple[str, str] | None:
     """(generate node, the node scoring its rows) of a training plan, or None when
     the plan has no such pair (an SFT graph): what `trainer.log_generations` samples."""
     from hybridflow.core.kinds import NodeKind
+    from hybridflow.plan.async_split import BUFFER_PREFIX
     for gen in plan.nodes:
         if gen.kind is not NodeKind.GENERATE:
             continue
+        held = BUFFER_PREFIX + gen.name  # an async plan's scorer may read its buffer
         for node in plan.nodes:
-            if gen.name in node.deps and "scores" in node.writes:
-                return gen.name, node.name
+            if "scores" in node.writes and (gen.name in node.deps or held in node.deps):
+                return (gen.name if gen.name in node.deps else held), node.name
     return None

@@ -33,7 +33,7 @@ from hybridflow.program.validation import (ScoreSource, ValidationPlan, compile_
                                            default_validation_graph)
 from hybridflow.graph.dispatch import merge_metrics
 from hybridflow.run.signals import Interrupted, NoSignals
-from hybridflow.runtime.run_scheduler import RunScheduler
+from hybridflow.runtime.run_scheduler import make_run_scheduler
 from hybridflow.run.tracking import MetricSinks, RunDir
 from hybridflow.run.generations import GENERATIONS_FILE, GenerationLog, train_nodes
 
@@ -90,8 +90,9 @@ class Trainer:
         self.sinks = None
         extra = [self.val_plan] if self.val_plan is not None else []
         self.runtime = make_runtime(self.plan, loaded.values, extra)
-        # what outlives a step: the buffers of an async plan, the batches drawn
-        self.scheduler = RunScheduler(self.runtime, self.plan, self.train_loader)
+        # what outlives a step: the buffers of an async plan, the batches drawn (a
+        # streaming plan's: the engine's requests in flight, the groups finished)
+        self.scheduler = make_run_scheduler(self.runtime, self.plan, self.train_loader)
         try:  # the caller gets no trainer to close on failure: stop the workers here
             if resume_from:
                 self._resume(resume_from)

@@ -44,9 +44,19 @@ from hybridflow.core.kinds import Op
 from hybridflow.core.metric_names import RUNTIME_PREFIX, TIMING_PREFIX, TRAINED_VERSION_SUFFIX
 from hybridflow.plan.async_split import buffer_nodes, sides_of, staleness_of
 from hybridflow.plan.compiler import ExecutionPlan
+from hybridflow.plan.streaming_split import is_streaming
 from hybridflow.runtime.common import StepResult
+from hybridflow.runtime.streaming import StreamingScheduler
 
-__all__ = ["RunScheduler", "HeldBatch", "StaleBatchError"]
+__all__ = ["RunScheduler", "HeldBatch", "StaleBatchError", "make_run_scheduler"]
+
+
+def make_run_scheduler(runtime, plan: ExecutionPlan, loader):
+    """The run-long scheduler a plan needs: the streaming one for a streaming buffer
+    (streaming.py), else this module's (synchronous or pipelined)."""
+    if is_streaming(plan):
+        return StreamingScheduler(runtime, plan, loader)
+    return RunScheduler(runtime, plan, loader)
 
 
 class StaleBatchError(RuntimeError):

@@ -32,7 +32,8 @@ each slot takes), and after the nodes of its `after` that run in this pass:
 - its layout has one slot (rank_zero, broadcast): at once, every shard to each rank;
 - otherwise (reshard, a group check, a driver function): when its inputs are done,
   with the row ranges each rank must take.
-A source takes its feed; a buffer its fed batch (a NodeOutput of an earlier pass).
+A source takes its feed; a buffer its fed batch (a NodeOutput of an earlier pass, or
+the rows a streaming rollout finished, a Batch the driver puts).
 While some node waits for its inputs to be done the scheduler wakes on every
 arrival; once every node is submitted it waits for all metas at once.
 
@@ -233,6 +234,15 @@ class StepScheduler:
         """Its fed batch (a producer's output of an earlier pass), or unfed, this
         pass's output once done (capacity 0: passes through)."""
         feed = self.feeds.get(node.name)
+        if isinstance(feed, Batch):  # streamed rows, assembled on the driver
+            start = time.time()
+            keys = node.output_keys  # the columns its producer's rows carry, and writers
+            rows = feed.select(*[k for k in feed.keys() if k in keys])
+            rows.meta = {"metrics": feed.meta.get("metrics", {}),
+                         "_writers": {k: keys[k] for k in rows.keys()}}
+            self._put(node, rows)
+            self._record_driver_node(node, start)
+            return True
         if feed is None:
             produced = self.outputs.get(node.buffer.producer)
             if produced is None or not produced.done:

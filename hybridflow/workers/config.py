@@ -194,6 +194,12 @@ class RolloutConfig:
     enforce_eager: bool = False           # vllm only: no CUDA graphs / torch.compile
     max_model_len: int = checked(0, at_least(0))  # vllm only; 0 = the model's max positions
     weight_bucket_mb: float = checked(256.0, above(0))  # weights reach an engine in buckets
+    # trainer.async_mode=streaming: a generation running when new weights land continues
+    # with them (each token keeps its version and log-prob) or is aborted and re-queued
+    partial: bool = True
+    # trainer.async_mode=streaming, run inline (local runtime): decode steps per look at
+    # the buffer (the fixed interleaving of decoding and training)
+    stream_poll_steps: int = checked(4, at_least(1))
 
 
 @dataclass

@@ -22,8 +22,8 @@ import torch
 
 from hybridflow.core.batch import Batch
 
-__all__ = ["RolloutEngine", "EngineSpec", "register_engine", "make_engine", "engine_names",
-           "check_engine_name", "UNKNOWN_VERSION"]
+__all__ = ["RolloutEngine", "StreamingEngine", "EngineSpec", "register_engine", "make_engine",
+           "engine_names", "check_engine_name", "check_streaming", "UNKNOWN_VERSION"]
 
 UNKNOWN_VERSION = -1  # weights not loaded yet (e.g. a vLLM engine built with dummy weights)
 
@@ -72,6 +72,42 @@ class RolloutEngine(Protocol):
     def sleep(self) -> None: ...
 
     def wake_up(self) -> None: ...
+
+
+@runtime_checkable
+class StreamingEngine(Protocol):
+    """What `trainer.async_mode=streaming` needs beyond `RolloutEngine`: requests in
+    flight across weight updates.
+
+    submit: rows already repeated n times, queued (one request per row) with `opts`
+    (the same options for every call of one stream); returns how many.
+    poll(max_steps): up to `max_steps` decode steps, each with the weights held at
+    that moment (a `load_weights` + `finish_weight_update(version)` between two polls
+    lands while requests are in flight; `opts.partial` says whether they continue
+    with the new weights or restart); returns the finished rows (the engine columns,
+    the prompt's columns, `policy_version` = the version of the response's oldest
+    token, `token_versions` [B, R] per token, -1 on padding) or None.
+    abort: drop every request not finished; returns how many.
+    stream_busy: requests queued or in flight.
+    """
+
+    def submit(self, prompts: Batch, opts) -> int: ...
+
+    def poll(self, max_steps: int) -> Batch | None: ...
+
+    def abort(self) -> int: ...
+
+    stream_busy: bool
+
+
+def check_streaming(engine, backend: str) -> None:
+    """A clear error when `engine` cannot stream (submit / poll / abort)."""
+    missing = [m for m in ("submit", "poll", "abort") if not callable(getattr(engine, m, None))]
+    if missing:
+        raise TypeError(f"trainer.async_mode=streaming needs a rollout engine with submit / "
+                        f"poll / abort; rollout.backend={backend!r} ({type(engine).__name__}) "
+                        f"lacks {missing}; use rollout.backend=hf or "
+                        f"trainer.async_mode=pipeline")
 
 
 _ENGINES: dict[str, Callable[[EngineSpec], RolloutEngine]] = {}

@@ -32,11 +32,17 @@ __all__ = ["HFEngine", "make_hf_engine", "sampled_log_probs", "ChosenLogProbs",
 def make_hf_engine(spec: EngineSpec) -> "HFEngine":
     if spec.module is not None:
         return HFEngine(spec.module, spec.tokenizer, spec.device, shares_module=True,
-                        synced_gpus=spec.synced_gpus)
+                        synced_gpus=spec.synced_gpus, seed=_stream_seed(spec.ctx))
     from hybridflow.workers.models import build_causal_lm
     module = build_causal_lm(spec.model_cfg, spec.tokenizer, spec.device, spec.ctx.seed)
     module.eval().requires_grad_(False)
-    return HFEngine(module, spec.tokenizer, spec.device, shares_module=False, version=0)
+    return HFEngine(module, spec.tokenizer, spec.device, shares_module=False, version=0,
+                    seed=_stream_seed(spec.ctx))
+
+
+def _stream_seed(ctx) -> int:
+    """The streaming sampler's seed: the run's, one stream per rank."""
+    return int(getattr(ctx, "seed", 0) or 0) * 1000 + int(getattr(ctx, "rank", 0) or 0)
 
 
 class ChosenLogProbs:
@@ -96,11 +102,54 @@ def sampled_log_probs(scores: tuple, tokens: torch.Tensor) -> torch.Tensor:
 
 class HFEngine:
     def __init__(self, module: torch.nn.Module, tokenizer, device, shares_module: bool,
-                 synced_gpus: bool = False, version: int = UNKNOWN_VERSION):
+                 synced_gpus: bool = False, version: int = UNKNOWN_VERSION, seed: int = 0):
         self.module, self.tokenizer, self.device = module, tokenizer, device
         self.shares_module = shares_module
         self.synced_gpus = synced_gpus
         self.policy_version = version
+        self.seed, self._stream = seed, None
+
+    # ------------------------------------------------------------- streaming
+    def submit(self, prompts: Batch, opts: RolloutConfig) -> int:
+        """Queue one request per row (rows repeated n times) in the continuous-batching
+        loop (stream.py); returns how many."""
+        if self.synced_gpus:
+            raise RuntimeError("trainer.async_mode=streaming: the 'hf' engine of an FSDP "
+                               "actor decodes in lockstep over ranks (synced_gpus) and "
+                               "cannot stream; place the rollout on a pool of its own "
+                               "(placement.roles.rollout=<pool>)")
+        if self._stream is None:
+            from hybridflow.workers.rollout.stream import StreamLoop
+            self._stream = StreamLoop(self.module, self.tokenizer, self.device, opts, self.seed,
+                                      sampled_warpers(opts))
+        elif self._stream.opts != opts:
+            raise ValueError("a streaming rollout samples with one set of options; got "
+                             f"{opts} after {self._stream.opts}")
+        return self._stream.submit(prompts)
+
+    def poll(self, max_steps: int) -> Batch | None:
+        """Up to `max_steps` decode steps with the weights held now (their
+        `policy_version`); the rows that finished, or None."""
+        stream = self._stream
+        if stream is None:
+            return None
+        for _ in range(max_steps):
+            if not stream.busy:
+                break
+            stream.step(self.policy_version, stream.opts.partial)
+        done = stream.take_finished()
+        return stream.assemble(done) if done else None
+
+    def abort(self) -> int:
+        """Drop the requests not finished (queued and in flight); how many."""
+        return self._stream.abort() if self._stream is not None else 0
+
+    @property
+    def stream_busy(self) -> bool:
+        return self._stream is not None and self._stream.busy
+
+    def stream_counts(self) -> dict:
+        return dict(self._stream.counts) if self._stream is not None else {}
 
     # ---------------------------------------------------------------- weights
     @torch.no_grad()

@@ -12,8 +12,12 @@ Reads the `model`, `rollout` and `placement` sections. Two placements, one graph
   the actor), and the compiler adds the weight-sync edge after the actor's update
   (`hybridflow/plan/weight_sync.py`): `actor.export_weights` -> `rollout.load_weights`.
 
+Streaming (`trainer.async_mode=streaming`): the calls of `stream_worker.StreamCalls`
+(submit / poll / abort on the engine, an optional engine loop on its own thread).
+
 State: `_engine` (own engine, built at the first call; None when colocated), and
-through it the `policy_version` of the weights it generates with.
+through it the `policy_version` of the weights it generates with; the streaming
+calls' lock and thread (stream_worker.py).
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from hybridflow.workers.config import ModelConfig, RolloutConfig, read_section
 from hybridflow.workers.rollout.engine import EngineSpec, make_engine
 from hybridflow.workers.rollout.generation import GENERATE_WRITES, generate_rows, \
     sampling_options
+from hybridflow.workers.rollout.stream_worker import StreamCalls
 from hybridflow.workers.rollout.weights import WEIGHT_KEYS, load_export
 
 __all__ = ["RolloutWorker"]
@@ -39,7 +44,7 @@ def _placed_pools(cfg) -> tuple[dict, str | None]:
     return roles, (pools[0] if pools else None)
 
 
-class RolloutWorker(Worker):
+class RolloutWorker(StreamCalls, Worker):
     HOST_ROLE = "actor"  # whose weights this role generates with, and syncs from
 
     @classmethod
@@ -104,7 +109,8 @@ class RolloutWorker(Worker):
         opts = sampling_options(self.rollout_cfg, n=n, temperature=temperature, top_p=top_p,
                                 top_k=top_k, max_new_tokens=max_new_tokens,
                                 do_sample=do_sample)
-        return generate_rows(self.engine, batch, opts)
+        with self.stream_lock:  # not inside a streaming loop's decode step (validation)
+            return generate_rows(self.engine, batch, opts)
 
     @method(dispatch=BROADCAST, reads=WEIGHT_KEYS, writes=(), kind="inference")
     def load_weights(self, batch: Batch) -> Batch:
@@ -114,7 +120,8 @@ class RolloutWorker(Worker):
             raise RuntimeError("rollout.load_weights was called on a rollout colocated with "
                                "the actor: it generates with the actor's own weights and "
                                "has nothing to load (the plan adds no weight sync then)")
-        index, load_s = load_export(self.engine, batch)
+        with self.stream_lock:  # a streaming loop's requests see it between two steps
+            index, load_s = load_export(self.engine, batch)
         return metrics_batch(Batch(), {
             # every rank received the whole export: bytes moved over the pool
             "engine/weight_sync_bytes": index.nbytes * self.ctx.world_size,

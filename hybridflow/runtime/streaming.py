@@ -1,0 +1,197 @@
+"""The run-long scheduler of a streaming plan (`trainer.async_mode=streaming`,
+plan/streaming_split.py): the rollout engine generates continuously, samples enter the
+buffer as they finish, and a step trains as soon as the buffer holds `data.batch_size`
+admissible whole groups. No pass waits for a batch's generation to end.
+
+A step, "submit what is ready":
+1. top up: while the prompts drawn and not trained (in flight or buffered) leave room
+   for a batch — at most (k + 1) batches' worth — and the run still needs them, draw
+   a batch and submit it to the rollout role (`stream_submit`; a resumed run skips the
+   prompts its checkpoint says were trained);
+2. take: the first `batch_size` whole groups the buffer admits (stream_buffer.py:
+   each sample's oldest token sampled by weights >= the trained version - k); stale
+   groups are submitted again;
+3. if none: poll the engine (`stream_poll`) — on the local runtime that runs
+   `rollout.stream_poll_steps` decode steps inline, so decoding and training
+   interleave in a fixed order and a seed gives the same rows the same versions; on
+   Ray with the rollout on its own pool the engine loop runs on the rollout worker's
+   own thread (`stream_start`) while train calls go to the other workers, and a poll
+   only collects what finished — then back to 1;
+4. one pass of the plan with the stream side (source, generate node) skipped and the
+   buffer fed the taken groups: rewards, reference, advantages, log-probs, updates
+   and the weight sync run on them. New weights reach the engine while its requests
+   are in flight (the colocated engine's module is the actor's; a rollout with its
+   own weights loads them between two decode steps): `rollout.partial` says whether
+   those continue or restart.
+
+Nothing lost, nothing twice: `state_dict()` saves the loader as it was before the
+oldest draw holding a prompt not yet trained, and the prompts of that draw and later
+ones that were trained (`skip`); `load_state_dict` restores both and empties the
+buffer, so a resume re-draws exactly the in-flight and buffered prompts, once.
+
+State (only its methods change it): `groups` (the buffer's contents), `prompts`
+(uid -> the prompt row, for each prompt drawn and not trained), `draws` ((loader state
+before, uids) of each draw still holding an untrained prompt), `trained_uids` of those
+draws, `skip` (uids a resumed run must not draw again), the engine's counters.
+"""
+from __future__ import annotations
+
+import time
+
+from hybridflow.core.batch import Batch
+from hybridflow.core.kinds import Op
+from hybridflow.core.metric_names import SAMPLED_VERSION
+from hybridflow.plan.compiler import ExecutionPlan
+from hybridflow.plan.streaming_split import TOKEN_VERSIONS, stream_buffer
+from hybridflow.runtime.common import StepResult
+from hybridflow.runtime.stream_buffer import GroupBuffer
+
+__all__ = ["StreamingScheduler"]
+
+
+class StreamingScheduler:
+    def __init__(self, runtime, plan: ExecutionPlan, loader, background: bool | None = None):
+        self.runtime, self.plan, self.loader = runtime, plan, loader
+        self.buffer = stream_buffer(plan)
+        spec = self.buffer.buffer
+        self.gen = plan.node(spec.producer)
+        self.k, self.size = spec.max_staleness, loader.batch_size
+        self.stream_side = frozenset([n.name for n in plan.nodes if n.op is Op.SOURCE]
+                                     + [self.gen.name])
+        self.options = {k: v for k, v in self.gen.kwargs.items() if v is not None}
+        if background is None:  # an engine loop of its own needs a process of its own
+            from hybridflow.runtime.local import LocalRuntime
+            background = not isinstance(runtime, LocalRuntime) and \
+                self.gen.role not in plan.placement.folded
+        self.background, self.started = background, False
+        self.groups = GroupBuffer(spec.unit or "uid")
+        self.prompts: dict[str, Batch] = {}
+        self.draws: list[tuple[dict, list[str]]] = []
+        self.trained_uids: set[str] = set()
+        self.skip: set[str] = set()
+        self.counts: dict = {}
+        self.requeued = 0
+
+    # ------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        """The loader before the oldest draw with an untrained prompt, and the prompts
+        of that draw and later ones already trained (not to be drawn again)."""
+        if not self.draws:
+            return {"loader": self.loader.state_dict(), "stream_skip": []}
+        uids = [u for _, drawn in self.draws for u in drawn if u in self.trained_uids]
+        return {"loader": self.draws[0][0], "stream_skip": sorted(uids)}
+
+    def load_state_dict(self, state: dict, step: int) -> None:
+        self.loader.load_state_dict(state["loader"])
+        self.skip = set(state.get("stream_skip", []))
+        self.groups.clear()
+        self.prompts.clear()
+        self.draws.clear()
+        self.trained_uids.clear()
+
+    # ------------------------------------------------------------------ steps
+    def step(self, step: int, last_step: int) -> StepResult:
+        """Stream until `batch_size` groups are admissible for step `step`, then train."""
+        trained = step - 1  # the version the update starts from
+        if self.background and not self.started:
+            self.runtime.call_role(self.gen.role, "stream_start")
+        self.started = True
+        start, taken = time.perf_counter(), []
+        while True:
+            self._top_up(step, last_step)
+            taken, stale = self.groups.take(self.size, trained, self.k)
+            self._resubmit(stale)
+            if taken:
+                break
+            if not self._poll() and self.background:
+                time.sleep(0.002)
+        wait_s = time.perf_counter() - start
+        batch = Batch.concat([rows for _, rows in taken])
+        result = self.runtime.run_step({self.buffer.name: batch}, plan=self.plan,
+                                       skip=self.stream_side)
+        self._trained([uid for uid, _ in taken])
+        if step >= last_step:
+            self.runtime.call_role(self.gen.role, "stream_abort")
+        return self._result(result, batch, trained, wait_s)
+
+    def _top_up(self, step: int, last_step: int) -> None:
+        needed = (last_step - step + 1) * self.size  # groups the run still trains
+        while len(self.prompts) <= self.k * self.size and len(self.prompts) < needed:
+            state = self.loader.state_dict()
+            batch = self.loader.next_batch()
+            keep = [i for i, u in enumerate(batch["uid"]) if str(u) not in self.skip]
+            self.skip -= {str(u) for u in batch["uid"]}
+            if not keep:
+                continue
+            batch = batch.take(keep)
+            uids = [str(u) for u in batch["uid"]]
+            self.draws.append((state, uids))
+            self.prompts.update({u: batch.take(i) for i, u in enumerate(uids)})
+            self._submit(batch)
+
+    def _submit(self, batch: Batch) -> None:
+        for counts in self.runtime.call_role(self.gen.role, "stream_submit", batch,
+                                             **self.options):
+            self.groups.expect(counts)
+
+    def _resubmit(self, stale: list[str]) -> None:
+        """Stale groups: their prompts are generated again (never trained stale)."""
+        if stale:
+            self.requeued += len(stale)
+            self._submit(Batch.concat([self.prompts[u] for u in stale]))
+
+    def _poll(self) -> bool:
+        """Finished samples into the buffer; False when nothing arrived. Raises when
+        nothing is in flight and the buffer cannot fill (a defect, not a wait)."""
+        arrived, busy, counts = False, False, {}
+        for reply in self.runtime.call_role(self.gen.role, "stream_poll"):
+            busy = busy or reply["busy"]
+            counts = _summed(counts, reply["counts"])
+            if reply["rows"] is not None and len(reply["rows"]):
+                self.groups.add(reply["rows"])
+                arrived = True
+        self.counts = counts
+        if not arrived and not busy:  # (a poll reads rows and `busy` under one lock)
+            raise RuntimeError(
+                f"streaming: the buffer holds {self.groups.held()} whole group(s) of the "
+                f"{self.size} a step needs and the rollout has nothing in flight "
+                f"({len(self.prompts)} prompt(s) drawn and not trained)")
+        return arrived
+
+    def _trained(self, uids: list[str]) -> None:
+        for uid in uids:
+            self.prompts.pop(uid, None)
+        self.trained_uids.update(uids)
+        while self.draws and all(u in self.trained_uids for u in self.draws[0][1]):
+            _, drawn = self.draws.pop(0)
+            self.trained_uids.difference_update(drawn)
+
+    # ---------------------------------------------------------------- results
+    def _result(self, result: StepResult, batch: Batch, trained: int,
+                wait_s: float) -> StepResult:
+        """The pass's result, with the generate node's metrics for the rows trained and
+        the stream's: per-sample and per-token staleness, groups ahead, restarts."""
+        versions = batch["policy_version"].float()
+        tokens = batch[TOKEN_VERSIONS]
+        real = tokens >= 0
+        mixed = (tokens.masked_fill(~real, 1 << 30).amin(-1)
+                 != tokens.masked_fill(~real, -1).amax(-1))
+        gen = {"response_length/mean": float(batch["response_length"].float().mean()),
+               SAMPLED_VERSION: float(versions.min()),
+               "rollout/stream_wait_s": wait_s}
+        stream = {"async/staleness/mean": float((trained - versions).mean()),
+                  "async/staleness/max": float(trained - versions.min()),
+                  "async/staleness/token_mean": float((trained - tokens[real]).float().mean()),
+                  "async/mixed_version_rows": float(mixed.float().mean()),
+                  "async/ahead": float(len(self.prompts)) / self.size,
+                  "async/requeued_groups": float(self.requeued),
+                  **{f"async/stream/{k}": float(v) for k, v in self.counts.items()}}
+        node_metrics = {self.gen.name: gen, **result.node_metrics}
+        metrics = {**result.metrics, **gen, **stream}
+        return StepResult(outputs=result.outputs, metrics=metrics, node_metrics=node_metrics,
+                          rows={**result.rows, self.gen.name: len(batch)},
+                          timeline=result.timeline, driver_bytes=result.driver_bytes)
+
+
+def _summed(a: dict, b: dict) -> dict:
+    return {k: a.get(k, 0) + b.get(k, 0) for k in set(a) | set(b)}

@@ -1,0 +1,198 @@
+"""Continuous batching for streaming rollout (`trainer.async_mode=streaming`).
+
+A `StreamLoop` holds requests (one sampled response each), a fixed number of decode
+*slots* (`rollout.micro_batch_size`) and the module it samples with. One `step()`
+refills the free slots from the queue in submission order (as the agent runner
+refills episode slots), runs one decode step over the active slots, and moves the
+sequences that ended (EOS or `max_new_tokens`) to the finished list. Nothing waits
+for a batch to end: a slot freed by a short response takes the next request at the
+next step.
+
+Weights may change between two steps (a weight update that lands while requests are
+in flight: the engine's `policy_version` changes). Each token records the version of
+the weights that sampled it and its behaviour log-prob (the processed distribution it
+was sampled from). On a version change:
+- `partial=True` (partial rollout): the active sequences continue with the new
+  weights; a response may then hold tokens of several versions;
+- `partial=False`: the active sequences are aborted and re-queued at the front (their
+  tokens dropped), so every response is sampled by one version.
+
+Each step recomputes every active sequence's prefix (no KV cache is kept between
+steps): correct under weight changes without re-prefill logic, and O(length²) per
+response, which is fine for short responses and slow for long ones (the vLLM engine
+is the fast path; see docs/async.md).
+
+Sampling draws from the loop's own generator (seeded by the worker), so on the local
+runtime, where the steps interleave with training in a fixed order, the same seed
+gives the same tokens and versions.
+
+State: `queue` (waiting requests), `active` (those in slots), `finished`, `version`
+(the last version a step sampled with), counters. Only its methods change it.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from hybridflow.core.batch import Batch
+from hybridflow.workers.rollout.generation import assemble_rollout
+from hybridflow.workers.sequences import position_ids_from_mask
+
+__all__ = ["StreamLoop", "Request", "NO_TOKEN"]
+
+NO_TOKEN = -1  # `token_versions` on padding (a response's positions after its end)
+
+
+@dataclass
+class Request:
+    """One response to sample: its prompt (unpadded ids), the prompt's other columns
+    (one row), and what was sampled so far."""
+    rid: int
+    prompt: list[int]
+    row: Batch
+    tokens: list[int] = field(default_factory=list)
+    logps: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    restarts: int = 0
+
+
+class StreamLoop:
+    def __init__(self, module, tokenizer, device, opts, seed: int, warpers=()):
+        self.module, self.device, self.opts = module, device, opts
+        self.warpers = list(warpers)  # the engine's sampling warpers for `opts`
+        self.pad = tokenizer.pad_token_id
+        eos = tokenizer.eos_token_id
+        self.eos_id = eos
+        self.eos = set(eos if isinstance(eos, (list, tuple)) else [eos])
+        self.slots = opts.micro_batch_size
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(int(seed))
+        self.queue: deque[Request] = deque()
+        self.active: list[Request] = []
+        self.finished: list[Request] = []
+        self.version: int | None = None
+        self.next_rid = 0
+        self.counts = {"aborted_tokens": 0, "restarts": 0, "mixed_rows": 0, "decode_steps": 0}
+
+    # --------------------------------------------------------------- requests
+    def submit(self, rows: Batch) -> int:
+        """Queue one request per row (rows already repeated n times)."""
+        ids, mask = rows["input_ids"], rows["attention_mask"].bool()
+        others = rows.select(*[k for k in rows.keys()
+                               if k not in ("input_ids", "attention_mask", "position_ids")])
+        for i in range(len(rows)):
+            self.queue.append(Request(self.next_rid, ids[i][mask[i]].tolist(), others.take(i)))
+            self.next_rid += 1
+        return len(rows)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.queue or self.active)
+
+    def abort(self) -> int:
+        """Drop every request not finished; returns how many."""
+        dropped = len(self.queue) + len(self.active)
+        self.queue.clear()
+        self.active.clear()
+        return dropped
+
+    def take_finished(self) -> list[Request]:
+        done, self.finished = self.finished, []
+        return done
+
+    # ------------------------------------------------------------------ steps
+    def weights_changed(self, version: int, partial: bool) -> None:
+        """New weights landed (between two steps): abort and re-queue the sequences in
+        flight unless partial rollouts let them continue."""
+        if self.version is not None and version != self.version and not partial:
+            for req in reversed(self.active):
+                self.counts["aborted_tokens"] += len(req.tokens)
+                self.counts["restarts"] += 1
+                req.tokens, req.logps, req.versions = [], [], []
+                req.restarts += 1
+                self.queue.appendleft(req)
+            self.active = []
+        self.version = version
+
+    @torch.no_grad()
+    def step(self, version: int, partial: bool) -> None:
+        """One decode step of every active sequence with the weights of `version`."""
+        self.weights_changed(version, partial)
+        while len(self.active) < self.slots and self.queue:
+            self.active.append(self.queue.popleft())
+        if not self.active:
+            return
+        tokens, logps = self._sample(self._next_scores())
+        still = []
+        for req, tok, logp in zip(self.active, tokens.tolist(), logps.tolist()):
+            req.tokens.append(tok)
+            req.logps.append(logp)
+            req.versions.append(version)
+            ended = tok in self.eos or len(req.tokens) >= self.opts.max_new_tokens
+            (self.finished if ended else still).append(req)
+            if ended and len(set(req.versions)) > 1:
+                self.counts["mixed_rows"] += 1
+        self.active = still
+        self.counts["decode_steps"] += 1
+
+    def _next_scores(self) -> torch.Tensor:
+        """The processed next-token scores [B, V] of the active sequences (warpers
+        applied: the distribution a token is sampled from)."""
+        seqs = [r.prompt + r.tokens for r in self.active]
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), width), self.pad, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, seq in enumerate(seqs):
+            ids[i, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
+            mask[i, width - len(seq):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        was_training = self.module.training
+        self.module.eval()
+        try:
+            out = self.module(input_ids=ids, attention_mask=mask,
+                              position_ids=position_ids_from_mask(mask), use_cache=False)
+        finally:
+            self.module.train(was_training)
+        scores = out.logits[:, -1, :].float()
+        for warper in self.warpers:
+            scores = warper(ids, scores)
+        return scores
+
+    def _sample(self, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logp = torch.log_softmax(scores, dim=-1)
+        if self.opts.do_sample:
+            tokens = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(-1)
+        else:
+            tokens = scores.argmax(-1)
+        chosen = torch.gather(logp, -1, tokens.unsqueeze(-1)).squeeze(-1)
+        return tokens.cpu(), torch.nan_to_num(chosen, neginf=0.0).cpu()
+
+    # ----------------------------------------------------------------- output
+    def assemble(self, done: list[Request]) -> Batch:
+        """Finished requests as the generate node's rows (the engine columns, the
+        prompt's columns, `policy_version` = the version of the oldest token) plus
+        `token_versions` [B, max_new_tokens] (NO_TOKEN on padding)."""
+        width = self.opts.max_new_tokens
+        plen = max(len(r.prompt) for r in done)
+        prompt_ids = torch.full((len(done), plen), self.pad, dtype=torch.long)
+        prompt_mask = torch.zeros((len(done), plen), dtype=torch.long)
+        responses = torch.full((len(done), width), self.pad, dtype=torch.long)
+        logps = torch.zeros((len(done), width), dtype=torch.float32)
+        versions = torch.full((len(done), width), NO_TOKEN, dtype=torch.long)
+        for i, req in enumerate(done):
+            prompt_ids[i, plen - len(req.prompt):] = torch.tensor(req.prompt)
+            prompt_mask[i, plen - len(req.prompt):] = 1
+            n = len(req.tokens)
+            responses[i, :n] = torch.tensor(req.tokens)
+            logps[i, :n] = torch.tensor(req.logps)
+            versions[i, :n] = torch.tensor(req.versions)
+        prompts = Batch({"input_ids": prompt_ids, "attention_mask": prompt_mask})
+        rollout = assemble_rollout(prompts, responses, self.pad, self.eos_id, logps)
+        out = Batch.concat([r.row for r in done]).update(rollout)
+        out["token_versions"] = torch.where(rollout["response_mask"].bool(), versions,
+                                            torch.full_like(versions, NO_TOKEN))
+        out["policy_version"] = torch.tensor([min(r.versions) for r in done],
+                                             dtype=torch.long)
+        return out
