@@ -11,7 +11,8 @@ made by `prepare` after the graph compiles and before any worker starts.
 - the batch can feed the data-parallel ranks of every role, and each trained role's
   mini-batch divides evenly over its ranks;
 - the local runtime is not asked to train a role on more than one rank;
-- with rollout.backend='vllm', vLLM can run the model (head size, dtype).
+- with rollout.backend='vllm', vLLM can run the model (head size, dtype);
+- with trainer.async_mode=streaming, the rollout engine streams (submit / poll / abort).
 
 Each failure is a ConfigError naming the config key (and role or pool) to change.
 Reading every row of a dataset waits for the Trainer, which builds its loaders
@@ -42,8 +43,19 @@ def preflight(cfg: DictConfig, plan: ExecutionPlan) -> None:
     check_tokenizer_files(cfg)
     check_role_sections(cfg, plan)
     check_batch_feeds_ranks(cfg, plan)
+    check_streaming_engine(cfg)
     from hybridflow.workers.rollout.vllm_checks import preflight_vllm
     preflight_vllm(cfg)  # the model's head size and dtype, where vLLM imports here
+
+
+def check_streaming_engine(cfg: DictConfig) -> None:
+    if cfg.trainer.get("async_mode") != "streaming":
+        return
+    from hybridflow.workers.rollout.engine import refuse_unstreamable
+    try:
+        refuse_unstreamable(str(cfg.rollout.backend))
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def check_role_sections(cfg: DictConfig, plan: ExecutionPlan) -> None:

@@ -79,3 +79,19 @@ def test_check_refuses_async_without_a_generate_node(capsys):
     code, _, err = check(capsys, os.path.join(REPO, "graphs", "sft.py"),
                          "trainer.staleness=1", OPT_OUT)
     assert code == 1 and "graph 'sft' has no generate node" in err
+
+
+def test_streaming_on_an_engine_that_cannot_stream_is_refused_before_launch(capsys):
+    code, out, err = check(capsys, GRPO, "trainer.staleness=1", "trainer.async_mode=streaming",
+                           "actor.off_policy=decoupled", "rollout.backend=vllm")
+    assert code != 0
+    assert "rollout.backend='vllm' cannot stream" in err
+    assert "trainer.async_mode=pipeline" in err and "hf" in err
+
+
+def test_a_registered_engine_that_streams_passes_the_check():
+    from hybridflow.workers.rollout.engine import refuse_unstreamable, register_engine
+    from hybridflow.workers.rollout.hf import make_hf_engine
+    register_engine("hf_streams_test", make_hf_engine, streams=True)
+    refuse_unstreamable("hf_streams_test")  # no error
+    refuse_unstreamable("pkg.module:factory")  # unknown before it is built: the worker checks

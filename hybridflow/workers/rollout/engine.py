@@ -111,15 +111,30 @@ def check_streaming(engine, backend: str) -> None:
 
 
 _ENGINES: dict[str, Callable[[EngineSpec], RolloutEngine]] = {}
+_STREAMING: set[str] = set()  # engines whose objects have submit / poll / abort
 
 
 def register_engine(name: str, factory: Callable[[EngineSpec], RolloutEngine],
-                    replace: bool = False) -> None:
-    """Make `rollout.backend=<name>` build engines with `factory(spec)`."""
+                    replace: bool = False, streams: bool = False) -> None:
+    """Make `rollout.backend=<name>` build engines with `factory(spec)`; `streams`:
+    its engines implement submit / poll / abort (`trainer.async_mode=streaming`),
+    which preflight checks before any worker starts."""
     if name in _ENGINES and not replace:
         raise ValueError(f"rollout engine {name!r} is already registered; pass "
                          "replace=True to override it")
     _ENGINES[name] = factory
+    (_STREAMING.add if streams else _STREAMING.discard)(name)
+
+
+def refuse_unstreamable(backend: str) -> None:
+    """Before launch: a ValueError when `trainer.async_mode=streaming` names a
+    registered engine that does not stream. A 'package.module:factory' engine is
+    known only once built: the worker checks it then (check_streaming)."""
+    if backend in _ENGINES and backend not in _STREAMING:
+        able = ", ".join(sorted(_STREAMING)) or "none"
+        raise ValueError(f"trainer.async_mode=streaming: rollout.backend={backend!r} cannot "
+                         f"stream (no submit / poll / abort; engines that stream: {able}); "
+                         f"set rollout.backend to one of those, or trainer.async_mode=pipeline")
 
 
 def engine_names() -> list[str]:
