@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import textwrap
 
+import pytest
+
 from hybridflow.cli import main
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -89,9 +91,15 @@ def test_streaming_on_an_engine_that_cannot_stream_is_refused_before_launch(caps
     assert "trainer.async_mode=pipeline" in err and "hf" in err
 
 
-def test_a_registered_engine_that_streams_passes_the_check():
-    from hybridflow.workers.rollout.engine import refuse_unstreamable, register_engine
+def test_a_registered_engine_that_streams_passes_the_check(monkeypatch):
+    from hybridflow.workers.rollout import engine
     from hybridflow.workers.rollout.hf import make_hf_engine
-    register_engine("hf_streams_test", make_hf_engine, streams=True)
-    refuse_unstreamable("hf_streams_test")  # no error
-    refuse_unstreamable("pkg.module:factory")  # unknown before it is built: the worker checks
+    # a registry of this test's own: other tests read the registered names
+    monkeypatch.setattr(engine, "_ENGINES", dict(engine._ENGINES))
+    monkeypatch.setattr(engine, "_STREAMING", set(engine._STREAMING))
+    engine.register_engine("hf_streams_test", make_hf_engine, streams=True)
+    engine.refuse_unstreamable("hf_streams_test")  # no error
+    engine.refuse_unstreamable("pkg.module:factory")  # unknown before it is built
+    engine.register_engine("hf_streams_test", make_hf_engine, replace=True)
+    with pytest.raises(ValueError, match="'hf_streams_test' cannot stream"):
+        engine.refuse_unstreamable("hf_streams_test")

@@ -32,15 +32,23 @@ def run_recording(tmp_path, *overrides, graph="grpo", resume=None, stop_after=No
         trainer.timelines[step] = list(trainer.last_result.timeline)
         rows = trainer.runtime.fetch(trainer.last_result, name, ("uid", "policy_version"))
         seen[step] = (list(rows["uid"]), rows["policy_version"].tolist(), metrics)
+    fit_recording(trainer, record, stop_after)
+    return trainer, seen
+
+
+def fit_recording(trainer, record, stop_after=None) -> None:
+    """Train with `record(step, metrics)` after each step, stopping (as a kill would,
+    no final save) after step `stop_after`; the trainer is closed either way."""
+    def on_step(step, metrics):
+        record(step, metrics)
         if step == stop_after:
             raise StopAfter()
     try:
-        trainer.fit(on_step=record)
+        trainer.fit(on_step=on_step)
     except StopAfter:
         pass
     finally:
         trainer.close()
-    return trainer, seen
 
 
 def worker_order(timeline: list[dict], pool: str, rank: int = 0) -> list[str]:

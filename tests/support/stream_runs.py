@@ -6,6 +6,7 @@ from hybridflow.plan.streaming_split import TOKEN_VERSIONS, stream_buffer
 from hybridflow.program.assemble import prepare
 from hybridflow.run.loop import Trainer
 from hybridflow.run.tracking import RunDir, new_run_dir
+from tests.support.async_runs import fit_recording
 from tests.support.e2e import graph_file
 
 STREAM = ("trainer.async_mode=streaming", "trainer.val_every=0", "data.batch_size=4",
@@ -13,10 +14,6 @@ STREAM = ("trainer.async_mode=streaming", "trainer.val_every=0", "data.batch_siz
           # few slots, one decode step per look at the buffer: updates land mid-response
           "rollout.micro_batch_size=8", "rollout.stream_poll_steps=1")
 KEYS = ("uid", "policy_version", TOKEN_VERSIONS, "response_mask")
-
-
-class StopAfter(Exception):
-    pass
 
 
 def stream_recording(tmp_path, *overrides, graph="grpo", resume=None, stop_after=None):
@@ -31,14 +28,7 @@ def stream_recording(tmp_path, *overrides, graph="grpo", resume=None, stop_after
     def record(step, metrics):
         seen[step] = (trainer.runtime.fetch(trainer.last_result, name, KEYS), metrics,
                       set(trainer.scheduler.prompts))
-        if step == stop_after:
-            raise StopAfter()
-    try:
-        trainer.fit(on_step=record)
-    except StopAfter:
-        pass
-    finally:
-        trainer.close()
+    fit_recording(trainer, record, stop_after)
     return trainer, seen
 
 
