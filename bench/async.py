@@ -54,7 +54,7 @@ sys.path.insert(0, ROOT)
 
 from bench.async_report import rep_table, report, targets  # noqa: E402 - path
 from bench.cpu import machine_parallelism, process_cpu_s  # noqa: E402
-from bench.harness import machine, median, set_threads, write_results  # noqa: E402
+from bench.harness import machine, median, quiet_logs, set_threads, write_results  # noqa: E402
 
 GRPO = os.path.join(ROOT, "graphs", "grpo.py")
 VAL_KEY = "val/toy_arith/greedy"
@@ -62,14 +62,6 @@ TRAIN_NODES = ("actor.logprob", "actor.update")
 ROLLOUT_SIDE_NODES = ("ref.logprob", "reward.score")  # on --rollout-side-on
 
 
-def quiet_logs() -> None:
-    import logging
-    import warnings
-    warnings.filterwarnings("ignore")
-    from transformers.utils import logging as hf_logging
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    logging.getLogger("ray").setLevel(logging.WARNING)
 
 
 def off_policy_override(choice: str) -> tuple[str, str]:

@@ -49,6 +49,18 @@ def machine() -> dict:
             "cpu_vector_flags": _vector_flags()}
 
 
+def quiet_logs() -> None:
+    """Warnings, transformers' and Ray's info logs and progress bars off: a bench's
+    table is its output."""
+    import logging
+    import warnings
+    warnings.filterwarnings("ignore")
+    from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    logging.getLogger("ray").setLevel(logging.WARNING)
+
+
 def _vector_flags() -> list[str]:
     """The AVX/AMX flags /proc/cpuinfo reports (what the VM exposes, not the chip)."""
     try:

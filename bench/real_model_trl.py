@@ -48,7 +48,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
 from bench.engine_step import EngineStep  # noqa: E402
-from bench.harness import machine, median, set_threads, table, write_results  # noqa: E402
+from bench.harness import machine, median, quiet_logs, set_threads, table, write_results  # noqa: E402
 from bench.scale_trl import alternate_with_trl, grpo_config, trl_available  # noqa: E402
 
 CONFIG = os.path.join(ROOT, "graphs", "configs", "smollm2_arith.yaml")
@@ -165,7 +165,7 @@ class CountedEngine:
 
 
 def run(s: dict, reps: int, warmup: int, out: str | None = None, quiet: bool = False) -> dict:
-    _quiet_logs()
+    quiet_logs()
     set_threads(s["threads"])
     payload: dict = {"machine": machine(), "settings": s, "reps": reps, "warmup": warmup}
     name = f"hybridflow-{s['engine']}"
@@ -217,12 +217,6 @@ def report(p: dict) -> str:
                       f"{'met' if p['target']['met'] else 'not met'})"])
 
 
-def _quiet_logs() -> None:
-    import warnings
-    warnings.filterwarnings("ignore")
-    from transformers.utils import logging as hf_logging
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
 
 
 def main(argv=None) -> int:

@@ -42,8 +42,8 @@ sys.path.insert(0, ROOT)
 
 from bench import workload  # noqa: E402 - path
 from bench.engine_step import EngineStep  # noqa: E402
-from bench.harness import (machine, median, peak_rss_bytes, set_threads,  # noqa: E402
-                           table, write_results)
+from bench.harness import (machine, median, peak_rss_bytes, quiet_logs,  # noqa: E402
+                           set_threads, table, write_results)
 from bench.scale_loop import HandwrittenScale, write_prompts  # noqa: E402
 from bench.scale_trl import run_trl, trl_available  # noqa: E402
 
@@ -180,7 +180,7 @@ def _dataset(s: dict) -> tuple[str, list[str]]:
 # ---------------------------------------------------------------------- run
 def run(s: dict, reps: int = 2, warmup: int = 1, with_memory: bool = True,
         out: str | None = None, quiet: bool = False, with_trl: bool = False) -> dict:
-    _quiet_logs()
+    quiet_logs()
     set_threads(s["threads"])
     data_file, texts = _dataset(s)
     payload: dict = {"machine": machine(), "settings": s, "reps": reps, "warmup": warmup}
@@ -244,12 +244,6 @@ def report(p: dict) -> str:
     return "\n".join(lines)
 
 
-def _quiet_logs() -> None:
-    import warnings
-    warnings.filterwarnings("ignore")
-    from transformers.utils import logging as hf_logging
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
 
 
 def main(argv=None) -> None:
@@ -269,7 +263,7 @@ def main(argv=None) -> None:
     parser.add_argument("--settings", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.probe:
-        _quiet_logs()
+        quiet_logs()
         print(json.dumps(probe(args.probe, json.loads(args.settings))))
         return
     run(settings(args), args.reps, args.warmup, not args.no_memory, args.out,

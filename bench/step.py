@@ -30,7 +30,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
 from bench.harness import (alternate, machine, median, peak_rss_bytes,  # noqa: E402 - path
-                           set_threads, table, write_results)
+                           quiet_logs, set_threads, table, write_results)
 
 GRPO = os.path.join(ROOT, "graphs", "grpo.py")
 VAL_KEY = "val/toy_arith/greedy"
@@ -38,14 +38,6 @@ TARGET_VS_HANDWRITTEN = 1.1
 TARGET_VS_TRL = 1.5
 
 
-def quiet_logs() -> None:
-    import logging
-    import warnings
-    warnings.filterwarnings("ignore")
-    from transformers.utils import logging as hf_logging
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    logging.getLogger("ray").setLevel(logging.WARNING)
 
 
 # Every variant does the same math: GRPO without a KL term (TRL's default beta=0), so
