@@ -39,17 +39,29 @@ def make_data(out: str, seed: int, n_test: int) -> tuple[str, str]:
     return paths
 
 
+def shipped_run(model: str, train: str, test: str, runs_dir: str, run_name: str,
+                threads: int, *overrides: str) -> list[str]:
+    """The `hybridflow run` command of the shipped config on these files (this
+    interpreter, no progress bar); `overrides` come last and win."""
+    return [sys.executable, "-m", "hybridflow", "run", os.path.join(ROOT, "graphs", "grpo.py"),
+            "--config", CONFIG, f"model.path={model}", f"data.train_files={train}",
+            f"data.val_files={test}", f"trainer.runs_dir={runs_dir}",
+            f"trainer.run_name={run_name}", f"runtime.torch_threads={threads}",
+            "trainer.progress=false", *overrides]
+
+
+def run_env() -> dict:
+    """This checkout first on the run's PYTHONPATH (a bench runs from the repository)."""
+    return {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
 def launch(args, train: str, test: str) -> str:
     run_name = f"curve-{time.strftime('%Y%m%d-%H%M%S')}"
-    cmd = [sys.executable, "-m", "hybridflow", "run", os.path.join(ROOT, "graphs", "grpo.py"),
-           "--config", CONFIG, f"model.path={args.model}", f"data.train_files={train}",
-           f"data.val_files={test}", f"trainer.runs_dir={args.runs_dir}",
-           f"trainer.run_name={run_name}", f"trainer.log_val_generations={args.n_test}",
-           f"trainer.steps={args.max_steps}", f"runtime.torch_threads={args.threads}",
-           "trainer.progress=false", *args.overrides]
+    cmd = shipped_run(args.model, train, test, args.runs_dir, run_name, args.threads,
+                      f"trainer.log_val_generations={args.n_test}",
+                      f"trainer.steps={args.max_steps}", *args.overrides)
     print(" ".join(cmd), flush=True)
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.Popen(cmd, env=env)
+    proc = subprocess.Popen(cmd, env=run_env())
     deadline = time.monotonic() + args.minutes * 60
     while proc.poll() is None and time.monotonic() < deadline:
         time.sleep(5)

@@ -26,9 +26,8 @@ from collections import defaultdict
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.harness import machine, median, table, write_results
+from bench.real_model_curve import run_env, shipped_run
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG = os.path.join(ROOT, "graphs", "configs", "smollm2_arith.yaml")
 DEFAULT_VARIANTS = ["padded=", "packed=model.use_remove_padding=true"]
 NODES = ("rollout.generate", "actor.logprob", "actor.update")
 
@@ -43,14 +42,10 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
 
 
 def run_once(args, overrides: list[str], runs_dir: str, tag: str) -> list[dict]:
-    cmd = [sys.executable, "-m", "hybridflow", "run", os.path.join(ROOT, "graphs", "grpo.py"),
-           "--config", CONFIG, f"model.path={args.model}",
-           f"data.train_files={args.data}/train.jsonl", f"data.val_files={args.data}/test.jsonl",
-           f"trainer.runs_dir={runs_dir}", f"trainer.run_name={tag}",
-           f"trainer.steps={args.steps}", "trainer.val_every=0", "trainer.save_every=0",
-           "trainer.progress=false", f"runtime.torch_threads={args.threads}", *overrides]
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    cmd = shipped_run(args.model, f"{args.data}/train.jsonl", f"{args.data}/test.jsonl",
+                      runs_dir, tag, args.threads, f"trainer.steps={args.steps}",
+                      "trainer.val_every=0", "trainer.save_every=0", *overrides)
+    done = subprocess.run(cmd, env=run_env(), capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"variant {tag} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     with open(os.path.join(runs_dir, tag, "metrics.jsonl")) as fh:
