@@ -17,7 +17,7 @@ from typing import Callable
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 __all__ = ["machine", "set_threads", "alternate", "median", "table", "write_results",
-           "peak_rss_bytes", "rss_bytes", "reset_peak_rss", "RESULTS"]
+           "peak_rss_bytes", "rss_bytes", "reset_peak_rss", "need_real_model", "RESULTS"]
 
 
 def set_threads(n: int) -> int:
@@ -148,3 +148,28 @@ def reset_peak_rss() -> bool:
         return True
     except OSError:
         return False
+
+
+_MAKE_MODEL = "`hybridflow model smollm2 --out DIR` makes it"
+_MAKE_DATA = "`hybridflow data word_arith --out DIR` makes it"
+
+
+def need_real_model(parser, model: str | None, data: str | None = None,
+                    data_needed: bool = False) -> None:
+    """Stop a real-model bench before it loads anything when its inputs are missing.
+
+    The model comes from --model or HYBRIDFLOW_SMOLLM2_DIR (CI sets the variable), so
+    each path is checked for what the bench will read, not only for being given."""
+    if not model:
+        parser.error(f"--model (or HYBRIDFLOW_SMOLLM2_DIR) is needed: {_MAKE_MODEL}")
+    if not os.path.isfile(os.path.join(model, "config.json")):
+        parser.error(f"--model {model}: no config.json there (an HF model directory is "
+                     f"needed): {_MAKE_MODEL}")
+    if data_needed and not data:
+        parser.error(f"--data is needed (a folder with train.jsonl, test.jsonl): {_MAKE_DATA}")
+    if data is None:
+        return
+    missing = [f for f in ("train.jsonl", "test.jsonl")
+               if not os.path.isfile(os.path.join(data, f))]
+    if missing:
+        parser.error(f"--data {data}: no {' or '.join(missing)} there: {_MAKE_DATA}")

@@ -24,7 +24,7 @@ from collections import defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.harness import machine, table, write_results
+from bench.harness import machine, need_real_model, table, write_results
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "graphs", "configs", "smollm2_arith.yaml")
@@ -123,9 +123,7 @@ def main() -> int:
     if args.report:
         run_dir = args.report
     else:
-        if not args.model:
-            parser.error("--model (or HYBRIDFLOW_SMOLLM2_DIR): `hybridflow model smollm2 "
-                         "--out DIR` makes it")
+        need_real_model(parser, args.model)
         train, test = make_data(args.data, 1, args.n_test)
         run_dir = launch(args, train, test)
     result = report(run_dir)

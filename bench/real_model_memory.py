@@ -45,8 +45,8 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
 from bench.engine_step import GRPO  # noqa: E402
-from bench.harness import (machine, peak_rss_bytes, reset_peak_rss, rss_bytes,  # noqa: E402
-                           set_threads, table, write_results)
+from bench.harness import (machine, need_real_model, peak_rss_bytes, reset_peak_rss,  # noqa: E402
+                           rss_bytes, set_threads, table, write_results)
 
 CONFIG = os.path.join(ROOT, "graphs", "configs", "smollm2_arith.yaml")
 MIB = 2 ** 20
@@ -252,9 +252,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None)
     parser.add_argument("--probe", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if not args.model or not args.data:
-        parser.error("--model (or HYBRIDFLOW_SMOLLM2_DIR) and --data are needed: "
-                     "`hybridflow model smollm2 --out DIR`, `hybridflow data word_arith --out DIR`")
+    need_real_model(parser, args.model, args.data, data_needed=True)
     if args.probe:
         import warnings
         warnings.filterwarnings("ignore")

@@ -23,7 +23,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.harness import alternate, machine, median, set_threads, table, write_results
+from bench.harness import (alternate, machine, median, need_real_model, set_threads, table,
+                             write_results)
 
 
 def log_probs(model, ids, mask):
@@ -72,8 +73,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    if not args.model:
-        parser.error("--model (or HYBRIDFLOW_SMOLLM2_DIR): `hybridflow model smollm2 --out DIR`")
+    need_real_model(parser, args.model)
     set_threads(args.threads)
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)

@@ -25,7 +25,7 @@ from collections import defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.harness import machine, median, table, write_results
+from bench.harness import machine, median, need_real_model, table, write_results
 from bench.real_model_curve import run_env, shipped_run
 
 DEFAULT_VARIANTS = ["padded=", "packed=model.use_remove_padding=true"]
@@ -63,10 +63,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    if not args.model:
-        parser.error("--model (or HYBRIDFLOW_SMOLLM2_DIR): `hybridflow model smollm2 --out DIR`")
-    if not os.path.isfile(os.path.join(args.data, "train.jsonl")):
-        parser.error(f"--data {args.data}: no train.jsonl; `hybridflow data word_arith --out DIR`")
+    need_real_model(parser, args.model, args.data, data_needed=True)
     variants = dict(args.variant or [parse_variant(v) for v in DEFAULT_VARIANTS])
     start = machine()
     seconds: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))

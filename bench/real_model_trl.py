@@ -48,7 +48,8 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
 from bench.engine_step import EngineStep  # noqa: E402
-from bench.harness import machine, median, quiet_logs, set_threads, table, write_results  # noqa: E402
+from bench.harness import (machine, median, need_real_model, quiet_logs, set_threads,  # noqa: E402
+                             table, write_results)
 from bench.scale_trl import alternate_with_trl, grpo_config, trl_available  # noqa: E402
 
 CONFIG = os.path.join(ROOT, "graphs", "configs", "smollm2_arith.yaml")
@@ -240,9 +241,7 @@ def main(argv=None) -> int:
                         "rollout.enforce_eager=false (TRL's vLLM compiles: it sets no "
                         "enforce_eager)")
     args = parser.parse_args(argv)
-    if not args.model or not args.data:
-        parser.error("--model (or HYBRIDFLOW_SMOLLM2_DIR) and --data are needed: "
-                     "`hybridflow model smollm2 --out DIR`, `hybridflow data word_arith --out DIR`")
+    need_real_model(parser, args.model, args.data, data_needed=True)
     if not trl_available():
         parser.error("trl is not importable here: run this with a TRL venv's python "
                      "(see this file's docstring)")

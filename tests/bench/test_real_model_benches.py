@@ -83,8 +83,27 @@ def test_memory_bench_configs_and_table():
     assert summary["worst_abs_error"] == pytest.approx(0.4)
 
 
-def test_memory_bench_needs_the_model_and_data(capsys):
+def test_memory_bench_needs_the_model_and_data(capsys, monkeypatch, tmp_path):
     from bench import real_model_memory as rm
+    # CI sets the variable (the model is made there): the bench must still stop here.
+    monkeypatch.delenv("HYBRIDFLOW_SMOLLM2_DIR", raising=False)
     with pytest.raises(SystemExit):
         rm.main(["--data", "/d"])
     assert "hybridflow model smollm2" in capsys.readouterr().err
+
+
+def test_real_model_benches_name_the_missing_file(capsys, tmp_path):
+    from bench import real_model_memory as rm
+    from bench import real_model_trl as rt
+    model = tmp_path / "model"
+    model.mkdir()
+    with pytest.raises(SystemExit):  # a folder that is not an HF model
+        rm.main(["--model", str(model), "--data", str(tmp_path)])
+    assert "no config.json" in capsys.readouterr().err
+    (model / "config.json").write_text("{}")
+    (tmp_path / "train.jsonl").write_text("")
+    for main in (rm.main, rt.main):
+        with pytest.raises(SystemExit):
+            main(["--model", str(model), "--data", str(tmp_path)])
+        err = capsys.readouterr().err
+        assert "no test.jsonl" in err and "hybridflow data word_arith" in err
