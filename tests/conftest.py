@@ -1,8 +1,42 @@
 """Suite-wide fixtures: the one Ray session of a test module, and the runtime a
-test runs on when it runs on both."""
+test runs on when it runs on both; and the suite's own Ray temp folder.
+
+Ray's temp folder. `ray.init()` without an address joins the cluster named in
+`<RAY_TMPDIR or /tmp>/ray/ray_current_cluster`, which `ray.cluster_utils.Cluster`
+writes (tests/runtime/test_ray_cluster.py, tests/e2e/test_address_ray.py) while it
+lives: any other suite, xdist worker or user on the machine that starts Ray then
+would join that cluster and fail ("num_cpus and num_gpus must not be provided"). So
+each test process (each xdist worker, or the one serial process) and the runs it
+starts in subprocesses use a temp folder of their own (under RAY_TMPDIR if set),
+removed at the end.
+
+State: `os.environ["RAY_TMPDIR"]` for the session; the folder it names.
+"""
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+
 import pytest
+
+_OWN_RAY_TMPDIR: list[str] = []  # the folder this process made, removed at the end
+
+
+def pytest_configure(config):
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        return  # xdist's controller: it runs no test, and its workers make their own
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    # under the one the user chose, if any; short: Ray's socket paths below it must
+    # stay under the 107-byte AF_UNIX limit
+    folder = tempfile.mkdtemp(prefix=f"hf-ray-{worker}-", dir=os.environ.get("RAY_TMPDIR", "/tmp"))
+    os.environ["RAY_TMPDIR"] = folder
+    _OWN_RAY_TMPDIR.append(folder)
+
+
+def pytest_unconfigure(config):
+    for folder in _OWN_RAY_TMPDIR:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
