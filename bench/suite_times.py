@@ -8,7 +8,8 @@ Ray's raylet and workers once their session ends) and the load average before an
 after. On a shared machine the wall seconds are inflated by other work; the CPU
 seconds are not, so they compare a module before and after a change under any load
 (a single-threaded module takes about its CPU seconds of wall on an idle machine).
-Writes bench/results/suite_times.json.
+It runs the tests serially in this process, whatever the suite's `-n` (xdist)
+says. Writes bench/results/suite_times.json.
 """
 from __future__ import annotations
 
@@ -49,10 +50,20 @@ class ModuleTimes:
             self.outcomes[report.outcome] += 1
 
 
+def serial() -> list[str]:
+    """`-n 0` where pytest-xdist is installed: the suite's addopts spread it over worker
+    processes, whose tests this plugin would not see; it times them in this one."""
+    try:
+        import xdist  # noqa: F401
+    except ImportError:
+        return []
+    return ["-n", "0"]
+
+
 def main(args: list[str], out: str = OUT) -> int:
     times = ModuleTimes()
     load_before, start, cpu = os.getloadavg(), time.monotonic(), cpu_seconds()
-    code = pytest.main(["-q", "-p", "no:cacheprovider", *args], plugins=[times])
+    code = pytest.main(["-q", "-p", "no:cacheprovider", *serial(), *args], plugins=[times])
     total_wall, total_cpu = time.monotonic() - start, cpu_seconds() - cpu
     load_after = os.getloadavg()
     rows = sorted(times.wall, key=times.wall.get, reverse=True)

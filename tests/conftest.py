@@ -1,5 +1,6 @@
-"""Suite-wide fixtures: the one Ray session of a test module, and the runtime a
-test runs on when it runs on both; and the suite's own Ray temp folder.
+"""Suite-wide fixtures: the one Ray session of a test module, the runtime a test
+runs on when it runs on both, the training runs several modules share; and the
+suite's own Ray temp folder.
 
 Ray's temp folder. `ray.init()` without an address joins the cluster named in
 `<RAY_TMPDIR or /tmp>/ray/ray_current_cluster`, which `ray.cluster_utils.Cluster`
@@ -53,6 +54,14 @@ def ray_session():
     ray.init(num_cpus=8, num_gpus=4, include_dashboard=False)
     yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def shared_runs(tmp_path_factory):
+    """Training runs trained once per test process for the tests of several modules
+    (tests/support/e2e.py SharedRuns)."""
+    from tests.support.e2e import SharedRuns
+    return SharedRuns(tmp_path_factory.mktemp("shared_runs"))
 
 
 @pytest.fixture(params=["local", pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow])])

@@ -17,9 +17,10 @@ LEARNS = {"local": (("trainer.steps=30", "trainer.val_every=15"), 0.4),
           "ray": ((*RAY, "placement.pools.main.devices_per_node=2"), 0.3)}
 
 
-def test_grpo_embedded_default_raises_held_out_accuracy(tmp_path, runtime_name):
+def test_grpo_embedded_default_raises_held_out_accuracy(shared_runs, runtime_name):
     overrides, gain = LEARNS[runtime_name]
-    trainer, metrics = train("grpo", tmp_path, *overrides)
+    # test_rollout_placement's colocated baseline is this very run: trained once
+    trainer, metrics = shared_runs.train("grpo", *overrides)
     accuracy = series(metrics, VAL)
     assert accuracy[-1] >= accuracy[0] + gain, accuracy
     assert trainer.run.status()["state"] == "finished"

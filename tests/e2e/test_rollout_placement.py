@@ -52,12 +52,14 @@ def test_split_rollout_trains_exactly_as_colocated_with_one_seed(tmp_path):
 
 
 @pytest.mark.slow
-def test_split_rollout_learns_the_toy_task_as_well_as_colocated(tmp_path, runtime_name):
+def test_split_rollout_learns_the_toy_task_as_well_as_colocated(tmp_path, runtime_name,
+                                                               shared_runs):
     common, colocated, split, gain, below = LEARNS[runtime_name]
-    accuracy = {}
-    for name, placement in (("colocated", colocated), ("split", split)):
-        _, metrics = train("grpo", tmp_path / name, *common, *placement)
-        accuracy[name] = series(metrics, "val/toy_arith/greedy")
+    # the colocated run is test_learning's GRPO run (same overrides): trained once
+    _, metrics = shared_runs.train("grpo", *common, *colocated)
+    accuracy = {"colocated": series(metrics, "val/toy_arith/greedy")}
+    _, metrics = train("grpo", tmp_path / "split", *common, *split)
+    accuracy["split"] = series(metrics, "val/toy_arith/greedy")
     first, last = accuracy["split"][0], accuracy["split"][-1]
     assert last >= first + gain, accuracy
     assert last >= accuracy["colocated"][-1] - below, accuracy

@@ -34,3 +34,23 @@ def train(name: str, tmp_path, *overrides: str,
 
 def series(metrics: list[dict], key: str) -> list[float]:
     return [m[key] for m in metrics if key in m]
+
+
+class SharedRuns:
+    """Training runs that tests in several modules assert on, trained once per test
+    process (the `shared_runs` fixture): GRPO's 30-step local run, say, is both
+    test_learning's check that GRPO learns and test_rollout_placement's colocated
+    baseline. A run is keyed by its graph and its overrides as a set, so the
+    overrides must name distinct keys; a Ray run trains in the Ray session of the
+    test that asks first. Tests only read what a shared run wrote."""
+
+    def __init__(self, root):
+        self.root, self.done = root, {}
+
+    def train(self, name: str, *overrides: str) -> tuple[Trainer, list[dict]]:
+        keys = [o.split("=", 1)[0] for o in overrides]
+        assert len(set(keys)) == len(keys), f"overrides name a key twice: {overrides}"
+        key = (name, frozenset(overrides))
+        if key not in self.done:
+            self.done[key] = train(name, self.root / f"run{len(self.done)}", *overrides)
+        return self.done[key]
