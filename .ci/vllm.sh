@@ -21,7 +21,7 @@ pip uninstall -q -y torchvision torchaudio torchcodec triton
 pip install -q --no-deps -e .
 pip freeze | grep -iE '^(torch|transformers|numpy)==' > .venv-vllm/pins.txt
 pip install -q -c .venv-vllm/pins.txt "ray>=2.9" "omegaconf>=2.3" "graphviz>=0.20" \
-  "accelerate>=0.30" "pyarrow>=12" "pytest>=7" "pytest-timeout>=2.2" "hypothesis>=6" \
+  "accelerate>=0.30" "pyarrow>=12" "pytest>=7" "pytest-timeout>=2.2" "pytest-xdist>=3.5" "hypothesis>=6" \
   "peft>=0.10"
 python -c "import torch, transformers, vllm; print('torch', torch.__version__, \
 'transformers', transformers.__version__, 'vllm', vllm.__version__)"
@@ -31,10 +31,12 @@ case "$(python -c 'import torch; print(torch.__version__)')" in
 esac
 
 set +e
+# serially (-n 0, over pyproject's -n 2): two real engines at once would share the
+# CPU's memory and cores; pytest-xdist is installed above because addopts names -n
 if [ "$#" -gt 0 ]; then
-  python -m pytest -q -p no:cacheprovider "$@"
+  python -m pytest -q -p no:cacheprovider -n 0 "$@"
 else
-  python -m pytest -q -p no:cacheprovider -m vllm tests/
+  python -m pytest -q -p no:cacheprovider -n 0 -m vllm tests/
 fi
 status=$?
 set -e
