@@ -1,6 +1,7 @@
 """The test suite's own rules: no test module imports another (shared code lives in
 tests/support/ or a conftest.py), so each test file runs, and fails, on its own; the
-tests' folders mirror the package's; a test is slow by its own mark."""
+tests' folders mirror the package's; a test is slow by its own mark; Ray's temp folder
+is the test process's own."""
 from __future__ import annotations
 
 import ast
@@ -108,3 +109,14 @@ def test_test_module_names_are_unique():
                            f"{os.path.relpath(path, TESTS)}")
         seen.setdefault(name, path)
     assert not clashes, f"test files share a name: {clashes}"
+
+
+def test_ray_gets_a_temp_folder_of_this_test_process():
+    """tests/conftest.py: the cluster address file that `ray.init()` joins lies in a
+    folder of this process alone (an xdist worker or the serial run), so a
+    `ray.cluster_utils.Cluster` started by another process is never joined."""
+    from ray._common.utils import get_ray_address_file
+    folder = os.environ["RAY_TMPDIR"]
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    assert os.path.basename(folder).startswith(f"hf-ray-{worker}-") and os.path.isdir(folder)
+    assert get_ray_address_file(None).startswith(folder + os.sep)
