@@ -127,7 +127,8 @@ def engine_kwargs(spec: EngineSpec, path: str, tokenizer_path: str,
     """`vllm.LLM(**kwargs)` for this rank: in-process, on the rank's own device."""
     cfg = spec.rollout_cfg
     kv_bytes = int(cfg.kv_cache_gib * (1 << 30)) if cfg.kv_cache_gib > 0 else None
-    return {"model": path, "tokenizer": tokenizer_path, "generation_config": tokenizer_path,
+    seqs = {"max_num_seqs": cfg.max_num_seqs} if cfg.max_num_seqs > 0 else {}
+    return {**seqs, "model": path, "tokenizer": tokenizer_path, "generation_config": tokenizer_path,
             "dtype": vllm_dtype(spec.model_cfg.dtype), "tensor_parallel_size": 1,
             "distributed_executor_backend": "external_launcher",
             "load_format": "dummy" if spec.module is not None or spec.model_cfg.path is None
