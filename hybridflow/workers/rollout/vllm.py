@@ -270,7 +270,8 @@ class VLLMEngine:
         if self._stream is None:
             from hybridflow.workers.rollout.vllm_stream import VLLMStream
             self._stream = VLLMStream(self.llm.llm_engine, self.sampling_params,
-                                      self.delta_kind, opts, self.tokenizer, self.seed)
+                                      self.delta_kind, opts, self.tokenizer, self.seed,
+                                      sampling_kwargs(opts, self.tokenizer.eos_token_id))
         elif self._stream.opts != opts:
             raise ValueError("a streaming rollout samples with one set of options; got "
                              f"{opts} after {self._stream.opts}")

@@ -33,15 +33,17 @@ from __future__ import annotations
 
 from hybridflow.core.batch import Batch
 from hybridflow.workers.rollout.stream import Request, assemble_requests, requests_from_rows
-from hybridflow.workers.rollout.vllm import sampling_kwargs
 
 __all__ = ["VLLMStream"]
 
 
 class VLLMStream:
-    def __init__(self, llm_engine, make_params, delta_kind, opts, tokenizer, seed: int):
+    def __init__(self, llm_engine, make_params, delta_kind, opts, tokenizer, seed: int,
+                 base_kwargs: dict):
+        """`base_kwargs`: the SamplingParams kwargs of `opts` (vllm.sampling_kwargs);
+        each request gets its own token budget, seed and DELTA outputs on top."""
         self.engine, self.make_params, self.delta_kind = llm_engine, make_params, delta_kind
-        self.opts, self.seed = opts, int(seed)
+        self.opts, self.seed, self.base_kwargs = opts, int(seed), dict(base_kwargs)
         self.pad, self.eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
         self.live: dict[str, Request] = {}
         self.finished: list[Request] = []
@@ -63,7 +65,7 @@ class VLLMStream:
         return len(requests)
 
     def _params(self, req: Request):
-        kwargs = {**sampling_kwargs(self.opts, self.eos_id), "output_kind": self.delta_kind,
+        kwargs = {**self.base_kwargs, "output_kind": self.delta_kind,
                   "max_tokens": self.opts.max_new_tokens - len(req.tokens)}
         if self.opts.do_sample:  # per-request draws: independent of the step's company
             kwargs["seed"] = (self.seed * 1_000_003 + req.rid * 7_919 + len(req.tokens)
