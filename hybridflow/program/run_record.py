@@ -38,14 +38,15 @@ def plan_record(plan, cfg) -> dict:
         # a gather's rounds draw and record the source again: calls cannot be counted
         gathers = any(n.op is Op.GATHER for n in rollout)
         sides = {"rollout": list(split.rollout), "staleness": split.staleness,
-                 "source": sources[0] if sources and not gathers else None}
+                 "source": sources[0] if sources and not gathers else None,
+                 "streaming": pipeline is not None and pipeline.streaming}
     return {
         "format": _FORMAT, "graph": plan.graph_name,
         "nodes": [{"name": n.name, "kind": str(n.kind), "role": n.role, "deps": list(n.deps)}
                   for n in view.nodes],
         "pipeline": None if pipeline is None else {
             "staleness": pipeline.staleness, "rollout_side": sorted(pipeline.rollout_side),
-            "movable": dict(pipeline.movable)},
+            "movable": dict(pipeline.movable), "streaming": pipeline.streaming},
         "model_roles": list(models), "roles": run_roles(plan, pipeline, models),
         "sides": sides}
 
@@ -67,7 +68,7 @@ class RecordedPlan:
         if not found:
             return None
         return Pipeline(int(found["staleness"]), frozenset(found["rollout_side"]),
-                        dict(found["movable"]))
+                        dict(found["movable"]), bool(found.get("streaming", False)))
 
 
 def read_plan_record(run_dir: str) -> RecordedPlan:
