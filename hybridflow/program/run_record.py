@@ -38,8 +38,7 @@ def plan_record(plan, cfg) -> dict:
         # a gather's rounds draw and record the source again: calls cannot be counted
         gathers = any(n.op is Op.GATHER for n in rollout)
         sides = {"rollout": list(split.rollout), "staleness": split.staleness,
-                 "source": sources[0] if sources and not gathers else None,
-                 "streaming": pipeline is not None and pipeline.streaming}
+                 "source": sources[0] if sources and not gathers else None}
     return {
         "format": _FORMAT, "graph": plan.graph_name,
         "nodes": [{"name": n.name, "kind": str(n.kind), "role": n.role, "deps": list(n.deps)}
