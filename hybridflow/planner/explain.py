@@ -157,7 +157,7 @@ def pipeline_sentences(result: Ranking) -> list[str]:
 def streaming_sentences(result: Ranking) -> list[str]:
     """The streaming step of the best plan (producer against consumer, which side is the
     bottleneck, each side's busy fraction) and how its devices split between the sides."""
-    terms = result.best.pipeline
+    best, terms = result.best, result.best.pipeline
     text = [f"Streaming: a step takes {terms.describe()}; {_streaming_balance(terms)}; "
             "the same plan synchronous would take "
             f"{seconds_text(terms.synchronous)} s."]
@@ -169,11 +169,13 @@ def streaming_sentences(result: Ranking) -> list[str]:
         return text
     verdict = "beats" if apart.step_seconds < shared.step_seconds else "loses to"
     gen, train = _split_devices(apart, result)
+    # the best's balance is said above; another apart plan's is said here
+    balance = ("" if apart.label() == best.label() else
+               f"; {_streaming_balance(apart.pipeline)}")
     text.append(f"The rollout on a pool of its own ({gen} device(s) generating, {train} "
-                f"training: {apart.label()}, {apart.step_seconds:.1f} s; "
-                f"{_streaming_balance(apart.pipeline)}) {verdict} the rollout sharing the "
-                f"actor's devices ({shared.label()}, {shared.step_seconds:.1f} s, generation "
-                "and training in turn).")
+                f"training: {apart.label()}, {apart.step_seconds:.1f} s{balance}) {verdict} "
+                f"the rollout sharing the actor's devices ({shared.label()}, "
+                f"{shared.step_seconds:.1f} s, generation and training in turn).")
     return text
 
 

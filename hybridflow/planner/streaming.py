@@ -98,8 +98,8 @@ class StreamingStep:
             return "the two sides in turn (the rollout shares the actor's module)"
         side = self.bottleneck
         if self.pool_bound:
-            return (f"pool {self.busiest[0]} busy {seconds_text(self.busiest[1])} s with both "
-                    "sides' work on it and its share of the push")
+            return (f"pool {self.busiest[0]} busy {seconds_text(self.busiest[1])} s (its "
+                    "nodes of both sides and its share of the weight push)")
         if side == "rollout":
             return f"the rollout side (generation, {seconds_text(self.rollout_side)} s)"
         return f"the train side ({seconds_text(self.consume)} s with the push)"
