@@ -1,10 +1,11 @@
 """Recorded steps of a run as a per-pool Gantt chart, in plain SVG (no `dot` needed).
 
 The records are those the run loop writes to `RUN_DIR/timeline.jsonl`: {"step",
-"node", "role", "pool", "rank", "start", "end"}, times in seconds from the step's
-first record. The chart draws one step, or several consecutive steps laid end to end
-(`steps=(3, 5)`): the time between two steps (metrics, checkpoints) is not recorded,
-so each step starts a small gap after the previous one ends, at a dashed line.
+"node", "role", "pool", "rank", "start", "end", "origin"}, times in seconds from the
+step's first record, whose wall-clock time is `origin` (runs before it lack it). The
+chart draws one step, or several consecutive steps laid end to end (`steps=(3, 5)`):
+the time between two steps (metrics, checkpoints) is not recorded, so each step starts
+a small gap after the previous one ends, at a dashed line.
 
 An async run (`trainer.staleness = k >= 1`, async_split.py) records in step t the
 train side of step t and the rollout side generating the batch of step t + k (in its

@@ -163,3 +163,9 @@ def test_hybridflow_plan_models_a_streaming_run_of_the_real_graph(capsys):
     assert code == 0
     assert "async streaming, staleness 2" in out and "Streaming: a step takes" in out
     assert "bottleneck: the" in out and "busy: rollout side" in out
+
+
+def test_the_plan_drawing_says_the_step_streams():
+    from hybridflow.planner.render import plan_to_dot
+    source = plan_to_dot(plan(a100(32))).source
+    assert "async streaming staleness 2" in source and "weight_sync" in source
