@@ -64,3 +64,25 @@ def test_a_streaming_run_recorded_without_origins_is_laid_end_to_end_and_says_so
     svg = timeline_svg(old, sides=SIDES, steps=(1, 2))
     assert "without record origins: steps laid end to end" in svg
     assert len(re.findall('class="step-start"', svg)) == 2
+
+
+def test_the_command_draws_a_recorded_streaming_run_on_one_axis(tmp_path, capsys):
+    """`hybridflow render --timeline RUN_DIR`: the mode comes from the run's config.yaml,
+    the stream side from its plan.json (the graph file is never imported)."""
+    from test_timeline import parse
+
+    from hybridflow.commands.render import timeline_sides
+    from tests.support.recorded_runs import graph_path, record_run, write_jsonl
+    write_jsonl(tmp_path / "timeline.jsonl", RECORDS)
+    record_run(tmp_path, graph_path("grpo.py"),
+               "trainer:\n  steps: 3\n  staleness: 2\n  async_mode: streaming\n"
+               "actor:\n  off_policy: decoupled\n")
+    sides, note = timeline_sides(str(tmp_path))
+    assert note is None and sides.streaming
+    assert sides.rollout == frozenset({"prompts", "rollout.generate"})
+    command, args = parse(["render", "--timeline", str(tmp_path), "-o",
+                           str(tmp_path / "t.svg"), "--steps", "1-3"])
+    assert command.run(args) == 0, capsys.readouterr().err
+    svg = (tmp_path / "t.svg").read_text()
+    assert "one time axis" in svg and "step-start" not in svg
+    assert "rollout.generate: 40 decode steps, 8 rows done" in svg
