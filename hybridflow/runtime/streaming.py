@@ -32,7 +32,9 @@ buffer, so a resume re-draws exactly the in-flight and buffered prompts, once.
 State (only its methods change it): `groups` (the buffer's contents), `prompts`
 (uid -> the prompt row, for each prompt drawn and not trained), `draws` ((loader state
 before, uids) of each draw still holding an untrained prompt), `trained_uids` of those
-draws, `skip` (uids a resumed run must not draw again), the engine's counters.
+draws, `skip` (uids a resumed run must not draw again), the engine's counters, and
+`record` (the stream side's timeline records of the step, stream_record.py: with the
+engine on its own thread, one more poll after the pass records what it did meanwhile).
 """
 from __future__ import annotations
 
