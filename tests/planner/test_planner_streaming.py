@@ -145,7 +145,8 @@ def test_where_splitting_starves_training_the_rollout_stays_with_the_actor():
     assert "generation and training in turn" in result.explain()
 
 
-@pytest.mark.parametrize("cluster", [a100(8), Cluster(2, 2, "h100-80g")], ids=["8 a100", "2x2"])
+@pytest.mark.parametrize("cluster", [a100(8), Cluster(2, 2, "h100-80g"), a100(16)],
+                         ids=["8 a100", "2x2", "16 a100"])
 def test_search_with_pruning_finds_the_brute_force_best_streaming_plan(cluster):
     problem = build_problem(grpo_graph(), cluster, ACTOR_REF, WORK, pipeline=STREAM)
     expected = min(brute_force_best(problem), brute_force_best(apart_problem(problem)))
