@@ -32,7 +32,9 @@ buffer, so a resume re-draws exactly the in-flight and buffered prompts, once.
 State (only its methods change it): `groups` (the buffer's contents), `prompts`
 (uid -> the prompt row, for each prompt drawn and not trained), `draws` ((loader state
 before, uids) of each draw still holding an untrained prompt), `trained_uids` of those
-draws, `skip` (uids a resumed run must not draw again), the engine's counters.
+draws, `skip` (uids a resumed run must not draw again), the engine's counters, and
+`record` (the stream side's timeline records of the step, stream_record.py: with the
+engine on its own thread, one more poll after the pass records what it did meanwhile).
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ from hybridflow.plan.compiler import ExecutionPlan
 from hybridflow.plan.streaming_split import TOKEN_VERSIONS, stream_buffer
 from hybridflow.runtime.common import StepResult
 from hybridflow.runtime.stream_buffer import GroupBuffer
+from hybridflow.runtime.stream_record import StreamRecorder
 
 __all__ = ["StreamingScheduler"]
 
@@ -64,6 +67,8 @@ class StreamingScheduler:
             background = not isinstance(runtime, LocalRuntime) and \
                 self.gen.role not in plan.placement.folded
         self.background, self.started = background, False
+        self.record = StreamRecorder(self.gen.name, self.gen.role,
+                                     plan.placement.roles.get(self.gen.role), background)
         self.groups = GroupBuffer(spec.unit or "uid")
         self.prompts: dict[str, Batch] = {}
         self.draws: list[tuple[dict, list[str]]] = []
@@ -93,6 +98,7 @@ class StreamingScheduler:
     def step(self, step: int, last_step: int) -> StepResult:
         """Stream until `batch_size` groups are admissible for step `step`, then train."""
         trained = step - 1  # the version the update starts from
+        self.record.begin_step()
         if self.background and not self.started:
             self.runtime.call_role(self.gen.role, "stream_start")
         self.started = True
@@ -109,6 +115,8 @@ class StreamingScheduler:
         batch = Batch.concat([rows for _, rows in taken])
         result = self.runtime.run_step({self.buffer.name: batch}, plan=self.plan,
                                        skip=self.stream_side)
+        if self.background:  # what the engine's thread did during the pass, on record
+            self._poll(strict=False)
         self._trained([uid for uid, _ in taken])
         if step >= last_step:
             self.runtime.call_role(self.gen.role, "stream_abort")
@@ -140,18 +148,22 @@ class StreamingScheduler:
             self.requeued += len(stale)
             self._submit(Batch.concat([self.prompts[u] for u in stale]))
 
-    def _poll(self) -> bool:
+    def _poll(self, strict: bool = True) -> bool:
         """Finished samples into the buffer; False when nothing arrived. Raises when
         nothing is in flight and the buffer cannot fill (a defect, not a wait)."""
         arrived, busy, counts = False, False, {}
-        for reply in self.runtime.call_role(self.gen.role, "stream_poll"):
+        began = time.time()
+        replies = self.runtime.call_role(self.gen.role, "stream_poll")
+        self.record.polled(began, replies)  # the stream side's timeline (stream_record.py)
+        for reply in replies:
             busy = busy or reply["busy"]
             counts = _summed(counts, reply["counts"])
             if reply["rows"] is not None and len(reply["rows"]):
                 self.groups.add(reply["rows"])
                 arrived = True
         self.counts = counts
-        if not arrived and not busy:  # (a poll reads rows and `busy` under one lock)
+        # (a poll reads rows and `busy` under one lock)
+        if strict and not arrived and not busy:
             raise RuntimeError(
                 f"streaming: the buffer holds {self.groups.held()} whole group(s) of the "
                 f"{self.size} a step needs and the rollout has nothing in flight "
@@ -187,10 +199,11 @@ class StreamingScheduler:
                   "async/requeued_groups": float(self.requeued),
                   **{f"async/stream/{k}": float(v) for k, v in self.counts.items()}}
         node_metrics = {self.gen.name: gen, **result.node_metrics}
+        timeline = sorted(result.timeline + self.record.records, key=lambda e: e["start"])
         metrics = {**result.metrics, **gen, **stream}
         return StepResult(outputs=result.outputs, metrics=metrics, node_metrics=node_metrics,
                           rows={**result.rows, self.gen.name: len(batch)},
-                          timeline=result.timeline, driver_bytes=result.driver_bytes)
+                          timeline=timeline, driver_bytes=result.driver_bytes)
 
 
 def _summed(a: dict, b: dict) -> dict:

@@ -10,6 +10,8 @@ its response with the row's version its oldest token's, the weights reached the
 rollout's own copy (weight sync bytes) and the loop ran in the background."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.support.async_runs import SPLIT
@@ -32,3 +34,12 @@ def test_ray_streams_admitted_versions_with_the_rollout_on_its_own_pool(tmp_path
     assert {u for u, _ in pairs} == set(uids)
     last = seen[4][1]
     assert last["engine/weight_sync_bytes"] > 0 and last["async/stream/decode_steps"] > 0
+    # the stream side is on record (runtime/stream_record.py): the engine's work between
+    # polls on the rollout's pool, every decode step it counted, for the timeline
+    (timeline,) = tmp_path.glob("*/timeline.jsonl")
+    records = [json.loads(line) for line in timeline.read_text().splitlines()]
+    stream = [r for r in records if r.get("stream")]
+    assert {(r["stream"], r["pool"], r["node"]) for r in stream} == {
+        ("poll", "gen", "rollout.generate")}
+    assert sum(r["decode_steps"] for r in stream) == last["async/stream/decode_steps"]
+    assert all("origin" in r for r in records)
