@@ -122,7 +122,7 @@ class ModelConfig:
     path: Optional[str] = None            # local HF model dir; None builds from hf_config
     hf_config: dict = field(default_factory=lambda: dict(DEFAULT_HF_CONFIG))
     tokenizer: str = "char"               # "char" (built in code) or a local dir
-    dtype: str = "float32"                # "float32" | "bfloat16"
+    dtype: str = "float32"                # "float32" | "bfloat16" | "auto" (bf16 where native)
     device: str = checked("auto", _DEVICE)
     gradient_checkpointing: bool = False
     # packed sequences (workers/packing.py): the actor's log-prob and update, the

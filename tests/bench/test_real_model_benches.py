@@ -38,7 +38,8 @@ def test_trl_engine_overrides_match_the_trl_side():
     over = rt.engine_overrides(s)
     for item in ("data.shuffle=false", "rollout.n=4", "rollout.max_new_tokens=48",
                  "actor.mini_batch_size=16", "actor.micro_batch_size=8",
-                 "runtime.torch_threads=2", "data.train_files=/d/train.jsonl"):
+                 "runtime.torch_threads=2", "data.train_files=/d/train.jsonl",
+                 "model.dtype=float32"):
         assert item in over
     assert "rollout.backend=vllm" not in over
     vllm = rt.engine_overrides({**s, "engine": "vllm",
