@@ -45,7 +45,7 @@ from hybridflow.core.kinds import Op
 from hybridflow.core.metric_names import SAMPLED_VERSION
 from hybridflow.plan.compiler import ExecutionPlan
 from hybridflow.plan.streaming_split import TOKEN_VERSIONS, stream_buffer
-from hybridflow.runtime.common import StepResult
+from hybridflow.runtime.common import NodeFailure, StepResult
 from hybridflow.runtime.stream_buffer import GroupBuffer
 from hybridflow.runtime.stream_record import StreamRecorder
 
@@ -100,7 +100,7 @@ class StreamingScheduler:
         trained = step - 1  # the version the update starts from
         self.record.begin_step()
         if self.background and not self.started:
-            self.runtime.call_role(self.gen.role, "stream_start")
+            self._call("stream_start")
         self.started = True
         start, taken = time.perf_counter(), []
         while True:
@@ -119,7 +119,7 @@ class StreamingScheduler:
             self._poll(strict=False)
         self._trained([uid for uid, _ in taken])
         if step >= last_step:
-            self.runtime.call_role(self.gen.role, "stream_abort")
+            self._call("stream_abort")
         return self._result(result, batch, trained, wait_s)
 
     def _top_up(self, step: int, last_step: int) -> None:
@@ -138,8 +138,7 @@ class StreamingScheduler:
             self._submit(batch)
 
     def _submit(self, batch: Batch) -> None:
-        for counts in self.runtime.call_role(self.gen.role, "stream_submit", batch,
-                                             **self.options):
+        for counts in self._call("stream_submit", batch, **self.options):
             self.groups.expect(counts)
 
     def _resubmit(self, stale: list[str]) -> None:
@@ -153,7 +152,7 @@ class StreamingScheduler:
         nothing is in flight and the buffer cannot fill (a defect, not a wait)."""
         arrived, busy, counts = False, False, {}
         began = time.time()
-        replies = self.runtime.call_role(self.gen.role, "stream_poll")
+        replies = self._call("stream_poll")
         self.record.polled(began, replies)  # the stream side's timeline (stream_record.py)
         for reply in replies:
             busy = busy or reply["busy"]
@@ -169,6 +168,17 @@ class StreamingScheduler:
                 f"{self.size} a step needs and the rollout has nothing in flight "
                 f"({len(self.prompts)} prompt(s) drawn and not trained)")
         return arrived
+
+    def _call(self, method: str, *args, **kwargs) -> list:
+        """A streaming call on every rank of the rollout role. A failure (a worker
+        process killed, the engine loop's error) names the generate node those calls
+        serve, with the role and rank, not the call: the user's graph has no node
+        `rollout.stream_poll`."""
+        try:
+            return self.runtime.call_role(self.gen.role, method, *args, **kwargs)
+        except NodeFailure as err:
+            raise NodeFailure(self.gen, err.rank,
+                              f"{self.gen.role}.{method}: {err.detail}") from None
 
     def _trained(self, uids: list[str]) -> None:
         for uid in uids:
