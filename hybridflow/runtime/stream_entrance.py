@@ -77,7 +77,8 @@ class StreamEntrance:
             key = timing_key(name)
             if key in result.metrics:
                 self.timing[key] = self.timing.get(key, 0.0) + result.metrics[key]
-        self.timeline += result.timeline
+        # the feed's driver span is no node of the run's plan (render reads plan.json)
+        self.timeline += [e for e in result.timeline if e["node"] != self.feed]
         self.driver_bytes += result.driver_bytes
 
     def drain(self) -> tuple[dict, dict, list, int]:
