@@ -67,3 +67,20 @@ def test_ray_streams_dapo_with_its_filter_at_the_buffer_entrance(tmp_path):
     assert len(uids) == len(set(uids)) == 3 * 4 and not dropped & set(uids)
     assert seen[3][1]["async/filtered_groups"] == len(dropped)
     assert seen[3][1]["timing_s/reward.score"] > 0  # the entrance pass ran, on Ray
+
+
+@pytest.mark.slow  # a Ray run
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_session")
+def test_ray_streams_agent_episodes_inline_in_the_actors_process(tmp_path):
+    """The agent role lives in the actor's worker process, so its episodes stream by
+    inline polls (no thread of its own), each episode played by one version."""
+    trainer, seen = stream_recording(tmp_path, "trainer.steps=3", "trainer.staleness=1",
+                                     "runtime.name=ray", "runtime.torch_threads=1",
+                                     "actor.off_policy=decoupled",
+                                     "rollout.micro_batch_size=12", graph="agent_grpo")
+    assert not trainer.scheduler.background
+    check_rows(seen, 1)
+    uids = trained_uids(seen)
+    assert len(uids) == len(set(uids)) == 3 * 4
+    assert seen[3][1]["async/stream/episodes"] >= 3 * 4 * 4

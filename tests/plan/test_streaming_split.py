@@ -122,9 +122,21 @@ def test_a_gather_that_cannot_filter_at_the_entrance_is_refused(tmp_path, old, n
         prepare(graph, [*STREAM, *UNCORRECTED, "rollout.n=4"], preflight=False)
 
 
-def test_a_generate_role_that_cannot_stream_is_refused():
-    with pytest.raises(GraphError, match=r"agent.*(has no stream_submit|streams one generate)"):
-        plan_of("agent_grpo", *STREAM, *UNCORRECTED)
+def test_a_generate_role_that_cannot_stream_is_refused(tmp_path):
+    text = open(os.path.join(REPO, "graphs", "grpo.py")).read()
+    old = 'g.call("rollout.generate", prompts'
+    assert old in text
+    graph = tmp_path / "grpo_actor_generates.py"
+    graph.write_text(text.replace(old, 'g.call("actor.generate", prompts'))
+    with pytest.raises(GraphError, match=r"node 'actor.generate'.*needs a generate call "
+                                         r"of a role that streams.*has no stream_submit"):
+        prepare(str(graph), [*STREAM, *UNCORRECTED], preflight=False)
+
+
+def test_agent_episodes_stream_into_one_buffer():
+    plan = plan_of("agent_grpo", *STREAM, "actor.off_policy=decoupled")
+    assert sides_of(plan).rollout == ("prompts", "agent.play")
+    assert stream_buffer(plan).name == "buffer/agent.play"
 
 
 @pytest.mark.parametrize("name", ["ppo", "rloo", "reinforce_pp"])
