@@ -4,10 +4,10 @@ buffer as they finish, and a step trains as soon as the buffer holds `data.batch
 admissible whole groups. No pass waits for a batch's generation to end.
 
 A step, "submit what is ready":
-1. top up: while the prompts drawn and not trained (in flight or buffered) leave room
-   for a batch — at most (k + 1) batches' worth — and the run still needs them, draw
+1. top up: while the prompts drawn and not consumed (in flight or buffered) leave
+   room for a batch — at most (k + 1) batches' worth — and the run still needs them, draw
    a batch and submit it to the rollout role (`stream_submit`; a resumed run skips the
-   prompts its checkpoint says were trained);
+   prompts its checkpoint says were consumed);
 2. take: the first `batch_size` whole groups the buffer admits (stream_buffer.py:
    each sample's oldest token sampled by weights >= the trained version - k); stale
    groups are submitted again;
