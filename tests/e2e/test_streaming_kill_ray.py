@@ -84,7 +84,7 @@ def test_a_killed_streaming_rollout_worker_stops_the_run_and_resume_finishes_it(
             "runtime.call_timeout_s=60"]
     started = time.time()
     assert main(["run", *args]) == 1
-    assert time.time() - started < 240  # stopped, not hung until some far deadline
+    assert time.time() - started < 600  # stopped (runtime.call_timeout_s=60), not hung
     killed_at = observed["killed_at"]
     assert killed_at is not None and _dead(observed["killed"])
     run_dir = os.path.join(tmp_path, "runs", "killed")
