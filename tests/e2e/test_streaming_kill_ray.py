@@ -31,11 +31,16 @@ ARMED, STEPS, PROMPTS = 3, 6, 4
 
 
 def _dead(pid: int) -> bool:
+    """Gone, or a zombie its parent (Ray's raylet) has not reaped yet."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
-    return False
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
 
 
 @pytest.fixture
@@ -86,7 +91,8 @@ def test_a_killed_streaming_rollout_worker_stops_the_run_and_resume_finishes_it(
     assert main(["run", *args]) == 1
     assert time.time() - started < 600  # stopped (runtime.call_timeout_s=60), not hung
     killed_at = observed["killed_at"]
-    assert killed_at is not None and _dead(observed["killed"])
+    assert killed_at is not None, "no poll from step 3 on: the worker was never killed"
+    assert _dead(observed["killed"]), observed
     run_dir = os.path.join(tmp_path, "runs", "killed")
     status = json.load(open(os.path.join(run_dir, "status.json")))
     assert status["state"] == "failed" and status["step"] == killed_at
