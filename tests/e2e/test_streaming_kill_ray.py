@@ -6,9 +6,9 @@ every prompt trained exactly once.
 
 The kill is real (SIGKILL of the worker's pid, from the driver); only its moment is
 chosen, by a hook on the streaming scheduler: before its first poll of the engine from
-step 3 on (a step polls when the buffer cannot fill it yet), so the poll is the next
-call to reach the dead worker. (A death that the train pass reaches first is named by
-its weight sync node, with the same role and rank.)"""
+step 3 on (while the buffer cannot fill the step, or the one after its pass), so the
+poll is the next call to reach the dead worker. (A death that the train pass reaches
+first is named by its weight sync node, with the same role and rank.)"""
 from __future__ import annotations
 
 import glob
@@ -54,10 +54,10 @@ def observed(monkeypatch):
         seen["step"] = step
         top_up(self, step, last_step)
 
-    def kill_mid_stream(self):
-        """Before the first poll from step ARMED on (a step polls when the buffer
-        cannot fill it: at least every other step): this poll is the next call to
-        reach the rollout worker."""
+    def kill_mid_stream(self, *args, **kwargs):
+        """Before the first poll from step ARMED on (a step polls while the buffer
+        cannot fill it, and once after its pass): this poll is the next call to reach
+        the rollout worker."""
         if seen["step"] >= ARMED and seen["killed"] is None:
             assert self.background and self.groups.expected  # requests in flight
             (info,) = self.runtime.worker_info("gen")
@@ -66,7 +66,7 @@ def observed(monkeypatch):
             deadline = time.time() + 30
             while not _dead(info["pid"]) and time.time() < deadline:
                 time.sleep(0.05)
-        return poll(self)
+        return poll(self, *args, **kwargs)
 
     def record(self, uids):
         seen["trained"].append(list(uids))
