@@ -83,7 +83,8 @@ def engine_overrides(s: dict) -> list[str]:
            f"rollout.log_prob_micro_batch_size={min(rows, 16)}",
            f"actor.mini_batch_size={s['mini']}", f"actor.micro_batch_size={s['micro']}",
            "trainer.val_every=0", "trainer.progress=false", "trainer.log_val_generations=0",
-           f"runtime.torch_threads={s['threads']}"]
+           f"runtime.torch_threads={s['threads']}",
+           "model.dtype=float32"]  # TRL's side is fp32 (the shipped config says auto)
     if s["engine"] == "vllm":
         out += ["rollout.backend=vllm"]
     return out + list(s.get("overrides", ()))

@@ -12,7 +12,9 @@ and generates with the actor's engine, refreshed to the actor's weights first as
 `actor.generate` does; an agent role on a pool of its own (with a weight-sync edge)
 is not supported yet. Each call plays `n` episodes per prompt row through the
 `EpisodeRunner` and returns the rollout columns of `AGENT_ROLLOUT_WRITES` with the
-prompt's columns forwarded and the `agent/*` metrics.
+prompt's columns forwarded and the `agent/*` metrics. With
+`trainer.async_mode=streaming` it streams whole episodes instead (stream.py:
+`stream_submit` / `stream_poll` / `stream_abort`).
 
 `hybridflow check` (pre-flight) loads and builds the environment through
 `check_section`, so a missing or broken one is reported with the `agent.env` key
@@ -28,6 +30,7 @@ from hybridflow.agents.config import AgentConfig, check_agent_section
 from hybridflow.agents.engine_generator import EngineGenerator
 from hybridflow.agents.loader import load_environment_factory
 from hybridflow.agents.runner import EpisodeRunner
+from hybridflow.agents.stream import AgentStreamCalls
 from hybridflow.core.batch import Batch
 from hybridflow.graph.dispatch import DP, method
 from hybridflow.workers.base import Worker
@@ -41,7 +44,7 @@ __all__ = ["AgentRolloutWorker", "episode_width"]
 SECTION = "agent"
 
 
-class AgentRolloutWorker(Worker):
+class AgentRolloutWorker(AgentStreamCalls, Worker):
     config_schema = AgentConfig
     HOST_ROLE = "actor"
 
@@ -63,6 +66,11 @@ class AgentRolloutWorker(Worker):
         self.env_factory = load_environment_factory(self.agent_cfg.env)
         self.tokenizer = load_tokenizer(tokenizer_spec(self.model_cfg))
         self.format = make_chat_format(self.tokenizer)
+        # streaming (stream.py) lays prompts out this wide, so polls concatenate
+        data = cfg.get("data") if isinstance(cfg, dict) else getattr(cfg, "data", None)
+        width = data.get("max_prompt_length") if isinstance(data, dict) else \
+            getattr(data, "max_prompt_length", None)
+        self.prompt_width = int(width or 0)
 
     def _host(self):
         host = self.ctx.colocated.get(self.HOST_ROLE)

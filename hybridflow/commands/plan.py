@@ -12,7 +12,9 @@ A bare size (`--model 7b`) applies to every role of the graph except the rule
 roles (`--rule-roles`, default `reward`), which run on the driver unless given
 a size by name. A size is a name (7b, 13b, ...) or a Hugging Face config.json.
 With `trainer.staleness >= 1` the step is pipelined, and the planner also weighs
-the rollout on a pool of its own (hybridflow/program/async_planning.py).
+the rollout on a pool of its own (hybridflow/program/async_planning.py); with
+`trainer.async_mode=streaming` it is a producer against a consumer, no barrier
+(hybridflow/planner/streaming.py).
 """
 from __future__ import annotations
 

@@ -6,7 +6,8 @@
 The timeline of an async run (`trainer.staleness >= 1` in RUN_DIR/config.yaml) marks
 its rollout-side nodes, read from RUN_DIR/plan.json (written when the run started):
 a run directory is data, and its graph file is never imported. A run without
-plan.json is drawn without them, and a note says why.
+plan.json is drawn without them, and a note says why. A streaming run
+(`trainer.async_mode=streaming`) is drawn on one continuous time axis, no step lines.
 """
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     steps.add_argument("--step", type=int, help="timeline step (default: the last recorded)")
     steps.add_argument("--steps", metavar="A-B",
                        help="timeline steps A to B laid end to end (e.g. 3-5), to see "
-                            "an async run pipeline across steps")
+                            "an async run pipeline across steps; a streaming run's on one "
+                            "continuous time axis")
     parser.set_defaults(run=run)
     return parser
 
@@ -97,8 +99,9 @@ def timeline_sides(run_dir: str):
     sides = read_plan_record(str(path)).record.get("sides")
     if not sides:
         return None, None
+    streaming = OmegaConf.select(cfg, "trainer.async_mode", default="pipeline") == "streaming"
     return TimelineSides(frozenset(sides["rollout"]), int(sides["staleness"]), sides["source"],
-                         int(cfg.trainer.steps)), None
+                         int(cfg.trainer.steps), streaming), None
 
 
 def _render_timeline(args: argparse.Namespace):

@@ -98,6 +98,11 @@ def _before_launch(args, loaded) -> None:
     note = toy_defaults_note(loaded.cfg, explicit_keys(_overrides(args), args.config))
     if note and not args.resume:
         _say(f"note: {note}")
+    if loaded.cfg.model.dtype == "auto":  # say what the machine chose, once
+        from hybridflow.workers.models import resolve_dtype
+        chosen = str(resolve_dtype("auto")).removeprefix("torch.")
+        why = "bf16 is native here" if chosen == "bfloat16" else "bf16 is not native here"
+        _say(f"note: model.dtype=auto -> {chosen} ({why})")
     if not loaded.cfg.trainer.check_memory:
         return
     from hybridflow.memory.report import launch_memory_problems

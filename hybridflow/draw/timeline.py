@@ -1,10 +1,11 @@
 """Recorded steps of a run as a per-pool Gantt chart, in plain SVG (no `dot` needed).
 
 The records are those the run loop writes to `RUN_DIR/timeline.jsonl`: {"step",
-"node", "role", "pool", "rank", "start", "end"}, times in seconds from the step's
-first record. The chart draws one step, or several consecutive steps laid end to end
-(`steps=(3, 5)`): the time between two steps (metrics, checkpoints) is not recorded,
-so each step starts a small gap after the previous one ends, at a dashed line.
+"node", "role", "pool", "rank", "start", "end", "origin"}, times in seconds from the
+step's first record, whose wall-clock time is `origin` (runs before it lack it). The
+chart draws one step, or several consecutive steps laid end to end (`steps=(3, 5)`):
+the time between two steps (metrics, checkpoints) is not recorded, so each step starts
+a small gap after the previous one ends, at a dashed line.
 
 An async run (`trainer.staleness = k >= 1`, async_split.py) records in step t the
 train side of step t and the rollout side generating the batch of step t + k (in its
@@ -14,6 +15,15 @@ step whose batch each generates. Which batch is read from the calls: each schedu
 call that generates starts with the rollout side's source node, the calls of one
 step generate consecutive batches, and the last is that of step t + k (or of the
 run's last step when t + k is past it).
+
+A streaming run (`trainer.async_mode=streaming`, `TimelineSides.streaming`) has no
+barrier between its steps: the chart lays every record of the chosen steps on one
+continuous time axis (each record's `origin`, the wall-clock time of its step's first
+record, plus its own seconds), no step lines. The stream side's records
+(runtime/stream_record.py: the engine's work between two polls, or an inline poll's
+decode steps, with their counts) are outlined in dashed blue and named with the decode
+steps and rows; each train-side bar names its step. The blank between two steps' records
+is not recorded (the stream side's records start with their step).
 
 Stateless.
 """
@@ -40,6 +50,7 @@ class TimelineSides:
     staleness: int
     source: str | None = None     # the rollout side's source node; None: no batch labels
     last_step: int | None = None  # trainer.steps: no batch is generated past it
+    streaming: bool = False       # trainer.async_mode=streaming: one continuous axis
 
 
 def batch_steps(rows: list[dict], step: int, sides: TimelineSides) -> list[int | None]:
@@ -96,6 +107,24 @@ def _laid_out(records: list[dict], chosen: list[int],
     return bars, starts, max(t - gap, 1e-6)
 
 
+def _laid_continuous(records: list[dict], chosen: list[int],
+                     sides: TimelineSides) -> tuple[list[dict], list[tuple[int, float]], float]:
+    """A streaming run's bars on one wall-clock axis from the chosen steps' first record;
+    (bars, (step, its first record) for each step, the axis' length)."""
+    rows = [r for r in records if r.get("step", 0) in chosen]
+    t0 = min(r["origin"] + r["start"] for r in rows)
+    bars = [{**r, "start": r["origin"] + r["start"] - t0, "end": r["origin"] + r["end"] - t0,
+             "batch": None, "ahead": r["node"] in sides.rollout} for r in rows]
+    starts = [(s, min(b["start"] for b in bars if b.get("step", 0) == s)) for s in chosen]
+    return bars, starts, max(max(b["end"] for b in bars), 1e-6)
+
+
+def _continuous(records: list[dict], chosen: list[int], sides: TimelineSides | None) -> bool:
+    """Whether to draw on one axis: a streaming run whose records carry their origin."""
+    return bool(sides and sides.streaming) and all(
+        "origin" in r for r in records if r.get("step", 0) in chosen)
+
+
 def _lanes(bars: list[dict]) -> list[int]:
     """Lane index of each bar (sorted by start) so that bars in one lane never overlap."""
     ends: list[float] = []
@@ -113,6 +142,11 @@ def _lanes(bars: list[dict]) -> list[int]:
 
 
 def _bar_text(bar: dict) -> str:
+    if bar.get("stream"):  # the stream side's work between polls (stream_record.py)
+        return (f"{bar['node']}: {bar.get('decode_steps', 0)} decode steps, "
+                f"{bar.get('rows', 0)} rows done")
+    if bar.get("streamed"):  # a train-side bar of a streaming run: its step
+        return f"{bar['node']} (step {bar.get('step', 0)})"
     if bar["ahead"] and bar["batch"] is not None:
         return f"{bar['node']} (step {bar['batch']})"
     return str(bar["node"])
@@ -138,6 +172,10 @@ def _bar_svg(bar: dict, x: float, w: float, y: float, room: float, fill: str, ui
     if bar["ahead"]:
         batch = "" if bar["batch"] is None else f", the batch of step {bar['batch']}"
         side = f" · rollout side{batch}"
+        if bar.get("stream"):
+            how = ("the engine loop on its own thread, between two polls"
+                   if bar["stream"] == "poll" else "an inline poll")
+            side = f" · stream side, {how}, recorded in step {bar.get('step', 0)}"
         stroke = (f'stroke="{ROLLOUT_SIDE_COLOR}" stroke-width="2" '
                   f'stroke-dasharray="5,2" data-side="rollout" data-batch="{bar["batch"]}"')
     name = html.escape(str(bar["node"]))
@@ -200,11 +238,20 @@ def _axis_svg(starts: list[tuple[int, float]], left: float, scale: float, span: 
     return out
 
 
-def _header(chosen: list[int], span: float, runs: int, sides: TimelineSides | None) -> list[str]:
+def _header(chosen: list[int], span: float, runs: int, sides: TimelineSides | None,
+            continuous: bool = False) -> list[str]:
     steps = f"step {chosen[0]}" if len(chosen) == 1 else f"steps {chosen[0]}–{chosen[-1]}"
     title = f"{steps} · {_secs(span, span)} · {runs} node runs"
+    if continuous:
+        return [title + f" · streaming, trainer.staleness={sides.staleness}, one time axis",
+                "dashed blue outline: the stream side, generating across the steps (between "
+                "two polls of the engine: its decode steps and the rows that finished)",
+                "plain outline: the train side, each bar named with its step; no step "
+                "boundaries; blank between two steps: not recorded"]
     lines = [title + (f" · async, trainer.staleness={sides.staleness}" if sides else "")]
-    if sides:
+    if sides and sides.streaming:
+        lines.append("streaming run recorded without record origins: steps laid end to end")
+    elif sides:
         lines.append(f"dashed blue outline: rollout side, generating the batch of the step "
                      f"named ({sides.staleness} ahead); plain outline: train side")
     if len(chosen) > 1:
@@ -221,10 +268,15 @@ def timeline_svg(records: list[dict], step: int | None = None,
         raise RenderError("the timeline has no records: was the run started with the "
                           "step loop that writes RUN_DIR/timeline.jsonl?")
     chosen = _chosen_steps(records, step, steps)
-    bars, starts, span = _laid_out(records, chosen, sides)
+    continuous = _continuous(records, chosen, sides)
+    if continuous:
+        bars, starts, span = _laid_continuous(records, chosen, sides)
+        bars = [{**b, "streamed": True} for b in bars]
+    else:
+        bars, starts, span = _laid_out(records, chosen, sides)
     width = min(WIDTH + WIDTH_PER_EXTRA_STEP * (len(chosen) - 1), MAX_WIDTH)
-    header = _header(chosen, span, len(bars), sides)
-    top = 48 + 16 * (len(header) - 1) + (14 if len(chosen) > 1 else 0)
+    header = _header(chosen, span, len(bars), sides, continuous)
+    top = 48 + 16 * (len(header) - 1) + (14 if len(chosen) > 1 and not continuous else 0)
     pools = {b.get("pool") for b in bars}
     left = 16 + max(len("driver" if p is None else f"pool {p}") for p in pools) * 7.5
     scale = (width - left - RIGHT) / span
@@ -237,7 +289,8 @@ def timeline_svg(records: list[dict], step: int | None = None,
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{bottom + 10}" '
             f'font-family="{FONT}, sans-serif" font-size="12">'
             f'<rect width="100%" height="100%" fill="white"/>' + "".join(texts)
-            + "".join(_axis_svg(starts, left, scale, span, top, bottom)) + "".join(rows)
+            + "".join(_axis_svg([] if continuous else starts, left, scale, span, top, bottom))
+            + "".join(rows)
             + "</svg>\n")
 
 

@@ -57,10 +57,13 @@ class BufferSpec:
     unit: str | None       # group key admitted whole (a GRPO group: `uid`)
     max_staleness: int     # admits rows with policy_version >= trained version - this
     streaming: bool = False  # fed sample by sample as they finish (streaming_split.py)
+    screened_by: str | None = None  # streaming: the filter whole groups pass to enter
 
     def describe(self) -> str:
         unit = f"unit {self.unit}" if self.unit else "unit: the batch"
         fed = "; streams samples as they finish" if self.streaming else ""
+        if self.screened_by:
+            fed += f", each whole group screened at the entrance by '{self.screened_by}'"
         return (f"capacity {self.capacity}, {unit}, admits policy_version >= "
                 f"trained - {self.max_staleness}{fed}")
 

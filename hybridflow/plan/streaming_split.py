@@ -11,6 +11,11 @@ hand-off sits right at the generate node. The split:
 - the **train side**: everything else, rule rewards, reference log-probs and group
   advantages included: they run on each consumed batch of whole groups.
 
+A graph with a gather (DAPO's dynamic sampling) streams with the gather as a filter at
+the buffer's entrance (stream_filter.py): the nodes between the generate node and the
+gather join the stream side and screen each whole group, and the buffer sits at the
+gather.
+
 The one buffer, `buffer/<generate node>`, is a `BufferSpec` with `streaming=True`:
 capacity k (batches' worth of prompts in flight or buffered beyond the one being
 trained), unit `uid` (a GRPO group admitted whole), admission of each sample whose
@@ -20,7 +25,7 @@ carry `token_versions` (per token, for partial rollouts).
 What streaming refuses, before launch (GraphError naming the node): everything the
 pipelined split refuses; more or fewer than one generate node; a generate node fed by
 anything but a source, or by a role that cannot stream (no `stream_submit`); a
-gather (DAPO's dynamic sampling re-draws within a step); a train-side node reading a
+gather that cannot filter at the entrance (stream_filter.py); a train-side node reading a
 source directly (the stream hands over the generate node's rows only, which forward
 the prompt's columns). The off-policy refusal of an uncorrected update is the
 pipelined one, on the streaming sides.
@@ -35,11 +40,13 @@ from hybridflow.core.kinds import NodeKind, Op
 from hybridflow.plan.async_split import (PROMPT_UNIT, Sides, buffer_nodes,
                                          correction_problems, insert_buffers, split_sides)
 from hybridflow.plan.compiler import ExecutionPlan, GraphError, plan_stages
+from hybridflow.plan.stream_filter import (TOKEN_VERSIONS, entrance_names, filter_problems,
+                                           stream_gather)
 
 __all__ = ["streaming_sides", "attach_streaming", "is_streaming", "stream_buffer",
            "TOKEN_VERSIONS", "STREAM_METHOD"]
 
-TOKEN_VERSIONS = "token_versions"  # [B, R]: the policy version that sampled each token
+# TOKEN_VERSIONS, "token_versions" [B, R]: the policy version that sampled each token
 STREAM_METHOD = "stream_submit"    # a role that can stream has it (RolloutWorker)
 
 
@@ -65,11 +72,10 @@ def _problems(plan: ExecutionPlan, sides: Sides) -> tuple[list[str], list]:
     if PROMPT_UNIT not in gen.output_keys:
         problems.append(f"{gen.where()}: streaming admits whole prompt groups by "
                         f"'{PROMPT_UNIT}', which this node's rows do not carry")
+    gathers = [n for n in plan.nodes if n.op is Op.GATHER]
+    problems += filter_problems(plan, gen, gathers)
     for node in plan.nodes:
-        if node.op is Op.GATHER:
-            problems.append(f"{node.where()}: trainer.async_mode=streaming has no gather "
-                            f"(it re-draws within a step); set trainer.async_mode=pipeline")
-        elif node.name != gen.name and any(plan.node(d).op is Op.SOURCE for d in node.deps):
+        if node.name != gen.name and any(plan.node(d).op is Op.SOURCE for d in node.deps):
             problems.append(f"{node.where()}: trainer.async_mode=streaming hands over the "
                             f"generate node's rows only, but this node reads a source "
                             f"directly; read '{gen.name}' (it forwards the prompt's "
@@ -83,10 +89,14 @@ def streaming_sides(plan: ExecutionPlan, staleness: int) -> Sides:
     problems, gens = _problems(plan, sides)
     if problems:
         raise GraphError(plan.graph_name, problems)
-    stream = {n.name for n in plan.nodes if n.op is Op.SOURCE} | {gens[0].name}
+    gen, gather = gens[0], stream_gather(plan)
+    stream = {n.name for n in plan.nodes if n.op is Op.SOURCE} | {gen.name}
+    if gather is not None:  # DAPO's filter: at the buffer's entrance (stream_filter.py)
+        stream |= set(entrance_names(plan, gen, gather)) | {gather.name}
     order = [n.name for n in plan.nodes]
+    handoff = (gather or gen).name
     return Sides(tuple(n for n in order if n in stream),
-                 tuple(n for n in order if n not in stream), (gens[0].name,), staleness)
+                 tuple(n for n in order if n not in stream), (handoff,), staleness)
 
 
 def attach_streaming(plan: ExecutionPlan, staleness: int, allow_uncorrected: bool = False,
@@ -99,10 +109,13 @@ def attach_streaming(plan: ExecutionPlan, staleness: int, allow_uncorrected: boo
     if problems:
         raise GraphError(plan.graph_name, problems)
     out = insert_buffers(plan, sides)
-    nodes = []
+    gather, nodes = stream_gather(plan), []
     for node in out.nodes:
         if node.op is Op.BUFFER:
-            node = replace(node, buffer=replace(node.buffer, streaming=True),
+            screen = gather.deps[0] if gather is not None and \
+                plan.node(gather.deps[0]).kind is not NodeKind.GENERATE else None
+            node = replace(node, buffer=replace(node.buffer, streaming=True,
+                                                screened_by=screen),
                            writes=tuple(node.writes) + (TOKEN_VERSIONS,),
                            output_keys={**node.output_keys, TOKEN_VERSIONS: node.buffer.producer})
         nodes.append(node)

@@ -10,9 +10,10 @@
 Modules: devices (device table, Cluster), models (ModelSpec), problem (graph
 view, Workload), cost (memory and time of one role), pool (colocated roles),
 schedule (step simulation), pipeline (the overlapped step of an async run, the
-rollout apart), search (enumeration and pruning), ranking (the
-result as data), explain (table, paragraph, JSON), render (graphviz) and result
-(PlannerResult: the ranking with its words and drawing, on top of both).
+rollout apart), streaming (the barrier-free step of a streaming run), search
+(enumeration and pruning), ranking (the result as data), explain (table, paragraph,
+JSON), render (graphviz) and result (PlannerResult: the ranking with its words and
+drawing, on top of both).
 
 May import `core/` only (today it imports nothing else of hybridflow): the planner works
 on its own problem types, and `program/` bridges a compiled plan to them.
@@ -26,6 +27,7 @@ from .problem import NodeInfo, Pipeline, PlanningError, TrainingBackend, Workloa
 from .ranking import Candidate, PoolPlan
 from .result import PlannerResult
 from .search import NoFeasiblePlacement, plan_placement
+from .streaming import StreamingStep
 
 __all__ = [
     "DEVICES",
@@ -43,6 +45,7 @@ __all__ = [
     "PlannerResult",
     "PlanningError",
     "PoolPlan",
+    "StreamingStep",
     "TrainingBackend",
     "Workload",
     "get_device",

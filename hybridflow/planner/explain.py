@@ -16,7 +16,8 @@ def reason_lost(candidate: Candidate, best: Candidate) -> str:
     pct = 100 * delta / best.step_seconds
     parts = [f"{delta:.1f} s (+{pct:.1f}%) slower than the best"]
     if candidate.pipeline is not None and best.pipeline is not None:
-        parts.append(f"its pipelined step is {candidate.pipeline.describe()}, the best's "
+        parts.append(f"its {candidate.pipeline.kind} step is {candidate.pipeline.describe()}, "
+                     f"the best's "
                      f"{best.pipeline.describe()}")
         return "; ".join(parts)
     mine, theirs = candidate.node_seconds, best.node_seconds
@@ -116,7 +117,9 @@ def paragraph(result: Ranking) -> str:
                     f"{result.colocated.reason}.")
     elif result.colocated is None:
         text.append("Colocating everything does not fit in memory.")
-    if result.pipeline is not None:
+    if result.pipeline is not None and result.pipeline.streaming:
+        text += streaming_sentences(result)
+    elif result.pipeline is not None:
         text += pipeline_sentences(result)
     if result.candidates:
         nxt = result.candidates[0]
@@ -149,6 +152,52 @@ def pipeline_sentences(result: Ranking) -> list[str]:
                 f"{shared.step_seconds:.1f} s): sharing, {_sharing(shared, generate)}; apart, "
                 f"{_apart(apart, generate)}.")
     return text
+
+
+def streaming_sentences(result: Ranking) -> list[str]:
+    """The streaming step of the best plan (producer against consumer, which side is the
+    bottleneck, each side's busy fraction) and how its devices split between the sides."""
+    best, terms = result.best, result.best.pipeline
+    text = [f"Streaming: a step takes {terms.describe()}; {_streaming_balance(terms)}; "
+            "the same plan synchronous would take "
+            f"{seconds_text(terms.synchronous)} s."]
+    apart, shared = result.rollout_apart, result.rollout_shared
+    if apart is None or shared is None:
+        text.append("No plan with the rollout on a pool of its own fits on this cluster "
+                    "(or the groupings searched keep it with the actor)." if apart is None else
+                    "Every plan searched has the rollout on a pool of its own.")
+        return text
+    verdict = "beats" if apart.step_seconds < shared.step_seconds else "loses to"
+    gen, train = _split_devices(apart, result)
+    # the best's balance is said above; another apart plan's is said here
+    balance = ("" if apart.label() == best.label() else
+               f"; {_streaming_balance(apart.pipeline)}")
+    text.append(f"The rollout on a pool of its own ({gen} device(s) generating, {train} "
+                f"training: {apart.label()}, {apart.step_seconds:.1f} s{balance}) {verdict} "
+                f"the rollout sharing the actor's devices ({shared.label()}, "
+                f"{shared.step_seconds:.1f} s, generation and training in turn).")
+    return text
+
+
+def _streaming_balance(terms) -> str:
+    busy = terms.busy_fraction()
+    fractions = ", ".join(f"{name} {100 * share:.0f}%" for name, share in busy.items())
+    rate = (f"the rollout side generates {terms.rate():.3g} samples/s against a train side "
+            f"that consumes a batch of {terms.samples} in {seconds_text(terms.consume)} s")
+    if terms.inline:
+        return f"{rate}, one after the other; busy: {fractions}"
+    side = terms.bottleneck
+    idle = {"rollout": "train side", "train": "rollout side"}[side]
+    waits = f"the {idle} waits {100 * max(0.0, 1 - busy[idle]):.0f}% of the step"
+    return f"{rate}; bottleneck: the {side} side ({waits}); busy: {fractions}"
+
+
+def _split_devices(candidate: Candidate, result: Ranking) -> tuple[int, int]:
+    """(devices of the pools that generate, devices of the others)."""
+    generate = {n.name for n in candidate.graph_nodes or result.nodes if n.kind == "generate"}
+    pools = {candidate.timings[n].pool for n in generate if n in candidate.timings}
+    gen = sum(p.devices for p in candidate.pools if p.name in pools)
+    return gen, sum(p.devices for p in candidate.pools) - gen
 
 
 def _sharing(candidate: Candidate, generate: list[str]) -> str:
@@ -205,6 +254,7 @@ def result_json(result: Ranking) -> dict:
                      for s in result.rejected],
         "pipeline": None if result.pipeline is None else {
             "staleness": result.pipeline.staleness,
+            "mode": "streaming" if result.pipeline.streaming else "pipeline",
             "rollout_side": sorted(result.pipeline.rollout_side),
             "movable": dict(result.pipeline.movable)},
         "search_seconds": round(result.search_seconds, 4),

@@ -43,6 +43,7 @@ class PipelineStep:
     sync: float
     synchronous: float  # the same plan's step at staleness 0 (no overlap), overheads included
     own_weights: dict[str, str] = field(default_factory=dict, hash=False)
+    kind = "pipelined"  # a class attribute: streaming.StreamingStep's is "streaming"
 
     @property
     def busiest(self) -> tuple[str, float]:

@@ -155,11 +155,14 @@ class Pipeline:
     weights of its own synced after each update, to the role that then runs it
     (e.g. "rollout.generate" -> "rollout"); in the graph the planner gets, such a
     node belongs to the role whose weights it samples with (its host).
+    `streaming` (`trainer.async_mode=streaming`): the rollout side is the stream side
+    (sources and the one generate node) and steps have no barrier (streaming.py).
     """
 
     staleness: int
     rollout_side: frozenset[str]
     movable: dict[str, str] = field(default_factory=dict, hash=False)
+    streaming: bool = False
 
     def __post_init__(self) -> None:
         if self.staleness < 1:
@@ -167,6 +170,9 @@ class Pipeline:
                                 "plan a synchronous step without a Pipeline")
 
     def describe(self) -> str:
+        if self.streaming:
+            return (f"async streaming, staleness {self.staleness}: the rollout generates "
+                    "continuously and a step trains once its batch is in, no barrier")
         return (f"async, staleness {self.staleness}: the rollout side of step t+{self.staleness} "
                 "runs while step t trains")
 

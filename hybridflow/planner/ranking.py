@@ -26,6 +26,7 @@ from .pipeline import PipelineStep
 from .pool import MemoryUse, Shortfall
 from .problem import NodeInfo, Pipeline, TrainingBackend, Workload
 from .schedule import NodeTiming
+from .streaming import StreamingStep
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,8 @@ class Candidate:
     critical_path: list[str]
     driver_roles: tuple[str, ...] = ()
     reason: str = ""  # why it lost to the best; empty for the best
-    pipeline: PipelineStep | None = None  # the step's terms when rollout and training overlap
+    # the step's terms when rollout and training overlap (streaming: no barrier)
+    pipeline: PipelineStep | StreamingStep | None = None
     # the graph as this plan runs it (a rollout apart adds its role and the weight sync)
     graph_nodes: tuple[NodeInfo, ...] = ()
 

@@ -44,7 +44,8 @@ def plan_to_dot(result: Ranking, rank: int = 0) -> graphviz.Digraph:
 def _title(result: Ranking, candidate: Candidate) -> str:
     kind = "colocated" if candidate.colocated else f"{len(candidate.pools)} pools"
     if candidate.pipeline is not None:  # the step overlaps the two sides
-        kind += f", async staleness {candidate.pipeline.staleness}"
+        mode = " streaming" if candidate.pipeline.kind == "streaming" else ""
+        kind += f", async{mode} staleness {candidate.pipeline.staleness}"
     return (f"{kind}: predicted step {candidate.step_seconds:.1f} s "
             f"on {result.cluster.describe()}\n"
             f"{result.workload.describe()}  (red: critical path)")

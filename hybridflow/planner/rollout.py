@@ -14,7 +14,10 @@ engine's fixed per-step overhead and its operator launches. Before decoding, a
 prefill of the m prompts; once per step, the engine switch (wake-up, weights
 resharded from the training shards) — unless the role holds weights of its own on
 a pool apart from its host (an async split): its engine stays awake, and the
-weights arrive by the sync (`export_seconds`, `load_seconds`). Stateless.
+weights arrive by the sync (`export_seconds`, `load_seconds`). Streaming
+(`Pipeline.streaming`): the engine holds up to k + 1 batches' requests, so a replica
+decodes up to min(cap, (k + 1) m) at once and a batch's share costs m x mean / batch
+steps, its tail overlapped with the next batch's requests. Stateless.
 """
 from __future__ import annotations
 
@@ -67,8 +70,15 @@ def rollout_cost(cost, role: str, devices: int, layout: Layout, cap: int) -> Gen
     model, work, eff = cost.problem.models[role], cost.workload, cost.eff
     per_replica = math.ceil(work.sequences / layout.dp)
     calls, per_call = call_split(work, per_replica)
-    batch = min(cap, per_call)
-    steps, occupancy = call_decode_steps(work, per_call, batch)
+    pipeline = cost.problem.pipeline
+    if pipeline is not None and pipeline.streaming:
+        # the engine holds up to k + 1 batches' requests and refills a slot as soon as a
+        # sequence ends: no batch waits for its longest response (streaming.py)
+        batch = min(cap, (pipeline.staleness + 1) * per_call)
+        steps, occupancy = per_call * work.mean_response_len / batch, batch
+    else:
+        batch = min(cap, per_call)
+        steps, occupancy = call_decode_steps(work, per_call, batch)
     seconds = calls * prefill_seconds(cost, model, layout.tp, per_call)
     seconds += calls * steps * decode_step_seconds(cost, model, layout.tp, occupancy)
     if role not in cost.problem.own_weights:  # apart: no sleep and wake, weights come by sync

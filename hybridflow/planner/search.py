@@ -35,6 +35,7 @@ from .problem import (Pipeline, PlanningError, Problem, TrainingBackend, Workloa
 from .ranking import Candidate, PoolPlan
 from .result import PlannerResult
 from .schedule import StepSchedule
+from .streaming import StreamingSchedule, streaming_step
 
 
 class NoFeasiblePlacement(PlanningError):
@@ -208,6 +209,10 @@ def step_schedule(problem: Problem, pool_of_role: dict[str, int],
     """The synchronous step, or with `problem.pipeline` the pipelined one (pipeline.py)."""
     if problem.pipeline is None:
         return StepSchedule(problem.nodes, pool_of_role, pools)
+    if problem.pipeline.streaming:  # no barrier: producer against consumer (streaming.py)
+        return StreamingSchedule(problem.nodes, pool_of_role, pools,
+                                 problem.pipeline.rollout_side,
+                                 problem.cluster.spec.efficiency.step_overhead_s)
     return PipelinedSchedule(problem.nodes, pool_of_role, pools, problem.pipeline.rollout_side)
 
 
@@ -223,6 +228,9 @@ def make_candidate(problem: Problem, pools: tuple[PoolEval, ...]) -> Candidate:
     schedule = StepSchedule(problem.nodes, pool_of_role, len(pools))
     seconds = node_seconds(problem, pools)
     overhead = problem.cluster.spec.efficiency.step_overhead_s
+    if problem.pipeline is not None and problem.pipeline.streaming:
+        return streaming_candidate(problem, tuple(plans), pool_of_role, seconds,
+                                   schedule.makespan(seconds) + overhead)
     if problem.pipeline is not None:
         return pipelined_candidate(problem, tuple(plans), pool_of_role, seconds,
                                    schedule.makespan(seconds) + overhead)
@@ -246,6 +254,16 @@ def pipelined_candidate(problem: Problem, plans: tuple[PoolPlan, ...], pool_of_r
                      graph_nodes=problem.nodes)
 
 
+def streaming_candidate(problem: Problem, plans: tuple[PoolPlan, ...], pool_of_role,
+                        seconds: list[float], synchronous: float) -> Candidate:
+    schedule = step_schedule(problem, pool_of_role, len(plans))
+    timings, path, terms = streaming_step(schedule, seconds, [p.name for p in plans],
+                                          problem.pipeline.staleness, synchronous,
+                                          problem.own_weights, problem.workload.sequences)
+    return Candidate(plans, terms.step, timings, path, problem.driver_roles, pipeline=terms,
+                     graph_nodes=problem.nodes)
+
+
 def plan_placement(graph, cluster: Cluster, models: dict[str, ModelSpec], workload: Workload,
                    top_k: int = 5, backend: TrainingBackend | None = None,
                    groupings=None, rollout_tp: int = 0,
@@ -255,7 +273,8 @@ def plan_placement(graph, cluster: Cluster, models: dict[str, ModelSpec], worklo
     `groupings` (tuples of role tuples) restricts the search to those
     colocations, e.g. a published system's own; `rollout_tp` fixes the rollout's
     tensor-parallel size where a pool allows it. With a `pipeline` (staleness >= 1)
-    every plan is timed as a pipelined step, and the plans with each movable
+    every plan is timed as a pipelined step (or, with `pipeline.streaming`, as a
+    streaming one: streaming.py), and the plans with each movable
     generate node on a pool of its own, weights synced, compete too (pipeline.py);
     `groupings` then place it apart where they name its role (e.g. "rollout").
     Raises PlanningError for bad inputs and NoFeasiblePlacement when nothing fits.

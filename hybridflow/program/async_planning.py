@@ -6,10 +6,11 @@ also decides where the rollout runs, so every rollout role that samples with a
 trained role's weights is folded into that host whatever the config placed (the
 weight-sync nodes the compiler added for a rollout apart are dropped), and a
 `planner.Pipeline` says which nodes run ahead of training (the compiler's
-`async_split.split_sides`) and which generate nodes may move to a pool of their
-own (the planner then adds the sync it costs). A plan the planner picks with the
-rollout apart places role `rollout` on its own pool; the compiler then inserts the
-real weight-sync nodes.
+`async_split.split_sides`; with `trainer.async_mode=streaming` the stream side of
+`streaming_split.streaming_sides`, and `Pipeline.streaming`) and which generate nodes
+may move to a pool of their own (the planner then adds the sync it costs). A plan
+the planner picks with the rollout apart places role `rollout` on its own pool; the
+compiler then inserts the real weight-sync nodes.
 
 Stateless: one function of the compiled plan.
 """
@@ -19,27 +20,33 @@ from dataclasses import replace
 
 from hybridflow.plan.async_split import (split_sides, staleness_of, trained_roles,
                                          without_buffers)
+from hybridflow.plan.streaming_split import is_streaming, streaming_sides
 from hybridflow.core.kinds import NodeKind
 from hybridflow.plan.weight_sync import EXPORT_METHOD, LOAD_METHOD, planner_view, weights_host
 
 __all__ = ["pipeline_view"]
 
 
-def pipeline_view(plan, staleness: int | None = None):
+def pipeline_view(plan, staleness: int | None = None, mode: str | None = None):
     """(the graph view the planner plans, its `Pipeline` or None when synchronous).
 
-    `staleness` None: the plan's own (its buffers' capacity, set by `program.prepare`)."""
+    `staleness` None: the plan's own (its buffers' capacity, set by `program.prepare`);
+    `mode` None: the plan's own (`streaming` when its buffer streams), else
+    `trainer.async_mode` ("pipeline" or "streaming")."""
     from hybridflow.planner import Pipeline
 
     buffered = staleness_of(plan)
     staleness = buffered if staleness is None else staleness
+    streaming = is_streaming(plan) if mode is None else mode == "streaming"
     plan = without_buffers(plan)  # the planner costs the graph's nodes, not the hand-off
     if staleness < 1:
         return planner_view(plan), None
-    sides = split_sides(plan, staleness)
+    # streaming: the stream side is the source and the generate node (streaming_split.py)
+    sides = streaming_sides(plan, staleness) if streaming else split_sides(plan, staleness)
     view, movable = _rollouts_folded(plan)
     names = {n.name for n in view.nodes}
-    return view, Pipeline(staleness, frozenset(n for n in sides.rollout if n in names), movable)
+    return view, Pipeline(staleness, frozenset(n for n in sides.rollout if n in names), movable,
+                          streaming)
 
 
 def _rollouts_folded(plan):

@@ -4,8 +4,9 @@ on the compiled graph and use its best placement for the run.
 The cluster is `placement.cluster`; model shapes come from each role's model config;
 the workload from the data and rollout sections. Roles without a model (a rule
 reward) run beside the others and cost the planner nothing. With
-`trainer.staleness >= 1` the planner times pipelined steps and may place the
-rollout role on a pool of its own (`placement.roles.rollout`).
+`trainer.staleness >= 1` the planner times pipelined steps (streaming ones with
+`trainer.async_mode=streaming`) and may place the rollout role on a pool of its own
+(`placement.roles.rollout`), choosing how many devices each side gets.
 """
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def plan_auto_placement(cfg: DictConfig, plan: ExecutionPlan) -> tuple[dict, str
     # planner also weighs it on a pool of its own, weights synced (async_planning.py)
     from hybridflow.agents.worker import episode_width
     width = episode_width(cfg, plan) or cfg.rollout.max_new_tokens  # an agent's episodes
-    plan, pipeline = pipeline_view(plan, cfg.trainer.staleness)
+    plan, pipeline = pipeline_view(plan, cfg.trainer.staleness, cfg.trainer.async_mode)
     try:
         result = plan_placement(
             plan, Cluster(cluster_cfg.nodes, cluster_cfg.devices_per_node, cluster_cfg.device),

@@ -45,7 +45,7 @@ def plan_record(plan, cfg) -> dict:
                   for n in view.nodes],
         "pipeline": None if pipeline is None else {
             "staleness": pipeline.staleness, "rollout_side": sorted(pipeline.rollout_side),
-            "movable": dict(pipeline.movable)},
+            "movable": dict(pipeline.movable), "streaming": pipeline.streaming},
         "model_roles": list(models), "roles": run_roles(plan, pipeline, models),
         "sides": sides}
 
@@ -67,7 +67,7 @@ class RecordedPlan:
         if not found:
             return None
         return Pipeline(int(found["staleness"]), frozenset(found["rollout_side"]),
-                        dict(found["movable"]))
+                        dict(found["movable"]), bool(found.get("streaming", False)))
 
 
 def read_plan_record(run_dir: str) -> RecordedPlan:

@@ -124,8 +124,11 @@ class Trainer:
         pad = tok.pad_token_id
         gathers = any(n.row_effect is RowEffect.GATHERS  # rounds concatenate
                       for n in self.plan.nodes)
+        # streamed samples of many draws meet in one batch (and one group in several
+        # polls): every prompt row has the same width
+        streams = cfg.trainer.get("async_mode") == "streaming"
         train_loader = PromptLoader(train, cfg.data.batch_size, pad, cfg.data.shuffle,
-                                    cfg.trainer.seed, fixed_width=gathers)
+                                    cfg.trainer.seed, fixed_width=gathers or streams)
         val_loader = PromptLoader(val, min(len(val), 256), pad, False) if val else None
         return train_loader, val_loader
 

@@ -199,9 +199,12 @@ class MetricSinks:
             self.wb.log(numeric, step=step)
 
     def log_timeline(self, step: int, records: list[dict]) -> None:
+        # times from the step's first record; `origin` (that record's wall-clock time)
+        # lays the steps of a streaming run on one time axis (draw/timeline.py)
         t0 = min((r["start"] for r in records), default=0.0)
         for r in records:
-            row = {**r, "step": step, "start": r["start"] - t0, "end": r["end"] - t0}
+            row = {**r, "step": step, "start": r["start"] - t0, "end": r["end"] - t0,
+                   "origin": t0}
             self.timeline.write(json.dumps(row) + "\n")
         self.timeline.flush()
 

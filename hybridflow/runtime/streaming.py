@@ -4,10 +4,10 @@ buffer as they finish, and a step trains as soon as the buffer holds `data.batch
 admissible whole groups. No pass waits for a batch's generation to end.
 
 A step, "submit what is ready":
-1. top up: while the prompts drawn and not trained (in flight or buffered) leave room
-   for a batch — at most (k + 1) batches' worth — and the run still needs them, draw
+1. top up: while the prompts drawn and not consumed (in flight or buffered) leave
+   room for a batch — at most (k + 1) batches' worth — and the run still needs them, draw
    a batch and submit it to the rollout role (`stream_submit`; a resumed run skips the
-   prompts its checkpoint says were trained);
+   prompts its checkpoint says were consumed);
 2. take: the first `batch_size` whole groups the buffer admits (stream_buffer.py:
    each sample's oldest token sampled by weights >= the trained version - k); stale
    groups are submitted again;
@@ -16,7 +16,12 @@ A step, "submit what is ready":
    interleave in a fixed order and a seed gives the same rows the same versions; on
    Ray with the rollout on its own pool the engine loop runs on the rollout worker's
    own thread (`stream_start`) while train calls go to the other workers, and a poll
-   only collects what finished — then back to 1;
+   only collects what finished. With an entrance filter (a gather: DAPO's dynamic
+   sampling, plan/stream_filter.py) the groups that became whole run through it
+   (stream_entrance.py): the kept ones enter the buffer, the dropped ones are counted
+   (`async/filtered_groups`) and their prompts consumed, so step 1 draws more in
+   their place — then back to 1 (a step that saw more than `max_rounds` batches'
+   worth of groups dropped takes the kept groups it holds: DAPO's bound);
 4. one pass of the plan with the stream side (source, generate node) skipped and the
    buffer fed the taken groups: rewards, reference, advantages, log-probs, updates
    and the weight sync run on them. New weights reach the engine while its requests
@@ -25,26 +30,35 @@ A step, "submit what is ready":
    those continue or restart.
 
 Nothing lost, nothing twice: `state_dict()` saves the loader as it was before the
-oldest draw holding a prompt not yet trained, and the prompts of that draw and later
-ones that were trained (`skip`); `load_state_dict` restores both and empties the
-buffer, so a resume re-draws exactly the in-flight and buffered prompts, once.
+oldest draw holding a prompt not yet consumed, and the prompts of that draw and later
+ones that were consumed — trained, or dropped by the entrance filter (`skip`);
+`load_state_dict` restores both and empties the buffer, so a resume re-draws exactly
+the in-flight and buffered prompts, once, and never a dropped one.
 
 State (only its methods change it): `groups` (the buffer's contents), `prompts`
-(uid -> the prompt row, for each prompt drawn and not trained), `draws` ((loader state
-before, uids) of each draw still holding an untrained prompt), `trained_uids` of those
-draws, `skip` (uids a resumed run must not draw again), the engine's counters.
+(uid -> the prompt row, for each prompt drawn and not consumed), `draws` ((loader
+state before, uids) of each draw still holding a prompt not consumed), `consumed` uids
+of those draws, `skip` (uids a resumed run must not draw again), the engine's
+counters, the groups requeued and filtered, `record` (the stream side's timeline
+records of the step, stream_record.py: with the engine on its own thread, one more
+poll after the pass records what it did meanwhile); the entrance filter's metrics
+since the last step (its own state).
 """
 from __future__ import annotations
 
 import time
 
 from hybridflow.core.batch import Batch
-from hybridflow.core.kinds import Op
+from hybridflow.core.kinds import NodeKind, Op
 from hybridflow.core.metric_names import SAMPLED_VERSION
+from hybridflow.plan.async_split import sides_of
 from hybridflow.plan.compiler import ExecutionPlan
+from hybridflow.plan.stream_filter import groups_per_step
 from hybridflow.plan.streaming_split import TOKEN_VERSIONS, stream_buffer
-from hybridflow.runtime.common import StepResult
+from hybridflow.runtime.common import NodeFailure, StepResult
 from hybridflow.runtime.stream_buffer import GroupBuffer
+from hybridflow.runtime.stream_entrance import StreamEntrance
+from hybridflow.runtime.stream_record import StreamRecorder
 
 __all__ = ["StreamingScheduler"]
 
@@ -54,31 +68,44 @@ class StreamingScheduler:
         self.runtime, self.plan, self.loader = runtime, plan, loader
         self.buffer = stream_buffer(plan)
         spec = self.buffer.buffer
-        self.gen = plan.node(spec.producer)
+        self.stream_side = frozenset(sides_of(plan).rollout)
+        self.gen = next(n for n in plan.nodes if n.name in self.stream_side
+                        and n.kind is NodeKind.GENERATE)
         self.k, self.size = spec.max_staleness, loader.batch_size
-        self.stream_side = frozenset([n.name for n in plan.nodes if n.op is Op.SOURCE]
-                                     + [self.gen.name])
+        gather = plan.node(spec.producer) if plan.node(spec.producer).op is Op.GATHER \
+            else None
+        self.entrance = None  # DAPO's filter at the buffer's entrance (stream_entrance.py)
+        if gather is not None:
+            self.size = groups_per_step(self.gen, gather)
+            self.max_rounds = int(gather.kwargs["max_rounds"])
+            if spec.screened_by:
+                self.entrance = StreamEntrance(runtime, plan, self.gen, gather, self.k,
+                                               spec.unit or "uid")
         self.options = {k: v for k, v in self.gen.kwargs.items() if v is not None}
         if background is None:  # an engine loop of its own needs a process of its own
             from hybridflow.runtime.local import LocalRuntime
             background = not isinstance(runtime, LocalRuntime) and \
                 self.gen.role not in plan.placement.folded
         self.background, self.started = background, False
-        self.groups = GroupBuffer(spec.unit or "uid")
+        self.record = StreamRecorder(self.gen.name, self.gen.role,
+                                     plan.placement.roles.get(self.gen.role), background)
+        self.groups = GroupBuffer(spec.unit or "uid", screened=self.entrance is not None)
         self.prompts: dict[str, Batch] = {}
         self.draws: list[tuple[dict, list[str]]] = []
-        self.trained_uids: set[str] = set()
+        self.consumed: set[str] = set()
         self.skip: set[str] = set()
         self.counts: dict = {}
-        self.requeued = 0
+        self.requeued = self.filtered = 0
+        self.last_filtered: list[str] = []  # the uids the entrance dropped in the last step
 
     # ------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
-        """The loader before the oldest draw with an untrained prompt, and the prompts
-        of that draw and later ones already trained (not to be drawn again)."""
+        """The loader before the oldest draw with a prompt not consumed, and the prompts
+        of that draw and later ones already consumed (trained, or dropped by the
+        entrance filter): not to be drawn again."""
         if not self.draws:
             return {"loader": self.loader.state_dict(), "stream_skip": []}
-        uids = [u for _, drawn in self.draws for u in drawn if u in self.trained_uids]
+        uids = [u for _, drawn in self.draws for u in drawn if u in self.consumed]
         return {"loader": self.draws[0][0], "stream_skip": sorted(uids)}
 
     def load_state_dict(self, state: dict, step: int) -> None:
@@ -87,19 +114,24 @@ class StreamingScheduler:
         self.groups.clear()
         self.prompts.clear()
         self.draws.clear()
-        self.trained_uids.clear()
+        self.consumed.clear()
 
     # ------------------------------------------------------------------ steps
     def step(self, step: int, last_step: int) -> StepResult:
         """Stream until `batch_size` groups are admissible for step `step`, then train."""
         trained = step - 1  # the version the update starts from
+        self.record.begin_step()
         if self.background and not self.started:
-            self.runtime.call_role(self.gen.role, "stream_start")
+            self._call("stream_start")
         self.started = True
-        start, taken = time.perf_counter(), []
+        start, taken, filtered = time.perf_counter(), [], self.filtered
+        self.last_filtered = []
         while True:
             self._top_up(step, last_step)
-            taken, stale = self.groups.take(self.size, trained, self.k)
+            # DAPO's bound on the extra draws: past it, train the kept groups held
+            short = self.entrance is not None and \
+                self.filtered - filtered > self.max_rounds * self.size
+            taken, stale = self.groups.take(self.size, trained, self.k, short=short)
             self._resubmit(stale)
             if taken:
                 break
@@ -109,10 +141,12 @@ class StreamingScheduler:
         batch = Batch.concat([rows for _, rows in taken])
         result = self.runtime.run_step({self.buffer.name: batch}, plan=self.plan,
                                        skip=self.stream_side)
+        if self.background:  # what the engine's thread did during the pass, on record
+            self._poll(strict=False)
         self._trained([uid for uid, _ in taken])
         if step >= last_step:
-            self.runtime.call_role(self.gen.role, "stream_abort")
-        return self._result(result, batch, trained, wait_s)
+            self._call("stream_abort")
+        return self._result(result, batch, len(taken), trained, wait_s)
 
     def _top_up(self, step: int, last_step: int) -> None:
         needed = (last_step - step + 1) * self.size  # groups the run still trains
@@ -130,8 +164,7 @@ class StreamingScheduler:
             self._submit(batch)
 
     def _submit(self, batch: Batch) -> None:
-        for counts in self.runtime.call_role(self.gen.role, "stream_submit", batch,
-                                             **self.options):
+        for counts in self._call("stream_submit", batch, **self.options):
             self.groups.expect(counts)
 
     def _resubmit(self, stale: list[str]) -> None:
@@ -140,34 +173,65 @@ class StreamingScheduler:
             self.requeued += len(stale)
             self._submit(Batch.concat([self.prompts[u] for u in stale]))
 
-    def _poll(self) -> bool:
+    def _poll(self, strict: bool = True) -> bool:
         """Finished samples into the buffer; False when nothing arrived. Raises when
         nothing is in flight and the buffer cannot fill (a defect, not a wait)."""
         arrived, busy, counts = False, False, {}
-        for reply in self.runtime.call_role(self.gen.role, "stream_poll"):
+        began = time.time()
+        replies = self._call("stream_poll")
+        self.record.polled(began, replies)  # the stream side's timeline (stream_record.py)
+        for reply in replies:
             busy = busy or reply["busy"]
             counts = _summed(counts, reply["counts"])
             if reply["rows"] is not None and len(reply["rows"]):
                 self.groups.add(reply["rows"])
                 arrived = True
         self.counts = counts
-        if not arrived and not busy:  # (a poll reads rows and `busy` under one lock)
+        if self.entrance is not None and self.groups.arrived:
+            self._screen()
+        # (a poll reads rows and `busy` under one lock)
+        if strict and not arrived and not busy:
             raise RuntimeError(
                 f"streaming: the buffer holds {self.groups.held()} whole group(s) of the "
                 f"{self.size} a step needs and the rollout has nothing in flight "
                 f"({len(self.prompts)} prompt(s) drawn and not trained)")
         return arrived
 
+    def _call(self, method: str, *args, **kwargs) -> list:
+        """A streaming call on every rank of the rollout role. A failure (a worker
+        process killed, the engine loop's error) names the generate node those calls
+        serve, with the role and rank, not the call: the user's graph has no node
+        `rollout.stream_poll`."""
+        try:
+            return self.runtime.call_role(self.gen.role, method, *args, **kwargs)
+        except NodeFailure as err:
+            raise NodeFailure(self.gen, err.rank,
+                              f"{self.gen.role}.{method}: {err.detail}") from None
+
+    def _screen(self) -> None:
+        """The whole groups that arrived, through the entrance filter: the kept ones
+        join the buffer, the dropped ones are counted and their prompts consumed
+        (more are drawn in their place, none drawn again)."""
+        kept, dropped = self.entrance.screen(self.groups.arrivals())
+        self.groups.settle(kept, dropped)
+        self.filtered += len(dropped)
+        self.last_filtered += dropped
+        self._consumed(dropped)
+
     def _trained(self, uids: list[str]) -> None:
+        self._consumed(uids)
+
+    def _consumed(self, uids: list[str]) -> None:
+        """Trained or dropped: no longer drawn and not trained, never drawn again."""
         for uid in uids:
             self.prompts.pop(uid, None)
-        self.trained_uids.update(uids)
-        while self.draws and all(u in self.trained_uids for u in self.draws[0][1]):
+        self.consumed.update(uids)
+        while self.draws and all(u in self.consumed for u in self.draws[0][1]):
             _, drawn = self.draws.pop(0)
-            self.trained_uids.difference_update(drawn)
+            self.consumed.difference_update(drawn)
 
     # ---------------------------------------------------------------- results
-    def _result(self, result: StepResult, batch: Batch, trained: int,
+    def _result(self, result: StepResult, batch: Batch, groups: int, trained: int,
                 wait_s: float) -> StepResult:
         """The pass's result, with the generate node's metrics for the rows trained and
         the stream's: per-sample and per-token staleness, groups ahead, restarts."""
@@ -186,11 +250,18 @@ class StreamingScheduler:
                   "async/ahead": float(len(self.prompts)) / self.size,
                   "async/requeued_groups": float(self.requeued),
                   **{f"async/stream/{k}": float(v) for k, v in self.counts.items()}}
-        node_metrics = {self.gen.name: gen, **result.node_metrics}
-        metrics = {**result.metrics, **gen, **stream}
+        entrance, entrance_metrics, screens, driver_bytes = {}, {}, [], 0
+        if self.entrance is not None:
+            entrance, entrance_metrics, screens, driver_bytes = self.entrance.drain()
+            stream["async/filtered_groups"] = float(self.filtered)
+            stream["async/short_groups"] = float(self.size - groups)
+        node_metrics = {**entrance, self.gen.name: gen, **result.node_metrics}
+        timeline = sorted(result.timeline + self.record.records + screens,
+                          key=lambda e: e["start"])
+        metrics = {**entrance_metrics, **result.metrics, **gen, **stream}
         return StepResult(outputs=result.outputs, metrics=metrics, node_metrics=node_metrics,
                           rows={**result.rows, self.gen.name: len(batch)},
-                          timeline=result.timeline, driver_bytes=result.driver_bytes)
+                          timeline=timeline, driver_bytes=result.driver_bytes + driver_bytes)
 
 
 def _summed(a: dict, b: dict) -> dict:

@@ -122,7 +122,7 @@ class ModelConfig:
     path: Optional[str] = None            # local HF model dir; None builds from hf_config
     hf_config: dict = field(default_factory=lambda: dict(DEFAULT_HF_CONFIG))
     tokenizer: str = "char"               # "char" (built in code) or a local dir
-    dtype: str = "float32"                # "float32" | "bfloat16"
+    dtype: str = "float32"                # "float32" | "bfloat16" | "auto" (bf16 where native)
     device: str = checked("auto", _DEVICE)
     gradient_checkpointing: bool = False
     # packed sequences (workers/packing.py): the actor's log-prob and update, the
@@ -193,6 +193,9 @@ class RolloutConfig:
     kv_cache_gib: float = checked(1.0, at_least(0))
     enforce_eager: bool = False           # vllm only: no CUDA graphs / torch.compile
     max_model_len: int = checked(0, at_least(0))  # vllm only; 0 = the model's max positions
+    # vllm only: the most sequences one vLLM step decodes (vLLM's max_num_seqs; the
+    # `hf` engine's streaming slots are micro_batch_size); 0 = vLLM's own default
+    max_num_seqs: int = checked(0, at_least(0))
     weight_bucket_mb: float = checked(256.0, above(0))  # weights reach an engine in buckets
     # trainer.async_mode=streaming: a generation running when new weights land continues
     # with them (each token keeps its version and log-prob) or is aborted and re-queued

@@ -23,7 +23,7 @@ __all__ = [
     "check_loading_info",
     "model_bytes",
     "resolve_device",
-    "resolve_dtype",
+    "resolve_dtype", "native_bf16",
     "token_ids_from_tokenizer",
     "TOKEN_ID_KEYS",
 ]
@@ -82,11 +82,25 @@ def resolve_device(spec: str, ctx_device: str | None, local_rank: int = 0) -> to
     return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
 
 
+def native_bf16() -> bool:
+    """bf16 computes natively here: a CUDA device with bf16, or (no CUDA) a CPU with
+    AVX-512 BF16 or AMX. An AVX2-only CPU emulates bf16: the real model's update ran
+    ~21x slower there, and 1.8x faster than fp32 on an AMX one (docs/benchmarks.md)."""
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
+
+
 def resolve_dtype(name: str) -> torch.dtype:
+    """`model.dtype` -> a torch dtype; "auto": bf16 where it is native, else fp32."""
+    if name == "auto":
+        return torch.bfloat16 if native_bf16() else torch.float32
     try:
         return _DTYPES[name]
     except KeyError:
-        raise ValueError(f"unknown model dtype {name!r}; use one of {sorted(_DTYPES)}") from None
+        raise ValueError(f"unknown model dtype {name!r}; use one of "
+                         f"{sorted(_DTYPES) + ['auto']}") from None
 
 
 TOKEN_ID_KEYS = ("pad_token_id", "eos_token_id", "bos_token_id")

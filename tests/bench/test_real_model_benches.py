@@ -38,7 +38,8 @@ def test_trl_engine_overrides_match_the_trl_side():
     over = rt.engine_overrides(s)
     for item in ("data.shuffle=false", "rollout.n=4", "rollout.max_new_tokens=48",
                  "actor.mini_batch_size=16", "actor.micro_batch_size=8",
-                 "runtime.torch_threads=2", "data.train_files=/d/train.jsonl"):
+                 "runtime.torch_threads=2", "data.train_files=/d/train.jsonl",
+                 "model.dtype=float32"):
         assert item in over
     assert "rollout.backend=vllm" not in over
     vllm = rt.engine_overrides({**s, "engine": "vllm",
@@ -107,3 +108,22 @@ def test_real_model_benches_name_the_missing_file(capsys, tmp_path):
             main(["--model", str(model), "--data", str(tmp_path)])
         err = capsys.readouterr().err
         assert "no test.jsonl" in err and "hybridflow data word_arith" in err
+
+
+def test_stream_bench_variants_and_summary():
+    from bench import real_model_stream as rs
+    sync = rs.variant_overrides("synchronous", 2, "vllm", 6)
+    stream = rs.variant_overrides("streaming", 2, "vllm", 6)
+    for over in (sync, stream):  # the same placement and engine: only the mode differs
+        assert "placement.roles.rollout=gen" in over and "rollout.backend=vllm" in over
+    assert set(stream) - set(sync) == {"trainer.async_mode=streaming", "trainer.staleness=2",
+                                       "actor.off_policy=decoupled"}
+    assert "rollout.backend=vllm" not in rs.variant_overrides("streaming", 1, "hf", 6)
+    metrics = [{"step": 0}] + [
+        {"step": s, "perf/time_per_step": t, "perf/busy/main": 0.9, "perf/busy/gen": 0.5,
+         "async/staleness/max": m, "async/staleness/mean": m / 2}
+        for s, t, m in [(1, 9.0, 0), (2, 4.0, 1), (3, 2.0, 2), (4, 4.0, 2)]]
+    out = rs.summarize(metrics, warmup=1)
+    assert out["steps_done"] == 4 and out["step_s"] == 4.0  # warm-up step left out
+    assert out["staleness_max_histogram"] == {1: 1, 2: 2}
+    assert rs.summarize([], warmup=1) == {"steps_done": 0}

@@ -83,12 +83,24 @@ def test_check_refuses_async_without_a_generate_node(capsys):
     assert code == 1 and "graph 'sft' has no generate node" in err
 
 
-def test_streaming_on_an_engine_that_cannot_stream_is_refused_before_launch(capsys):
+def test_streaming_on_an_engine_that_cannot_stream_is_refused_before_launch(capsys,
+                                                                          monkeypatch):
+    from hybridflow.workers.rollout import engine
+    from hybridflow.workers.rollout.hf import make_hf_engine
+    monkeypatch.setattr(engine, "_ENGINES", dict(engine._ENGINES))
+    monkeypatch.setattr(engine, "_STREAMING", set(engine._STREAMING))
+    engine.register_engine("batch_only_test", make_hf_engine)  # no streams=True
     code, out, err = check(capsys, GRPO, "trainer.staleness=1", "trainer.async_mode=streaming",
-                           "actor.off_policy=decoupled", "rollout.backend=vllm")
+                           "actor.off_policy=decoupled", "rollout.backend=batch_only_test")
     assert code != 0
-    assert "rollout.backend='vllm' cannot stream" in err
-    assert "trainer.async_mode=pipeline" in err and "hf" in err
+    assert "rollout.backend='batch_only_test' cannot stream" in err
+    assert "trainer.async_mode=pipeline" in err and "hf, vllm" in err
+
+
+def test_both_built_in_engines_stream():
+    from hybridflow.workers.rollout import engine
+    for name in ("hf", "vllm"):
+        engine.refuse_unstreamable(name)  # no error
 
 
 def test_a_registered_engine_that_streams_passes_the_check(monkeypatch):

@@ -1,7 +1,8 @@
 """The streaming split (plan/streaming_split.py, `trainer.async_mode=streaming`): the
 stream side is the source and the one generate node, one streaming buffer hands whole
-`uid` groups to everything else, and what cannot stream is refused before launch
-naming the node or the keys."""
+`uid` groups to everything else (with a gather, DAPO's filter screens each group at
+the buffer's entrance), and what cannot stream is refused before launch naming the
+node or the keys."""
 from __future__ import annotations
 
 import os
@@ -11,6 +12,7 @@ import pytest
 from hybridflow.core.constraints import ConfigError
 from hybridflow.plan.async_split import buffer_nodes, buffer_summary, sides_of
 from hybridflow.plan.compiler import GraphError
+from hybridflow.plan.stream_filter import entrance_names, entrance_plan, groups_per_step
 from hybridflow.plan.streaming_split import TOKEN_VERSIONS, is_streaming, stream_buffer
 from hybridflow.program.assemble import prepare
 
@@ -71,14 +73,70 @@ def test_two_generate_nodes_are_refused():
         plan_of("remax", *STREAM, *UNCORRECTED)
 
 
-def test_dapo_gather_is_refused_naming_it():
-    with pytest.raises(GraphError, match=r"node 'gather'.*has no gather"):
-        plan_of("dapo", *STREAM, *UNCORRECTED)
+def test_dapo_streams_with_its_filter_at_the_buffer_entrance():
+    plan = plan_of("dapo", *STREAM, "actor.off_policy=decoupled")
+    sides = sides_of(plan)
+    assert sides.rollout == ("prompts", "rollout.generate", "reward.score",
+                             "overlong_penalty", "drop_uniform_groups", "gather")
+    assert sides.train == ("actor.logprob", "grpo_advantages", "actor.update")
+    buffer = stream_buffer(plan)
+    spec = buffer.buffer
+    assert (buffer.name, spec.producer, spec.unit, spec.screened_by) == \
+        ("buffer/gather", "gather", "uid", "drop_uniform_groups")
+    assert "screened at the entrance by 'drop_uniform_groups'" in buffer_summary(plan)
+    gen, gather = plan.node("rollout.generate"), plan.node("gather")
+    assert entrance_names(plan, gen, gather) == ["reward.score", "overlong_penalty",
+                                                 "drop_uniform_groups"]
+    assert groups_per_step(gen, gather) == 16  # data.batch_size: until = 16 * n rows
+    # the entrance pass: the generate node's rows fed through a buffer of their own,
+    # token_versions carried through the forwarding filter to the buffer's rows
+    entrance = entrance_plan(plan, gen, gather, 1)
+    assert [n.name for n in entrance.nodes] == [
+        "prompts", "rollout.generate", "buffer/rollout.generate", "reward.score",
+        "overlong_penalty", "drop_uniform_groups"]
+    assert entrance.node("reward.score").deps == ("buffer/rollout.generate",)
+    assert TOKEN_VERSIONS in entrance.node("drop_uniform_groups").output_keys
+    assert set(buffer.output_keys) <= set(entrance.node("drop_uniform_groups").output_keys)
 
 
-def test_a_generate_role_that_cannot_stream_is_refused():
-    with pytest.raises(GraphError, match=r"agent.*(has no stream_submit|streams one generate)"):
-        plan_of("agent_grpo", *STREAM, *UNCORRECTED)
+def _dapo_variant(tmp_path, old: str, new: str) -> str:
+    text = open(os.path.join(REPO, "graphs", "dapo.py")).read()
+    assert old in text
+    path = tmp_path / "dapo_variant.py"
+    path.write_text(text.replace(old, new))
+    return str(path)
+
+
+@pytest.mark.parametrize("old,new,refusal", [
+    ("old = g.call(\"actor.logprob\", batch)", "old = g.call(\"actor.logprob\", rollout)",
+     r"node 'actor.logprob'.*hands over the gather's rows only.*reads \['rollout.generate'\]"),
+    ("until=cfg.data.batch_size * cfg.rollout.n,", "until=cfg.data.batch_size * cfg.rollout.n + 1,",
+     r"node 'gather'.*until/n whole groups.*until=65.*n=4"),
+    ("batch = g.gather(kept,", "kept = g.gather(kept, until=4, max_rounds=1, name=\"first\")\n"
+     "    batch = g.gather(kept,",
+     r"filters at one buffer's entrance, but the graph has 2 gathers"),
+])
+def test_a_gather_that_cannot_filter_at_the_entrance_is_refused(tmp_path, old, new, refusal):
+    graph = _dapo_variant(tmp_path, old, new)
+    with pytest.raises(GraphError, match=refusal):
+        prepare(graph, [*STREAM, *UNCORRECTED, "rollout.n=4"], preflight=False)
+
+
+def test_a_generate_role_that_cannot_stream_is_refused(tmp_path):
+    text = open(os.path.join(REPO, "graphs", "grpo.py")).read()
+    old = 'g.call("rollout.generate", prompts'
+    assert old in text
+    graph = tmp_path / "grpo_actor_generates.py"
+    graph.write_text(text.replace(old, 'g.call("actor.generate", prompts'))
+    with pytest.raises(GraphError, match=r"node 'actor.generate'.*needs a generate call "
+                                         r"of a role that streams.*has no stream_submit"):
+        prepare(str(graph), [*STREAM, *UNCORRECTED], preflight=False)
+
+
+def test_agent_episodes_stream_into_one_buffer():
+    plan = plan_of("agent_grpo", *STREAM, "actor.off_policy=decoupled")
+    assert sides_of(plan).rollout == ("prompts", "agent.play")
+    assert stream_buffer(plan).name == "buffer/agent.play"
 
 
 @pytest.mark.parametrize("name", ["ppo", "rloo", "reinforce_pp"])

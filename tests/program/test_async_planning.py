@@ -46,3 +46,21 @@ def test_staleness_given_explicitly_wins_over_the_plans_own():
     plan = load_plan(GRPO)
     _, pipeline = pipeline_view(plan, staleness=2)
     assert pipeline.staleness == 2 and "rollout.generate" in pipeline.rollout_side
+
+
+STREAMING = ["trainer.staleness=2", "trainer.async_mode=streaming", "actor.off_policy=decoupled"]
+
+
+def test_streaming_plans_give_the_planner_the_stream_side_and_say_they_stream():
+    """The stream side is the source and the generate node (streaming_split.py): rewards
+    and the reference are the train side's, unlike the pipelined split."""
+    plan = load_plan(GRPO, STREAMING)
+    _, pipeline = pipeline_view(plan)
+    assert pipeline.streaming and pipeline.staleness == 2
+    assert pipeline.rollout_side == frozenset({"prompts", "rollout.generate"})
+    assert pipeline.movable == {"rollout.generate": "rollout"}
+    pipelined = pipeline_view(load_plan(GRPO, ["trainer.staleness=2"] + STREAMING[2:]))[1]
+    assert not pipelined.streaming and "ref.logprob" in pipelined.rollout_side
+    # placement=auto plans before the buffers exist: the mode is passed with k
+    _, auto = pipeline_view(load_plan(GRPO), staleness=2, mode="streaming")
+    assert auto.streaming and auto.rollout_side == pipeline.rollout_side

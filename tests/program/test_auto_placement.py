@@ -48,3 +48,17 @@ def test_async_auto_placement_on_one_device_keeps_the_rollout_folded(capsys):
     assert loaded.plan.placement.folded == {"rollout": "actor"}
     assert "weight_sync" not in {n.name for n in loaded.plan.nodes}
     assert "No plan with the rollout on a pool of its own fits" in capsys.readouterr().out
+
+
+def test_streaming_auto_placement_splits_the_devices_by_the_producer_consumer_model(capsys):
+    """Streaming on two GPUs: the rollout apart generates beside training, no barrier; the
+    explanation says which side is the bottleneck and each side's busy fraction."""
+    loaded = prepare(GRPO, ASYNC_AUTO + ["placement.cluster.devices_per_node=2",
+                                         "trainer.async_mode=streaming"], preflight=False)
+    roles = loaded.plan.placement.roles
+    assert roles["rollout"] != roles["actor"] and "rollout" not in loaded.plan.placement.folded
+    out = capsys.readouterr().out
+    assert "async streaming, staleness 1" in out
+    assert "Streaming: a step takes max(rollout side" in out and "no barrier" in out
+    assert "bottleneck: the train side" in out and "busy: rollout side" in out
+    assert "1 device(s) generating, 1 training" in out

@@ -42,3 +42,16 @@ def test_hybridflow_run_prints_the_note_once_before_its_launch_checks(tmp_path, 
     assert code == 1
     assert err.count("sized for the toy model") == 1
     assert err.index("sized for the toy model") < err.index("does not fit")
+
+
+def test_hybridflow_run_says_what_model_dtype_auto_chose(tmp_path, capsys, monkeypatch):
+    import torch
+
+    from hybridflow.memory import report
+    monkeypatch.setattr(report, "machine_memory_bytes", lambda: 2 ** 20)  # stops at launch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for native, chosen in ((False, "float32"), (True, "bfloat16")):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda n=native: n)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda n=native: n)
+        main(["run", GRPO, "model.dtype=auto", f"trainer.runs_dir={tmp_path}"])
+        assert f"note: model.dtype=auto -> {chosen}" in capsys.readouterr().err

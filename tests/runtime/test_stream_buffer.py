@@ -49,3 +49,25 @@ def test_samples_of_an_unknown_group_are_an_error():
     buf = GroupBuffer()
     with pytest.raises(RuntimeError, match="uid 'x'.*never submitted"):
         buf.add(rows(["x"], [0]))
+
+
+def test_a_screened_buffer_holds_whole_groups_until_the_filter_settles_them():
+    buf = GroupBuffer(screened=True)
+    buf.expect({"a": 1, "b": 1, "c": 2})
+    buf.add(rows(["b", "a", "c"], [0, 0, 0]))
+    assert buf.held() == 0 and buf.take(1, 0, 1) == ([], [])  # not screened yet
+    arrived = buf.arrivals()
+    assert [u for u, _ in arrived] == ["b", "a"] and buf.arrivals() == []
+    buf.settle([("a", rows(["a"], [0]))], ["b"])
+    assert "b" not in buf.expected and buf.held() == 1
+    buf.add(rows(["c"], [0]))  # c whole now
+    assert [u for u, _ in buf.arrivals()] == ["c"]
+
+
+def test_a_short_take_releases_the_whole_groups_there_are():
+    buf = GroupBuffer()
+    buf.expect({"a": 1, "b": 1})
+    buf.add(rows(["a"], [0]))
+    assert buf.take(2, 0, 1) == ([], [])
+    assert [u for u, _ in buf.take(2, 0, 1, short=True)[0]] == ["a"]
+    assert buf.take(2, 0, 1, short=True) == ([], [])  # none whole: nothing, even short

@@ -16,18 +16,21 @@ STREAM = ("trainer.async_mode=streaming", "trainer.val_every=0", "data.batch_siz
 KEYS = ("uid", "policy_version", TOKEN_VERSIONS, "response_mask")
 
 
-def stream_recording(tmp_path, *overrides, graph="grpo", resume=None, stop_after=None):
-    """(trainer, {step: (rows of KEYS, metrics, prompts drawn and not trained after
-    the step)}); the trainer keeps its scheduler."""
+def stream_recording(tmp_path, *overrides, graph="grpo", resume=None, stop_after=None,
+                     keys=KEYS):
+    """(trainer, {step: (rows of `keys`, metrics, prompts drawn and not consumed after
+    the step)}); the trainer keeps its scheduler, and in `trainer.filtered` the uids
+    the entrance filter dropped in each step (a graph with a gather)."""
     loaded = prepare(graph_file(graph), [f"trainer.runs_dir={tmp_path}",
                                          "trainer.progress=false", *STREAM, *overrides])
     run = RunDir(resume) if resume else new_run_dir(str(tmp_path), loaded.graph.name)
     trainer = Trainer(loaded, run, resume_from=resume)
-    name, seen = stream_buffer(loaded.plan).name, {}
+    name, seen, trainer.filtered = stream_buffer(loaded.plan).name, {}, {}
 
     def record(step, metrics):
-        seen[step] = (trainer.runtime.fetch(trainer.last_result, name, KEYS), metrics,
+        seen[step] = (trainer.runtime.fetch(trainer.last_result, name, keys), metrics,
                       set(trainer.scheduler.prompts))
+        trainer.filtered[step] = list(trainer.scheduler.last_filtered)
     fit_recording(trainer, record, stop_after)
     return trainer, seen
 

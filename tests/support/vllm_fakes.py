@@ -9,10 +9,56 @@ see .ci/vllm.sh): it records calls and refuses what vLLM 0.32 refuses.
   as vLLM's CPU layers (weights prepacked after loading) refuse it.
 - `sleep` where the engine was built without sleep mode is refused, as vLLM's
   platforms without sleep mode refuse `enable_sleep_mode=True` at build.
+- Streaming (`llm_engine`: add_request / step / abort_request): every live request
+  samples one token a step; the token at a sequence's position p is 5 + p % 5, and p
+  with p % 11 == 10 is the eos; a token's log-prob is -0.1 × (1 + weight loads so
+  far), so the weights that sampled it show. `reset_prefix_cache` and `generate`
+  with requests live are refused: vLLM resets no prefix cache while requests run, and
+  `LLM.generate` would step (and swallow) them.
 """
 from types import SimpleNamespace
 
-__all__ = ["FakeLLM", "FakeParams", "fake_output", "FAKE_RELOAD"]
+__all__ = ["FakeLLM", "FakeParams", "fake_output", "FAKE_RELOAD", "FakeLLMEngine"]
+
+
+class FakeLLMEngine:
+    def __init__(self, llm, dtype):
+        self.llm, self.model_config = llm, SimpleNamespace(dtype=dtype)
+        self.live: dict[str, dict] = {}
+        self.added: list[tuple[str, list[int], dict]] = []  # (id, prompt ids, params)
+
+    def add_request(self, request_id, prompt, params):
+        assert request_id not in self.live, f"duplicate request id {request_id}"
+        ids = list(prompt["prompt_token_ids"])
+        self.added.append((request_id, ids, params.kwargs))
+        self.live[request_id] = {"seq": ids, "left": params.kwargs["max_tokens"],
+                                 "eos": params.kwargs["stop_token_ids"][0]}
+        return request_id
+
+    def abort_request(self, request_ids, internal=False):
+        for rid in request_ids:
+            self.live.pop(rid, None)
+        self.llm.calls.append(("abort", len(request_ids)))
+
+    def has_unfinished_requests(self):
+        return bool(self.live)
+
+    def step(self):
+        outputs = []
+        logp = -0.1 * (1 + self.llm.loads)
+        for rid, req in list(self.live.items()):
+            p = len(req["seq"])
+            tok = req["eos"] if p % 11 == 10 else 5 + p % 5
+            req["seq"].append(tok)
+            req["left"] -= 1
+            finished = tok == req["eos"] or req["left"] <= 0
+            if finished:
+                del self.live[rid]
+            outputs.append(SimpleNamespace(request_id=rid, finished=finished,
+                                           outputs=[SimpleNamespace(
+                                               token_ids=[tok],
+                                               logprobs=[{tok: SimpleNamespace(logprob=logp)}])]))
+        return outputs
 
 
 class FakeLLM:
@@ -20,7 +66,7 @@ class FakeLLM:
         self.kwargs, self.calls, self.loaded = kwargs, [], {}
         self.in_process = kwargs.get("distributed_executor_backend") == "external_launcher"
         self.reloading, self.loads = False, 0
-        self.llm_engine = SimpleNamespace(model_config=SimpleNamespace(dtype=kwargs.get("dtype")))
+        self.llm_engine = FakeLLMEngine(self, kwargs.get("dtype"))
 
     def _send(self, fn):
         if not self.in_process and callable(fn):
@@ -48,6 +94,7 @@ class FakeLLM:
         self.calls.append(("load", len(names)))
 
     def reset_prefix_cache(self):
+        assert not self.llm_engine.live, "vLLM resets no prefix cache while requests run"
         self.calls.append(("reset_prefix_cache",))
 
     def sleep(self, level):
@@ -59,6 +106,7 @@ class FakeLLM:
         self.calls.append(("wake_up", tuple(tags or ())))
 
     def generate(self, prompts, params, use_tqdm=False):
+        assert not self.llm_engine.live, "LLM.generate would step the stream's requests"
         self.calls.append(("generate", len(prompts)))
         eos = params.kwargs["stop_token_ids"][0]
         return [fake_output([5, 6, eos], [-0.5, -0.25, -1.0]) for _ in prompts]

@@ -79,3 +79,18 @@ def test_the_critic_may_start_its_value_head_from_a_causal_lm_but_not_miss_layer
 def test_a_reward_model_without_a_trained_head_is_an_error(tmp_path):
     with pytest.raises(ModelLoadError, match=r"missing.*score\.weight"):
         _load(build_reward_model, TOY_BASE)
+
+
+def test_auto_dtype_is_bf16_only_where_bf16_is_native(monkeypatch):
+    import torch
+
+    from hybridflow.workers import models
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for native, want in ((True, torch.bfloat16), (False, torch.float32)):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda n=native: n)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda n=native: n)
+        assert models.native_bf16() is native
+        assert models.resolve_dtype("auto") == want
+    assert models.resolve_dtype("bf16") == torch.bfloat16  # explicit names are kept
+    with pytest.raises(ValueError, match="'auto'"):
+        models.resolve_dtype("f8")  # the error lists auto among the names

@@ -68,6 +68,25 @@ def test_slots_are_refilled_as_sequences_end(actor):
     assert steps <= 12
 
 
+def test_rows_of_different_polls_keep_the_submitted_prompt_width(actor):
+    """Prompts of different lengths finishing in different polls: every row is padded
+    to the width its prompt row was submitted with, so the polls' rows (and the
+    samples of one group) concatenate as the streaming buffer needs."""
+    from hybridflow.core.batch import Batch
+    batch = prompt_batch(actor.tokenizer, ["1+2=", "99-1=", "123+456="])
+    width = batch["input_ids"].shape[1]
+    assert len({int(m.sum()) for m in batch["attention_mask"]}) > 1  # lengths differ
+    engine = actor.engine
+    engine.submit(batch.repeat(2, interleave=True),
+                  _opts(actor, do_sample=True, micro_batch_size=1, max_new_tokens=3))
+    parts = _drain(engine)
+    assert len(parts) > 1
+    assert {p["prompts"].shape[1] for p in parts} == {width}
+    rows = Batch.concat(parts)
+    order = [list(rows["uid"]).index(u) for u in batch["uid"]]
+    assert torch.equal(rows.take(order)["prompts"], batch["input_ids"])
+
+
 def _mixed_run(actor, partial: bool):
     batch = prompt_batch(actor.tokenizer, PROMPTS)
     engine = actor.engine

@@ -45,6 +45,9 @@ def test_engine_runs_in_the_rank_process_with_a_causal_lm_config(monkeypatch):
     # its own pool: the seeded initial weights are loaded at once, as version 0
     assert engine.policy_version == 0 and engine.llm.loaded
     assert ("sleep", SLEEP_LEVEL) not in engine.llm.calls  # keeps its weights between syncs
+    assert "max_num_seqs" not in kwargs  # vLLM's default unless rollout.max_num_seqs is set
+    assert make_vllm_engine(_spec(max_num_seqs=8), FakeLLM, FakeParams,
+                            FAKE_RELOAD).llm.kwargs["max_num_seqs"] == 8
 
 
 def test_weights_go_in_buckets_and_the_prefix_cache_is_reset_after():

@@ -40,7 +40,7 @@ from hybridflow.core.batch import Batch
 from hybridflow.workers.rollout.generation import assemble_rollout
 from hybridflow.workers.sequences import position_ids_from_mask
 
-__all__ = ["StreamLoop", "Request", "NO_TOKEN"]
+__all__ = ["StreamLoop", "Request", "NO_TOKEN", "requests_from_rows", "assemble_requests"]
 
 NO_TOKEN = -1  # `token_versions` on padding (a response's positions after its end)
 
@@ -48,14 +48,26 @@ NO_TOKEN = -1  # `token_versions` on padding (a response's positions after its e
 @dataclass
 class Request:
     """One response to sample: its prompt (unpadded ids), the prompt's other columns
-    (one row), and what was sampled so far."""
+    (one row), the width its prompt row had (padding included), and what was sampled
+    so far."""
     rid: int
     prompt: list[int]
     row: Batch
+    width: int = 0
     tokens: list[int] = field(default_factory=list)
     logps: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     restarts: int = 0
+
+
+def requests_from_rows(rows: Batch, first_rid: int) -> list[Request]:
+    """One request per row (rows already repeated n times): the prompt without its
+    padding, the row's other columns; ids from `first_rid` on."""
+    ids, mask = rows["input_ids"], rows["attention_mask"].bool()
+    others = rows.select(*[k for k in rows.keys()
+                           if k not in ("input_ids", "attention_mask", "position_ids")])
+    return [Request(first_rid + i, ids[i][mask[i]].tolist(), others.take(i), ids.shape[1])
+            for i in range(len(rows))]
 
 
 class StreamLoop:
@@ -79,13 +91,10 @@ class StreamLoop:
     # --------------------------------------------------------------- requests
     def submit(self, rows: Batch) -> int:
         """Queue one request per row (rows already repeated n times)."""
-        ids, mask = rows["input_ids"], rows["attention_mask"].bool()
-        others = rows.select(*[k for k in rows.keys()
-                               if k not in ("input_ids", "attention_mask", "position_ids")])
-        for i in range(len(rows)):
-            self.queue.append(Request(self.next_rid, ids[i][mask[i]].tolist(), others.take(i)))
-            self.next_rid += 1
-        return len(rows)
+        requests = requests_from_rows(rows, self.next_rid)
+        self.queue.extend(requests)
+        self.next_rid += len(requests)
+        return len(requests)
 
     @property
     def busy(self) -> bool:
@@ -171,28 +180,35 @@ class StreamLoop:
 
     # ----------------------------------------------------------------- output
     def assemble(self, done: list[Request]) -> Batch:
-        """Finished requests as the generate node's rows (the engine columns, the
-        prompt's columns, `policy_version` = the version of the oldest token) plus
-        `token_versions` [B, max_new_tokens] (NO_TOKEN on padding)."""
-        width = self.opts.max_new_tokens
-        plen = max(len(r.prompt) for r in done)
-        prompt_ids = torch.full((len(done), plen), self.pad, dtype=torch.long)
-        prompt_mask = torch.zeros((len(done), plen), dtype=torch.long)
-        responses = torch.full((len(done), width), self.pad, dtype=torch.long)
-        logps = torch.zeros((len(done), width), dtype=torch.float32)
-        versions = torch.full((len(done), width), NO_TOKEN, dtype=torch.long)
-        for i, req in enumerate(done):
-            prompt_ids[i, plen - len(req.prompt):] = torch.tensor(req.prompt)
-            prompt_mask[i, plen - len(req.prompt):] = 1
-            n = len(req.tokens)
-            responses[i, :n] = torch.tensor(req.tokens)
-            logps[i, :n] = torch.tensor(req.logps)
-            versions[i, :n] = torch.tensor(req.versions)
-        prompts = Batch({"input_ids": prompt_ids, "attention_mask": prompt_mask})
-        rollout = assemble_rollout(prompts, responses, self.pad, self.eos_id, logps)
-        out = Batch.concat([r.row for r in done]).update(rollout)
-        out["token_versions"] = torch.where(rollout["response_mask"].bool(), versions,
-                                            torch.full_like(versions, NO_TOKEN))
-        out["policy_version"] = torch.tensor([min(r.versions) for r in done],
-                                             dtype=torch.long)
-        return out
+        return assemble_requests(done, self.pad, self.eos_id, self.opts.max_new_tokens)
+
+
+def assemble_requests(done: list[Request], pad: int, eos_id, width: int) -> Batch:
+    """Finished requests as the generate node's rows (the engine columns, the prompt's
+    columns, `policy_version` = the version of the oldest token) plus `token_versions`
+    [B, width] (NO_TOKEN on padding). Shared by every streaming engine.
+
+    Prompts are left-padded to the width they were submitted with (the loader's fixed
+    width in a streaming run), not to the widest prompt that happened to finish in
+    this poll: rows of different polls, and the samples of one group finished in
+    different polls, then concatenate."""
+    plen = max(max(len(r.prompt), r.width) for r in done)
+    prompt_ids = torch.full((len(done), plen), pad, dtype=torch.long)
+    prompt_mask = torch.zeros((len(done), plen), dtype=torch.long)
+    responses = torch.full((len(done), width), pad, dtype=torch.long)
+    logps = torch.zeros((len(done), width), dtype=torch.float32)
+    versions = torch.full((len(done), width), NO_TOKEN, dtype=torch.long)
+    for i, req in enumerate(done):
+        prompt_ids[i, plen - len(req.prompt):] = torch.tensor(req.prompt)
+        prompt_mask[i, plen - len(req.prompt):] = 1
+        n = min(len(req.tokens), width)
+        responses[i, :n] = torch.tensor(req.tokens[:n])
+        logps[i, :n] = torch.tensor(req.logps[:n])
+        versions[i, :n] = torch.tensor(req.versions[:n])
+    prompts = Batch({"input_ids": prompt_ids, "attention_mask": prompt_mask})
+    rollout = assemble_rollout(prompts, responses, pad, eos_id, logps)
+    out = Batch.concat([r.row for r in done]).update(rollout)
+    out["token_versions"] = torch.where(rollout["response_mask"].bool(), versions,
+                                        torch.full_like(versions, NO_TOKEN))
+    out["policy_version"] = torch.tensor([min(r.versions) for r in done], dtype=torch.long)
+    return out

@@ -127,7 +127,8 @@ def engine_kwargs(spec: EngineSpec, path: str, tokenizer_path: str,
     """`vllm.LLM(**kwargs)` for this rank: in-process, on the rank's own device."""
     cfg = spec.rollout_cfg
     kv_bytes = int(cfg.kv_cache_gib * (1 << 30)) if cfg.kv_cache_gib > 0 else None
-    return {"model": path, "tokenizer": tokenizer_path, "generation_config": tokenizer_path,
+    seqs = {"max_num_seqs": cfg.max_num_seqs} if cfg.max_num_seqs > 0 else {}
+    return {**seqs, "model": path, "tokenizer": tokenizer_path, "generation_config": tokenizer_path,
             "dtype": vllm_dtype(spec.model_cfg.dtype), "tensor_parallel_size": 1,
             "distributed_executor_backend": "external_launcher",
             "load_format": "dummy" if spec.module is not None or spec.model_cfg.path is None
@@ -162,11 +163,14 @@ def make_vllm_engine(spec: EngineSpec, llm_class=None, sampling_params=None,
     replace vLLM's own (tests pass fakes)."""
     fake = llm_class is not None
     state = VLLMProcessState() if fake else PROCESS_STATE
+    delta_kind = "delta"  # a fake's; vLLM's RequestOutputKind.DELTA below
     note_build_start()
     with state.entered(rank_env(spec.device)):
         if not fake:
             vllm = _import_vllm()
             llm_class, sampling_params = vllm.LLM, vllm.SamplingParams
+            from vllm.sampling_params import RequestOutputKind
+            delta_kind = RequestOutputKind.DELTA
             sleep_available = _vllm_platform().is_sleep_mode_available()
             reload = _reload_functions()
         check_vllm_model(spec.model_cfg)
@@ -175,7 +179,8 @@ def make_vllm_engine(spec: EngineSpec, llm_class=None, sampling_params=None,
                                sleep_available)
         llm = llm_class(**kwargs)
     engine = VLLMEngine(llm, sampling_params, spec.tokenizer, spec.device,
-                        sleep_mode=kwargs["enable_sleep_mode"], reload=reload, state=state)
+                        sleep_mode=kwargs["enable_sleep_mode"], reload=reload, state=state,
+                        delta_kind=delta_kind, seed=kwargs["seed"])
     if not fake:
         engine.close = own_shutdown(engine, llm, state)
     if kwargs["load_format"] == "auto":
@@ -249,17 +254,70 @@ class VLLMEngine:
     shares_module = False  # vLLM holds its own copy of the weights
 
     def __init__(self, llm, sampling_params, tokenizer, device, sleep_mode: bool,
-                 reload=None, state: VLLMProcessState | None = None):
+                 reload=None, state: VLLMProcessState | None = None,
+                 delta_kind=None, seed: int = 0):
         self.llm, self.sampling_params = llm, sampling_params
         self.tokenizer, self.device, self.sleep_mode = tokenizer, device, sleep_mode
         self.reload, self.state = reload, state or VLLMProcessState()
         self.policy_version = UNKNOWN_VERSION
         self.asleep = self.reloading = False
+        # streaming (vllm_stream.py): RequestOutputKind.DELTA, the sampler's seed
+        self.delta_kind, self.seed, self._stream = delta_kind, seed, None
+
+    # ------------------------------------------------------------- streaming
+    def submit(self, prompts: Batch, opts) -> int:
+        """Add one request per row (rows repeated n times) to vLLM's engine."""
+        if self._stream is None:
+            from hybridflow.workers.rollout.vllm_stream import VLLMStream
+            self._stream = VLLMStream(self.llm.llm_engine, self.sampling_params,
+                                      self.delta_kind, opts, self.tokenizer, self.seed,
+                                      sampling_kwargs(opts, self.tokenizer.eos_token_id))
+        elif self._stream.opts != opts:
+            raise ValueError("a streaming rollout samples with one set of options; got "
+                             f"{opts} after {self._stream.opts}")
+        with self.state.entered():
+            self._awake()
+            return self._stream.submit(prompts)
+
+    def poll(self, max_steps: int) -> Batch | None:
+        """Up to `max_steps` vLLM engine steps with the weights held now; the rows that
+        finished, or None."""
+        stream = self._stream
+        if stream is None:
+            return None
+        with self.state.entered():
+            for _ in range(max_steps):
+                if not stream.busy:
+                    break
+                stream.step(self.policy_version)
+        done = stream.take_finished()
+        return stream.assemble(done) if done else None
+
+    def abort(self) -> int:
+        if self._stream is None:
+            return 0
+        with self.state.entered():
+            return self._stream.abort()
+
+    @property
+    def stream_busy(self) -> bool:
+        return self._stream is not None and self._stream.busy
+
+    def stream_counts(self) -> dict:
+        return dict(self._stream.counts) if self._stream is not None else {}
+
+    def _awake(self) -> None:
+        """The KV cache back before requests run (inside `state.entered()`)."""
+        if self.asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
 
     def close(self) -> None:
         """Shut vLLM down now (replaced by the build with the owned shutdown)."""
 
     def sleep(self) -> None:
+        if self.stream_busy:  # requests in flight hold KV blocks: nothing to free now
+            return
         if self.sleep_mode and not self.asleep:
             with self.state.entered():
                 self.llm.sleep(level=SLEEP_LEVEL)
@@ -295,8 +353,13 @@ class VLLMEngine:
             self.reloading = False
             if self.device.type != "cpu":  # the sync is timed to the real load
                 getattr(torch, self.device.type).synchronize(self.device)
+            # requests in flight leave vLLM first: it resets no prefix cache while
+            # requests run, and none may go on with KV of the old weights
+            held = self._stream.interrupt() if self.stream_busy else []
             self.llm.reset_prefix_cache()
-        self.policy_version = version
+            self.policy_version = version
+            if held:
+                self._stream.resume(held, self._stream.opts.partial)
 
     def generate(self, prompts: Batch, opts) -> Batch:
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
@@ -306,11 +369,14 @@ class VLLMEngine:
         outputs = []
         if rows:
             with self.state.entered():
-                if self.asleep:
-                    self.llm.wake_up(tags=["kv_cache"])
-                    self.asleep = False
+                self._awake()
+                # LLM.generate steps until vLLM holds no request: a stream's requests
+                # leave first, and come back after with their tokens (same weights)
+                held = self._stream.interrupt() if self.stream_busy else []
                 params = self.sampling_params(**sampling_kwargs(opts, eos))
                 outputs = self.llm.generate(rows, params, use_tqdm=False)
+                if held:
+                    self._stream.resume(held, partial=True)
         responses = responses_from_outputs(outputs, width, pad)
         return assemble_rollout(prompts, responses, pad, eos,
                                 log_probs_from_outputs(outputs, width))

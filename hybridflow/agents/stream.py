@@ -1,0 +1,110 @@
+"""The agent role's streaming calls (`trainer.async_mode=streaming` over agent
+episodes), called by the run's streaming scheduler (runtime/streaming.py) as it calls
+the rollout role's (workers/rollout/stream_worker.py).
+
+Episodes stream **whole**: `stream_submit(batch, **options)` queues this rank's
+prompts (prompt i to rank i mod world size, so a group stays on one rank), n episodes
+each; `stream_poll()` plays the next `rollout.micro_batch_size` queued episodes (at
+least one group) to their end with the actor's current weights, refreshed first as
+`agent.play` does, and returns their rows. An episode never spans a weight update, so
+each one is sampled by one version: `token_versions` holds it on the response tokens
+(-1 on padding) and `rollout.partial` has nothing to continue or restart. Polls are
+inline: the agent role lives in the actor's process (`served_by`), so the scheduler
+polls it between train passes, on both runtimes.
+
+Rows of different polls must concatenate, so prompts are laid out
+`data.max_prompt_length` wide (responses `agent.max_response_tokens`, as `play`); a
+first observation longer than that stops the run naming the key.
+
+State (per worker): the queue of episodes submitted and not played (one-row prompt
+batches, in submission order), the sampling options of the last submission, the
+counters (`episodes`, `polls`: `async/stream/*`).
+"""
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+
+from hybridflow.agents.batch_rollout import play_batch
+from hybridflow.agents.engine_generator import EngineGenerator
+from hybridflow.agents.runner import EpisodeRunner
+from hybridflow.core.batch import Batch
+from hybridflow.workers.rollout.generation import sampling_options
+from hybridflow.workers.rollout.weights import refresh_engine
+
+__all__ = ["AgentStreamCalls", "TOKEN_VERSIONS"]
+
+TOKEN_VERSIONS = "token_versions"  # plan/streaming_split.TOKEN_VERSIONS
+
+
+class AgentStreamCalls:
+    """Mixed into AgentRolloutWorker: needs `rollout_cfg`, `agent_cfg`, `ctx`,
+    `tokenizer`, `format`, `env_factory`, `prompt_width` and `_host()`."""
+
+    def _stream_state(self):
+        if getattr(self, "_queue", None) is None:
+            self._queue, self._opts = deque(), None
+            self._counts = {"episodes": 0, "polls": 0}
+        return self._queue
+
+    def stream_submit(self, batch: Batch, **options) -> dict:
+        """Queue this rank's prompts, n episodes each; {uid: episodes queued}."""
+        queue = self._stream_state()
+        self._opts = sampling_options(self.rollout_cfg, **options,
+                                      max_new_tokens=self.agent_cfg.max_turn_tokens)
+        world, rank = max(1, int(self.ctx.world_size)), int(self.ctx.rank)
+        mine = batch.take([i for i in range(len(batch)) if i % world == rank])
+        if not len(mine):
+            return {}
+        rows = mine.repeat(self._opts.n, interleave=True)
+        queue.extend(rows.take([i]) for i in range(len(rows)))
+        return {str(uid): self._opts.n for uid in mine["uid"]}
+
+    def stream_poll(self) -> dict:
+        """{"rows": the episodes played by this poll or None, "busy": episodes queued,
+        "counts": the counters}."""
+        queue = self._stream_state()
+        if not queue:
+            return {"rows": None, "busy": False, "counts": dict(self._counts)}
+        take = max(int(self.rollout_cfg.micro_batch_size), self._opts.n)
+        chunk = Batch.concat([queue.popleft() for _ in range(min(take, len(queue)))])
+        rows = self._play(chunk)
+        self._counts["episodes"] += len(rows)
+        self._counts["polls"] += 1
+        return {"rows": rows, "busy": bool(queue), "counts": dict(self._counts)}
+
+    def _play(self, chunk: Batch) -> Batch:
+        host = self._host()
+        engine = host.engine
+        bucket = max(1, int(self.rollout_cfg.weight_bucket_mb * 2**20))
+        refresh_engine(engine, host.module, host.policy_version, bucket)
+        pad = self.tokenizer.pad_token_id
+        runner = EpisodeRunner(self.env_factory, EngineGenerator(engine, self._opts, pad),
+                               self.format, self.agent_cfg.runner_options(),
+                               env_name=str(self.agent_cfg.env))
+        try:
+            out = play_batch(runner, chunk, pad, n=1, prompt_width=self.prompt_width,
+                             response_width=self.agent_cfg.max_response_tokens,
+                             policy_version=host.policy_version)
+        finally:
+            if not engine.shares_module:
+                engine.sleep()  # give training the memory, as agent.play does
+        width = out["prompts"].shape[1]
+        if width > self.prompt_width:
+            raise RuntimeError(
+                f"agent streaming lays episode prompts out data.max_prompt_length="
+                f"{self.prompt_width} tokens wide (rows of different polls are trained "
+                f"together), but an environment's first observation took {width}; raise "
+                f"data.max_prompt_length or set trainer.async_mode=pipeline")
+        out.meta = {}  # the agent/* metrics of one poll are not the step's
+        real = out["response_mask"].bool()
+        out[TOKEN_VERSIONS] = torch.where(real, int(host.policy_version), -1).long()
+        return out
+
+    def stream_abort(self) -> int:
+        """Drop the episodes not played; how many."""
+        queue = self._stream_state()
+        dropped = len(queue)
+        queue.clear()
+        return dropped

@@ -1,0 +1,132 @@
+"""A gather in a streaming plan (`trainer.async_mode=streaming`): DAPO's dynamic
+sampling as a filter at the buffer's entrance.
+
+In the pipelined mode a gather re-draws within a step until it holds `until` rows
+that its input (e.g. `drop_uniform_groups`) kept. Streaming draws continuously
+anyway, so the gather becomes the buffer's entrance instead:
+
+- the **entrance nodes**: the nodes between the generate node and the gather (its
+  input and what that reads: the rule reward, the overlong penalty, the filter). They
+  join the stream side and run on each whole group as it completes, in an *entrance
+  pass* (`entrance_plan`: the generate node's rows fed through a buffer node of their
+  own, everything else skipped);
+- a group the filter drops is rejected at the entrance: counted, its prompt consumed
+  (never drawn again, also after a resume), more prompts drawn in its place; a group
+  it keeps enters the streaming buffer, which sits at the gather (`buffer/<gather>`),
+  with the columns the filter's output carries;
+- a step takes `until / n` kept groups (the gather's rows, in groups of the generate
+  node's `n`); `max_rounds` bounds the wait as DAPO bounds its extra draws: a step
+  that saw more than `max_rounds` batches' worth of groups rejected while it waited
+  trains the kept groups it holds (runtime/streaming.py).
+
+Refused, naming the node: more than one gather; a gather not fed by the generate node
+(through entrance nodes), or whose input does not forward the samples' columns;
+`until` not a whole number of groups of an explicit `n`; a train-side node reading
+the generate node or an entrance node instead of the gather.
+Stateless: functions of a plan.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hybridflow.core.kinds import NodeKind, Op
+from hybridflow.plan.async_split import BUFFER_PREFIX, PROMPT_UNIT, BufferSpec
+from hybridflow.plan.compiler import ExecutionPlan, PlanNode, plan_stages
+
+__all__ = ["stream_gather", "entrance_names", "filter_problems", "entrance_plan",
+           "groups_per_step"]
+
+TOKEN_VERSIONS = "token_versions"  # streaming_split.TOKEN_VERSIONS (it imports this module)
+
+
+def stream_gather(plan: ExecutionPlan) -> PlanNode | None:
+    """The plan's one gather (None without)."""
+    return next((n for n in plan.nodes if n.op is Op.GATHER), None)
+
+
+def entrance_names(plan: ExecutionPlan, gen: PlanNode, gather: PlanNode) -> list[str]:
+    """The nodes between the generate node and the gather, in plan order."""
+    wanted, stack = set(), list(gather.deps)
+    while stack:
+        name = stack.pop()
+        node = plan.node(name)
+        if name in wanted or name == gen.name or node.op is Op.SOURCE:
+            continue
+        wanted.add(name)
+        stack.extend(node.deps)
+    return [n.name for n in plan.nodes if n.name in wanted]
+
+
+def _descends(plan: ExecutionPlan, name: str, gen: str) -> bool:
+    node = plan.node(name)
+    return name == gen or any(_descends(plan, d, gen) for d in node.deps)
+
+
+def filter_problems(plan: ExecutionPlan, gen: PlanNode, gathers: list[PlanNode]) -> list[str]:
+    """What streaming refuses of the plan's gathers (none: no problem)."""
+    if not gathers:
+        return []
+    if len(gathers) > 1:
+        return [f"{g.where()}: trainer.async_mode=streaming filters at one buffer's "
+                f"entrance, but the graph has {len(gathers)} gathers "
+                f"({[n.name for n in gathers]}); set trainer.async_mode=pipeline"
+                for g in gathers[1:]]
+    gather, problems = gathers[0], []
+    if not _descends(plan, gather.deps[0], gen.name):
+        problems.append(f"{gather.where()}: streaming filters the samples of "
+                        f"'{gen.name}' at the buffer's entrance, but this gather's input "
+                        f"'{gather.deps[0]}' does not read it; set "
+                        f"trainer.async_mode=pipeline")
+    source = plan.node(gather.deps[0])
+    if source.name != gen.name and not source.forwards:
+        problems.append(f"{gather.where()}: the rows entering the streaming buffer are "
+                        f"the gather input's, but '{source.name}' does not forward the "
+                        f"samples' columns (declare it forwards=True, as "
+                        f"drop_uniform_groups does)")
+    n, until = gen.kwargs.get("n"), gather.kwargs.get("until")
+    if not isinstance(n, int) or n < 1 or until % n:
+        problems.append(f"{gather.where()}: streaming takes until/n whole groups a step, "
+                        f"but until={until} and '{gen.name}' has n={n!r}; pass n= to the "
+                        f"generate call and gather a multiple of it (data.batch_size * n)")
+    screened = set(entrance_names(plan, gen, gather)) | {gen.name}
+    for node in plan.nodes:
+        read = [d for d in node.deps if d in screened]
+        if read and node.name not in screened and node.name != gather.name:
+            problems.append(f"{node.where()}: with a gather, trainer.async_mode=streaming "
+                            f"hands over the gather's rows only, but this node reads "
+                            f"{read}; read '{gather.name}' or set trainer.async_mode=pipeline")
+    return problems
+
+
+def groups_per_step(gen: PlanNode, gather: PlanNode) -> int:
+    return gather.kwargs["until"] // gen.kwargs["n"]
+
+
+def entrance_plan(plan: ExecutionPlan, gen: PlanNode, gather: PlanNode,
+                  staleness: int) -> ExecutionPlan | None:
+    """The plan of an entrance pass (None when the gather reads the generate node
+    itself: nothing to screen): the sources and the generate node (skipped), a buffer
+    node fed the whole groups, and the entrance nodes reading it. `token_versions`
+    travels through the nodes that forward their input."""
+    names = entrance_names(plan, gen, gather)
+    if not names:
+        return None
+    feed = PlanNode(BUFFER_PREFIX + gen.name, NodeKind.BUFFER, Op.BUFFER, (gen.name,),
+                    f"{gen.location}; screened at the buffer's entrance",
+                    writes=tuple(gen.writes) + (TOKEN_VERSIONS,),
+                    input_keys=dict(gen.output_keys),
+                    output_keys={**gen.output_keys, TOKEN_VERSIONS: gen.name},
+                    buffer=BufferSpec(gen.name, staleness, PROMPT_UNIT, staleness,
+                                      streaming=True))
+    nodes = [n for n in plan.nodes if n.op is Op.SOURCE] + [gen, feed]
+    carried = {feed.name}  # nodes whose output carries token_versions
+    for name in names:
+        node = plan.node(name)
+        deps = tuple(feed.name if d == gen.name else d for d in node.deps)
+        node = replace(node, deps=deps, after=())
+        if node.forwards and carried & set(deps):
+            node = replace(node, input_keys={**node.input_keys, TOKEN_VERSIONS: gen.name},
+                           output_keys={**node.output_keys, TOKEN_VERSIONS: gen.name})
+            carried.add(name)
+        nodes.append(node)
+    return replace(plan, nodes=nodes, stages=plan_stages(nodes))

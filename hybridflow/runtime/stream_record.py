@@ -1,0 +1,68 @@
+"""The stream side's records in a streaming run's timeline (`trainer.async_mode=streaming`).
+
+The train side's tasks are recorded by the pass that runs them; the generation is not a
+task of a pass: the streaming scheduler (streaming.py) drives it through `stream_poll`.
+What the scheduler sees of it, per rank of the rollout role, becomes timeline records
+of the generate node, `{"node", "role", "pool", "rank", "start", "end", "stream",
+"decode_steps", "rows"}`:
+
+- `stream: "decode"` (inline polls: the local runtime, or a rollout sharing the actor's
+  process): the poll call itself, which ran the decode steps;
+- `stream: "poll"` (the engine loop on the rollout worker's own thread): the interval
+  between two polls in which the engine had requests in flight or made progress, with
+  the decode steps it counted and the rows that finished in it. Consecutive intervals
+  are merged, so a wait of many short polls is one record per rank.
+
+A step's records start no earlier than the step (the time between two steps is not
+recorded) and end at its last poll; the scheduler polls once more after the pass, so
+the generation during the pass is recorded with its step.
+
+State: the step's records, the time of the last poll, each rank's decode-step count
+at it. Only the streaming scheduler calls it.
+"""
+from __future__ import annotations
+
+import time
+
+__all__ = ["StreamRecorder"]
+
+
+class StreamRecorder:
+    def __init__(self, node: str, role: str, pool: str | None, background: bool):
+        self.node, self.role, self.pool, self.background = node, role, pool, background
+        self.records: list[dict] = []
+        self.step_began = 0.0
+        self.polled_at: float | None = None
+        self.decoded: dict[int, int] = {}
+
+    def begin_step(self) -> None:
+        self.records, self.step_began = [], time.time()
+
+    def polled(self, began: float, replies: list[dict]) -> None:
+        """Record one `stream_poll` call that began at `began` and returned `replies`
+        (one per rank)."""
+        now = time.time()
+        # background: the engine worked since the last poll, or since the step began
+        # (the first poll of a run follows its first submit, made in the step)
+        since = began if not self.background else max(self.polled_at or 0.0,
+                                                      self.step_began)
+        for rank, reply in enumerate(replies):
+            steps = int(reply.get("counts", {}).get("decode_steps", 0))
+            done, self.decoded[rank] = steps - self.decoded.get(rank, 0), steps
+            rows = reply.get("rows")
+            rows = len(rows) if rows is not None else 0
+            if done > 0 or rows or (self.background and reply.get("busy")):
+                self._add(rank, since, now, done, rows)
+        self.polled_at = now
+
+    def _add(self, rank: int, start: float, end: float, steps: int, rows: int) -> None:
+        last = next((r for r in reversed(self.records) if r["rank"] == rank), None)
+        if self.background and last is not None and last["end"] >= start - 1e-6:
+            last["end"] = end
+            last["decode_steps"] += steps
+            last["rows"] += rows
+            return
+        self.records.append({"node": self.node, "role": self.role, "pool": self.pool,
+                             "rank": rank, "start": start, "end": end,
+                             "stream": "poll" if self.background else "decode",
+                             "decode_steps": steps, "rows": rows})

@@ -1,0 +1,128 @@
+"""DAPO's dynamic sampling streaming (runtime/stream_entrance.py, the streaming
+scheduler's entrance filter) against a fake engine whose requests finish in a seeded
+random order and a fake filter that drops a fixed set of groups: a dropped group is
+never trained and its prompt never drawn again (also after a resume at any step),
+more prompts are drawn in its place so each batch still fills, and `max_rounds`
+bounds the wait as DAPO bounds its extra draws (a short batch of kept groups)."""
+from __future__ import annotations
+
+import functools
+import os
+
+import pytest
+
+from hybridflow.runtime.common import StepResult
+from hybridflow.runtime.streaming import StreamingScheduler
+from tests.runtime.test_streaming_scheduler import (N, REPO, SIZE, STEPS, FakeStream,
+                                                    Loader)
+from hybridflow.program.assemble import prepare
+
+FEED = "buffer/rollout.generate"  # the entrance pass's feed (plan/stream_filter.py)
+
+
+@functools.lru_cache(maxsize=None)
+def dapo_plan(k: int, max_rounds: int):
+    return prepare(os.path.join(REPO, "graphs", "dapo.py"),
+                   [f"trainer.staleness={k}", "trainer.async_mode=streaming",
+                    "trainer.allow_uncorrected_async=true", f"rollout.n={N}",
+                    f"data.batch_size={SIZE}", f"actor.mini_batch_size={SIZE * N}",
+                    f"algorithm.max_rounds={max_rounds}"], preflight=False).plan
+
+
+def dropped(uid: str, every: int) -> bool:
+    return int(uid[1:]) % every != 0  # keeps u0, u<every>, ...: 1 group in `every`
+
+
+class FilteringStream(FakeStream):
+    """The fake engine, and an entrance pass that keeps 1 group in `every`; it logs
+    each submission and each drop, in order."""
+
+    def __init__(self, seed: int, every: int, version: int = 0, slow: int = 4):
+        super().__init__(seed, version, slow)
+        self.every, self.log = every, []
+
+    def call_role(self, role, method, *args, **kwargs):
+        if method == "stream_submit":
+            self.log += [("submit", str(u)) for u in args[0]["uid"]]
+        return super().call_role(role, method, *args, **kwargs)
+
+    def run_step(self, feeds, plan=None, skip=frozenset(), draw=None):
+        if FEED not in feeds:
+            return super().run_step(feeds, plan, skip, draw)
+        rows = feeds[FEED]
+        uids = [str(u) for u in rows["uid"]]
+        self.log += [("drop", u) for u in dict.fromkeys(uids) if dropped(u, self.every)]
+        kept = rows.take([i for i, u in enumerate(uids) if not dropped(u, self.every)])
+        return StepResult(outputs={"drop_uniform_groups": kept},
+                          node_metrics={"drop_uniform_groups": {
+                              "dapo/dropped_groups_total": float(len(set(uids)) - len(
+                                  set(kept["uid"])))}})
+
+    def fetch(self, result, node, keys):
+        return result.outputs[node]
+
+
+def run(k, seed, every=3, max_rounds=100, steps=range(1, STEPS + 1), state=None):
+    engine = FilteringStream(seed, every, version=steps[0] - 1)
+    sched = StreamingScheduler(engine, dapo_plan(k, max_rounds), Loader(), background=False)
+    if state is not None:
+        sched.load_state_dict(state, steps[0] - 1)
+    results, states, filtered = {}, {}, {}
+    for step in steps:
+        results[step] = sched.step(step, STEPS)
+        states[step] = sched.state_dict()
+        filtered[step] = list(sched.last_filtered)
+    return engine, sched, results, states, filtered
+
+
+def _no_submit_after_drop(log: list, also_dropped: set = frozenset()) -> None:
+    gone = set(also_dropped)
+    for event, uid in log:
+        assert not (event == "submit" and uid in gone), uid
+        if event == "drop":
+            gone.add(uid)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize("seed", range(3))
+def test_dropped_groups_are_never_trained_nor_drawn_again_and_batches_fill(k, seed):
+    engine, sched, results, _, filtered = run(k, seed)
+    drops = [u for uids in filtered.values() for u in uids]
+    trained = [u for uids in engine.trained for u in uids]
+    assert all(len(uids) == SIZE for uids in engine.trained)  # each batch filled
+    assert len(trained) == len(set(trained)) == STEPS * SIZE
+    assert not set(drops) & set(trained) and all(not dropped(u, 3) for u in trained)
+    assert len(drops) == len(set(drops)) == sched.filtered > 0
+    _no_submit_after_drop(engine.log)
+    assert results[STEPS].metrics["async/filtered_groups"] == sched.filtered
+    assert sum(r.metrics["dapo/dropped_groups_total"] for r in results.values()) \
+        == sched.filtered  # the filter's own count, step by step
+    assert sched.loader.served > STEPS * SIZE * 2  # more drawn in the dropped ones' place
+    assert all(r.metrics["async/short_groups"] == 0 for r in results.values())
+
+
+def test_max_rounds_bounds_the_wait_with_a_short_batch_of_kept_groups():
+    engine, sched, results, _, _ = run(1, 0, every=4, max_rounds=0)
+    sizes = [len(uids) for uids in engine.trained]
+    assert min(sizes) >= 1 and min(sizes) < SIZE, sizes
+    shorts = [r.metrics["async/short_groups"] for r in results.values()]
+    assert shorts == [SIZE - n for n in sizes]
+    trained = [u for uids in engine.trained for u in uids]
+    assert len(trained) == len(set(trained)) and all(not dropped(u, 4) for u in trained)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize("save", range(1, STEPS))
+def test_resume_with_filtering_trains_each_kept_prompt_once_and_never_redraws_a_drop(
+        k, save):
+    whole, _, _, states, filtered = run(k, 7)
+    resumed, sched, _, _, filtered_after = run(k, 11, steps=range(save + 1, STEPS + 1),
+                                               state=states[save])
+    dropped_before = {u for s in range(1, save + 1) for u in filtered[s]}
+    trained = [u for uids in whole.trained[:save] + resumed.trained for u in uids]
+    assert len(trained) == len(set(trained)) == STEPS * SIZE
+    _no_submit_after_drop(resumed.log, dropped_before)  # a drop stays consumed
+    drops = dropped_before | {u for uids in filtered_after.values() for u in uids}
+    assert not drops & set(trained)
+    drawn = {f"u{i}" for i in range(sched.loader.served)}
+    assert set(trained) | drops | set(sched.prompts) == drawn  # nothing drawn is lost
