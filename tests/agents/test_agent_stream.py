@@ -6,12 +6,12 @@ wide so that polls concatenate; abort drops what was not played; a first observa
 wider than the layout stops the run naming the key."""
 import pytest
 import torch
+from agent_probe import probe_overrides as _overrides
 
 from hybridflow.core.batch import Batch
 from hybridflow.program.assemble import prepare
 from hybridflow.run.loop import Trainer
 from hybridflow.run.tracking import new_run_dir
-from tests.agents.test_worker import _overrides
 
 
 @pytest.fixture

@@ -2,13 +2,12 @@
 `hybridflow render --timeline RUN_DIR --steps A-B` (hybridflow/commands/render.py)."""
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
-import xml.etree.ElementTree as ET
 
 import pytest
+from timeline_svg import bars, outline, parse
 
 from hybridflow.draw.style import RenderError
 from hybridflow.draw.timeline import TimelineSides, batch_steps, timeline_svg
@@ -42,15 +41,6 @@ def async_records() -> list[dict]:
     while generating 2; step 2 trains 2 while generating 3; step 3 only trains."""
     return (rollout_call(1, 0) + rollout_call(1, 1.3) + train_side(1, 1.3)
             + rollout_call(2, 0) + train_side(2, 0) + train_side(3, 0))
-
-
-def bars(svg: str) -> list[ET.Element]:
-    root = ET.fromstring(svg)
-    return [g for g in root.iter("{http://www.w3.org/2000/svg}g") if g.get("class") == "bar"]
-
-
-def outline(bar: ET.Element) -> ET.Element:
-    return [e for e in bar if e.tag.endswith("rect")][-1]
 
 
 # ----------------------------------------------------------- which batch a bar is
@@ -119,14 +109,6 @@ def test_a_range_without_records_is_refused_naming_the_recorded_steps():
 
 
 # ----------------------------------------------------------- the command
-def parse(argv):
-    from hybridflow.commands import render as command
-    from hybridflow.commands.args import IntermixedParser
-    parser = argparse.ArgumentParser(prog="hybridflow")
-    command.add_parser(parser.add_subparsers(dest="command", parser_class=IntermixedParser))
-    return command, parser.parse_args(argv)
-
-
 def test_parse_steps():
     from hybridflow.commands.render import parse_steps
     assert parse_steps("3-5") == (3, 5) and parse_steps("4") == (4, 4)

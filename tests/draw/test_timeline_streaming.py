@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from test_timeline import bars, outline
+from timeline_svg import bars, outline, parse
 
 from hybridflow.draw.timeline import TimelineSides, timeline_svg
 
@@ -69,7 +69,6 @@ def test_a_streaming_run_recorded_without_origins_is_laid_end_to_end_and_says_so
 def test_the_command_draws_a_recorded_streaming_run_on_one_axis(tmp_path, capsys):
     """`hybridflow render --timeline RUN_DIR`: the mode comes from the run's config.yaml,
     the stream side from its plan.json (the graph file is never imported)."""
-    from test_timeline import parse
 
     from hybridflow.commands.render import timeline_sides
     from tests.support.recorded_runs import graph_path, record_run, write_jsonl

@@ -1,16 +1,13 @@
 """The pipelined step of trainer.staleness >= 1, the rollout apart, and the choice between them."""
-import itertools
-
 import pytest
+from planner_brute import brute_force_best
 from planner_graphs import a100, grpo_graph, same_size
 
 from hybridflow.planner import Cluster, Pipeline, PlanningError, Workload, plan_placement
-from hybridflow.planner.cost import CostModel, tp_options
+from hybridflow.planner.cost import CostModel
 from hybridflow.planner.pipeline import apart_problem
-from hybridflow.planner.pool import Shortfall, evaluate_pool
 from hybridflow.planner.problem import build_problem
 from hybridflow.planner.rollout import export_seconds, load_seconds, switch_seconds
-from hybridflow.planner.search import allowed_pool_sizes, fits_on_nodes, make_candidate
 
 # what async_split.split_sides(plan, 1) puts ahead of training in grpo_graph()
 AHEAD = frozenset({"prompts", "actor.generate", "ref.logprob", "reward.score", "advantages"})
@@ -133,31 +130,6 @@ def test_a_pipeline_naming_unknown_or_non_generate_nodes_is_refused():
         plan(a100(8), pipeline=Pipeline(1, AHEAD, {"ref.logprob": "rollout"}))
     with pytest.raises(PlanningError, match="staleness >= 1"):
         Pipeline(0, AHEAD)
-
-
-def brute_force_best(problem) -> float:
-    """Every grouping x allocation x tp of a problem, pipelined, no pruning."""
-    cost, roles, cluster = CostModel(problem), problem.placed_roles, problem.cluster
-    best = float("inf")
-    for labels in itertools.product(range(len(roles)), repeat=len(roles)):
-        if any(labels[i] > max(labels[:i], default=-1) + 1 for i in range(len(labels))):
-            continue
-        groups = tuple(tuple(r for r, g in zip(roles, labels) if g == k)
-                       for k in range(max(labels) + 1))
-        group_of = {r: i for i, g in enumerate(groups) for r in g}
-        if any(group_of[r] == group_of[h] for r, h in problem.own_weights.items()):
-            continue
-        for sizes in itertools.product(allowed_pool_sizes(cluster), repeat=len(groups)):
-            if sum(sizes) != cluster.devices or not fits_on_nodes(sizes, cluster):
-                continue
-            choices = [itertools.product(*(tp_options(cluster, problem.models[r], n,
-                                                      problem.generates(r)) for r in g))
-                       for g, n in zip(groups, sizes)]
-            for tps in itertools.product(*choices):
-                pools = tuple(evaluate_pool(cost, g, n, t) for g, n, t in zip(groups, sizes, tps))
-                if not any(isinstance(p, Shortfall) for p in pools):
-                    best = min(best, make_candidate(problem, pools).step_seconds)
-    return best
 
 
 @pytest.mark.parametrize("cluster", [a100(8), Cluster(2, 2, "h100-80g"), a100(16)],

@@ -5,8 +5,8 @@ import math
 import os
 
 import pytest
+from planner_brute import brute_force_best
 from planner_graphs import a100, grpo_graph, same_size
-from test_planner_pipeline import brute_force_best
 
 from hybridflow.planner import Cluster, Pipeline, Workload, plan_placement
 from hybridflow.planner.cost import CostModel

@@ -69,7 +69,7 @@ def test_an_inline_poll_is_the_decode_span_of_the_call(clock):
 def test_the_streaming_scheduler_puts_the_stream_side_in_each_steps_timeline():
     """Background mode (the engine on its own thread): the polls of the wait and the
     one after the pass are on record, with every decode step the engine counted."""
-    from test_streaming_scheduler import STEPS, FakeStream, Loader, plan_for
+    from stream_fakes import STEPS, FakeStream, Loader, plan_for
 
     from hybridflow.runtime.streaming import StreamingScheduler
 

@@ -13,8 +13,7 @@ import pytest
 
 from hybridflow.runtime.common import StepResult
 from hybridflow.runtime.streaming import StreamingScheduler
-from tests.runtime.test_streaming_scheduler import (N, REPO, SIZE, STEPS, FakeStream,
-                                                    Loader)
+from stream_fakes import N, REPO, SIZE, STEPS, FakeStream, Loader
 from hybridflow.program.assemble import prepare
 
 FEED = "buffer/rollout.generate"  # the entrance pass's feed (plan/stream_filter.py)
