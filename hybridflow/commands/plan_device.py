@@ -63,6 +63,9 @@ def _calibrated(args):
     fitted = calibrate(run, start)
     name = _entry_name(args.save) or f"{start.name}-calibrated"
     fitted = dataclasses.replace(fitted, name=name, label=f"{start.label}, calibrated")
+    if start.cpu:  # fitted on this machine: its memory, not the generic CPU entry's 256 GiB
+        from hybridflow.planner.measure import host_memory_bytes
+        fitted = dataclasses.replace(fitted, memory_bytes=host_memory_bytes())
     before, after = predict_run(run, start), predict_run(run, fitted)
     print(comparison_table(run, before, after), file=sys.stderr)
     rows = {n: {"measured": run.node_seconds[n], "before": before.node_seconds.get(n),

@@ -24,6 +24,7 @@ class MemoryReport:
     capacity: float | None    # bytes per device
     roles: list[RoleMemory]
     pools: list[PoolMemory]
+    cpu: bool = False         # a CPU entry: capacity is this machine's memory
 
     @property
     def fits(self) -> bool:
@@ -75,11 +76,12 @@ def plan_memory(cfg, plan) -> MemoryReport:
     from hybridflow.planner.devices import get_device
     device = str(_cluster_device(cfg))
     spec = get_device(device)
-    # the planner's "cpu" entry sizes a CPU of a cluster being planned; the pool of a
-    # run on this machine has this machine's memory (a 24 GiB box is not 256 GiB)
-    capacity = float(machine_memory_bytes() if spec.name == "cpu" else spec.memory_bytes)
-    roles = roles_memory(cfg, plan, capacity, cuda=spec.name != "cpu")
-    return MemoryReport(spec.name, capacity, roles, pools_memory(roles, capacity))
+    # a CPU entry ("cpu", or one measured or calibrated from a CPU run) sizes a CPU of a
+    # cluster being planned; the pool of a run on this machine has this machine's
+    # memory (a 24 GiB box is not 256 GiB)
+    capacity = float(machine_memory_bytes() if spec.cpu else spec.memory_bytes)
+    roles = roles_memory(cfg, plan, capacity, cuda=not spec.cpu)
+    return MemoryReport(spec.name, capacity, roles, pools_memory(roles, capacity), spec.cpu)
 
 
 def _cluster_device(cfg) -> str:
@@ -94,7 +96,7 @@ def _parts(parts: dict[str, int]) -> str:
 
 def format_report(report: MemoryReport) -> str:
     cap = gib(report.capacity) if report.capacity else "unknown"
-    where = " (this machine, psutil)" if report.device == "cpu" else ""
+    where = " (this machine, psutil)" if report.cpu else ""
     lines = [f"memory per device (device {report.device}: {cap}{where}; peaks assume every row "
              "padded to data.max_prompt_length + rollout.max_new_tokens)"]
     for role in report.roles:
@@ -116,7 +118,8 @@ def launch_memory_problems(cfg, plan) -> list[str]:
     """What `hybridflow run` refuses to start with (`trainer.check_memory`): the
     "does not fit" lines of the plan's memory report, for a run whose workers run on
     this machine's CPU (a GPU run's device memory is not this machine's RAM)."""
-    if _cluster_device(cfg) != "cpu" or not _runs_on_cpu(cfg):
+    from hybridflow.planner.devices import get_device
+    if not get_device(str(_cluster_device(cfg))).cpu or not _runs_on_cpu(cfg):
         return []
     report = plan_memory(cfg, plan)
     return [] if report.fits else report.problems()

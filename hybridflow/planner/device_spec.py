@@ -25,3 +25,6 @@ class Device:
     inter_node_bandwidth: float  # bytes/s per device, one direction (IB/RoCE NIC)
     host_bandwidth: float = 25 * GB  # bytes/s device <-> host memory (PCIe), for offload
     efficiency: Efficiency = field(default=GPU_EFFICIENCY)
+    # a CPU (the `cpu` entry, one measured here, or one calibrated from a CPU run): a
+    # run on this machine then has this machine's memory, not the entry's
+    cpu: bool = False

@@ -53,11 +53,15 @@ def load_device(path: str) -> Device:
     data = read_json(path, "device entry", dict, "re-measure it with `hybridflow plan "
                      "--measure-device --save NAME`")
     row = {f.name for f in fields(Device)} - {"efficiency"}
-    missing = sorted(row - set(data) - {"host_bandwidth"})
+    missing = sorted(row - set(data) - {"host_bandwidth", "cpu"})
     if missing:
         raise ValueError(f"device entry {path} lacks {missing}; re-measure it with "
                          "`hybridflow plan --measure-device --save NAME`")
     values = {k: data[k] for k in row if k in data}
+    if "cpu" not in data:  # an entry saved before the flag: a CPU if made from one
+        provenance = data.get("provenance") or {}
+        values["cpu"] = bool(provenance.get("measured")) or \
+            provenance.get("start_device") == "cpu"
     efficiency = Efficiency.from_json(data.get("efficiency", {}), where=f"device entry {path}")
     return Device(**values, efficiency=efficiency)
 

@@ -34,7 +34,7 @@ DEVICES: dict[str, Device] = {
         # with AMX, DDR5 bandwidth, plenty of memory, Ethernet between hosts.
         Device("cpu", "CPU", 2 * TERA, 200 * GB, 256 * GIB, 20 * GB, 3 * GB, 200 * GB,
                Efficiency(op_latency_s=10e-6, engine_switch_s=0.0, step_overhead_s=0.05,
-                          decode_step_overhead_s=2e-3)),
+                          decode_step_overhead_s=2e-3), cpu=True),
     )
 }
 

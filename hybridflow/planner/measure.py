@@ -177,4 +177,4 @@ def device_from(measured: Measurement, name: str) -> Device:
     label = f"CPU ({name}, {measured.threads} thread(s))"
     return Device(name, label, measured.matmul_flops, measured.memory_bandwidth,
                   host_memory_bytes(), measured.transfer_bandwidth, measured.transfer_bandwidth,
-                  measured.memory_bandwidth, efficiency)
+                  measured.memory_bandwidth, efficiency, cpu=True)

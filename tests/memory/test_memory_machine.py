@@ -52,3 +52,27 @@ def test_run_refuses_a_cpu_run_that_does_not_fit_before_anything_starts(tmp_path
     assert not runs.exists()  # refused before a run directory was made
     loaded = prepare(GRPO, ["trainer.check_memory=false"], preflight=False)
     assert loaded.cfg.trainer.check_memory is False
+
+
+def test_a_cpu_entry_calibrated_here_has_this_machines_memory(tmp_path, monkeypatch):
+    """An entry calibrated from a CPU run (`plan --calibrate RUN --device cpu --save`),
+    also one saved before entries said they were a CPU (no `cpu` key, 256 GiB copied
+    from the generic entry): a run placed on it is sized and refused by this
+    machine's memory, as one on `cpu` is."""
+    import json
+    from dataclasses import asdict
+
+    from hybridflow.planner.devices import get_device
+    monkeypatch.setenv("HYBRIDFLOW_DEVICES_DIR", str(tmp_path))
+    entry = asdict(get_device("cpu"))
+    entry.update(name="fitted-here", label="CPU, calibrated",
+                 efficiency=get_device("cpu").efficiency.to_json(),
+                 provenance={"calibrated_from": "runs/x", "start_device": "cpu"})
+    del entry["cpu"]  # as saved before the flag
+    (tmp_path / "fitted-here.json").write_text(json.dumps(entry))
+    assert get_device("fitted-here").cpu
+    loaded = prepare(GRPO, ["placement.cluster.device=fitted-here"], preflight=False)
+    got = plan_memory(loaded.cfg, loaded.plan)
+    assert got.cpu and got.capacity == psutil.virtual_memory().total
+    monkeypatch.setattr(report, "machine_memory_bytes", lambda: 2 ** 20)
+    assert launch_memory_problems(loaded.cfg, loaded.plan)  # refused, as on `cpu`

@@ -111,6 +111,9 @@ def test_plan_calibrate_saves_an_entry_that_predicts_the_run(tmp_path, devices_d
     assert prediction.step_seconds == pytest.approx(0.75, rel=0.02)
     provenance = json.loads((devices_dir / "fit.json").read_text())["provenance"]
     assert provenance["calibrated_from"] == str(folder)
+    from hybridflow.planner.measure import host_memory_bytes
+    fit = get_device("fit")  # fitted on this machine: a CPU with this machine's memory
+    assert fit.cpu and fit.memory_bytes == host_memory_bytes()
 
 
 def test_plan_calibrate_on_a_folder_that_is_no_run_says_so(tmp_path, capsys):
