@@ -81,7 +81,10 @@ def test_suite_times_sums_wall_and_cpu_seconds_per_module(tmp_path, capsys):
         "    pass\n")
     (tests / "test_fails.py").write_text("def test_no():\n    assert False\n")
     out = tmp_path / "times.json"
-    assert suite_times.main([str(tests)], out=str(out)) == 1
+    # its own rootdir: the modules' names (node ids) then do not depend on where the
+    # checkout lies relative to the temp folder (a clone beside /tmp/pytest-of-* saw
+    # "../pytest-of-root/.../test_busy.py")
+    assert suite_times.main(["--rootdir", str(tests), str(tests)], out=str(out)) == 1
     payload = json.loads(out.read_text())
     busy, fails = (payload["modules"][m] for m in ("test_busy.py", "test_fails.py"))
     assert busy["tests"] == 2 and fails["tests"] == 1
