@@ -66,7 +66,9 @@ def test_ray_streams_dapo_with_its_filter_at_the_buffer_entrance(tmp_path):
     dropped = {u for s in seen for u in trainer.filtered[s]}
     assert len(uids) == len(set(uids)) == 3 * 4 and not dropped & set(uids)
     assert seen[3][1]["async/filtered_groups"] == len(dropped)
-    assert seen[3][1]["timing_s/reward.score"] > 0  # the entrance pass ran, on Ray
+    # the entrance pass ran on Ray (in the steps whose polls completed a group: which
+    # ones depends on timing, so not necessarily the last)
+    assert any(m.get("timing_s/reward.score", 0) > 0 for _, m, _ in seen.values())
 
 
 @pytest.mark.slow  # a Ray run
