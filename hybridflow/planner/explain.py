@@ -142,16 +142,21 @@ def pipeline_sentences(result: Ranking) -> list[str]:
     generate = [n.name for n in result.nodes if n.kind == "generate"]
     apart, shared = result.rollout_apart, result.rollout_shared
     if apart is None or shared is None:
-        text.append("No plan with the rollout on a pool of its own fits on this cluster "
-                    "(or the groupings searched keep it with the actor)." if apart is None else
-                    "Every plan searched has the rollout on a pool of its own.")
-        return text
+        return text + [_no_comparison(apart)]
     verdict = "beats" if apart.step_seconds < shared.step_seconds else "loses to"
     text.append(f"The rollout on a pool of its own ({apart.label()}, {apart.step_seconds:.1f} "
                 f"s) {verdict} the rollout sharing the actor's devices ({shared.label()}, "
                 f"{shared.step_seconds:.1f} s): sharing, {_sharing(shared, generate)}; apart, "
                 f"{_apart(apart, generate)}.")
     return text
+
+
+def _no_comparison(apart) -> str:
+    """Why the rollout apart and shared are not compared: one of them was not searched."""
+    if apart is None:
+        return ("No plan with the rollout on a pool of its own fits on this cluster "
+                "(or the groupings searched keep it with the actor).")
+    return "Every plan searched has the rollout on a pool of its own."
 
 
 def streaming_sentences(result: Ranking) -> list[str]:
@@ -163,10 +168,7 @@ def streaming_sentences(result: Ranking) -> list[str]:
             f"{seconds_text(terms.synchronous)} s."]
     apart, shared = result.rollout_apart, result.rollout_shared
     if apart is None or shared is None:
-        text.append("No plan with the rollout on a pool of its own fits on this cluster "
-                    "(or the groupings searched keep it with the actor)." if apart is None else
-                    "Every plan searched has the rollout on a pool of its own.")
-        return text
+        return text + [_no_comparison(apart)]
     verdict = "beats" if apart.step_seconds < shared.step_seconds else "loses to"
     gen, train = _split_devices(apart, result)
     # the best's balance is said above; another apart plan's is said here

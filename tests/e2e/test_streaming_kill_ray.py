@@ -87,9 +87,8 @@ def test_a_killed_streaming_rollout_worker_stops_the_run_and_resume_finishes_it(
             "trainer.val_every=0", "trainer.progress=false", f"data.batch_size={PROMPTS}",
             "rollout.n=2", "actor.micro_batch_size=8", "actor.mini_batch_size=8",
             "runtime.call_timeout_s=60"]
-    started = time.time()
+    # a hang fails on pytest-timeout's 600 s (pyproject); the run must stop on its own
     assert main(["run", *args]) == 1
-    assert time.time() - started < 600  # stopped (runtime.call_timeout_s=60), not hung
     killed_at = observed["killed_at"]
     assert killed_at is not None, "no poll from step 3 on: the worker was never killed"
     assert _dead(observed["killed"]), observed
