@@ -104,6 +104,20 @@ BASELINE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data",
 PPO = ("critic.mini_batch_size=32", "critic.micro_batch_size=32")
 
 
+# Rounding-noise measures: the gap between two float32 computations of the same
+# probabilities (~1e-7); another CPU's kernels give another value of that size.
+NOISE_METRICS = ("rollout/probs_diff_max", "rollout/probs_diff_mean")
+
+
+def metric_tolerance(key: str, recorded: float):
+    """What a recorded metric must equal on this machine: a noise measure stays noise
+    (under 1e-5 absolute); every other metric agrees to 1e-4 relative (1e-6 absolute
+    for values near 0), far below what one changed row, token or update would move."""
+    if key in NOISE_METRICS:
+        return pytest.approx(recorded, abs=1e-5)
+    return pytest.approx(recorded, rel=1e-4, abs=1e-6)
+
+
 @pytest.mark.parametrize("graph,k", [
     ("grpo", 0), ("grpo", 1),
     pytest.param("ppo", 0, marks=pytest.mark.slow), pytest.param("ppo", 1, marks=pytest.mark.slow)])
@@ -113,15 +127,12 @@ def test_the_run_scheduler_reproduces_the_metrics_recorded_before_it(tmp_path, g
     the same 3-step runs (seed 7) give the same metrics, key by key, and the same
     rows with the same policy_version, at staleness 0 and 1.
 
-    Bit for bit against the recording made on a machine of this one's torch CPU
-    capability (AVX2 and AVX512 kernels round differently: the old code itself gives
-    other last bits on the other kind); on a capability with no recording, to 1e-4
-    relative (and 1e-6 absolute, for losses near 0) against the AVX2 one."""
-    import torch
-    recorded = json.load(open(BASELINE))
-    capability = torch.backends.cpu.get_cpu_capability()
-    exact = capability in recorded
-    baseline = recorded[capability if exact else "AVX2"][f"{graph}/k={k}"]
+    Never bit for bit: the recording was made on other machines, and CPUs of one
+    torch capability still round differently (AMD and Intel AVX-512 kernels give other
+    last bits). Each metric is held to its stated tolerance (`metric_tolerance`); the
+    bit-identical check of capacity 0 against the synchronous loop is made within one
+    run, on this machine (`test_staleness_zero_is_the_synchronous_loop`)."""
+    baseline = json.load(open(BASELINE))["AVX2"][f"{graph}/k={k}"]
     trainer, seen = run_recording(tmp_path, "trainer.steps=3", f"trainer.staleness={k}",
                                   "trainer.seed=7", *UNCORRECTED, *FAST,
                                   *(PPO if graph == "ppo" else ()), graph=graph)
@@ -130,8 +141,7 @@ def test_the_run_scheduler_reproduces_the_metrics_recorded_before_it(tmp_path, g
     for step, (now, then) in enumerate(zip(got, baseline["metrics"]), start=1):
         assert sorted(now) == sorted(then), step
         for key in then:
-            want = then[key] if exact else pytest.approx(then[key], rel=1e-4, abs=1e-6)
-            assert now[key] == want, (step, key, capability)
+            assert now[key] == metric_tolerance(key, then[key]), (step, key)
     assert {str(s): [v[0], v[1]] for s, v in seen.items()} == baseline["rows"]
     if k == 1:  # batch t sampled after update t - 2
         assert [set(v[1]) for v in seen.values()] == [{0}, {0}, {1}]
