@@ -22,12 +22,13 @@ def run(method: str, rows: int, devices: int = 4, tp: int = 2):
 
 def expected_ranks(rows: int, world: int, mode: str) -> list[int]:
     """The rank that computed each row: chunk c of the split goes to rank c (dp), to
-    the first rank of tp group c (dp_tp, tp=2), to rank world-1-c (reversed)."""
+    the first rank of tp group c (dp_tp, and dp on this tp=2 role: a data-parallel
+    call splits over tp groups), to rank world-1-c (reversed)."""
     if mode in ("rank_zero", "broadcast"):
         return [0] * rows
-    slots = world // 2 if mode == "dp_tp" else world
+    slots = world // 2 if mode in ("dp", "dp_tp") else world
     chunk = [c for c, part in enumerate(fakes.prompts(rows).split(slots)) for _ in range(len(part))]
-    return [{"dp": c, "dp_tp": 2 * c, fakes.REVERSED: world - 1 - c}[mode] for c in chunk]
+    return [{"dp": 2 * c, "dp_tp": 2 * c, fakes.REVERSED: world - 1 - c}[mode] for c in chunk]
 
 
 @pytest.mark.parametrize("mode", ["dp", "dp_tp", "rank_zero", "broadcast", fakes.REVERSED])

@@ -60,15 +60,16 @@ def test_every_dispatch_mode_gives_the_local_output_for_batch_sizes_1_to_2n(echo
 
 
 def test_reshard_between_layouts_round_trips_every_row(echo):
-    """dp over 4 -> dp_tp (2 groups) -> rank_zero (1) -> dp over 4, sizes 1..8."""
+    """reversed over 4 -> dp_tp (2 groups) -> rank_zero (1) -> dp over the 2 tp groups,
+    sizes 1..8."""
     plan = fakes.echo_plan(fakes.relay_graph())
     for rows in range(1, 9):
         result, expected = run_both(echo, plan, {"prompts": fakes.prompts(rows)})
-        for node in ("echo.dp", "echo.relay_tp", "echo.relay_zero", "echo.relay_dp"):
+        for node in (f"echo.{fakes.REVERSED}", "echo.relay_tp", "echo.relay_zero", "echo.relay_dp"):
             want = expected.outputs[node]
             assert_same(echo.fetch(result, node, want.keys()), want, f"{node} rows={rows}")
         assert result.outputs["echo.relay_dp"].rows == \
-            [len(c) for c in fakes.prompts(rows).split(4)]
+            [len(c) for c in fakes.prompts(rows).split(2)]
 
 
 def user_mode_graph(mode: str):

@@ -80,13 +80,14 @@ def rank_of_rows(rows: int, world: int, rank_of_chunk) -> list[int]:
 
 # ------------------------------------------------------------------ echo pool (4 ranks)
 def test_a_chain_across_layouts_keeps_every_row_for_uneven_sizes(executor):
-    """dp (4 slots) -> dp_tp (2) -> rank_zero (1) -> dp (4), 1..9 rows over 4 ranks."""
+    """reversed (4 slots) -> dp_tp (2) -> rank_zero (1) -> dp (2 tp groups), 1..9 rows
+    over 4 ranks."""
     plan = fakes.echo_plan(fakes.relay_graph())
     for rows in range(1, 10):
         result = executor.run(plan, rows)
         out = executor.fetch(result, "echo.relay_dp")
         assert torch.equal(out["v"], fakes.prompts(rows)["input_ids"] * 2 + 3), rows
-        assert out["rank_v"].tolist() == rank_of_rows(rows, 4, lambda c: c), rows
+        assert out["rank_v"].tolist() == rank_of_rows(rows, 2, lambda c: 2 * c), rows
         assert result.rows["echo.relay_dp"] == rows and result.rows["prompts"] == rows
 
 

@@ -285,10 +285,11 @@ def call_graph(target: str, name: str = "g", **kwargs) -> Graph:
 
 
 def relay_graph() -> Graph:
-    """dp (4 slots) -> dp_tp (2 slots) -> rank_zero (1 slot) -> dp (4 slots)."""
+    """reversed (4 slots) -> dp_tp (2 slots) -> rank_zero (1 slot) -> dp (2 slots: on
+    the tp=2 echo role, a dp call splits over the tp groups)."""
     g = Graph("relay")
     p = g.source("prompts", keys=("input_ids", "uid"))
-    a = g.call("echo.dp", p)
+    a = g.call(f"echo.{REVERSED}", p)
     b = g.call("echo.relay_tp", a)
     c = g.call("echo.relay_zero", b)
     g.call("echo.relay_dp", c)
