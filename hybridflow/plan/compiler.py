@@ -115,6 +115,7 @@ class ExecutionPlan:
             size = spec.world_size if spec else 0
             lines.append(f"  pool {pool}: {size} device(s), colocated roles: "
                          f"{', '.join(sorted(roles)) or '-'}")
+        lines += self.placement.layout_lines(self.roles)
         for role, host in sorted(folded.items()):
             if role in self.roles:
                 lines.append(f"  folded: {role} is served by {host}'s worker (no model of "

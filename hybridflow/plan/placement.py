@@ -75,7 +75,25 @@ class Placement:
         return problems
 
     def tp_size(self, role: str) -> int:
-        return int(self.parallel.get(role, {}).get("tp", 1))
+        """The role's tensor-parallel size; a folded role without an entry of its own
+        runs in its host's processes, on the host's layout."""
+        entry = self.parallel.get(role)
+        if entry is None and role in self.folded:
+            entry = self.parallel.get(self.folded[role])
+        return int((entry or {}).get("tp", 1))
+
+    def layout_lines(self, roles) -> list[str]:
+        """The layout each tensor-parallel role's workers build, for summaries: its
+        dp x tp and the ranks of each tp group (a dp call splits over the groups)."""
+        lines = []
+        for role in roles:
+            tp, pool = self.tp_size(role), self.pools.get(self.roles.get(role, ""))
+            if tp == 1 or pool is None or pool.world_size % tp:
+                continue
+            groups = [list(range(g * tp, (g + 1) * tp)) for g in range(pool.world_size // tp)]
+            lines.append(f"  layout: {role} on pool {pool.name}: dp {pool.world_size // tp} x "
+                         f"tp {tp}, tp groups {groups}")
+        return lines
 
 
 def _fields(section, known: tuple[str, ...], where: str) -> dict[str, int]:

@@ -11,6 +11,8 @@ made by `prepare` after the graph compiles and before any worker starts.
 - the batch can feed the data-parallel ranks of every role, and each trained role's
   mini-batch divides evenly over its ranks;
 - the local runtime is not asked to train a role on more than one rank;
+- each role's parallel layout can run (`parallel_checks.py`: dp x tp, heads, the
+  backend and engine of a tp > 1 role);
 - with rollout.backend='vllm', vLLM can run the model (head size, dtype);
 - with trainer.async_mode=streaming, the rollout engine streams (submit / poll / abort).
 
@@ -43,6 +45,8 @@ def preflight(cfg: DictConfig, plan: ExecutionPlan) -> None:
     check_tokenizer_files(cfg)
     check_role_sections(cfg, plan)
     check_batch_feeds_ranks(cfg, plan)
+    from hybridflow.program.parallel_checks import check_parallel_layouts
+    check_parallel_layouts(cfg, plan)  # placement.parallel: what the workers can build
     check_streaming_engine(cfg)
     from hybridflow.workers.rollout.vllm_checks import preflight_vllm
     preflight_vllm(cfg)  # the model's head size and dtype, where vLLM imports here

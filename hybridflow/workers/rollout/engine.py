@@ -23,7 +23,8 @@ import torch
 from hybridflow.core.batch import Batch
 
 __all__ = ["RolloutEngine", "StreamingEngine", "EngineSpec", "register_engine", "make_engine",
-           "engine_names", "check_engine_name", "check_streaming", "UNKNOWN_VERSION"]
+           "engine_names", "engine_supports_tp", "check_engine_name", "check_streaming",
+           "UNKNOWN_VERSION"]
 
 UNKNOWN_VERSION = -1  # weights not loaded yet (e.g. a vLLM engine built with dummy weights)
 
@@ -112,18 +113,27 @@ def check_streaming(engine, backend: str) -> None:
 
 _ENGINES: dict[str, Callable[[EngineSpec], RolloutEngine]] = {}
 _STREAMING: set[str] = set()  # engines whose objects have submit / poll / abort
+_TENSOR_PARALLEL: set[str] = set()  # engines that generate on a tp group of ranks
 
 
 def register_engine(name: str, factory: Callable[[EngineSpec], RolloutEngine],
-                    replace: bool = False, streams: bool = False) -> None:
+                    replace: bool = False, streams: bool = False,
+                    tensor_parallel: bool = False) -> None:
     """Make `rollout.backend=<name>` build engines with `factory(spec)`; `streams`:
-    its engines implement submit / poll / abort (`trainer.async_mode=streaming`),
-    which preflight checks before any worker starts."""
+    its engines implement submit / poll / abort (`trainer.async_mode=streaming`);
+    `tensor_parallel`: its engines generate with the role's tp group of ranks
+    (`placement.parallel.<role>.tp > 1`). Preflight reads both before any worker starts."""
     if name in _ENGINES and not replace:
         raise ValueError(f"rollout engine {name!r} is already registered; pass "
                          "replace=True to override it")
     _ENGINES[name] = factory
     (_STREAMING.add if streams else _STREAMING.discard)(name)
+    (_TENSOR_PARALLEL.add if tensor_parallel else _TENSOR_PARALLEL.discard)(name)
+
+
+def engine_supports_tp(name: str) -> bool:
+    """Whether the engine registered as `name` generates tensor-parallel."""
+    return name in _TENSOR_PARALLEL
 
 
 def refuse_unstreamable(backend: str) -> None:
@@ -147,7 +157,8 @@ def _import_factory(name: str) -> None:
     `register_engine` calls)."""
     from hybridflow.core.names import resolve_name
     factory = resolve_name(name, "rollout.backend", ValueError, "an engine factory")
-    register_engine(name, factory, replace=True)
+    register_engine(name, factory, replace=True,
+                    tensor_parallel=bool(getattr(factory, "tensor_parallel", False)))
 
 
 def check_engine_name(name: str) -> None:

@@ -1,0 +1,119 @@
+"""Pre-flight of each role's parallel layout: what `placement.parallel.<role>` asks for
+is what its workers can build, or the run is refused before any worker starts.
+
+A role on a pool of W ranks with tensor-parallel size tp runs W / tp data-parallel
+groups of tp ranks (rank r: dp r // tp, tp r % tp). With tp > 1:
+- `dp` (when given) times `tp` fills the pool exactly;
+- tp divides the attention heads and the key/value heads of the role's model (each
+  rank holds whole heads), checked against the model's config.json or hf_config;
+- a role that trains has a training backend that shards by tensor parallelism
+  (`<role>.strategy`; a backend class declares `tensor_parallel = True`);
+- a role that generates has a rollout engine that runs tensor-parallel
+  (`rollout.backend`; an engine factory declares `tensor_parallel = True`);
+- the runtime runs ranks as processes (`ray`): the local runtime simulates ranks in
+  one process, where no collective can run.
+Each failure is a ConfigError naming the role, the key and the numbers. Stateless.
+"""
+from __future__ import annotations
+
+import os
+
+from omegaconf import DictConfig, OmegaConf
+
+from hybridflow.core.constraints import ConfigError
+from hybridflow.core.kinds import NodeKind
+from hybridflow.plan.compiler import ExecutionPlan
+
+__all__ = ["check_parallel_layouts", "role_layout", "role_model_config"]
+
+# the section holding a role's own model directory; a role without one (or whose key
+# is unset) runs the policy's model (`model.path` / `model.hf_config`)
+_ROLE_MODEL_KEYS = {"ref": "ref.path", "critic": "critic.path"}
+
+
+def role_layout(plan: ExecutionPlan, role: str) -> tuple[int, int]:
+    """(dp, tp) the role's workers build on its pool."""
+    pool = plan.placement.pools[plan.placement.roles[role]]
+    tp = plan.placement.tp_size(role)
+    return pool.world_size // tp, tp
+
+
+def role_model_config(cfg: DictConfig, role: str) -> dict | None:
+    """The Hugging Face config (as a dict) of the model a role runs, or None where the
+    role runs no transformer the config describes (a rule-based reward, say)."""
+    from hybridflow.program.model_checks import read_model_dir
+    key = _ROLE_MODEL_KEYS.get(role)
+    spec = OmegaConf.select(cfg, key) if key else None
+    if role not in ("actor", "rollout", "ref", "critic"):
+        return None
+    spec = spec or cfg.model.path
+    if spec:
+        return read_model_dir(os.path.expanduser(str(spec)))
+    return OmegaConf.to_container(cfg.model.hf_config, resolve=True)
+
+
+def check_parallel_layouts(cfg: DictConfig, plan: ExecutionPlan) -> None:
+    for role, entry in sorted(plan.placement.parallel.items()):
+        if role not in plan.placement.roles:
+            continue
+        dp, tp = role_layout(plan, role)
+        pool = plan.placement.roles[role]
+        where = f"placement.parallel.{role}"
+        if "dp" in entry and entry["dp"] != dp:
+            raise ConfigError(
+                f"{where}: dp={entry['dp']} x tp={tp} = {entry['dp'] * tp} ranks, but pool "
+                f"'{pool}' has {dp * tp}: a role's dp x tp fills its pool (set dp={dp}, or "
+                f"resize placement.pools.{pool})")
+        if tp == 1:
+            continue
+        if cfg.runtime.name == "local":
+            raise ConfigError(
+                f"{where}.tp={tp}: the local runtime runs every rank in one process, where "
+                f"tensor-parallel collectives cannot run; use --runtime ray (or tp=1)")
+        _check_heads(cfg, role, tp)
+        kinds = {n.kind for n in plan.nodes if n.role == role}
+        if any(kind.trains for kind in kinds):
+            _check_backend(cfg, role, tp)
+        if NodeKind.GENERATE in kinds:
+            _check_engine(cfg, role, tp)
+
+
+def _check_heads(cfg: DictConfig, role: str, tp: int) -> None:
+    config = role_model_config(cfg, role)
+    if not config:
+        return
+    heads = config.get("num_attention_heads")
+    kv = config.get("num_key_value_heads") or heads
+    for name, count in (("num_attention_heads", heads), ("num_key_value_heads", kv)):
+        if isinstance(count, int) and count % tp:
+            valid = [d for d in range(1, count + 1) if heads % d == 0 and kv % d == 0]
+            raise ConfigError(
+                f"placement.parallel.{role}.tp={tp} does not divide the model's {name}="
+                f"{count} (role '{role}'): each rank holds whole heads; tensor-parallel "
+                f"sizes this model allows: {valid}")
+
+
+def _check_backend(cfg: DictConfig, role: str, tp: int) -> None:
+    from hybridflow.workers.backends import BACKENDS
+    section = cfg.get(role) if role in cfg else None
+    name = section.get("strategy") if isinstance(section, DictConfig) else None
+    if name is None:
+        return  # the role trains through another role's section (checked there)
+    backend = BACKENDS.get(str(name))
+    if backend is not None and not getattr(backend, "tensor_parallel", False):
+        able = sorted(n for n, b in BACKENDS.items() if getattr(b, "tensor_parallel", False))
+        raise ConfigError(
+            f"placement.parallel.{role}.tp={tp}: training strategy {role}.strategy={name!r} "
+            f"does not shard by tensor parallelism; use one that does "
+            f"({', '.join(able) or 'none registered'}) or tp=1")
+
+
+def _check_engine(cfg: DictConfig, role: str, tp: int) -> None:
+    from hybridflow.workers.rollout.engine import engine_supports_tp, engine_names
+    name = str(cfg.rollout.backend)
+    if not engine_supports_tp(name):
+        able = [n for n in engine_names() if engine_supports_tp(n)]
+        raise ConfigError(
+            f"placement.parallel.{role}.tp={tp}: rollout engine rollout.backend={name!r} "
+            f"does not generate tensor-parallel; use one that does ({', '.join(able) or 'none'})"
+            f" or tp=1 for role '{role}'")
