@@ -11,7 +11,7 @@ counted as they will be allocated. Stateless; results are cached per arguments.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import torch
@@ -124,3 +124,22 @@ def _model_size(config_json: str, config_cls, head: str, dtype: torch.dtype,
         from hybridflow.workers.training import master_weights
         master_weights(module)  # the very function the trainer runs, here on meta
     return model_size_of(module, architecture(config), dtype)
+
+
+def tensor_parallel_slice(size: ModelSize, tp: int) -> ModelSize:
+    """What one rank of a tensor-parallel group of `tp` holds and computes with: the
+    projections are split by heads and by the MLP's intermediate width, embedding and
+    head by vocabulary (the tied pair once), so weights, gradients and moments are
+    1/tp; hidden-sized activations (the residual stream, the norms) stay whole on
+    every rank. The norms' few weights counted as split too: negligible."""
+    if tp <= 1:
+        return size
+    arch = replace(size.arch, intermediate=-(-size.arch.intermediate // tp),
+                   heads=max(1, size.arch.heads // tp),
+                   kv_heads=max(1, size.arch.kv_heads // tp),
+                   vocab=-(-size.arch.vocab // tp))
+    return replace(size, params=-(-size.params // tp), trainable=-(-size.trainable // tp),
+                   param_bytes=-(-size.param_bytes // tp),
+                   trainable_bytes=-(-size.trainable_bytes // tp),
+                   largest_trainable_bytes=-(-size.largest_trainable_bytes // tp), arch=arch)
+

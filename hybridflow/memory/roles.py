@@ -12,6 +12,9 @@ of any one pass. Roles on different pools never share a device. A folded role
 actor's module; a vLLM engine reserves `gpu_memory_utilization` of the device while
 it generates (with sleep mode it frees it for the rest of the step).
 
+Tensor parallelism: a rank of a tp group holds its slice of the model
+(`model_size.tensor_parallel_slice`) and reads every row of its group.
+
 Shapes: rows per rank = data.batch_size x n / data-parallel ranks; every row is
 padded to `data.max_prompt_length + rollout.max_new_tokens` (the engine's layout),
 so these are the worst-case figures the run must fit. Stateless.
@@ -22,7 +25,7 @@ import math
 from dataclasses import dataclass, field
 
 
-from hybridflow.memory.model_size import ModelSize, model_size
+from hybridflow.memory.model_size import ModelSize, model_size, tensor_parallel_slice
 from hybridflow.memory.passes import (MicroBatch, batch_bytes, generate_pass,
                                       inference_pass, train_pass, training_state)
 
@@ -97,10 +100,10 @@ def _data(cfg) -> tuple[int, int]:
 
 
 def role_model_size(cfg, head: str = "causal", path: str | None = None,
-                    lora=None, trained: bool = False) -> ModelSize:
+                    lora=None, trained: bool = False, tp: int = 1) -> ModelSize:
     """The model a worker of this run builds (from `model.path`, or `model.hf_config`
     with the tokenizer's vocabulary), sized on the meta device; `trained`: with the
-    trainer's float32 master weights."""
+    trainer's float32 master weights; `tp`: one rank's slice of a tensor-parallel group."""
     from hybridflow.workers.models import _hf_config, resolve_dtype
     from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
     model_cfg = _sections(cfg)["model"]
@@ -108,7 +111,8 @@ def role_model_size(cfg, head: str = "causal", path: str | None = None,
     tokenizer = None if path is not None and head == "reward" else \
         load_tokenizer(tokenizer_spec(model_cfg))
     config = _hf_config(model_cfg, tokenizer, path)
-    return model_size(config, head, resolve_dtype(model_cfg.dtype), lora, trained)
+    return tensor_parallel_slice(
+        model_size(config, head, resolve_dtype(model_cfg.dtype), lora, trained), tp)
 
 
 def actor_pass_memory(cfg, kind: str, rows: int, cuda: bool = False) -> dict[str, int]:
@@ -201,8 +205,7 @@ def _data_parallel(plan, role: str) -> int:
     placement = plan.placement
     pool = placement.pools.get(placement.roles.get(role, ""))
     world = pool.world_size if pool else 1
-    layout = placement.parallel.get(role, {})
-    return int(layout.get("dp") or max(1, world // int(layout.get("tp", 1))))
+    return max(1, world // placement.tp_size(role))  # preflight: dp x tp fills the pool
 
 
 def _generate_n(s, calls: dict[str, list]) -> int:
@@ -233,7 +236,8 @@ def roles_memory(cfg, plan, capacity: float | None = None, cuda: bool = False,
         else:
             try:
                 _fill(memory, cfg, s, calls[role], rows, prompt, capacity,
-                      folded=role in plan.placement.folded, state=_layout(s, role, dp, cuda))
+                      folded=role in plan.placement.folded, state=_layout(s, role, dp, cuda),
+                      tp=plan.placement.tp_size(role))
             except (OSError, ValueError) as err:  # e.g. a model path of another machine
                 memory.notes.append(f"not counted: {err}")
         out.append(memory)
@@ -277,10 +281,10 @@ def _resident(size: ModelSize, state: dict, trained: bool = True) -> dict[str, i
 
 
 def _fill(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int,
-          capacity: float | None, folded: bool, state: dict) -> None:
+          capacity: float | None, folded: bool, state: dict, tp: int = 1) -> None:
     role, response = memory.role, s["rollout"].max_new_tokens
     if role == "actor":
-        size = role_model_size(cfg, lora=s["actor"].lora, trained=True)
+        size = role_model_size(cfg, lora=s["actor"].lora, trained=True, tp=tp)
         memory.resident = _resident(size, state)
         for node in nodes:
             name = f"actor.{node.method}"
@@ -291,11 +295,11 @@ def _fill(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int,
                                                   node)
         return
     if role == "rollout":
-        _fill_rollout(memory, cfg, s, nodes, rows, prompt, capacity, folded, state)
+        _fill_rollout(memory, cfg, s, nodes, rows, prompt, capacity, folded, state, tp)
         return
     if role == "ref":
         size = role_model_size(cfg, path=s["ref"].path, lora=s["actor"].lora if folded
-                               else None, trained=folded)
+                               else None, trained=folded, tp=tp)
         if not folded:
             memory.resident = {"weights": size.weight_bytes}
         micro = MicroBatch(micro_rows(rows, s["ref"].micro_batch_size,
@@ -307,7 +311,8 @@ def _fill(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int,
                 "batch": batch_bytes(rows, prompt, response)}
         return
     if role == "critic":
-        size = role_model_size(cfg, head="value", path=s["critic"].path, trained=True)
+        size = role_model_size(cfg, head="value", path=s["critic"].path, trained=True,
+                               tp=tp)
         memory.resident = _resident(size, state)
         micro = MicroBatch(micro_rows(rows, s["critic"].micro_batch_size,
                                       s["critic"].max_tokens_per_micro_batch, prompt + response),
@@ -324,11 +329,12 @@ def _fill(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int,
 
 
 def _fill_rollout(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int,
-                  capacity: float | None, folded: bool, state: dict) -> None:
+                  capacity: float | None, folded: bool, state: dict, tp: int = 1) -> None:
     """Colocated with the actor it generates with the actor's engine and module
     (adapters included); on a pool of its own it holds an engine with its own copy
     of the initial weights (no adapters)."""
-    size = role_model_size(cfg, lora=s["actor"].lora if folded else None, trained=folded)
+    size = role_model_size(cfg, lora=s["actor"].lora if folded else None, trained=folded,
+                           tp=tp)
     if not folded and s["rollout"].backend != "vllm":
         memory.resident = {"weights": size.weight_bytes}
     for node in nodes:
