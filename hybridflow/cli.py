@@ -34,13 +34,16 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
 
 
 def _unavailable(err: Exception) -> int:
-    print(f"hybridflow: this command is unavailable: {err}", file=sys.stderr)
+    from hybridflow.core.printable import echo
+    echo(f"hybridflow: this command is unavailable: {err}", file=sys.stderr)
     return 2
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run a command; `argv` None: this is the process (the console script,
     `python -m hybridflow`), which then ends even if user code left a thread behind."""
+    from hybridflow.core.printable import sanitize_warnings
+    sanitize_warnings()  # a warning's text can quote a user's key or file
     parser, handlers = build_parser()
     args = parser.parse_args(argv)  # argparse exits 2 itself on bad arguments
     try:

@@ -11,6 +11,7 @@ from hybridflow.program.validation import compile_validation, validation_runs
 from hybridflow.plan.compiler import GraphError
 from hybridflow.program.config import ConfigError
 from hybridflow.program.provenance import provenance_lines
+from hybridflow.core.printable import echo
 
 __all__ = ["add_parser", "run"]
 
@@ -34,20 +35,20 @@ def run(args) -> int:
         if validation_runs(loaded.cfg):  # the loop's contract with the validation graph
             compile_validation(loaded.module, loaded.cfg, compile_program)
     except (GraphError, ConfigError, GraphFileError) as err:
-        print(f"hybridflow check: {err}", file=sys.stderr)
+        echo(f"hybridflow check: {err}", file=sys.stderr)
         return 1
     if args.print_config:
         from omegaconf import OmegaConf
-        print(OmegaConf.to_yaml(loaded.cfg))
-    print(loaded.plan.summary())
-    print("\n".join(provenance_lines(loaded.cfg, loaded.plan)))
+        echo(OmegaConf.to_yaml(loaded.cfg))
+    echo(loaded.plan.summary())
+    echo("\n".join(provenance_lines(loaded.cfg, loaded.plan)))
     if args.memory:
         from hybridflow.memory.report import format_report, plan_memory
         report = plan_memory(loaded.cfg, loaded.plan)
-        print(format_report(report))
+        echo(format_report(report))
         if not report.fits:
             for line in report.problems():
-                print(f"hybridflow check: {line}", file=sys.stderr)
+                echo(f"hybridflow check: {line}", file=sys.stderr)
             return 1
-    print("ok")
+    echo("ok")
     return 0

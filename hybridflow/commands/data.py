@@ -14,6 +14,7 @@ import os
 import sys
 
 from hybridflow.core.data import DataError, toy_rows, word_arith_rows, write_rows
+from hybridflow.core.printable import echo
 
 __all__ = ["add_parser", "run"]
 
@@ -69,16 +70,16 @@ def _rows(args):
 def run(args) -> int:
     out = args.out or _DEFAULT_OUT[args.task]
     if os.path.exists(out) and not os.path.isdir(out):
-        print(f"hybridflow data: --out {out!r} is a file; give a directory (it is "
+        echo(f"hybridflow data: --out {out!r} is a file; give a directory (it is "
               f"created if missing)", file=sys.stderr)
         return 1
     try:
         train, test = _rows(args)
     except DataError as err:
-        print(f"hybridflow data: {err}", file=sys.stderr)
+        echo(f"hybridflow data: {err}", file=sys.stderr)
         return 1
     for name, rows in (("train", train), ("test", test)):
         path = os.path.join(out, f"{name}.{args.format}")
         write_rows(rows, path)
-        print(f"wrote {len(rows)} rows to {path}")
+        echo(f"wrote {len(rows)} rows to {path}")
     return 0

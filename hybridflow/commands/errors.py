@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 
 from hybridflow.core.origin import user_origin as exit_origin
+from hybridflow.core.printable import echo
 
 __all__ = ["user_errors", "report", "one_line", "exit_origin", "failure_reason"]
 
@@ -66,9 +67,9 @@ def report(command: str, err: BaseException) -> int:
     that are hybridflow's own bugs (their traceback is what a fix needs)."""
     if isinstance(err, KeyboardInterrupt):
         name = getattr(err, "signal_name", "SIGINT")
-        print(f"\nhybridflow {command}: interrupted ({name})", file=sys.stderr)
+        echo(f"\nhybridflow {command}: interrupted ({name})", file=sys.stderr)
         return getattr(err, "exit_code", 130)
     if not isinstance(err, (SystemExit, *user_errors())):
         raise err
-    print(f"hybridflow {command}: {one_line(err)}", file=sys.stderr)
+    echo(f"hybridflow {command}: {one_line(err)}", file=sys.stderr)
     return 1

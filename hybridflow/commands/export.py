@@ -12,6 +12,7 @@ import os
 import shutil
 import sys
 
+from hybridflow.core.printable import echo
 from hybridflow.run.checkpoint import CheckpointError, latest_checkpoint, verify_checkpoint
 
 __all__ = ["add_parser", "run", "export_role", "is_model_file"]
@@ -98,7 +99,7 @@ def run(args) -> int:
         ckpt = export_role(args.run_dir, args.out, args.role,
                            merge=not getattr(args, "adapter_only", False))
     except (FileNotFoundError, NotADirectoryError, CheckpointError, UserFileError) as err:
-        print(f"hybridflow export: {err}", file=sys.stderr)
+        echo(f"hybridflow export: {err}", file=sys.stderr)
         return 1
-    print(f"exported role '{args.role}' from {ckpt} to {args.out}")
+    echo(f"exported role '{args.role}' from {ckpt} to {args.out}")
     return 0

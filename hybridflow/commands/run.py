@@ -29,6 +29,7 @@ from hybridflow.run.lifecycle import (check_resumed_config, check_same_graph, ex
 from hybridflow.run.lock import RunLock
 from hybridflow.run.signals import Interrupted, SignalGuard
 from hybridflow.run.tracking import RunDir, RunDirError, new_run_dir, newest_run_dir
+from hybridflow.core.printable import echo, printable
 
 __all__ = ["add_parser", "run"]
 _NEWEST = "__newest__"
@@ -122,7 +123,7 @@ def run(args) -> int:
             run_dir = _run_dir(args, loaded)
         except (GraphError, ConfigError, GraphFileError, DataError, UserFileError,
                 FileNotFoundError) as err:
-            print(f"hybridflow run: {err}", file=sys.stderr)
+            echo(f"hybridflow run: {err}", file=sys.stderr)
             return 1
         lock = RunLock(run_dir.path)
         lock.acquire(say=_say)  # before anything in the directory is read for a resume
@@ -151,7 +152,7 @@ def refuse_untrained(plan, graph: str) -> None:
 
 
 def _say(text: str) -> None:
-    print(f"hybridflow run: {text}", file=sys.stderr)
+    echo(f"hybridflow run: {text}", file=sys.stderr)
 
 
 def _resumed_config(args, loaded, run_dir: RunDir):
@@ -195,7 +196,7 @@ def _locked_run(args, loaded, run_dir: RunDir, signals) -> int:
         run_dir.save_json(PLAN_FILE, plan_record(loaded.plan, loaded.cfg))
         _say(f"resumed from {trainer.resumed_from} (step {trainer.step})"
              if trainer.resumed_from else f"no checkpoint in {run_dir.path}: starting at step 0")
-    print(f"run directory: {run_dir.path}")
+    echo(f"run directory: {run_dir.path}")
     progress = _Progress(loaded.cfg.trainer.steps, trainer.step, loaded.cfg.trainer.progress)
     try:
         final = trainer.fit(on_step=progress.update, signals=signals)
@@ -223,7 +224,7 @@ def _start_failed(run_dir: RunDir, err: BaseException, resumed: bool) -> int:
     if isinstance(err, KeyboardInterrupt):
         if not resumed:
             record_end(run_dir, "interrupted", 0, signal=getattr(err, "signal_name", "SIGINT"))
-        print(f"\nhybridflow run: interrupted during start-up "
+        echo(f"\nhybridflow run: interrupted during start-up "
               f"({getattr(err, 'signal_name', 'SIGINT')})", file=sys.stderr)
         return getattr(err, "exit_code", 130)
     if not resumed:
@@ -233,7 +234,7 @@ def _start_failed(run_dir: RunDir, err: BaseException, resumed: bool) -> int:
         run_dir.log_error("".join(traceback.format_exception(err)))
     except OSError as write_err:
         notes.append(f"could not write {run_dir.file('error.log')}: {write_err.strerror}")
-    print(f"hybridflow run: could not resume: {failure_reason(err)}\n"
+    echo(f"hybridflow run: could not resume: {failure_reason(err)}\n"
           f"(details: {run_dir.file('error.log')}; the run directory is unchanged)",
           file=sys.stderr)
     for note in notes:
@@ -248,7 +249,7 @@ def _interrupted(run_dir: RunDir, trainer, err: KeyboardInterrupt, graph: str,
     notes = record_end(run_dir, "interrupted", trainer.step, cause, signal=name,
                        checkpoint=saved, steps=trainer.cfg.trainer.steps)
     where = f"checkpoint {saved}" if saved else "no checkpoint yet"
-    print(f"\nhybridflow run: {name}: stopped at step {trainer.step} ({where}); resume "
+    echo(f"\nhybridflow run: {name}: stopped at step {trainer.step} ({where}); resume "
           f"with: hybridflow run {graph} --resume {run_dir.path}", file=sys.stderr)
     for note in notes:
         _say(note)
@@ -263,7 +264,7 @@ def _failed(run_dir: RunDir, what: str, err: BaseException, step: int) -> int:
     notes = record_end(run_dir, "failed", step, err, reason=reason,
                        node=getattr(err, "node", None), rank=getattr(err, "rank", None),
                        error=type(err).__name__)
-    print(f"hybridflow run: {what}: {reason}\n(details: {run_dir.file('error.log')})",
+    echo(f"hybridflow run: {what}: {reason}\n(details: {run_dir.file('error.log')})",
           file=sys.stderr)
     for note in notes:
         _say(note)
@@ -294,8 +295,9 @@ class _Progress:
         self.bar.refresh()  # drawn before the first step's work (a stuck step shows 0/N)
 
     def update(self, step: int, metrics: dict) -> None:
-        self.bar.set_postfix({k: f"{v:.3f}" for k, v in progress_fields(metrics).items()},
-                             refresh=False)
+        # metric names can hold a data row's data_source: shown through printable
+        self.bar.set_postfix({printable(k): f"{v:.3f}"
+                              for k, v in progress_fields(metrics).items()}, refresh=False)
         self.bar.update(1)
 
     def close(self) -> None:
@@ -305,4 +307,4 @@ class _Progress:
 def _print_summary(metrics: dict) -> None:
     keys = [k for k in metrics if k.startswith("val/") or k in OPTIMISED_REWARD_KEYS]
     for key in sorted(keys):
-        print(f"{key}: {metrics[key]:.4f}")
+        echo(f"{key}: {metrics[key]:.4f}")

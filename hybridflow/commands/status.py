@@ -12,6 +12,7 @@ import time
 
 from hybridflow.run.lock import read_owner
 from hybridflow.run.tracking import RunDir, RunDirError
+from hybridflow.core.printable import echo
 
 __all__ = ["add_parser", "run", "describe"]
 
@@ -85,5 +86,5 @@ def describe(run_path: str) -> str:
 
 
 def run(args) -> int:
-    print(f"{args.run_dir}: {describe(args.run_dir)}")
+    echo(f"{args.run_dir}: {describe(args.run_dir)}")
     return 0

@@ -184,7 +184,8 @@ def _auto_place(cfg: DictConfig, graph: Graph, bindings, plan: ExecutionPlan) ->
         cfg.placement.parallel = {role: ParallelConfig(**layout)
                                   for role, layout in section.get("parallel", {}).items()}
         cfg.placement.auto = False  # the saved config replays this exact placement
-    print(f"placement=auto:\n{explanation}")
+    from hybridflow.core.printable import echo
+    echo(f"placement=auto:\n{explanation}")  # names the user's roles and pools
     return compile_program(cfg, graph, bindings)
 
 

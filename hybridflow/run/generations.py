@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 
+from hybridflow.core.printable import printable
+
 __all__ = ["GenerationLog", "pick_rows", "format_samples", "train_nodes", "GENERATIONS_FILE"]
 
 GENERATIONS_FILE = "generations.jsonl"
@@ -50,7 +52,7 @@ def format_samples(samples: list[dict]) -> str:
                      f"truth={s['ground_truth']!r}")
         lines.append(f"  prompt:   {_clip(s['prompt'])}")
         lines.append(f"  response: {_clip(s['response'])}")
-    return "\n".join(lines)
+    return printable("\n".join(lines))  # a model's output must not drive the terminal
 
 
 class GenerationLog:
@@ -121,7 +123,7 @@ def _to_sinks(sinks, samples: list[dict]) -> None:
 
 def _cell(value) -> str:
     """A markdown table cell: pipes escaped, newlines shown as \\n."""
-    return str(value).replace("|", "\\|").replace("\n", "\\n")
+    return printable(str(value).replace("|", "\\|").replace("\n", "\\n"))
 
 
 def train_nodes(plan) -> tuple[str, str] | None:

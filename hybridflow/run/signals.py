@@ -41,7 +41,8 @@ class Interrupted(KeyboardInterrupt):
 
 class SignalGuard:
     def __init__(self, say=None):
-        self.say = say or (lambda text: print(text, file=sys.stderr, flush=True))
+        from hybridflow.core.printable import echo
+        self.say = say or (lambda text: echo(text, file=sys.stderr, flush=True))
         self.deferring = False
         self.pending: int | None = None
         self._previous: dict[int, object] = {}

@@ -43,8 +43,9 @@ def start_local_ray(listen_all: bool, **init_kwargs) -> None:
     leftovers of killed earlier runs are ended first, and this one is recorded."""
     cleaned = clean_leftovers()
     if cleaned:
-        print(f"hybridflow: ended {len(cleaned)} Ray process(es) left running by killed "
-              f"earlier runs: {', '.join(cleaned)}")
+        from hybridflow.core.printable import echo
+        echo(f"hybridflow: ended {len(cleaned)} Ray process(es) left running by killed "
+             f"earlier runs: {', '.join(cleaned)}")
     if listen_all:
         import ray
         ray.init(**init_kwargs)
