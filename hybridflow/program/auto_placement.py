@@ -17,7 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 from hybridflow.plan.compiler import ExecutionPlan
 from hybridflow.program.config import ConfigError
 
-__all__ = ["AUTO_OVERRIDE", "expand_auto", "plan_auto_placement", "run_models"]
+__all__ = ["AUTO_OVERRIDE", "expand_auto", "plan_auto_placement", "run_models",
+           "generation_layouts"]
 
 AUTO_OVERRIDE = "placement=auto"
 
@@ -56,6 +57,7 @@ def plan_auto_placement(cfg: DictConfig, plan: ExecutionPlan) -> tuple[dict, str
     # planner also weighs it on a pool of its own, weights synced (async_planning.py)
     from hybridflow.agents.worker import episode_width
     width = episode_width(cfg, plan) or cfg.rollout.max_new_tokens  # an agent's episodes
+    compiled = plan  # the planner's view renames a folded rollout's nodes to its host's
     plan, pipeline = pipeline_view(plan, cfg.trainer.staleness, cfg.trainer.async_mode)
     try:
         result = plan_placement(
@@ -70,4 +72,21 @@ def plan_auto_placement(cfg: DictConfig, plan: ExecutionPlan) -> tuple[dict, str
             pipeline=pipeline)
     except (PlanningError, ValueError) as err:
         raise ConfigError(f"placement=auto: {err}") from None
-    return result.best.to_placement_config(), result.explain()
+    return generation_layouts(result.best.to_placement_config(), compiled), result.explain()
+
+
+def generation_layouts(section: dict, plan: ExecutionPlan) -> dict:
+    """The planner's layout of a role that generates through a folded rollout is the
+    layout it generates in (its training is costed as FSDP over the whole pool): the
+    tp moves to the rollout role, which runs in the host's processes, and the host
+    trains data-parallel over every rank -- two layouts in the same processes, the
+    layout the workers build and `check` prints."""
+    from hybridflow.core.kinds import NodeKind
+    parallel = section.get("parallel", {})
+    generating = {n.role for n in plan.nodes if n.kind is NodeKind.GENERATE}
+    for role, host in plan.placement.folded.items():
+        layout = parallel.get(host)
+        if role in generating and layout and layout.get("tp", 1) > 1 and role not in parallel:
+            parallel[role] = {"dp": layout["dp"], "tp": layout["tp"]}
+            parallel[host] = {"dp": layout["dp"] * layout["tp"], "tp": 1}
+    return section

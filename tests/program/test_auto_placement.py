@@ -62,3 +62,23 @@ def test_streaming_auto_placement_splits_the_devices_by_the_producer_consumer_mo
     assert "Streaming: a step takes max(rollout side" in out and "no barrier" in out
     assert "bottleneck: the train side" in out and "busy: rollout side" in out
     assert "1 device(s) generating, 1 training" in out
+
+
+def test_auto_placement_puts_the_generation_tp_on_the_folded_rollout(capsys):
+    """A 13B-shaped model on 8 x a100-40g: the planner generates with tp > 1; the run's
+    layout is that tp on the rollout (in the actor's processes) while the actor trains
+    over every rank -- what `check` prints and the workers build."""
+    big = ["model.path=null", "placement.cluster.device=a100-40g", "placement=auto",
+           "placement.cluster.devices_per_node=8", "runtime.name=ray"] + [
+        f"model.hf_config.{key}={value}" for key, value in (
+            ("hidden_size", 5120), ("intermediate_size", 13824), ("num_hidden_layers", 40),
+            ("num_attention_heads", 40), ("num_key_value_heads", 40))]
+    loaded = prepare(GRPO, big, preflight=False)
+    placement = loaded.plan.placement
+    assert placement.folded == {"rollout": "actor"}
+    tp = placement.tp_size("rollout")
+    assert tp > 1 and placement.tp_size("actor") == 1
+    world = placement.pools[placement.roles["actor"]].world_size
+    assert placement.parallel["actor"]["dp"] == world
+    assert f"layout: rollout on pool {placement.roles['rollout']}: dp {world // tp} x tp {tp}" \
+        in loaded.plan.summary()
