@@ -17,7 +17,7 @@ a "rollout side (runs k steps ahead)" cluster beside a "train side" one), and th
 edges through a buffer drawn in orange, the one into it labelled "waits ≤k steps":
 there a batch waits while training catches up.
 
-Timelines (`render_timeline`, `timeline_svg`) are drawn by render_timeline.py.
+Timelines (`render_timeline`, `timeline_svg`) are drawn by draw/timeline.py.
 
 Formats come from the file extension: .svg, .png, .pdf need Graphviz's `dot`
 program; .dot writes the source and needs nothing.

@@ -1,4 +1,4 @@
-"""What the graph drawing (render.py) and the timeline (render_timeline.py) share: the
+"""What the graph drawing (draw/graph.py) and the timeline (draw/timeline.py) share: the
 font, the role colours, the error a drawing that cannot be written raises. Stateless."""
 from __future__ import annotations
 

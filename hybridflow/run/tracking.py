@@ -9,7 +9,7 @@ runs/<graph>-<time>/
   status.json       starting / running (with the current step) / finished / failed /
                     interrupted
   error.log         the traceback of every failure, appended
-  lock.json         the owner (pid, host, start) while a process runs; run_lock.py
+  lock.json         the owner (pid, host, start) while a process runs; run/lock.py
   checkpoints/      see hybridflow/run/checkpoint.py
 
 Every whole-file write (status.json, graph.json, the trimmed metrics on resume) goes

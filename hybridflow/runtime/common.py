@@ -5,7 +5,6 @@ No state."""
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +12,7 @@ from hybridflow.core.batch import Batch, as_object_array
 from hybridflow.plan.compiler import ExecutionPlan, PlanNode
 from hybridflow.core.kinds import Op
 
-__all__ = ["NodeFailure", "StepResult", "assemble_input", "finish_output", "run_fn_node",
+__all__ = ["NodeFailure", "StepResult", "run_fn_node",
            "input_columns", "metrics_of", "as_node_batch", "NodeIO"]
 
 
@@ -126,22 +125,12 @@ class NodeIO:
         return Batch._trusted(tensors, non_tensors, meta)
 
 
-def assemble_input(node: PlanNode, outputs: dict[str, Batch]) -> Batch:
-    """The node's input batch (`NodeIO.assemble`, for a node run once)."""
-    return NodeIO(node).assemble(outputs)
-
-
 def as_node_batch(value: Any) -> Batch:
     """A node's output from what its dispatch mode collected. Modes that collect a
     list (broadcast: every rank ran the same input) keep the first rank's Batch."""
     if isinstance(value, (list, tuple)):
         value = next((v for v in value if isinstance(v, Batch)), None)
     return Batch() if value is None else value
-
-
-def finish_output(node: PlanNode, out: Batch, inputs: Batch | None = None) -> Batch:
-    """The node's output as consumers see it (`NodeIO.finish`, for a node run once)."""
-    return NodeIO(node).finish(out)
 
 
 def upstream_nodes(plan: ExecutionPlan, name: str) -> list[PlanNode]:
@@ -182,7 +171,3 @@ def run_fn_node(node: PlanNode, batch: Batch) -> Batch:
 def metrics_of(out: Any) -> dict:
     meta = getattr(out, "meta", None) or {}
     return dict(meta.get("metrics", {}))
-
-
-def now() -> float:
-    return time.perf_counter()

@@ -167,7 +167,7 @@ def default_context(rank: int, world_size: int, local_rank: int, device: str, se
 
 
 class FusedWorker:
-    """Every role of one pool on one device. Wrapped by `ray.remote` in ray_pools."""
+    """Every role of one pool on one device. Wrapped by `ray.remote` in runtime/ray/pools.py."""
 
     def __init__(self, pool: str, rank: int, world_size: int, local_rank: int,
                  torch_threads: int | None = 1):

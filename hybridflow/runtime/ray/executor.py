@@ -15,7 +15,7 @@ State (owned by `RayRuntime`, changed only by its own methods):
 
 The runtime is an *executor*: a step's semantics and state live in
 `scheduler.StepScheduler`; this module submits the tasks it decides, tracks them
-(`ray_tasks.InFlight`: the hang clock, failures) and says what crossing the driver
+(`runtime/ray/tasks.py` `InFlight`: the hang clock, failures) and says what crossing the driver
 costs. The driver holds object references and small metas, never tensors, except
 for the feeds it sends, stateful function nodes it runs itself and columns it
 `fetch`es, all counted in `StepResult.driver_bytes`.
