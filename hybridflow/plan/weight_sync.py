@@ -2,12 +2,15 @@
 `rollout` role on another pool than the actor), the compiled plan gets two nodes
 after the actor's training node(s):
 
-    actor.update -> weight_export (actor.export_weights, rank 0)
+    actor.update -> weight_export (actor.export_weights, every actor rank; rank 0's kept)
                  -> weight_sync   (rollout.load_weights, every rollout rank)
 
 They are ordinary call nodes, so every runtime runs, times (`timing_s/weight_sync`)
-and draws them like any other, and on Ray the export travels from the actor's rank
-0 to the rollout's workers as an object reference, never through the driver. When
+and draws them like any other. The export is a small object: the weights' index and
+where their buckets are (`hybridflow/workers/rollout/weights.py`; on Ray one object
+reference per bucket, put by the actor's rank 0 while every rank gathers), so the
+weights move worker to worker in bounded buckets, never through the driver and
+never as one whole-model buffer. When
 the two roles share a pool they share a process and a module: no node is added.
 
 Which role syncs from which is declared by the worker class: a class attribute

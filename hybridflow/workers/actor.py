@@ -22,7 +22,7 @@ import os
 
 from hybridflow.core.batch import Batch
 from hybridflow.core.metric_names import TRAINED_VERSION
-from hybridflow.graph.dispatch import DP, RANK_ZERO, method
+from hybridflow.graph.dispatch import BROADCAST, DP, method
 from hybridflow.graph.loss import takes_loss
 from hybridflow.workers.base import Worker, metrics_batch
 from hybridflow.workers.config import ActorConfig, ModelConfig, RolloutConfig, read_section
@@ -33,8 +33,7 @@ from hybridflow.workers.models import build_causal_lm
 from hybridflow.workers.rollout.engine import EngineSpec, check_engine_name, make_engine
 from hybridflow.workers.rollout.generation import (GENERATE_WRITES, generate_rows, logprob_mismatch,
                                                    sampling_options)
-from hybridflow.workers.rollout.weights import (WEIGHT_KEYS, pack_weights, policy_weights,
-                                                refresh_engine)
+from hybridflow.workers.rollout.weights import WEIGHT_KEYS, export_policy, refresh_engine
 from hybridflow.workers.sequences import masked_mean, response_logprobs, training_mask_key
 from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
 from hybridflow.workers.training import Trainer
@@ -131,17 +130,15 @@ class ActorWorker(Worker):
     def _bucket_bytes(self) -> int:
         return max(1, int(self.rollout_cfg.weight_bucket_mb * 2**20))
 
-    @method(dispatch=RANK_ZERO, reads=(), writes=WEIGHT_KEYS, kind="inference")
+    @method(dispatch=BROADCAST, reads=(), writes=WEIGHT_KEYS, kind="inference")
     def export_weights(self, batch: Batch) -> Batch:
         """The current policy for a rollout on another pool (the weight-sync edge):
-        one row holding every weight in buckets, and the policy version."""
-        if self.trainer.fsdp and self.ctx.world_size > 1:
-            raise NotImplementedError(
-                "a rollout on its own pool with actor.strategy=fsdp2 on several ranks needs a "
-                "collective export, which is not written yet: colocate the rollout with the "
-                "actor (drop placement.roles.rollout) or use actor.strategy=ddp")
-        export = pack_weights(policy_weights(self.module), self.policy_version,
-                              self._bucket_bytes())
+        one row holding the weights' buckets and the policy version. Every rank runs it
+        (the gather is collective when sharded); rank 0's export is kept."""
+        export = export_policy(self.module, self.policy_version, self._bucket_bytes(),
+                               rank=self.ctx.rank,
+                               world_size=self.ctx.world_size if self.trainer.fsdp else 1,
+                               current_version=lambda: self.policy_version)
         return metrics_batch(export, {"actor/policy_version": self.policy_version})
 
     def save_checkpoint(self, directory: str) -> None:

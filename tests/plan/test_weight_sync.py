@@ -5,7 +5,7 @@ import os
 import pytest
 
 from hybridflow.program.assemble import load_plan
-from hybridflow.graph.dispatch import BROADCAST, RANK_ZERO
+from hybridflow.graph.dispatch import BROADCAST
 from hybridflow.draw.graph import edge_keys, plan_to_dot
 from hybridflow.plan.weight_sync import planner_view, resync_plan
 
@@ -31,7 +31,7 @@ def test_a_split_rollout_gets_export_then_load_after_the_actor_update(graph):
     plan = plan_of(graph, *SPLIT)
     export, load = plan.node("weight_export"), plan.node("weight_sync")
     assert (export.role, export.method, export.pool, export.dispatch) == \
-        ("actor", "export_weights", "main", RANK_ZERO)
+        ("actor", "export_weights", "main", BROADCAST)  # every rank gathers
     assert (load.role, load.method, load.pool, load.dispatch) == \
         ("rollout", "load_weights", "gen", BROADCAST)
     assert export.deps == ("actor.update",) and load.deps == ("weight_export",)

@@ -9,7 +9,7 @@ from tests.support.workers import make_cfg, prompt_batch
 from hybridflow.core.batch import Batch
 from hybridflow.workers import ActorWorker, RolloutWorker
 from hybridflow.workers.base import WorkerContext
-from hybridflow.workers.rollout.weights import pack_weights, policy_weights, weight_buckets
+from hybridflow.workers.rollout.weights import load_export, policy_weights
 
 PROMPTS = ["1+2=", "10+20=", "7*8=", "99-1="]
 
@@ -73,18 +73,15 @@ def test_a_rollout_on_its_own_pool_holds_a_copy_that_the_export_refreshes():
     assert gen["policy_version"].tolist() == [1] * 8
 
 
-def test_the_export_round_trips_mixed_dtypes_in_bounded_buckets():
-    weights = {"a": torch.randn(3, 5), "b": torch.randn(7).to(torch.bfloat16),
-               "c": torch.arange(6, dtype=torch.int64).reshape(2, 3), "d": torch.randn(40)}
-    export = pack_weights(weights, version=4, bucket_bytes=64)
-    index, buckets = weight_buckets(export)
-    received = [bucket for bucket in buckets]
-    assert index.version == 4 and len(received) == 3  # d (160 bytes) gets a bucket of its own
-    got = {name: t for bucket in received for name, t in bucket}
-    assert list(got) == list(weights)
-    assert all(torch.equal(got[k], v) and got[k].dtype == v.dtype for k, v in weights.items())
+def test_a_stale_or_malformed_export_is_refused():
+    cfg = make_cfg()
+    actor, rollout = ActorWorker(cfg), RolloutWorker(cfg)
+    export = actor.export_weights(Batch())
+    actor.policy_version += 1  # trained after the export: its weights moved on
+    with pytest.raises(RuntimeError, match="stale"):
+        rollout.load_weights(export)
     with pytest.raises(ValueError, match="actor.export_weights"):
-        weight_buckets(Batch({"x": torch.zeros(2, 1)}))
+        load_export(rollout.engine, Batch({"x": torch.zeros(2, 1)}))
 
 
 def test_a_lora_policy_is_exported_merged_under_plain_names():
