@@ -1,6 +1,14 @@
-"""Where a worker runs: its rank, world size, device, seed and the roles colocated with it
-in the same process. The runtime builds one per worker; a worker keeps it. Stateless
-beyond the dataclass itself; `init_distributed` joins torch.distributed's default group.
+"""Where a worker runs: its rank, world size, device, seed, its role's tensor-parallel
+size and the roles colocated with it in the same process. The runtime builds one per
+worker; a worker keeps it. `init_distributed` joins torch.distributed's default group.
+
+The role's layout: a pool of `world_size` ranks runs `dp = world_size // tp` groups of
+`tp` ranks; rank r is data-parallel rank r // tp and tensor-parallel rank r % tp (what
+`graph/dispatch.py` sends rows by: a tp group's ranks get the same rows).
+`device_mesh()` is that layout as a 2-D torch DeviceMesh ("dp", "tp") over the default
+group. State: `_MESHES`, (device type, dp, tp) -> the mesh, built once per process (a
+mesh's sub-groups are created collectively, so roles of one pool with the same layout
+share one; roles with another tp get their own mesh over the same world).
 """
 from __future__ import annotations
 
@@ -12,6 +20,8 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["WorkerContext"]
+
+_MESHES: dict[tuple[str, int, int], Any] = {}
 
 
 @dataclass
@@ -27,6 +37,7 @@ class WorkerContext:
     local_rank: int = 0
     device: str | None = None          # None: decided by the model config ("auto")
     seed: int = 0
+    tp: int = 1                        # placement.parallel.<role>.tp
     colocated: dict[str, Any] = field(default_factory=dict)
 
     def backend(self) -> str:
@@ -49,3 +60,39 @@ class WorkerContext:
     @property
     def distributed(self) -> bool:
         return self.world_size > 1 and dist.is_available() and dist.is_initialized()
+
+    # ------------------------------------------------------------- layout
+    @property
+    def dp(self) -> int:
+        """Data-parallel groups of the role (ranks / tp)."""
+        return max(1, self.world_size // self.tp)
+
+    @property
+    def dp_rank(self) -> int:
+        return self.rank // self.tp
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.tp
+
+    def device_mesh(self):
+        """The role's (dp, tp) DeviceMesh over the default process group, or None when
+        the role is not tensor-parallel. Every rank of the pool must call it (the
+        mesh's groups are created collectively), in the same order of roles."""
+        if self.tp <= 1:
+            return None
+        if self.world_size % self.tp:
+            raise ValueError(f"placement.parallel.<role>.tp={self.tp} does not divide the "
+                             f"pool's {self.world_size} ranks")
+        self.init_distributed()
+        if not self.distributed:
+            raise RuntimeError(f"tp={self.tp} needs torch.distributed over "
+                               f"{self.world_size} ranks (the local runtime cannot run it: "
+                               "use runtime.name=ray)")
+        device = (self.device or ("cuda" if torch.cuda.is_available() else "cpu")).split(":")[0]
+        key = (device, self.dp, self.tp)
+        if key not in _MESHES:
+            from torch.distributed.device_mesh import init_device_mesh
+            _MESHES[key] = init_device_mesh(device, (self.dp, self.tp),
+                                            mesh_dim_names=("dp", "tp"))
+        return _MESHES[key]

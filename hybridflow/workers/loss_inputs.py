@@ -33,6 +33,7 @@ from hybridflow.core.batch import Batch
 from hybridflow.workers.packing import PackedRows, packed_logits
 from hybridflow.workers.sequences import (entropy_from_logits, response_logits, response_values,
                                           token_logprobs)
+from hybridflow.workers.vocab_parallel import whole
 
 __all__ = ["LossInputs", "PolicyOutputs", "ValueOutputs", "run_loss", "select_for_loss",
            "worker_default_loss"]
@@ -77,7 +78,8 @@ class PolicyOutputs(LossInputs):
 
     @cached_property
     def logits(self) -> torch.Tensor:
-        return self._unpacked(self._token_logits)
+        # whole-vocabulary logits for a loss that reads them (gathered under tp)
+        return self._unpacked(whole(self._token_logits))
 
     @cached_property
     def log_probs(self) -> torch.Tensor:

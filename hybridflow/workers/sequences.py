@@ -20,10 +20,11 @@ from __future__ import annotations
 import torch
 
 from hybridflow.core.batch import Batch
-from hybridflow.core.tokens import (entropy_from_logits, masked_mean, training_mask,
-                                    training_mask_key)
+from hybridflow.core.tokens import masked_mean, training_mask, training_mask_key
 from hybridflow.workers.micro_batches import micro_batches, scatter_rows
 from hybridflow.workers.packing import PackedRows, packed_logits, packed_values
+# whole logits, or a tensor-parallel head's vocab-sharded ones (vocab_parallel.py)
+from hybridflow.workers.vocab_parallel import entropy_from_logits, token_logprobs
 
 __all__ = ["position_ids_from_mask", "response_mask_from_ids", "pad_right",
            "response_logits", "token_logprobs", "entropy_from_logits", "forward_response",
@@ -77,10 +78,6 @@ def response_logits(model, batch: Batch, temperature: float = 1.0) -> torch.Tens
     return logits / temperature if temperature != 1.0 else logits
 
 
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[token] per position: [B, R, V], [B, R] -> [B, R]."""
-    chosen = torch.gather(logits, -1, tokens.unsqueeze(-1)).squeeze(-1)
-    return chosen - torch.logsumexp(logits, dim=-1)
 
 
 

@@ -21,7 +21,14 @@ micro-batch's share of the tokens). The trainer averages them over mini-batches.
 The workers build `loss_fn` from the graph's loss (`hybridflow/graph/loss.py`).
 
 Data parallelism and precision come from the backend named by `strategy`
-(`hybridflow/workers/backends/`: ddp, fsdp2). Mixed precision: a module built in
+(`hybridflow/workers/backends/`: ddp, fsdp2). Tensor parallelism (`ctx.tp > 1`, a
+backend with `tensor_parallel = True`): the role's ranks form dp groups of tp ranks
+(`ctx.device_mesh()`); the ranks of a tp group hold the same rows and compute one
+replicated loss, so "world" above is the data-parallel size: counts and metrics are
+all-reduced over the "dp" sub-mesh, each rank backpropagates `dp * loss`, and the
+gradients are averaged over dp only (never over the tp ranks, which hold different
+shards). AdamW then runs per tensor (`foreach=False`: DTensors on two meshes and
+plain tensors do not mix in one foreach call). Mixed precision: a module built in
 bf16/fp16 (`model.dtype`) gets float32 master weights for its trainable parameters
 (so AdamW updates and keeps its state in float32) and computes its forward in the
 low dtype (`autocast()`); frozen parameters (LoRA's base) stay in the low dtype.
@@ -38,6 +45,7 @@ import torch.distributed as dist
 
 from hybridflow.core.batch import Batch
 from hybridflow.workers.backends import make_backend
+from hybridflow.workers.backends.tensor_parallel import refuse_lora
 from hybridflow.workers.micro_batches import micro_batches
 from hybridflow.workers.lora import adapter_state_dict, is_lora, load_adapter, save_adapter
 from hybridflow.workers.weights import WEIGHTS_FILE, full_state_dict, load_weights, save_weights
@@ -80,12 +88,19 @@ class Trainer:
 
     def __init__(self, module: torch.nn.Module, opt, ctx, device: torch.device):
         self.module, self.opt, self.ctx, self.device = module, opt, ctx, device
-        self.world = ctx.world_size if ctx.distributed else 1
-        self.backend = make_backend(opt.strategy, self.world, device, master_weights(module))
+        tp = getattr(ctx, "tp", 1)
+        lora = getattr(getattr(opt, "lora", None), "rank", 0)
+        refuse_lora("actor", tp, lora)  # only the actor's section has LoRA
+        mesh = ctx.device_mesh() if tp > 1 else None
+        self.world = (ctx.dp if tp > 1 else ctx.world_size) if ctx.distributed else 1
+        self.group = mesh["dp"].get_group() if mesh is not None and self.world > 1 else None
+        self.backend = make_backend(opt.strategy, self.world, device, master_weights(module),
+                                    mesh=mesh)
         self.model = self.backend.wrap(module)
         params = [p for p in module.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=opt.lr, betas=tuple(opt.betas),
-                                           weight_decay=opt.weight_decay)
+                                           weight_decay=opt.weight_decay,
+                                           **({"foreach": False} if mesh is not None else {}))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(opt.warmup_steps, opt.lr_schedule, opt.total_steps,
                                       opt.min_lr_ratio))
@@ -102,8 +117,8 @@ class Trainer:
 
     # ------------------------------------------------------------ collectives
     def all_reduce(self, tensor: torch.Tensor, op=None) -> torch.Tensor:
-        if self.world > 1:
-            dist.all_reduce(tensor, op=op or dist.ReduceOp.SUM)
+        if self.world > 1:  # over the data-parallel ranks (the dp sub-mesh under tp)
+            dist.all_reduce(tensor, op=op or dist.ReduceOp.SUM, group=self.group)
         return tensor
 
     def agreed_max(self, n: int) -> int:
@@ -115,7 +130,8 @@ class Trainer:
         ids = torch.zeros(1, 2, dtype=torch.long, device=self.device)
         with self.backend.autocast():
             out = self.model(input_ids=ids, attention_mask=torch.ones_like(ids))
-        return out.logits.sum() * 0.0
+        logits = out.logits  # a tensor-parallel head's: this rank's vocabulary shard
+        return (logits.to_local() if hasattr(logits, "to_local") else logits).sum() * 0.0
 
     # ------------------------------------------------------------------- step
     def train(self, batch: Batch, loss_fn: Callable, *, epochs: int, mini_batch_size: int,
@@ -176,7 +192,7 @@ class Trainer:
 
     def _agreed_names(self, contrib: dict) -> list[str]:
         gathered: list = [None] * self.world
-        dist.all_gather_object(gathered, sorted(contrib))
+        dist.all_gather_object(gathered, sorted(contrib), group=self.group)
         return sorted({n for names in gathered for n in names})
 
     # ------------------------------------------------------------ checkpoint

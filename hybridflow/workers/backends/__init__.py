@@ -24,12 +24,20 @@ def register_backend(name: str, cls: type[TrainingBackend]) -> None:
 
 
 def make_backend(name: str, world: int, device: torch.device,
-                 compute_dtype: torch.dtype = torch.float32) -> TrainingBackend:
-    """The backend registered as `name`; ValueError listing the valid names."""
+                 compute_dtype: torch.dtype = torch.float32, mesh=None) -> TrainingBackend:
+    """The backend registered as `name`; ValueError listing the valid names. `mesh`:
+    a tensor-parallel role's (dp, tp) DeviceMesh (`world` is then its dp)."""
     if name not in BACKENDS:
         raise ValueError(f"unknown training strategy {name!r} (actor.strategy / "
                          f"critic.strategy); valid names: {', '.join(sorted(BACKENDS))}")
-    return BACKENDS[name](world, device, compute_dtype)
+    if mesh is None:  # a backend registered before meshes existed takes three arguments
+        return BACKENDS[name](world, device, compute_dtype)
+    if not getattr(BACKENDS[name], "tensor_parallel", False):
+        able = sorted(n for n, cls in BACKENDS.items() if getattr(cls, "tensor_parallel", False))
+        raise ValueError(f"training strategy {name!r} does not shard by tensor parallelism "
+                         f"(placement.parallel.<role>.tp > 1); use one that does "
+                         f"({', '.join(able)}) or tp=1")
+    return BACKENDS[name](world, device, compute_dtype, mesh=mesh)
 
 
 register_backend("ddp", DDPBackend)

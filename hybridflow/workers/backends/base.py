@@ -1,7 +1,11 @@
 """The training-backend protocol, with the behaviour shared by the backends.
 
 A backend is built once per trained module and keeps only its settings (world size,
-device, compute dtype) and, after `wrap`, what it wrapped. Master weights and
+device, compute dtype, and for a tensor-parallel role its (dp, tp) device mesh) and,
+after `wrap`, what it wrapped. `world` counts data-parallel ranks (a tp group is one).
+A backend that can shard its module by tensor parallelism (`tensor_parallel.py`) says
+so with `tensor_parallel = True`; pre-flight refuses tp > 1 with any other. Master
+weights and
 optimizer state stay in the module's dtype (float32); `autocast()` is where the
 forward computes in `compute_dtype` (bfloat16 when `model.dtype=bf16`).
 """
@@ -12,6 +16,7 @@ from contextlib import nullcontext
 
 import torch
 
+from hybridflow.workers.backends.tensor_parallel import clip_grad_norm, is_tensor_parallel
 from hybridflow.workers.weights import full_state_dict, load_full_state_dict
 
 __all__ = ["TrainingBackend"]
@@ -24,10 +29,16 @@ class TrainingBackend:
     backend shards)."""
     name = "base"
     shards = False  # parameters and optimizer state are split over the ranks
+    tensor_parallel = False  # wrap() can shard over the "tp" dim of a role mesh
 
     def __init__(self, world: int, device: torch.device,
-                 compute_dtype: torch.dtype = torch.float32):
+                 compute_dtype: torch.dtype = torch.float32, mesh=None):
         self.world, self.device, self.compute_dtype = world, device, compute_dtype
+        if mesh is not None and not self.tensor_parallel:
+            raise ValueError(f"training strategy {self.name!r} does not shard by tensor "
+                             "parallelism (placement.parallel.<role>.tp > 1); use "
+                             "strategy=fsdp2 or tp=1")
+        self.role_mesh = mesh  # (dp, tp) DeviceMesh of a tensor-parallel role, else None
 
     def wrap(self, module: torch.nn.Module) -> torch.nn.Module:
         """What forward and backward go through (the module itself, or a wrapper)."""
@@ -45,6 +56,8 @@ class TrainingBackend:
 
     def clip_grad_norm(self, module: torch.nn.Module, max_norm: float) -> float:
         params = [p for p in module.parameters() if p.requires_grad]
+        if is_tensor_parallel(module):  # DTensor and plain gradients, on several meshes
+            return clip_grad_norm(params, max_norm)
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 

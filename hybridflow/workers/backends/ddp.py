@@ -16,6 +16,7 @@ __all__ = ["DDPBackend"]
 
 class DDPBackend(TrainingBackend):
     name = "ddp"
+    tensor_parallel = False  # DDP replicates whole modules; use fsdp2 for tp > 1
 
     def wrap(self, module: torch.nn.Module) -> torch.nn.Module:
         if self.world == 1:

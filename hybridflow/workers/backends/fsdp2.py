@@ -7,6 +7,11 @@ parameters gathered in the compute dtype, gradients reduced in float32, the shar
 master weights and AdamW state stay float32. Checkpoints: full weights (gathered,
 `model.safetensors`), and this rank's optimizer shard per rank (same world size to
 resume). State: the device mesh, after `wrap`.
+
+Tensor parallelism (`tensor_parallel = True`): given a role's (dp, tp) mesh, `wrap`
+first shards the module over "tp" (`tensor_parallel.py`), then, when dp > 1, shards
+it with FSDP over "dp" (a 2-D layout: dp-shard x tp; gradients are averaged over dp
+only). With dp = 1 the tensor-parallel module trains as it is (the tp-only path).
 """
 from __future__ import annotations
 
@@ -31,19 +36,24 @@ def decoder_layers(module: torch.nn.Module) -> list[torch.nn.Module]:
 class FSDP2Backend(TrainingBackend):
     name = "fsdp2"
     shards = True
+    tensor_parallel = True
 
     def __init__(self, world: int, device: torch.device,
-                 compute_dtype: torch.dtype = torch.float32):
-        super().__init__(world, device, compute_dtype)
+                 compute_dtype: torch.dtype = torch.float32, mesh=None):
+        super().__init__(world, device, compute_dtype, mesh=mesh)
         self.mesh = None
 
     def wrap(self, module: torch.nn.Module) -> torch.nn.Module:
+        if self.role_mesh is not None:
+            from hybridflow.workers.backends.tensor_parallel import parallelize
+            parallelize(module, self.role_mesh["tp"])
         if self.world == 1:
-            self.shards = False  # one rank: nothing to shard over
+            self.shards = False  # one data-parallel rank: nothing to shard over
             return module
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        self.mesh = init_device_mesh(self.device.type, (self.world,))
+        self.mesh = self.role_mesh["dp"] if self.role_mesh is not None else \
+            init_device_mesh(self.device.type, (self.world,))
         policy = MixedPrecisionPolicy(param_dtype=self.compute_dtype,
                                       reduce_dtype=torch.float32)
         for layer in decoder_layers(module):

@@ -1,0 +1,180 @@
+"""Tensor parallelism of a Hugging Face decoder (causal LM, value or classification model)
+with DTensor plans over the "tp" dimension of a role's device mesh.
+
+The plan for the decoder layers is the model class's own transformers plan
+(`config.base_model_tp_plan`; Llama and Qwen2: q/k/v/gate/up "colwise", o/down
+"rowwise"), else the project's plan for the Llama layout (`LLAMA_PLAN`), translated to
+torch's `ColwiseParallel` / `RowwiseParallel`. Attention reshapes its projections with
+-1 heads (transformers 5.24), so each rank runs its own whole heads. Beyond the layers:
+- the input embedding: `RowwiseParallel`, vocabulary rows sharded, its output
+  all-reduced to every rank of the group;
+- the output head (`lm_head`): `ColwiseParallel` with its output kept a DTensor
+  sharded on the vocabulary (`Shard(-1)`), which the vocab-parallel log-probs read
+  without gathering (`workers/vocab_parallel.py`); `full_logits(module)` gathers it for
+  code that needs whole logits (sampling);
+- a tied head (SmolLM2) is re-tied to the sharded embedding: one sharded weight;
+- everything else (norms, a value head) stays a plain tensor, the same on every rank
+  of the group, and so does its gradient (the group computes one replicated loss).
+Gradients are never averaged over the tp ranks; a backend averages them over dp only.
+State: none beyond the modules it rewrites (and a `_hybridflow_tp` mark on the root).
+"""
+from __future__ import annotations
+
+import fnmatch
+import math
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["LLAMA_PLAN", "layer_plan", "parallelize", "is_tensor_parallel", "full_logits",
+           "clip_grad_norm", "refuse_lora"]
+
+# the Llama family's layout (Llama, Qwen2, Mistral, ...): what transformers ships for
+# them, used when a model class ships no plan
+LLAMA_PLAN = {
+    "layers.*.self_attn.q_proj": "colwise", "layers.*.self_attn.k_proj": "colwise",
+    "layers.*.self_attn.v_proj": "colwise", "layers.*.self_attn.o_proj": "rowwise",
+    "layers.*.mlp.gate_proj": "colwise", "layers.*.mlp.up_proj": "colwise",
+    "layers.*.mlp.down_proj": "rowwise",
+}
+_OWN_PLANS = {"llama": LLAMA_PLAN, "qwen2": LLAMA_PLAN, "mistral": LLAMA_PLAN}
+_MARK = "_hybridflow_tp"
+
+
+def layer_plan(model: torch.nn.Module) -> dict[str, str]:
+    """Module path (relative to the base model, `*` for any layer) -> "colwise" or
+    "rowwise"; ValueError naming the model when neither it nor the project has one."""
+    config = getattr(model, "config", None)
+    plan = dict(getattr(config, "base_model_tp_plan", None) or {})
+    kind = getattr(config, "model_type", type(model).__name__)
+    if not plan:
+        plan = dict(_OWN_PLANS.get(kind, {}))
+    if not plan:
+        raise ValueError(f"model type {kind!r} ships no tensor-parallel plan "
+                         f"(config.base_model_tp_plan) and hybridflow has none for it "
+                         f"(it has: {sorted(_OWN_PLANS)}); set placement.parallel.<role>.tp=1")
+    return plan
+
+
+def _style(kind: str, where: str):
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    if kind == "colwise":
+        return ColwiseParallel()
+    if kind == "rowwise":
+        return RowwiseParallel()
+    raise ValueError(f"tensor-parallel plan entry {where!r}: style {kind!r} is not one "
+                     "hybridflow translates (colwise, rowwise); set "
+                     "placement.parallel.<role>.tp=1 for this model")
+
+
+def _expand(base: torch.nn.Module, plan: dict[str, str]) -> dict[str, object]:
+    """The plan with its `*` patterns matched against the base model's modules."""
+    names = [name for name, _ in base.named_modules() if name]
+    styles = {}
+    for pattern, kind in plan.items():
+        hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)
+                and n.count(".") == pattern.count(".")]
+        for name in hits:
+            styles[name] = _style(kind, pattern)
+    if not styles:
+        raise ValueError(f"the tensor-parallel plan {sorted(plan)} matched no module of "
+                         f"{type(base).__name__}")
+    return styles
+
+
+def parallelize(model: torch.nn.Module, mesh) -> torch.nn.Module:
+    """Shard `model` in place over the 1-D device mesh `mesh` (the role's "tp" dim)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+    base = getattr(model, "base_model", model)
+    trainable = {n: p.requires_grad for n, p in model.named_parameters(remove_duplicate=False)}
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    tied = head is not None and embed is not None and head.weight is embed.weight
+    parallelize_module(base, mesh, _expand(base, layer_plan(model)))
+    if embed is not None:
+        parallelize_module(embed, mesh, RowwiseParallel(input_layouts=Replicate(),
+                                                        output_layouts=Replicate()))
+    if head is not None:
+        parallelize_module(head, mesh, ColwiseParallel(
+            input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=False))
+        if tied:  # both shard vocabulary rows (Shard(0)): the head reuses the embedding's
+            head.weight = embed.weight
+    for name, param in model.named_parameters(remove_duplicate=False):
+        param.requires_grad_(trainable.get(name, param.requires_grad))
+    setattr(model, _MARK, True)
+    return model
+
+
+def is_tensor_parallel(module: torch.nn.Module) -> bool:
+    return bool(getattr(module, _MARK, False))
+
+
+@contextmanager
+def full_logits(module: torch.nn.Module):
+    """Within: the head of a tensor-parallel `module` returns whole logits (a plain
+    tensor, the same on every rank of the group), for sampling. Elsewhere a no-op."""
+    head = module.get_output_embeddings() if is_tensor_parallel(module) else None
+    if head is None:
+        yield module
+        return
+
+    def gather(_mod, _inputs, output):
+        return output.full_tensor() if hasattr(output, "full_tensor") else output
+
+    handle = head.register_forward_hook(gather)
+    try:
+        yield module
+    finally:
+        handle.remove()
+
+
+def _share(grad) -> float:
+    """Weight of this rank's sum of squares in the world's sum: 1 / the number of ranks
+    holding the same values (replicated mesh dims, and ranks outside a sub-mesh)."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if not hasattr(grad, "device_mesh"):
+        return 1.0 / world
+    mesh = grad.device_mesh
+    copies = world / mesh.size()
+    for dim, placement in enumerate(grad.placements):
+        if placement.is_replicate():
+            copies *= mesh.size(dim)
+    return 1.0 / copies
+
+
+def clip_grad_norm(params, max_norm: float) -> float:
+    """`torch.nn.utils.clip_grad_norm_` over a mix of DTensor (sharded, on sub-meshes)
+    and plain (replicated) gradients: each rank sums the squares of what it holds,
+    weighted so a value held by k ranks counts once, one all-reduce over the world."""
+    from torch.distributed.tensor import Replicate
+    grads = [p.grad for p in params if p.grad is not None]
+    total = torch.zeros((), dtype=torch.float64)
+    for grad in grads:
+        if hasattr(grad, "placements") and any(p.is_partial() for p in grad.placements):
+            grad = grad.redistribute(placements=[Replicate() if p.is_partial() else p
+                                                 for p in grad.placements])
+        local = grad.to_local() if hasattr(grad, "to_local") else grad
+        total += local.detach().double().pow(2).sum().cpu() * _share(grad)
+    if dist.is_initialized():
+        device = grads[0].device if grads and grads[0].device.type == "cuda" else "cpu"
+        total = total.to(device)
+        dist.all_reduce(total)
+    norm = math.sqrt(float(total))
+    coef = min(1.0, max_norm / (norm + 1e-6)) if math.isfinite(norm) else 1.0
+    if coef < 1.0:
+        for grad in grads:
+            grad.mul_(coef)
+    return norm
+
+
+def refuse_lora(role: str, tp: int, lora_rank: int) -> None:
+    """LoRA adapters on a tensor-parallel model are not sharded by any plan here."""
+    if tp > 1 and lora_rank > 0:
+        raise ValueError(
+            f"placement.parallel.{role}.tp={tp} with actor.lora.rank={lora_rank}: LoRA "
+            "adapters on a tensor-parallel model are not supported (the peft-wrapped "
+            "projections have no tensor-parallel plan); set actor.lora.rank=0 to train the "
+            "full model at tp>1, or placement.parallel." + role + ".tp=1 to train LoRA")
