@@ -155,3 +155,49 @@ def test_abort_drops_what_is_not_finished(actor):
     assert engine.stream_busy and engine.abort() == 4 and not engine.stream_busy
     with pytest.raises(ValueError, match="one set of options"):
         engine.submit(prompt_batch(actor.tokenizer, PROMPTS), _opts(actor, top_k=3))
+
+
+def _count_forwards(module):
+    """Record the input width of every forward of `module` (a hook, not a timer)."""
+    widths = []
+    handle = module.register_forward_pre_hook(
+        lambda _, args, kwargs: widths.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+    return widths, handle
+
+
+def test_a_decode_step_runs_one_token_per_sequence_whatever_the_prefix(actor):
+    """The stream loop keeps a KV cache per sequence: after a request's prefill, each
+    step's forward reads one new token per sequence, so a token's cost is flat in the
+    prefix length (no O(length^2) recomputation of the prefix)."""
+    batch = prompt_batch(actor.tokenizer, PROMPTS[:1])
+    engine = actor.engine
+    engine.submit(batch, _opts(actor, do_sample=False, max_new_tokens=12, micro_batch_size=1))
+    widths, handle = _count_forwards(actor.module)
+    try:
+        rows = _drain(engine)
+    finally:
+        handle.remove()
+    tokens = int(rows[0]["response_mask"].sum())
+    assert tokens > 3 and len(widths) == tokens  # one forward per sampled token
+    assert widths[0] == int(batch["attention_mask"].sum())  # the prefill: the prompt
+    assert widths[1:] == [1] * (tokens - 1)
+
+
+def test_a_weight_update_prefills_the_sequences_in_flight_with_the_new_weights(actor):
+    """Partial rollouts: the caches the old weights computed are dropped at the update
+    (one prefill of prompt + tokens so far), then decoding is one token again."""
+    batch = prompt_batch(actor.tokenizer, PROMPTS[:1])
+    engine = actor.engine
+    engine.submit(batch, _opts(actor, do_sample=False, max_new_tokens=8, micro_batch_size=1))
+    stream = engine._stream
+    stream.step(engine.policy_version, True)
+    stream.step(engine.policy_version, True)  # prefill, then one decode
+    prompt_len = int(batch["attention_mask"].sum())
+    widths, handle = _count_forwards(actor.module)
+    try:
+        _perturb(actor.module, engine.policy_version + 1, engine)
+        stream.step(engine.policy_version, True)
+        stream.step(engine.policy_version, True)
+    finally:
+        handle.remove()
+    assert widths == [prompt_len + 2, 1]

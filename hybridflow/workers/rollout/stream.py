@@ -17,10 +17,12 @@ was sampled from). On a version change:
 - `partial=False`: the active sequences are aborted and re-queued at the front (their
   tokens dropped), so every response is sampled by one version.
 
-Each step recomputes every active sequence's prefix (no KV cache is kept between
-steps): correct under weight changes without re-prefill logic, and O(length²) per
-response, which is fine for short responses and slow for long ones (the vLLM engine
-is the fast path; see docs/async.md).
+Each sequence keeps its own KV cache (`stream_cache.py`): a decode step runs the
+model on one new token per sequence, so its work is flat in the prefix length. A
+cache is computed by one weights version: a new request, or one whose cache an older
+version computed (a partial rollout continuing after a weight update), is prefilled
+with the current weights first, so every token is sampled from exactly the weights it
+is stamped with.
 
 Sampling draws from the loop's own generator (seeded by the worker), so on the local
 runtime, where the steps interleave with training in a fixed order, the same seed
@@ -38,7 +40,7 @@ import torch
 
 from hybridflow.core.batch import Batch
 from hybridflow.workers.rollout.generation import assemble_rollout
-from hybridflow.workers.sequences import position_ids_from_mask
+from hybridflow.workers.rollout.stream_cache import LayerKV, decode, prefill
 
 __all__ = ["StreamLoop", "Request", "NO_TOKEN", "requests_from_rows", "assemble_requests"]
 
@@ -58,6 +60,8 @@ class Request:
     logps: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     restarts: int = 0
+    kv: LayerKV | None = field(default=None, repr=False)  # prompt + tokens[:-1], or all
+    kv_version: int | None = None  # the weights version that computed `kv`
 
 
 def requests_from_rows(rows: Batch, first_rid: int) -> list[Request]:
@@ -120,6 +124,7 @@ class StreamLoop:
                 self.counts["aborted_tokens"] += len(req.tokens)
                 self.counts["restarts"] += 1
                 req.tokens, req.logps, req.versions = [], [], []
+                req.kv, req.kv_version = None, None
                 req.restarts += 1
                 self.queue.appendleft(req)
             self.active = []
@@ -148,26 +153,45 @@ class StreamLoop:
 
     def _next_scores(self) -> torch.Tensor:
         """The processed next-token scores [B, V] of the active sequences (warpers
-        applied: the distribution a token is sampled from)."""
-        seqs = [r.prompt + r.tokens for r in self.active]
-        width = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), width), self.pad, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for i, seq in enumerate(seqs):
-            ids[i, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
-            mask[i, width - len(seq):] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
+        applied: the distribution a token is sampled from). A sequence whose cache the
+        current weights computed decodes its newest token; the others are prefilled."""
+        stale = [i for i, r in enumerate(self.active)
+                 if r.kv is None or r.kv_version != self.version]
+        fresh = [i for i in range(len(self.active)) if i not in set(stale)]
+        logits: list[torch.Tensor] = [torch.empty(0)] * len(self.active)
         was_training = self.module.training
         self.module.eval()
         try:
-            out = self.module(input_ids=ids, attention_mask=mask,
-                              position_ids=position_ids_from_mask(mask), use_cache=False)
+            if stale:
+                rows, caches = prefill(self.module, [self._sequence(i) for i in stale],
+                                       self.pad, self.device)
+                self._keep(stale, rows, caches, logits)
+            if fresh:
+                rows, caches = decode(self.module, [self.active[i].kv for i in fresh],
+                                      [self.active[i].tokens[-1] for i in fresh], self.device)
+                self._keep(fresh, rows, caches, logits)
         finally:
             self.module.train(was_training)
-        scores = out.logits[:, -1, :].float()
-        for warper in self.warpers:
-            scores = warper(ids, scores)
+        scores = torch.stack(logits).float()
+        if self.warpers:  # warpers read the whole sequences (repetition penalties)
+            seqs = [self._sequence(i) for i in range(len(self.active))]
+            width = max(len(s) for s in seqs)
+            ids = torch.tensor([[self.pad] * (width - len(s)) + s for s in seqs],
+                               device=scores.device)
+            for warper in self.warpers:
+                scores = warper(ids, scores)
         return scores
+
+    def _sequence(self, i: int) -> list[int]:
+        req = self.active[i]
+        return req.prompt + req.tokens
+
+    def _keep(self, which: list[int], rows: torch.Tensor, caches: list,
+              logits: list[torch.Tensor]) -> None:
+        """Each sequence's logits for this step, and its grown cache."""
+        for row, i, kv in zip(rows, which, caches):
+            logits[i] = row
+            self.active[i].kv, self.active[i].kv_version = kv, self.version
 
     def _sample(self, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logp = torch.log_softmax(scores, dim=-1)
