@@ -45,6 +45,8 @@ class EngineSpec:
     device: torch.device
     module: torch.nn.Module | None = None
     synced_gpus: bool = False         # FSDP: every rank must run every decoding step
+    tp: int | None = None             # tensor-parallel size (None: the role's, ctx.tp):
+                                      # ranks g*tp..g*tp+tp-1 of ctx's world are one engine
 
 
 @runtime_checkable

@@ -4,7 +4,9 @@ docs/rollout.md). Written against vLLM 0.32 and run here on the CPU build
 graphs) are unrun. The pure-Python parts are also tested against a fake `LLM`.
 
 One engine per rank, in the rank's own process, one code path on every platform
-(what differs is asked of vLLM's platform object):
+(what differs is asked of vLLM's platform object); with `tp` > 1 (the role's
+`placement.parallel.<role>.tp`) the ranks of each tp group build one engine together,
+SPMD, and are driven in lockstep (`vllm_group`: layout, seeds, CPU binding, agreement):
 - `distributed_executor_backend="external_launcher"`: the engine core runs in this
   process on the rank's own device, so weights reach the model by `apply_model`
   with nothing serialised (vLLM's multiprocess executor uses msgpack and refuses
@@ -30,12 +32,12 @@ One engine per rank, in the rank's own process, one code path on every platform
 
 State: `llm`, `policy_version` (UNKNOWN_VERSION while asleep at level 2 or holding
 dummy weights), `asleep`, `reloading` (inside a weight sync), `state` (the process
-state swapped around vLLM calls).
+state swapped around vLLM calls), `tp` and `loaded` (a digest of the buckets' names
+and shapes loaded so far, compared across a tp group with the version).
 """
 from __future__ import annotations
 
 import functools
-import tempfile
 from typing import Iterable
 
 import torch
@@ -44,6 +46,10 @@ from hybridflow.core.batch import Batch
 from hybridflow.workers.rollout.engine import UNKNOWN_VERSION, EngineSpec
 from hybridflow.workers.rollout.generation import assemble_rollout
 from hybridflow.workers.rollout.vllm_checks import check_vllm_model, vllm_dtype
+from hybridflow.workers.rollout.vllm_model import (causal_lm_architecture, max_model_len,
+                                                   model_directory, tokenizer_directory)
+from hybridflow.workers.rollout.vllm_group import (agree, bind_env, check_group, digest,
+                                                   engine_tp, group_seed, pin, rank_cores)
 from hybridflow.workers.rollout.vllm_process import (PROCESS_STATE, VLLMProcessState,
                                                      note_build_start, own_shutdown, rank_env)
 from hybridflow.workers.sequences import pad_right
@@ -66,70 +72,15 @@ def _import_vllm():
     return vllm
 
 
-def causal_lm_architecture(model_type: str) -> str:
-    """The Hugging Face causal-LM class name for a model type (`LlamaForCausalLM`)."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
-    if name is None:
-        raise ValueError(f"model.hf_config model_type {model_type!r} has no causal-LM class "
-                         "in transformers, so vLLM cannot build it")
-    return name
-
-
-def tokenizer_directory(tokenizer, model_path: str) -> str:
-    """The project's tokenizer and a generation config made from it, for vLLM (which
-    would otherwise stop at whatever eos the model directory's configs name), beside
-    the model's config with the tokenizer's ids (vLLM reads a config there too)."""
-    from transformers import AutoConfig, GenerationConfig
-
-    from hybridflow.workers.models import token_ids_from_tokenizer
-    path = tempfile.mkdtemp(prefix="hybridflow_vllm_tok_")
-    config = AutoConfig.from_pretrained(model_path)
-    token_ids_from_tokenizer(config, tokenizer)
-    config.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    GenerationConfig(eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
-                     pad_token_id=tokenizer.pad_token_id).save_pretrained(path)
-    return path
-
-
-def model_directory(model_cfg, tokenizer) -> str:
-    """A directory vLLM can open: `model.path`, or the config (with `architectures`
-    and the tokenizer's ids) of a model built from `model.hf_config`, in a temp dir."""
-    if model_cfg.path is not None:
-        return model_cfg.path
-    from transformers import AutoConfig
-
-    from hybridflow.workers.models import token_ids_from_tokenizer
-    values = dict(model_cfg.hf_config)
-    model_type = values.pop("model_type", "llama")
-    config = AutoConfig.for_model(model_type, vocab_size=len(tokenizer), **values)
-    token_ids_from_tokenizer(config, tokenizer)
-    config.architectures = [causal_lm_architecture(model_type)]
-    path = tempfile.mkdtemp(prefix="hybridflow_vllm_")
-    config.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
-def max_model_len(model_cfg, rollout_cfg) -> int:
-    if rollout_cfg.max_model_len > 0:
-        return rollout_cfg.max_model_len
-    if model_cfg.path is None:
-        return int(model_cfg.hf_config.get("max_position_embeddings", 2048))
-    from transformers import AutoConfig
-    return int(getattr(AutoConfig.from_pretrained(model_cfg.path), "max_position_embeddings",
-                       2048))
-
-
 def engine_kwargs(spec: EngineSpec, path: str, tokenizer_path: str,
-                  sleep_available: bool) -> dict:
-    """`vllm.LLM(**kwargs)` for this rank: in-process, on the rank's own device."""
+                  sleep_available: bool, tp: int = 1) -> dict:
+    """`vllm.LLM(**kwargs)` for this rank: in-process, on the rank's own device, one of
+    the `tp` ranks of its group (the same seed on each of them)."""
     cfg = spec.rollout_cfg
     kv_bytes = int(cfg.kv_cache_gib * (1 << 30)) if cfg.kv_cache_gib > 0 else None
     seqs = {"max_num_seqs": cfg.max_num_seqs} if cfg.max_num_seqs > 0 else {}
     return {**seqs, "model": path, "tokenizer": tokenizer_path, "generation_config": tokenizer_path,
-            "dtype": vllm_dtype(spec.model_cfg.dtype), "tensor_parallel_size": 1,
+            "dtype": vllm_dtype(spec.model_cfg.dtype), "tensor_parallel_size": tp,
             "distributed_executor_backend": "external_launcher",
             "load_format": "dummy" if spec.module is not None or spec.model_cfg.path is None
             else "auto",
@@ -139,7 +90,7 @@ def engine_kwargs(spec: EngineSpec, path: str, tokenizer_path: str,
             "enable_sleep_mode": (cfg.enable_sleep_mode and spec.module is not None
                                   and sleep_available),
             "enable_prefix_caching": True, "logprobs_mode": "processed_logprobs",
-            "seed": spec.ctx.seed + spec.ctx.rank}
+            "seed": group_seed(spec.ctx, tp)}
 
 
 def _vllm_platform():
@@ -158,14 +109,23 @@ def _reload_functions():
 
 
 def make_vllm_engine(spec: EngineSpec, llm_class=None, sampling_params=None,
-                     reload=None, sleep_available: bool = True) -> "VLLMEngine":
-    """`llm_class`, `sampling_params`, `reload` (begin, finish) and `sleep_available`
-    replace vLLM's own (tests pass fakes)."""
+                     reload=None, sleep_available: bool = True,
+                     agree_fn=None) -> "VLLMEngine":
+    """`llm_class`, `sampling_params`, `reload` (begin, finish), `sleep_available` and
+    `agree_fn` (the tp group's all-gather) replace vLLM's own (tests pass fakes)."""
     fake = llm_class is not None
     state = VLLMProcessState() if fake else PROCESS_STATE
     delta_kind = "delta"  # a fake's; vLLM's RequestOutputKind.DELTA below
+    tp = engine_tp(spec)
+    cpu_bind = tp > 1 and spec.device.type == "cpu"
+    if tp > 1:
+        check_group(spec, tp)
+        spec.ctx.init_distributed()  # the pool's group, the trainer's or joined here
     note_build_start()
-    with state.entered(rank_env(spec.device)):
+    env = {**rank_env(spec.device), **(bind_env(spec.ctx, tp) if cpu_bind else {})}
+    with state.entered(env):
+        if cpu_bind:  # vLLM's side of the process state keeps it
+            pin(rank_cores(spec.ctx, tp))
         if not fake:
             vllm = _import_vllm()
             llm_class, sampling_params = vllm.LLM, vllm.SamplingParams
@@ -176,11 +136,12 @@ def make_vllm_engine(spec: EngineSpec, llm_class=None, sampling_params=None,
         check_vllm_model(spec.model_cfg)
         path = model_directory(spec.model_cfg, spec.tokenizer)
         kwargs = engine_kwargs(spec, path, tokenizer_directory(spec.tokenizer, path),
-                               sleep_available)
+                               sleep_available, tp)
         llm = llm_class(**kwargs)
     engine = VLLMEngine(llm, sampling_params, spec.tokenizer, spec.device,
                         sleep_mode=kwargs["enable_sleep_mode"], reload=reload, state=state,
-                        delta_kind=delta_kind, seed=kwargs["seed"])
+                        delta_kind=delta_kind, seed=kwargs["seed"], tp=tp,
+                        agree=agree_fn or agree)
     if not fake:
         engine.close = own_shutdown(engine, llm, state)
     if kwargs["load_format"] == "auto":
@@ -194,6 +155,9 @@ def make_vllm_engine(spec: EngineSpec, llm_class=None, sampling_params=None,
     if engine.sleep_mode:
         engine.sleep()
     return engine
+
+
+make_vllm_engine.tensor_parallel = True  # tp groups of ranks, SPMD (vllm_group.py)
 
 
 def load_into_model(model, weights: list) -> int:
@@ -255,7 +219,7 @@ class VLLMEngine:
 
     def __init__(self, llm, sampling_params, tokenizer, device, sleep_mode: bool,
                  reload=None, state: VLLMProcessState | None = None,
-                 delta_kind=None, seed: int = 0):
+                 delta_kind=None, seed: int = 0, tp: int = 1, agree=None):
         self.llm, self.sampling_params = llm, sampling_params
         self.tokenizer, self.device, self.sleep_mode = tokenizer, device, sleep_mode
         self.reload, self.state = reload, state or VLLMProcessState()
@@ -263,6 +227,7 @@ class VLLMEngine:
         self.asleep = self.reloading = False
         # streaming (vllm_stream.py): RequestOutputKind.DELTA, the sampler's seed
         self.delta_kind, self.seed, self._stream = delta_kind, seed, None
+        self.tp, self._agree, self.loaded = tp, agree, 0
 
     # ------------------------------------------------------------- streaming
     def submit(self, prompts: Batch, opts) -> int:
@@ -283,6 +248,12 @@ class VLLMEngine:
         """Up to `max_steps` vLLM engine steps with the weights held now; the rows that
         finished, or None."""
         stream = self._stream
+        counters = None if stream is None else (stream.next_rid, stream.attempts,
+                                                sorted(stream.live))
+        if self.tp > 1:  # one rank's load or submit may land a poll before another's
+            with self.state.entered():
+                if not self._same_in_group("poll", counters):
+                    return None  # no step now; the next poll steps them together
         if stream is None:
             return None
         with self.state.entered():
@@ -305,6 +276,24 @@ class VLLMEngine:
 
     def stream_counts(self) -> dict:
         return dict(self._stream.counts) if self._stream is not None else {}
+
+    def _same_in_group(self, *what) -> bool:
+        """Whether every rank of this engine's tp group is about to do the same: a digest
+        of `what`, the weights version and the buckets loaded, all-gathered over the
+        group (every rank must call it at the same point; inside `state.entered()`)."""
+        if self.tp <= 1:
+            return True
+        return len(set(self._agree(digest(self.policy_version, self.loaded, *what)))) == 1
+
+    def _check_group_rows(self, rows, opts) -> None:
+        if not self._same_in_group("generate", rows, repr(opts)):
+            raise RuntimeError(
+                f"rollout.backend='vllm' with tp={self.tp}: the ranks of one tp group were "
+                "asked to generate different rows, or hold different weights (version "
+                f"{self.policy_version} here); every rank of a tp group must receive the "
+                "same rows and every weight bucket. A colocated rollout generates on the "
+                "actor's layout: give placement.parallel.rollout no tp of its own, or "
+                "place the rollout on a pool of its own")
 
     def _awake(self) -> None:
         """The KV cache back before requests run (inside `state.entered()`)."""
@@ -339,6 +328,7 @@ class VLLMEngine:
         """One bucket; the first of a sync opens vLLM's layerwise reload session."""
         self.wake_up()
         bucket = [(name, tensor.to(self.device, non_blocking=True)) for name, tensor in weights]
+        self.loaded = digest(self.loaded, [(n, tuple(t.shape), str(t.dtype)) for n, t in bucket])
         with self.state.entered():
             if not self.reloading and self.reload is not None:
                 self.llm.apply_model(functools.partial(_begin_reload, begin=self.reload[0]))
@@ -369,6 +359,7 @@ class VLLMEngine:
         outputs = []
         if rows:
             with self.state.entered():
+                self._check_group_rows(rows, opts)
                 self._awake()
                 # LLM.generate steps until vLLM holds no request: a stream's requests
                 # leave first, and come back after with their tokens (same weights)

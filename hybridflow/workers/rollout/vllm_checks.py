@@ -5,6 +5,9 @@
   with a raw kernel error. The list is read from vLLM's backend where vLLM is
   importable (the CPU platform's `CPUAttentionBackend`); a CUDA platform picks its
   backend at start-up from many, so no list is known before launch there.
+- tensor-parallel sizes: each rank of a tp group holds whole attention heads and whole
+  key/value heads, so tp divides both (vLLM itself would replicate KV heads when tp
+  exceeds them; the training side cannot, and the two layouts share one check).
 - dtype names: vLLM takes `float32`/`bfloat16`/`float16`, not the `fp32`/`bf16`
   spellings the model section also accepts.
 
@@ -17,7 +20,7 @@ import json
 import os
 
 __all__ = ["vllm_dtype", "head_size", "supported_head_sizes", "check_vllm_model",
-           "preflight_vllm"]
+           "check_vllm_tp", "preflight_vllm"]
 
 
 def vllm_dtype(name: str) -> str:
@@ -69,6 +72,28 @@ def check_vllm_model(model_cfg, where: str = "rollout.backend='vllm'") -> None:
             f"num_attention_heads), which vLLM's attention on this platform does not "
             f"support (allowed: {', '.join(map(str, allowed))}); use rollout.backend='hf' "
             "for this model or one whose head size is in the list (e.g. set head_dim)")
+
+
+def head_counts(values: dict) -> tuple[int, int]:
+    """(attention heads, key/value heads) of a causal LM config."""
+    text = values.get("text_config") or values
+    heads = int(text.get("num_attention_heads", 32))
+    return heads, int(text.get("num_key_value_heads") or heads)
+
+
+def check_vllm_tp(model_cfg, tp: int, key: str = "placement.parallel.rollout.tp") -> None:
+    """ValueError naming the key, the model and the sizes allowed when `tp` does not
+    divide the model's attention heads or key/value heads."""
+    if tp <= 1:
+        return
+    values, name = _model_values(model_cfg)
+    heads, kv = head_counts(values)
+    if heads % tp or kv % tp:
+        valid = [d for d in range(1, heads + 1) if heads % d == 0 and kv % d == 0]
+        raise ValueError(
+            f"{key}={tp}: {name} has {heads} attention heads and {kv} key/value heads; a "
+            f"vLLM tp group holds whole heads on each rank, so tp divides both (allowed: "
+            f"{', '.join(map(str, valid))})")
 
 
 def preflight_vllm(cfg) -> None:
