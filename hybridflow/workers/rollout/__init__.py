@@ -19,4 +19,5 @@ __all__ = ["EngineSpec", "RolloutEngine", "register_engine", "make_engine", "eng
            "sampling_options"]
 
 register_engine("hf", make_hf_engine, replace=True, streams=True)
-register_engine("vllm", make_vllm_engine, replace=True, streams=True)
+register_engine("vllm", make_vllm_engine, replace=True, streams=True,
+                tensor_parallel=make_vllm_engine.tensor_parallel)
