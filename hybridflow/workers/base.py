@@ -86,10 +86,11 @@ class Worker(WorkerHooks):
                 "optimizer": storage_bytes(state)}
 
     def save_checkpoint(self, directory: str) -> None:
-        """Weights as safetensors (+ HF config, loadable by `from_pretrained`);
-        optimizer and scheduler state per rank via torch.save."""
+        """A trained role: weights and optimizer sharded per rank (DCP,
+        `sharded_checkpoint.py`); an inference role: rank 0's safetensors weights."""
         if self.trainer is not None:
-            self.trainer.save(directory, self.ctx.rank, getattr(self, "tokenizer", None))
+            from hybridflow.workers.sharded_checkpoint import save_trainer
+            save_trainer(self.trainer, directory, self.ctx.rank, getattr(self, "tokenizer", None))
         elif self.module is not None and self.ctx.rank == 0:
             from hybridflow.workers.training import save_weights
             save_weights(self.module, directory)
@@ -105,7 +106,8 @@ class Worker(WorkerHooks):
 
     def load_checkpoint(self, directory: str) -> None:
         if self.trainer is not None:
-            self.trainer.load(directory, self.ctx.rank)
+            from hybridflow.workers.sharded_checkpoint import load_trainer
+            load_trainer(self.trainer, directory, self.ctx.rank, self.trainer.world)
         elif self.module is not None:
             from hybridflow.workers.training import load_weights
             load_weights(self.module, directory)

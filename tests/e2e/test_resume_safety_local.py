@@ -102,7 +102,8 @@ def test_a_checkpoint_damaged_in_place_is_named_and_the_run_is_left_alone(capsys
     code, _ = _run(capsys, tmp_path, "trainer.steps=2")
     assert code == 0
     run_dir = str(tmp_path / "run")
-    weights = os.path.join(run_dir, "checkpoints", "step_000002", "actor", "model.safetensors")
+    weights = os.path.join(run_dir, "checkpoints", "step_000002", "actor", "dcp",
+                           "__0_0.distcp")  # rank 0's shard of the weights and optimizer
     data = bytearray(open(weights, "rb").read())
     data[-5] ^= 0xFF  # same size, other bytes
     open(weights, "wb").write(bytes(data))
@@ -110,7 +111,7 @@ def test_a_checkpoint_damaged_in_place_is_named_and_the_run_is_left_alone(capsys
     code, err = _run(capsys, tmp_path, "trainer.steps=3", "--resume", run_dir)
     assert code == 1
     assert ("hybridflow run: could not resume: checkpoint "
-            f"{run_dir}/checkpoints/step_000002 is damaged: actor/model.safetensors does not "
+            f"{run_dir}/checkpoints/step_000002 is damaged: actor/dcp/__0_0.distcp does not "
             "match its sha256") in err
     after = _snapshot(run_dir)
     assert "Traceback" in after.pop("error.log").decode()

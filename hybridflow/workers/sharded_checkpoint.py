@@ -1,0 +1,127 @@
+"""A trained role's checkpoint, saved by every rank with `torch.distributed.checkpoint`
+(DCP): no rank gathers the model, and a checkpoint resumes onto another layout.
+
+    <role>/dcp/.metadata          DCP's index: every tensor's global shape and which
+    <role>/dcp/__<rank>_0.distcp  chunks each rank wrote (its shards of the weights
+                                  and of the optimizer state, under their FQNs)
+    <role>/scheduler.pt           the LR schedule (weights_only torch.save), rank 0
+    <role>/config.json, tokenizer the model's HF config and tokenizer, rank 0 (export)
+    <role>/adapter_*              LoRA runs: the adapters, rank 0 (peft's layout)
+
+`get_state_dict` names every tensor by its FQN and keeps DTensors as they are (any
+placement: FSDP2's Shard(0), tensor parallelism's Shard/Replicate on a 2-D mesh), so
+`dcp.load` reshards on load: a checkpoint saved by 2 FSDP ranks loads on 1 and back.
+LoRA runs save only the trainable adapters (and their optimizer state); the frozen
+base is what `model.path` (or the seeded build) gives, as before.
+
+The run's checkpoint (`hybridflow/run/checkpoint.py`) lists these files in its
+manifest with their sha256 and writes them under a temporary name first, so a damaged
+shard is named on resume. Checkpoints from before (`model.safetensors` or adapter
+files, plus `optim_rank<r>.pt` per rank) still load, at the world size they were saved
+at. Every rank of the role calls save and load (collectives). Stateless.
+"""
+from __future__ import annotations
+
+import glob
+import os
+
+import torch
+
+__all__ = ["DCP_DIR", "SCHEDULER_FILE", "is_sharded_checkpoint", "save_trainer",
+           "load_trainer"]
+
+DCP_DIR = "dcp"
+SCHEDULER_FILE = "scheduler.pt"
+
+
+def is_sharded_checkpoint(directory: str) -> bool:
+    return os.path.isfile(os.path.join(directory, DCP_DIR, ".metadata"))
+
+
+def _options(module):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    from hybridflow.workers.lora import is_lora
+    lora = is_lora(module)  # the frozen base is not in the checkpoint: load non-strict
+    return StateDictOptions(ignore_frozen_params=lora, strict=not lora)
+
+
+def _state(trainer) -> dict:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    model, optim = get_state_dict(trainer.module, trainer.optimizer,
+                                  options=_options(trainer.module))
+    return {"model": model, "optim": optim}
+
+
+def save_trainer(trainer, directory: str, rank: int, tokenizer=None) -> None:
+    """Every rank writes its shards; rank 0 also the schedule, config and tokenizer."""
+    import torch.distributed.checkpoint as dcp
+    from hybridflow.workers.lora import is_lora
+    os.makedirs(directory, exist_ok=True)
+    dcp.save(_state(trainer), checkpoint_id=os.path.join(directory, DCP_DIR),
+             no_dist=trainer.world == 1)
+    module = trainer.module
+    adapters = _gathered_adapters(module) if is_lora(module) else None  # collective
+    if rank != 0:
+        return
+    torch.save({"scheduler": trainer.scheduler.state_dict()},
+               os.path.join(directory, SCHEDULER_FILE))
+    if adapters is not None:
+        from hybridflow.workers.lora import save_adapter
+        save_adapter(module, directory, adapters)
+    else:
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "save_pretrained"):
+            config.save_pretrained(directory)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(directory)
+
+
+def _gathered_adapters(module) -> dict:
+    """The trainable tensors (LoRA's adapters: small) gathered whole, on rank 0."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from hybridflow.workers.weights import is_sharded
+    if not is_sharded(module):
+        return {k: v.detach() for k, v in module.state_dict().items() if "lora_" in k}
+    return get_model_state_dict(module, options=StateDictOptions(
+        full_state_dict=True, cpu_offload=True, ignore_frozen_params=True))
+
+
+def load_trainer(trainer, directory: str, rank: int, world: int) -> None:
+    """Restore weights, optimizer and schedule from `directory`: a DCP checkpoint at any
+    layout, or one of the older format at the world size it was saved with."""
+    if not is_sharded_checkpoint(directory):
+        _check_old_layout(directory, rank, world)
+        trainer.load(directory, rank)
+        return
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+    state = _state(trainer)  # this layout's (sharded) tensors, filled in place
+    try:
+        dcp.load(state, checkpoint_id=os.path.join(directory, DCP_DIR),
+                 no_dist=trainer.world == 1)
+    except (CheckpointException, RuntimeError, KeyError, ValueError) as err:  # name keys only
+        raise ValueError(f"checkpoint {directory!r} ({DCP_DIR}/) does not fit this role's "
+                         f"model and optimizer (another model, or LoRA on one side only?): "
+                         f"{str(err)[:400]}") from None
+    set_state_dict(trainer.module, trainer.optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"], options=_options(trainer.module))
+    path = os.path.join(directory, SCHEDULER_FILE)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"checkpoint {directory!r} has {DCP_DIR}/ but no "
+                                f"{SCHEDULER_FILE}: it is damaged; resume from the one "
+                                f"before it")
+    trainer.scheduler.load_state_dict(
+        torch.load(path, weights_only=True, map_location="cpu")["scheduler"])
+
+
+def _check_old_layout(directory: str, rank: int, world: int) -> None:
+    """An old checkpoint (per-rank optimizer files) resumes only at its world size."""
+    saved = sorted(glob.glob(os.path.join(directory, "optim_rank*.pt")))
+    if saved and len(saved) != world:
+        raise ValueError(
+            f"checkpoint {directory!r} is in the format from before sharded checkpoints "
+            f"(model.safetensors + {len(saved)} optim_rank<r>.pt files): it resumes only on "
+            f"{len(saved)} rank(s), and this role has {world}. Resume with {len(saved)} "
+            f"rank(s) once and save again (new checkpoints reshard), or `hybridflow export` "
+            f"its weights and start a new run from them (model.path)")
