@@ -202,8 +202,9 @@ class FusedWorker:
                 "node_id": ctx.get_node_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
 
     def start(self, env: dict[str, str], cfg, roles: list[str], bindings: dict[str, type],
-              seed: int, make_context: Callable) -> int:
-        """Set the torch.distributed env and construct the roles in placement order."""
+              seed: int, make_context: Callable, tp: dict[str, int] | None = None) -> int:
+        """Set the torch.distributed env and construct the roles in placement order;
+        `tp`: role -> its tensor-parallel size, given to the role's context."""
         os.environ.update(env)
         import torch
         device = f"cuda:{self.local_rank}" if torch.cuda.is_available() else "cpu"
@@ -211,11 +212,14 @@ class FusedWorker:
             for role in roles:
                 ctx = make_context(self.rank, self.world_size, self.local_rank, device, seed,
                                    self.roles)
+                ctx.tp = (tp or {}).get(role, 1)
                 self.roles[role] = construct_role(role, bindings[role], cfg, ctx)
         except Exception as err:  # noqa: BLE001 - shipped to the driver with the traceback
             # the one-line cause first: the driver's headline is the detail's first line
             raise WorkerError(f"{err}\n{traceback.format_exc()}") from None
-        seed_process(seed + self.rank)  # sampling follows trainer.seed, a stream per rank
+        # sampling follows trainer.seed, a stream per data-parallel rank: the ranks of a
+        # tp group generate the same rows in lockstep and must draw the same tokens
+        seed_process(seed + self.rank // max([1, *((tp or {}).get(r, 1) for r in roles)]))
         return os.getpid()
 
     def info(self) -> dict:

@@ -49,6 +49,9 @@ class ReferenceWorker(Worker):
             self.tokenizer = load_tokenizer(tokenizer_spec(self.model_cfg))
             self._own = build_causal_lm(self.model_cfg, self.tokenizer, self.device,
                                         self.ctx.seed, path=self.ref_cfg.path)
+            if getattr(self.ctx, "tp", 1) > 1:  # placement.parallel.ref.tp: shard it
+                from hybridflow.workers.backends.tensor_parallel import parallelize
+                parallelize(self._own, self.ctx.device_mesh()["tp"])
             self._own.eval().requires_grad_(False)
 
     def _host_worker(self):

@@ -68,7 +68,7 @@ class RayRuntime:
                     self.groups[pool] = launch_group(plan.placement.pools[pool], roles,
                                                      self.settings)
             start_groups(list(self.groups.values()), cfg, bindings, seed, self.settings,
-                         make_context)
+                         make_context, {r: plan.placement.tp_size(r) for r in wanted})
         except BaseException:
             self.shutdown()
             raise

@@ -146,9 +146,11 @@ def launch_group(spec: PoolSpec, roles: list[str], settings: RuntimeSettings) ->
 
 
 def start_groups(groups: list[WorkerGroup], cfg, bindings: dict[str, type], seed: int,
-                 settings: RuntimeSettings, make_context: Callable) -> None:
+                 settings: RuntimeSettings, make_context: Callable,
+                 tp: dict[str, int] | None = None) -> None:
     """Give every rank its torch.distributed env, then construct the roles of all
-    pools at once (each pool's ranks must join their process group together)."""
+    pools at once (each pool's ranks must join their process group together);
+    `tp`: role -> its tensor-parallel size (placement.parallel.<role>.tp)."""
     timeout = settings.start_timeout
     for group in groups:
         group.info = _get_all([a.address.remote() for a in group.actors], timeout,
@@ -156,7 +158,7 @@ def start_groups(groups: list[WorkerGroup], cfg, bindings: dict[str, type], seed
     pending = []
     for group in groups:
         refs = [actor.start.remote(_rank_env(group, rank), cfg, group.roles, bindings, seed,
-                                   make_context)
+                                   make_context, tp)
                 for rank, actor in enumerate(group.actors)]
         pending.append((group, refs))
     for group, refs in pending:

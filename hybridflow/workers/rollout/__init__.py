@@ -18,6 +18,6 @@ __all__ = ["EngineSpec", "RolloutEngine", "register_engine", "make_engine", "eng
            "GENERATE_WRITES", "assemble_rollout", "generate_rows", "logprob_mismatch",
            "sampling_options"]
 
-register_engine("hf", make_hf_engine, replace=True, streams=True)
+register_engine("hf", make_hf_engine, replace=True, streams=True, tensor_parallel=True)
 register_engine("vllm", make_vllm_engine, replace=True, streams=True,
                 tensor_parallel=make_vllm_engine.tensor_parallel)

@@ -11,6 +11,12 @@ logits processor: it sees the scores sampled from) instead of asking `generate` 
 `output_scores`, which keeps every step's float32 [rows, vocab] scores until the
 end. `generate` stops once every row has ended (its stopping criteria).
 
+On a tensor-parallel actor (`placement.parallel.actor.tp > 1`) the shared module is
+sharded: every rank of a tp group receives the same rows and the same sampling seed
+(one stream per data-parallel rank), runs `generate` in lockstep (each forward's
+collectives), and samples from whole logits (`full_logits` gathers the head's
+vocabulary shards), so the group draws identical tokens. Streaming is refused there.
+
 State: `module` (shared or own), `policy_version` (of the weights in `module`).
 """
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Iterable
 import torch
 
 from hybridflow.core.batch import Batch
+from hybridflow.workers.backends.tensor_parallel import full_logits, is_tensor_parallel
 from hybridflow.workers.config import RolloutConfig
 from hybridflow.workers.rollout.engine import UNKNOWN_VERSION, EngineSpec
 from hybridflow.workers.rollout.generation import assemble_rollout
@@ -41,8 +48,9 @@ def make_hf_engine(spec: EngineSpec) -> "HFEngine":
 
 
 def _stream_seed(ctx) -> int:
-    """The streaming sampler's seed: the run's, one stream per rank."""
-    return int(getattr(ctx, "seed", 0) or 0) * 1000 + int(getattr(ctx, "rank", 0) or 0)
+    """The streaming sampler's seed: the run's, one stream per data-parallel rank."""
+    rank = getattr(ctx, "dp_rank", getattr(ctx, "rank", 0))
+    return int(getattr(ctx, "seed", 0) or 0) * 1000 + int(rank or 0)
 
 
 class ChosenLogProbs:
@@ -118,6 +126,11 @@ class HFEngine:
                                "actor decodes in lockstep over ranks (synced_gpus) and "
                                "cannot stream; place the rollout on a pool of its own "
                                "(placement.roles.rollout=<pool>)")
+        if is_tensor_parallel(self.module):
+            raise RuntimeError("trainer.async_mode=streaming: the 'hf' engine of a "
+                               "tensor-parallel actor (placement.parallel.actor.tp > 1) "
+                               "decodes in lockstep over its tp group and cannot stream; use "
+                               "trainer.async_mode=off, or tp=1")
         if self._stream is None:
             from hybridflow.workers.rollout.stream import StreamLoop
             self._stream = StreamLoop(self.module, self.tokenizer, self.device, opts, self.seed,
@@ -201,11 +214,13 @@ class HFEngine:
                 if len(micro) == 0:  # synced FSDP rank with no rows: decode a dummy row
                     ids, mask = torch.full((1, 1), pad), torch.ones(1, 1, dtype=torch.long)
                 recorder = ChosenLogProbs()
-                result = self.module.generate(
-                    input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                    position_ids=position_ids_from_mask(mask).to(self.device),
-                    generation_config=config, synced_gpus=self.synced_gpus,
-                    logits_processor=LogitsProcessorList(sampled_warpers(opts) + [recorder]))
+                with full_logits(self.module):  # a tp head's logits whole, for sampling
+                    result = self.module.generate(
+                        input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                        position_ids=position_ids_from_mask(mask).to(self.device),
+                        generation_config=config, synced_gpus=self.synced_gpus,
+                        logits_processor=LogitsProcessorList(
+                            sampled_warpers(opts) + [recorder]))
                 if len(micro):
                     new = result.sequences[:, ids.shape[1]:].cpu()
                     outs.append(pad_right(new, width, pad))
