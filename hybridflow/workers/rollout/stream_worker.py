@@ -4,12 +4,18 @@ runs them).
 
 - `stream_submit(batch, **options)`: this rank's share of the prompts (prompt i goes
   to rank i mod world size, so a prompt's n samples stay on one rank), repeated n
-  times, queued in the engine (`StreamingEngine.submit`).
+  times, queued in the engine (`StreamingEngine.submit`). An engine over a tp group
+  of ranks (`engine.tp` > 1): prompt i goes to group i mod (world / tp), every rank of
+  the group queues it, and only the group's first rank reports (submit counts, rows).
 - `stream_poll()`: inline mode (the local runtime, or a rollout sharing the actor's
   process) runs `rollout.stream_poll_steps` decode steps and returns what finished;
   background mode (`stream_start()`, Ray with the rollout on its own pool) returns
   what the engine loop, running on its own thread, finished since the last poll.
 - `stream_abort()`: drop what is not finished (the end of a run).
+
+A tp group steps inline only (`stream_start` starts no thread for it): its ranks must
+run vLLM's collectives in one order, which calls from the driver give (each rank gets
+them in the order sent) and a thread per rank, racing the weight loads, would not.
 
 Weights: a colocated engine is refreshed to the actor's weights and version before
 each inline poll (for the `hf` engine that shares the module, the version only); a
@@ -48,20 +54,29 @@ class StreamCalls:
         check_streaming(engine, self.rollout_cfg.backend)
         return engine
 
+    def _stream_group(self) -> tuple[int, int, bool]:
+        """(prompt shares, this rank's share, whether this rank reports): one share per
+        engine, i.e. per tp group of ranks (`engine.tp`, 1 for a one-rank engine)."""
+        tp = max(1, int(getattr(self._stream_engine(), "tp", 1)))
+        world, rank = max(1, int(self.ctx.world_size)), int(self.ctx.rank)
+        return max(1, world // tp), rank // tp, rank % tp == 0
+
     def stream_submit(self, batch: Batch, **options) -> dict:
         """Queue this rank's prompts; returns {uid: requests queued} for them."""
         opts = sampling_options(self.rollout_cfg, **options)
-        world, rank = max(1, int(self.ctx.world_size)), int(self.ctx.rank)
-        mine = batch.take([i for i in range(len(batch)) if i % world == rank])
+        shares, share, reports = self._stream_group()
+        mine = batch.take([i for i in range(len(batch)) if i % shares == share])
         if not len(mine):
             return {}
         with self.stream_lock:
             self._stream_engine().submit(mine.repeat(opts.n, interleave=True), opts)
-        return {str(uid): opts.n for uid in mine["uid"]}
+        return {str(uid): opts.n for uid in mine["uid"]} if reports else {}
 
     def stream_start(self) -> bool:
         """Run the engine loop on a thread of its own until `stream_abort`."""
         lock = self.stream_lock
+        if self._stream_group()[0] < max(1, int(self.ctx.world_size)):
+            return False  # a tp group steps inline, in the driver's order (see above)
         if self._stream_thread is None:
             self._stream_stop.clear()
             self._stream_thread = threading.Thread(target=self._stream_run, args=(lock,),
@@ -98,6 +113,8 @@ class StreamCalls:
                 batches, self._stream_out = self._stream_out, []
             counts = engine.stream_counts() if hasattr(engine, "stream_counts") else {}
             rows = Batch.concat(batches) if batches else None
+            if not self._stream_group()[2]:  # a replica of its group's first rank
+                rows, counts = None, {}
             return {"rows": rows, "busy": bool(engine.stream_busy), "counts": counts}
 
     def _refresh(self, engine) -> None:

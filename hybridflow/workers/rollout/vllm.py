@@ -120,7 +120,8 @@ def make_vllm_engine(spec: EngineSpec, llm_class=None, sampling_params=None,
     cpu_bind = tp > 1 and spec.device.type == "cpu"
     if tp > 1:
         check_group(spec, tp)
-        spec.ctx.init_distributed()  # the pool's group, the trainer's or joined here
+        if not fake:  # the pool's group, the trainer's or joined here
+            spec.ctx.init_distributed()
     note_build_start()
     env = {**rank_env(spec.device), **(bind_env(spec.ctx, tp) if cpu_bind else {})}
     with state.entered(env):
