@@ -14,12 +14,21 @@ DATA_SOURCE = "toy_arith"
 EOS_MARKERS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "</s>", "<eos>")
 
 Pair = tuple[int, int]
+# The problem space is (max_operand + 1)^2 pairs, built whole: it is bounded so that
+# making it takes seconds; rows repeat pairs in whole passes, up to MAX_PASSES of them.
+MAX_PAIRS = 1_000_000
+MAX_OPERAND = 999  # the largest max_operand whose pairs fit MAX_PAIRS
+MAX_PASSES = 10
 
 
 def all_pairs(max_operand: int = 9) -> list[Pair]:
     """Every distinct (a, b) with 0 <= a, b <= max_operand, in order."""
     if max_operand < 0:
         raise ValueError(f"max_operand must be >= 0, got {max_operand}")
+    if max_operand > MAX_OPERAND:
+        raise ValueError(f"max_operand={max_operand:,} asks for {(max_operand + 1) ** 2:,} "
+                         f"problems; at most max_operand={MAX_OPERAND} "
+                         f"({MAX_PAIRS:,} problems) is made")
     return [(a, b) for a in range(max_operand + 1) for b in range(max_operand + 1)]
 
 
@@ -39,6 +48,11 @@ def _sample_rows(pairs: list[Pair], n: int, rng: random.Random) -> list[dict]:
     problems."""
     if n < 0:
         raise ValueError(f"number of problems must be >= 0, got {n}")
+    if n > MAX_PASSES * len(pairs):
+        raise ValueError(f"{n:,} rows from {len(pairs):,} distinct problems would repeat each "
+                         f"{n // max(1, len(pairs)):,} times; at most {MAX_PASSES * len(pairs):,} "
+                         f"rows ({MAX_PASSES} passes) are made: ask for fewer rows or more "
+                         f"problems (a larger max_operand)")
     rows: list[dict] = []
     while len(rows) < n:
         order = list(pairs)

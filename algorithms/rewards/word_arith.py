@@ -35,6 +35,11 @@ TEMPLATES = (
             "have?"),
 )
 _SYMBOL = {"add": "+", "sub": "-", "mul": "*"}
+# The problem space grows as max_number^2 and is built whole, so it is bounded; train
+# rows repeat problems in whole shuffled passes, up to MAX_PASSES of them (more add
+# nothing but time: 100,000,000 rows of 1,144 problems is minutes of silence).
+MAX_PROBLEMS = 1_000_000
+MAX_PASSES = 10
 
 
 def _operands(op: str, max_number: int) -> list[tuple[int, int]]:
@@ -45,10 +50,50 @@ def _operands(op: str, max_number: int) -> list[tuple[int, int]]:
     return [(a, b) for a, b in pairs if a > b] if op == "sub" else pairs
 
 
-def all_problems(max_number: int = 20) -> list[tuple[int, int, int]]:
-    """Every (template index, a, b) the task can ask, in order."""
+def problem_count(max_number: int) -> int:
+    """How many (template, a, b) the task can ask, without making them."""
+    top = min(9, max_number)
+    per_op = {"add": max_number ** 2, "sub": max_number * (max_number - 1) // 2,
+              "mul": max(0, top - 1) ** 2}
+    return sum(per_op[op] for op, _ in TEMPLATES)
+
+
+def largest_max_number() -> int:
+    """The largest max_number whose problems fit MAX_PROBLEMS."""
+    low, high = 3, 10 ** 6
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if problem_count(mid) <= MAX_PROBLEMS else (low, mid - 1)
+    return low
+
+
+def check_size(n_train: int, n_test: int, max_number: int) -> int:
+    """Refuse, before any work, what the problem space cannot give; the problem count."""
     if max_number < 3:
         raise ValueError(f"max_number must be at least 3, got {max_number}")
+    if problem_count(max_number) > MAX_PROBLEMS:
+        raise ValueError(f"max_number={max_number:,} gives {problem_count(max_number):,} "
+                         f"problems; at most max_number={largest_max_number()} "
+                         f"({MAX_PROBLEMS:,} problems) is made")
+    total = problem_count(max_number)
+    if n_train < 1 or n_test < 1:
+        raise ValueError(f"n_train and n_test must be at least 1, got {n_train}, {n_test}")
+    if n_test >= total:
+        raise ValueError(f"n_test={n_test:,} leaves no training problem: max_number="
+                         f"{max_number} gives {total:,} problems; at most n_test={total - 1:,} "
+                         f"(raise max_number)")
+    most = MAX_PASSES * (total - n_test)
+    if n_train > most:
+        raise ValueError(f"n_train={n_train:,} is more than the task can make: max_number="
+                         f"{max_number} gives {total - n_test:,} training problems, and rows "
+                         f"repeat them at most {MAX_PASSES} times, so at most n_train={most:,}; "
+                         f"lower n_train or raise max_number (up to {largest_max_number()})")
+    return total
+
+
+def all_problems(max_number: int = 20) -> list[tuple[int, int, int]]:
+    """Every (template index, a, b) the task can ask, in order."""
+    check_size(1, 1, max_number)
     return [(t, a, b) for t, (op, _) in enumerate(TEMPLATES)
             for a, b in _operands(op, max_number)]
 
@@ -75,15 +120,13 @@ def make_row(template: int, a: int, b: int, index: int, rng: random.Random,
 
 
 def train_test_rows(seed: int = 1, n_train: int = 2000, n_test: int = 100,
-                    max_number: int = 20) -> tuple[list[dict], list[dict]]:
+                    max_number: int = 20, progress=None) -> tuple[list[dict], list[dict]]:
     """(train rows, test rows) from disjoint problems, deterministic in `seed`; each
-    operation is held out in proportion to how many problems it has."""
+    operation is held out in proportion to how many problems it has. What cannot be
+    made is refused before any row is (`check_size`); `progress(rows)` is called
+    every 10,000 rows made, for a progress bar."""
+    check_size(n_train, n_test, max_number)
     problems = all_problems(max_number)
-    if n_train < 1 or n_test < 1:
-        raise ValueError(f"n_train and n_test must be at least 1, got {n_train}, {n_test}")
-    if n_test >= len(problems):
-        raise ValueError(f"n_test={n_test} leaves no training problem: the task has "
-                         f"{len(problems)} (raise max_number)")
     random.Random(f"word-arith-split-{seed}").shuffle(problems)
     test_problems, train_problems = problems[:n_test], problems[n_test:]
     rng = random.Random(f"word-arith-rows-{seed}")
@@ -94,4 +137,6 @@ def train_test_rows(seed: int = 1, n_train: int = 2000, n_test: int = 100,
         rng.shuffle(order)
         for p in order[: n_train - len(train)]:
             train.append(make_row(*p, len(train), rng, "train"))
+            if progress is not None and len(train) % 10_000 == 0:
+                progress(10_000)
     return train, test

@@ -13,34 +13,13 @@ import argparse
 import os
 import sys
 
-from hybridflow.core.data import DataError, toy_rows, word_arith_rows, write_rows
+from hybridflow.commands.args import count, number
+from hybridflow.core.data import toy_rows, word_arith_rows, write_rows
 from hybridflow.core.printable import echo
 
 __all__ = ["add_parser", "run"]
 
 _DEFAULT_OUT = {"toy": "data/toy", "word_arith": "data/word_arith"}
-
-
-def _at_least(low: int, why: str):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{value} is too small: {why}")
-        return value
-    return parse
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0.0 < value < 1.0:
-        raise argparse.ArgumentTypeError(f"{value} is not between 0 and 1 (both excluded)")
-    return value
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -50,36 +29,47 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
     parser.add_argument("--seed", type=int, default=1)
     toy = parser.add_argument_group("toy")
-    toy.add_argument("--max-operand", default=9, type=_at_least(
-        1, "the largest operand must be at least 1, so that a pair can be held out"))
-    toy.add_argument("--test-fraction", type=_fraction, default=0.25)
+    toy.add_argument("--max-operand", default=9, type=count(
+        1, 10 ** 6, "a pair must be held out"))  # the task names its own largest
+    toy.add_argument("--test-fraction", type=number(0.0, 1.0, open_ends=True), default=0.25)
     words = parser.add_argument_group("word_arith")
-    words.add_argument("--n-train", default=2000, type=_at_least(1, "need a training row"))
-    words.add_argument("--n-test", default=100, type=_at_least(1, "need a held-out row"))
-    words.add_argument("--max-number", default=20, type=_at_least(
-        3, "the largest number in a problem must be at least 3"))
+    # their largest values depend on each other: the task refuses what it cannot make,
+    # naming the largest, before making a row
+    words.add_argument("--n-train", default=2000, type=count(1, 10 ** 9, "rows"))
+    words.add_argument("--n-test", default=100, type=count(1, 10 ** 9, "rows"))
+    words.add_argument("--max-number", default=20, type=count(
+        3, 10 ** 6, "the largest number in a problem"))
     return parser
 
 
-def _rows(args):
+_BAR_ROWS = 100_000  # a progress bar from this many rows on (seconds of work)
+
+
+def _rows(args, progress):
     if args.task == "toy":
         return toy_rows(args.seed, args.max_operand, args.test_fraction)
-    return word_arith_rows(args.seed, args.n_train, args.n_test, args.max_number)
+    return word_arith_rows(args.seed, args.n_train, args.n_test, args.max_number,
+                           progress=progress)
+
+
+def _bar(total: int, what: str):
+    """A progress bar on stderr for long work, drawn only after a second of it (a
+    refusal or a small task prints none)."""
+    from tqdm import tqdm
+    return tqdm(total=total, unit="row", desc=what, disable=total < _BAR_ROWS, delay=1.0,
+                leave=False, file=sys.stderr, dynamic_ncols=True)
 
 
 def run(args) -> int:
+    from hybridflow.core.files import check_output
     out = args.out or _DEFAULT_OUT[args.task]
-    if os.path.exists(out) and not os.path.isdir(out):
-        echo(f"hybridflow data: --out {out!r} is a file; give a directory (it is "
-              f"created if missing)", file=sys.stderr)
-        return 1
-    try:
-        train, test = _rows(args)
-    except DataError as err:
-        echo(f"hybridflow data: {err}", file=sys.stderr)
-        return 1
+    check_output(out, "--out", "directory")  # before the rows are made
+    size = args.n_train + args.n_test if args.task == "word_arith" else 0
+    with _bar(size, "making rows") as bar:
+        train, test = _rows(args, bar.update)  # a DataError: one line (commands/errors.py)
     for name, rows in (("train", train), ("test", test)):
         path = os.path.join(out, f"{name}.{args.format}")
-        write_rows(rows, path)
+        with _bar(len(rows), f"writing {path}") as bar:
+            write_rows(rows, path, progress=bar.update)
         echo(f"wrote {len(rows)} rows to {path}")
     return 0

