@@ -27,7 +27,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("task", choices=("toy", "word_arith"), help="which dataset")
     parser.add_argument("--out", default=None, help="output directory (default data/TASK)")
     parser.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seed", type=count(0, 2 ** 63 - 1, "a seed"), default=1)
     toy = parser.add_argument_group("toy")
     toy.add_argument("--max-operand", default=9, type=count(
         1, 10 ** 6, "a pair must be held out"))  # the task names its own largest
