@@ -1,8 +1,13 @@
-"""`hybridflow export RUN_DIR OUT [--role actor]`: copy a role's weights from the
-run's last checkpoint into a Hugging Face model directory (loadable with
-`from_pretrained`, and as `model.path` of another run): the weights, the model's
+"""`hybridflow export RUN_DIR OUT [--role actor] [--max-shard-size 5GB]`: a role's
+weights from the run's last checkpoint as a Hugging Face model directory (loadable
+with `from_pretrained`, and as `model.path` of another run): the weights, the model's
 config and the tokenizer files; optimizer state and RNG state stay behind. The
 checkpoint's files are verified against its manifest (sha256) first.
+A sharded checkpoint (DCP, one file per training rank) is read bucket by bucket and
+written as safetensors shards of at most --max-shard-size with their index
+(`model-00001-of-0000N.safetensors`, `model.safetensors.index.json`), never holding
+the whole model (`hybridflow/workers/hf_export.py`); an old checkpoint's single
+`model.safetensors` is copied, or resharded the same way when it is past the limit.
 A LoRA checkpoint (adapters only) is merged into the run's base model, unless
 `--adapter-only` copies peft's adapter files as they are."""
 from __future__ import annotations
@@ -15,9 +20,12 @@ import sys
 from hybridflow.core.printable import echo
 from hybridflow.run.checkpoint import CheckpointError, latest_checkpoint, verify_checkpoint
 
-__all__ = ["add_parser", "run", "export_role", "is_model_file"]
+__all__ = ["add_parser", "run", "export_role", "is_model_file", "parse_size"]
 
-_TRAINING_STATE = ("optim_", "rng_", "scheduler_")  # per-rank state of a run, not the model
+_TRAINING_STATE = ("optim_", "rng_", "scheduler_", "scheduler.")  # a run's, not the model's
+_READ_BUCKET_BYTES = 256 * 2**20  # a sharded checkpoint is read this much at a time
+_UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30,
+          "B": 1}
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -27,7 +35,29 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--role", default="actor")
     parser.add_argument("--adapter-only", action="store_true",
                         help="LoRA runs: export the adapter files, not the merged model")
+    parser.add_argument("--max-shard-size", default="5GB",
+                        help="largest safetensors file (e.g. 5GB, 500MB, 2GiB); past it "
+                             "the weights are sharded with model.safetensors.index.json")
     return parser
+
+
+def parse_size(text: str) -> int:
+    """'5GB' -> 5e9 bytes (also MB, KB, GiB, MiB, KiB, B, or a plain byte count)."""
+    spec = str(text).strip().upper().replace(" ", "")
+    for unit in sorted(_UNITS, key=len, reverse=True):
+        if spec.endswith(unit):
+            spec, scale = spec[:-len(unit)], _UNITS[unit]
+            break
+    else:
+        scale = 1
+    try:
+        size = int(float(spec) * scale)
+    except ValueError:
+        size = 0
+    if size < 1:
+        raise CheckpointError(f"--max-shard-size {text!r} is not a size: give e.g. 5GB, "
+                              f"500MB or 2GiB")
+    return size
 
 
 def _check_role_name(role: str) -> None:
@@ -51,7 +81,8 @@ def _incomplete(root: str) -> str:
     return f" ({', '.join(names)} lack manifest.json: damaged)" if names else ""
 
 
-def export_role(run_dir: str, out: str, role: str = "actor", merge: bool = True) -> str:
+def export_role(run_dir: str, out: str, role: str = "actor", merge: bool = True,
+                max_shard_bytes: int = 5 * 10**9) -> str:
     from hybridflow.core.loading import check_dir
     _check_role_name(role)
     check_dir(run_dir, "run directory", "give a directory made by `hybridflow run`")
@@ -77,14 +108,30 @@ def export_role(run_dir: str, out: str, role: str = "actor", merge: bool = True)
         cfg = read_run_config(run_dir)
         merge_checkpoint(source, cfg, int(cfg.trainer.seed), out)
         return ckpt
+    adapters = os.path.isfile(os.path.join(source, "adapter_config.json"))
     for name in os.listdir(source):
-        if not is_model_file(name):
+        path = os.path.join(source, name)
+        if not is_model_file(name) or os.path.isdir(path):  # dcp/: read below
             continue
-        if not _inside(ckpt, os.path.join(source, name)):
+        if not _inside(ckpt, path):
             raise CheckpointError(f"checkpoint {ckpt}: {role}/{name} links outside the "
                                   f"checkpoint; refusing to export it")
-        shutil.copy2(os.path.join(source, name), os.path.join(out, name))
+        if name == "model.safetensors" and os.path.getsize(path) > max_shard_bytes:
+            continue  # resharded below
+        shutil.copy2(path, os.path.join(out, name))
+    if not adapters and _needs_rewrite(source, max_shard_bytes):
+        from hybridflow.workers.hf_export import write_checkpoint_weights
+        write_checkpoint_weights(source, out, min(_READ_BUCKET_BYTES, max_shard_bytes),
+                                 max_shard_bytes)
     return ckpt
+
+
+def _needs_rewrite(source: str, max_shard_bytes: int) -> bool:
+    """A sharded checkpoint, or an old single file past the shard limit."""
+    from hybridflow.workers.sharded_checkpoint import is_sharded_checkpoint
+    single = os.path.join(source, "model.safetensors")
+    return is_sharded_checkpoint(source) or \
+        (os.path.isfile(single) and os.path.getsize(single) > max_shard_bytes)
 
 
 def is_model_file(name: str) -> bool:
@@ -97,7 +144,8 @@ def run(args) -> int:
     from hybridflow.core.loading import UserFileError
     try:
         ckpt = export_role(args.run_dir, args.out, args.role,
-                           merge=not getattr(args, "adapter_only", False))
+                           merge=not getattr(args, "adapter_only", False),
+                           max_shard_bytes=parse_size(getattr(args, "max_shard_size", "5GB")))
     except (FileNotFoundError, NotADirectoryError, CheckpointError, UserFileError) as err:
         echo(f"hybridflow export: {err}", file=sys.stderr)
         return 1

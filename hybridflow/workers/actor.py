@@ -26,7 +26,7 @@ from hybridflow.graph.dispatch import BROADCAST, DP, method
 from hybridflow.graph.loss import takes_loss
 from hybridflow.workers.base import Worker, metrics_batch
 from hybridflow.workers.config import ActorConfig, ModelConfig, RolloutConfig, read_section
-from hybridflow.workers.lora import adapters_disabled, apply_lora, is_lora, merged_state_dict
+from hybridflow.workers.lora import adapters_disabled, apply_lora, is_lora
 from hybridflow.workers.loss_inputs import (PolicyOutputs, run_loss, select_for_loss,
                                             worker_default_loss)
 from hybridflow.workers.models import build_causal_lm
@@ -92,20 +92,21 @@ class ActorWorker(Worker):
 
     def export(self, directory: str, merged: bool = True) -> None:
         """Write the current policy as a Hugging Face model directory (adapters merged
-        into the base when `merged`, else peft's adapter files only). Every rank calls
-        it (the gather is collective under FSDP2); rank 0 writes."""
-        from hybridflow.workers.lora import save_adapter
-        from hybridflow.workers.weights import save_weights
-        weights = self.trainer.backend.full_state_dict(self.module)
-        if self.ctx.rank != 0:
-            return
+        into the base when `merged`, else peft's adapter files only), gathered bucket by
+        bucket into safetensors shards (`hf_export.py`). Every rank calls it (the
+        gather is collective under FSDP2); rank 0 writes."""
         if self.lora and not merged:
-            save_adapter(self.module, directory, weights)
+            from hybridflow.workers.lora import save_adapter
+            weights = self.trainer.backend.full_state_dict(self.module)  # small: adapters
+            if self.ctx.rank == 0:
+                save_adapter(self.module, directory, weights)
         else:
-            weights = merged_state_dict(self.module, weights) if self.lora else weights
+            from hybridflow.workers.hf_export import write_module
             base = self.module.get_base_model() if self.lora else self.module
-            save_weights(base, directory, weights)
-        self.tokenizer.save_pretrained(directory)
+            write_module(self.module, directory, self.ctx.rank, self._bucket_bytes(),
+                         config=getattr(base, "config", None))
+        if self.ctx.rank == 0:
+            self.tokenizer.save_pretrained(directory)
 
     # --------------------------------------------------------------- generate
     @method(dispatch=DP, reads=("input_ids", "attention_mask"), writes=GENERATE_WRITES,

@@ -43,13 +43,14 @@ def _rank_main(rank: int, world: int, port: int, batch, out_dir: str):
     actor = ActorWorker(CFG, ctx)  # dp=2: update, save, update again
     assert actor.trainer.fsdp
     actor.update(shard)
+    saved = _weights(actor)
     actor.save_checkpoint(os.path.join(out_dir, "saved_at_2"))
     second = _losses(actor.update(shard))
     straight = _weights(actor)
     resumed = ActorWorker(CFG, ctx)  # dp=2 resumes the checkpoint 1 rank saved
     resumed.load_checkpoint(os.path.join(out_dir, "saved_at_1"))
     from_one = _losses(resumed.update(shard))
-    results = {"second": second, "straight": straight, "from_one": from_one,
+    results = {"saved": saved, "second": second, "straight": straight, "from_one": from_one,
                "from_one_weights": _weights(resumed)}
     if rank == 0:  # full weights are gathered on rank 0
         torch.save(results, os.path.join(out_dir, "rank0.pt"))
@@ -70,6 +71,7 @@ def test_a_checkpoint_resumes_across_data_parallel_layouts(tmp_path):
     shards = sorted(os.listdir(tmp_path / "saved_at_2" / DCP_DIR))
     assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]  # per rank, no gather
     assert "model.safetensors" not in os.listdir(tmp_path / "saved_at_2")
+    _exports_the_saved_weights(tmp_path / "saved_at_2", tmp_path / "hf", two["saved"])
     resumed = ActorWorker(CFG)  # dp=1 resumes the checkpoint 2 ranks saved
     resumed.load_checkpoint(str(tmp_path / "saved_at_2"))
     from_two = _losses(resumed.update(batch))
@@ -103,3 +105,14 @@ def test_a_checkpoint_of_another_model_is_refused_by_name(tmp_path):
                                  model={"hf_config": {**TINY, "num_hidden_layers": 3}}))
     with pytest.raises(ValueError, match=f"{tmp_path}.*does not fit"):
         other.load_checkpoint(str(tmp_path))
+
+
+def _exports_the_saved_weights(role_dir, out, saved: dict):
+    """The export of a checkpoint 2 ranks saved, read in one process bucket by bucket."""
+    from transformers import AutoModelForCausalLM
+    from hybridflow.workers.hf_export import write_checkpoint_weights
+    write_checkpoint_weights(str(role_dir), str(out), bucket_bytes=4096, max_shard_bytes=30_000)
+    shutil.copy(role_dir / "config.json", out)
+    exported = AutoModelForCausalLM.from_pretrained(out).state_dict()
+    for key, value in saved.items():
+        assert torch.equal(exported[key], value), key
