@@ -37,6 +37,7 @@ and shapes loaded so far, compared across a tp group with the version).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Iterable
 
@@ -49,7 +50,8 @@ from hybridflow.workers.rollout.vllm_checks import check_vllm_model, vllm_dtype
 from hybridflow.workers.rollout.vllm_model import (causal_lm_architecture, max_model_len,
                                                    model_directory, tokenizer_directory)
 from hybridflow.workers.rollout.vllm_group import (agree, bind_env, check_group, digest,
-                                                   engine_tp, group_seed, pin, rank_cores)
+                                                   engine_tp, group_seed, pin, rank_cores,
+                                                   shm_named_by_port)
 from hybridflow.workers.rollout.vllm_process import (PROCESS_STATE, VLLMProcessState,
                                                      note_build_start, own_shutdown, rank_env)
 from hybridflow.workers.sequences import pad_right
@@ -138,7 +140,8 @@ def make_vllm_engine(spec: EngineSpec, llm_class=None, sampling_params=None,
         path = model_directory(spec.model_cfg, spec.tokenizer)
         kwargs = engine_kwargs(spec, path, tokenizer_directory(spec.tokenizer, path),
                                sleep_available, tp)
-        llm = llm_class(**kwargs)
+        with shm_named_by_port() if tp > 1 and not fake else contextlib.nullcontext():
+            llm = llm_class(**kwargs)
     engine = VLLMEngine(llm, sampling_params, spec.tokenizer, spec.device,
                         sleep_mode=kwargs["enable_sleep_mode"], reload=reload, state=state,
                         delta_kind=delta_kind, seed=kwargs["seed"], tp=tp,

@@ -21,6 +21,12 @@ How a role's layout maps onto vLLM 0.32 (read from `vllm/distributed/parallel_st
   group's lists are also set as `VLLM_CPU_OMP_THREADS_BIND` ("0|1"), which vLLM's
   multiprocess executor reads; its in-process `external_launcher` path binds nothing
   itself (vLLM 0.32: only `MultiprocExecutor` builds the `OMPProcessManager`).
+- Shared memory: vLLM's CPU all-reduce names its shared-memory segment after the
+  port of the executor's init method, and the external launcher's is always "env://":
+  every tp group on a machine would open "/-tp:0-[0-1]-cpushm" (two runs at once, or a
+  run after one that was killed, fail with errno 17). The build sees a `tcp://` method
+  on the pool's own MASTER_PORT instead (`shm_named_by_port`); the default group
+  exists by then, so the method names the segment and nothing else.
 - Lockstep: a call that runs vLLM's collectives (generate, a streaming step) first
   all-gathers a digest of what each rank is about to do over vLLM's TP CPU group
   (`agree`): the rows, options and weights version for `generate` (a mismatch is an
@@ -32,13 +38,14 @@ Stateless: pure functions of the spec and of vLLM's TP group.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 
 import torch
 
 __all__ = ["engine_tp", "group_seed", "check_group", "core_list", "rank_cores", "bind_env", "pin",
-           "agree", "digest"]
+           "agree", "digest", "shm_named_by_port"]
 
 
 def engine_tp(spec) -> int:
@@ -129,3 +136,24 @@ def agree(value: int) -> list[int]:
     out = [torch.zeros(1, dtype=torch.int64) for _ in range(group.world_size)]
     dist.all_gather(out, mine, group=group.cpu_group)
     return [int(t) for t in out]
+
+
+@contextlib.contextmanager
+def shm_named_by_port():
+    """While vLLM builds: its external launcher reports `tcp://MASTER_ADDR:MASTER_PORT`
+    as its init method (see the module docstring), so the CPU all-reduce's shared memory
+    is named after the pool's port."""
+    from vllm.v1.executor import uniproc_executor
+    launcher = uniproc_executor.ExecutorWithExternalLauncher
+    original = launcher._distributed_args
+
+    def by_port(executor):
+        _, rank, local_rank = original(executor)
+        return (f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}", rank,
+                local_rank)
+
+    launcher._distributed_args = by_port
+    try:
+        yield
+    finally:
+        launcher._distributed_args = original
