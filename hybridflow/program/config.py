@@ -23,8 +23,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import (ConfigAttributeError, ConfigKeyError,
                               InterpolationResolutionError, ValidationError)
 
-from hybridflow.core.constraints import (ConfigError, Rule, at_least, check_values, checked,
-                                         in_range, one_of, plain_name)
+from hybridflow.core.constraints import (ConfigError, Rule, above, at_least, check_values,
+                                         checked, in_range, one_of, plain_name)
 from hybridflow.core.data import DEFAULT_TOY_MAKER
 from hybridflow.core.names import named_object
 from hybridflow.core.runtime_section import RuntimeConfig
@@ -67,6 +67,8 @@ class TrainerConfig:
     balance_batch: bool = False
     # steps whose batches (every node's output) are written to RUN_DIR/batches/ (batch_dump.py)
     dump_batches: list[int] = field(default_factory=list)
+    # the first SIGTERM/SIGINT lets the step end and saves; past this, it stops at once
+    stop_timeout_s: float = checked(60.0, above(0))
 
 
 @dataclass

@@ -33,6 +33,7 @@ from hybridflow.program.validation import (ScoreSource, ValidationPlan, compile_
                                            default_validation_graph)
 from hybridflow.graph.dispatch import merge_metrics
 from hybridflow.run.signals import Interrupted, NoSignals
+from hybridflow.runtime.progress import empty_training_inputs
 from hybridflow.runtime.run_scheduler import make_run_scheduler
 from hybridflow.run.tracking import MetricSinks, RunDir
 from hybridflow.run.generations import GENERATIONS_FILE, GenerationLog, train_nodes
@@ -85,6 +86,7 @@ class Trainer:
         self.validation = self._compile_validation() if cfg.trainer.val_every > 0 else None
         self.val_plan = self.validation.plan if self.validation is not None else None
         self.step, self.saved_step = 0, None
+        self.completed = 0  # the last step that finished (self.step is the one under way)
         self.last_result = None  # the last step's StepResult (outputs left on the workers)
         self.resumed_from = None  # what a resume loaded
         self.sinks = None
@@ -156,6 +158,7 @@ class Trainer:
         """Train to `trainer.steps`. With a `SignalGuard`, a signal lets the running
         step finish, saves a checkpoint and raises `Interrupted`."""
         cfg, last, signals = self.cfg.trainer, {}, signals or NoSignals()
+        signals.grace_s = cfg.stop_timeout_s  # a step that cannot end: bounded stop
         self._set_running()
         if self.val_plan is not None and self.step == 0:
             with signals.deferred():
@@ -184,13 +187,14 @@ class Trainer:
         self.sinks.log(self.step, metrics)
         if cfg.save_every and self.step % cfg.save_every == 0:
             self.save()
+        self.completed = self.step
         self._set_running()
         if on_step:
             on_step(self.step, metrics)
         return metrics
 
     def _set_running(self) -> None:
-        self.run.set_status("running", step=self.step, steps=self.cfg.trainer.steps,
+        self.run.set_status("running", step=self.completed, steps=self.cfg.trainer.steps,
                             checkpoint=self.saved_step, resumed_from=self.resumed_from)
 
     def _stop_if_signalled(self, signals) -> None:
@@ -199,6 +203,7 @@ class Trainer:
             return
         with signals.deferred():
             path = self.save() if self.saved_step != self.step else self.last_saved
+        signals.disarm()
         raise Interrupted(signals.pending, saved=path)
 
     def held_bytes(self) -> dict:
@@ -215,6 +220,7 @@ class Trainer:
         start = time.perf_counter()
         result = self.scheduler.step(self.step, self.cfg.trainer.steps)
         self.last_result = result
+        empty_training_inputs(self.step, self.plan, result.rows)  # progress.py
         if self.step in self.cfg.trainer.dump_batches:  # a documented look at a batch
             dump_step(self.run.path, self.step, self.plan, self.runtime, result)
         if self.cfg.trainer.check_finite:
@@ -223,6 +229,8 @@ class Trainer:
         elapsed = time.perf_counter() - start
         metrics = dict(result.metrics)
         metrics[STEP_TIME] = elapsed
+        # the step's wall time, waits for rows included (a pass is `runtime/pass_s`)
+        metrics["runtime/step_s"] = elapsed
         metrics["engine/driver_bytes"] = result.driver_bytes
         # each generate node's own mean length times its rows (a gather's extra rounds
         # are not counted: their rows are not kept per round)
@@ -339,7 +347,7 @@ class Trainer:
         from hybridflow.plan.weight_sync import resync_plan
         if (sync := resync_plan(self.plan)) is not None:  # a rollout with its own weights
             self.runtime.run_step({}, plan=sync)            # gets the restored actor's
-        self.step = self.saved_step = int(state["step"])
+        self.step = self.saved_step = self.completed = int(state["step"])
         self.resumed_from = path
         self.notes += self.run.truncate_metrics(self.step)
 

@@ -21,7 +21,9 @@ A step, "submit what is ready":
    (stream_entrance.py): the kept ones enter the buffer, the dropped ones are counted
    (`async/filtered_groups`) and their prompts consumed, so step 1 draws more in
    their place — then back to 1 (a step that saw more than `max_rounds` batches'
-   worth of groups dropped takes the kept groups it holds: DAPO's bound);
+   worth of groups dropped takes the kept groups it holds: DAPO's bound; holding none
+   once the groups in flight at the step's start and `max_rounds + 1` batches' worth
+   more were dropped, the run stops: progress.py);
 4. one pass of the plan with the stream side (source, generate node) skipped and the
    buffer fed the taken groups: rewards, reference, advantages, log-probs, updates
    and the weight sync run on them. New weights reach the engine while its requests
@@ -56,6 +58,7 @@ from hybridflow.plan.compiler import ExecutionPlan
 from hybridflow.plan.stream_filter import groups_per_step
 from hybridflow.plan.streaming_split import TOKEN_VERSIONS, stream_buffer
 from hybridflow.runtime.common import NodeFailure, StepResult
+from hybridflow.runtime.progress import no_rows_kept
 from hybridflow.runtime.stream_buffer import GroupBuffer
 from hybridflow.runtime.stream_entrance import StreamEntrance
 from hybridflow.runtime.stream_record import StreamRecorder
@@ -95,7 +98,7 @@ class StreamingScheduler:
         self.consumed: set[str] = set()
         self.skip: set[str] = set()
         self.counts: dict = {}
-        self.requeued = self.filtered = 0
+        self.requeued = self.filtered = self.drawn = 0  # drawn: batches drawn, ever
         self.last_filtered: list[str] = []  # the uids the entrance dropped in the last step
 
     # ------------------------------------------------------------ checkpoints
@@ -124,7 +127,9 @@ class StreamingScheduler:
         if self.background and not self.started:
             self._call("stream_start")
         self.started = True
-        start, taken, filtered = time.perf_counter(), [], self.filtered
+        start, taken, filtered, drawn = time.perf_counter(), [], self.filtered, self.drawn
+        bound = (self.max_rounds + 1) * self.size + len(self.prompts) if self.entrance \
+            else None  # the progress rule: at most this many groups dropped, none kept
         self.last_filtered = []
         while True:
             self._top_up(step, last_step)
@@ -135,6 +140,7 @@ class StreamingScheduler:
             self._resubmit(stale)
             if taken:
                 break
+            self._check_progress(step, self.filtered - filtered, bound, self.drawn - drawn)
             if not self._poll() and self.background:
                 time.sleep(0.002)
         wait_s = time.perf_counter() - start
@@ -148,6 +154,17 @@ class StreamingScheduler:
             self._call("stream_abort")
         return self._result(result, batch, len(taken), trained, wait_s)
 
+    def _check_progress(self, step: int, dropped: int, bound: int | None,
+                        draws: int) -> None:
+        """The progress rule (progress.py): the groups in flight when the step began
+        and those of `max_rounds + 1` batches more all dropped by the entrance filter,
+        none kept: the step cannot train."""
+        if bound is None or self.groups.held() or dropped < bound:
+            return
+        raise no_rows_kept(step, self.entrance.out.where(), dropped, dropped, draws,
+                           self.max_rounds, "groups",
+                           self.entrance.out.name)
+
     def _top_up(self, step: int, last_step: int) -> None:
         needed = (last_step - step + 1) * self.size  # groups the run still trains
         while len(self.prompts) <= self.k * self.size and len(self.prompts) < needed:
@@ -160,6 +177,7 @@ class StreamingScheduler:
             batch = batch.take(keep)
             uids = [str(u) for u in batch["uid"]]
             self.draws.append((state, uids))
+            self.drawn += 1
             self.prompts.update({u: batch.take(i) for i, u in enumerate(uids)})
             self._submit(batch)
 

@@ -194,7 +194,7 @@ def test_metrics_and_timeline_have_the_same_keys_on_both_executors(executor):
     local = LocalRuntime(plan, CFG).run_step(feeds)
     remote = executor.run(plan, feeds)
     assert set(local.metrics) == set(remote.metrics)
-    assert {"runtime/driver_busy_s", "runtime/step_s", "timing_s/actor.update"} <= \
+    assert {"runtime/driver_busy_s", "runtime/pass_s", "timing_s/actor.update"} <= \
         set(local.metrics)
     for node, metrics in local.node_metrics.items():
         assert remote.node_metrics[node] == pytest.approx(metrics), node
