@@ -16,8 +16,7 @@ some problems and copies the result exactly, so RL has a tool habit to reinforce
 """
 from dataclasses import dataclass
 
-from hybridflow import Graph
-from hybridflow.core.constraints import checked, probability
+from hybridflow import Graph, checked, probability
 
 from graphs.envs.calculator_sft import ToolSFTExamples
 from graphs import ops
@@ -44,7 +43,7 @@ def defaults() -> dict:
 
 
 def build(cfg) -> Graph:
-    from hybridflow.workers.tokenizer import tokenizer_spec
+    from hybridflow import tokenizer_spec
     g = Graph("agent_sft")
     make = ToolSFTExamples(tokenizer_spec(cfg.model), cfg.algorithm.call_probability,
                            cfg.algorithm.malformed_probability, cfg.trainer.seed)

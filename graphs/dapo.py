@@ -3,8 +3,7 @@ draw more prompts until the batch is full, at most `algorithm.max_rounds` extra
 times), clip-higher, token-mean loss and a soft overlong penalty."""
 from dataclasses import dataclass
 
-from hybridflow import Graph
-from hybridflow.core.constraints import at_least, checked
+from hybridflow import Graph, at_least, checked
 
 from graphs import ops
 from graphs.common import embedded_defaults

@@ -25,11 +25,8 @@ from algorithms.losses import (AGG_MODES, OFF_POLICY_CORRECTIONS, POLICY_LOSSES,
                                behaviour_weights, check_off_policy, get_policy_loss,
                                value_loss)
 from algorithms.masked import masked_mean
-from hybridflow import Batch, node_fn
-from hybridflow.graph.loss import loss_fn, register_default_loss
-from hybridflow.workers.config import register_setting_names
-from hybridflow.core.tokens import training_mask
-from hybridflow.core.metric_names import SHAPED_REWARD_MEAN
+from hybridflow import (SHAPED_REWARD_MEAN, Batch, loss_fn, node_fn, register_default_loss,
+                        register_setting_names, training_mask)
 
 __all__ = ["grpo_advantages", "rloo_advantages", "reinforce_pp_advantages",
            "reinforce_pp_baseline_advantages", "remax_advantages", "gae_advantages",

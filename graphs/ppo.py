@@ -4,8 +4,7 @@ reward carries a KL penalty to the reference policy (or the actor's loss does, w
 from dataclasses import dataclass
 
 from algorithms.kl import KL_KINDS
-from hybridflow import Graph
-from hybridflow.core.constraints import above, at_least, checked, one_of, probability
+from hybridflow import Graph, above, at_least, checked, one_of, probability
 
 from graphs import ops
 from graphs.common import embedded_defaults

@@ -3,8 +3,7 @@ batch; `algorithm.baseline=true` subtracts each prompt's mean score instead."""
 from dataclasses import dataclass
 
 from algorithms.kl import KL_KINDS
-from hybridflow import Graph
-from hybridflow.core.constraints import at_least, checked, one_of, probability
+from hybridflow import Graph, at_least, checked, one_of, probability
 
 from graphs import ops
 from graphs.common import embedded_defaults

@@ -22,8 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hybridflow import Batch, Graph, node_fn
-from hybridflow.core.constraints import checked, probability
+from hybridflow import Batch, Graph, checked, node_fn, probability
 
 from algorithms.seeded import SeededDraws
 from graphs import ops
@@ -35,7 +34,7 @@ class SFTExamples(SeededDraws):
     over the answer and EOS. Holds the tokenizer, so it runs on the driver."""
 
     def __init__(self, tokenizer_spec: str, stop_fraction: float = 1.0, seed: int = 0):
-        from hybridflow.workers.tokenizer import load_tokenizer
+        from hybridflow import load_tokenizer
         self.tok = load_tokenizer(tokenizer_spec)
         self.stop_fraction, self.rng = stop_fraction, random.Random(seed)
         self.__name__ = "sft_examples"
@@ -86,7 +85,7 @@ def defaults() -> dict:
 
 
 def build(cfg) -> Graph:
-    from hybridflow.workers.tokenizer import tokenizer_spec
+    from hybridflow import tokenizer_spec
     g = Graph("sft")
     prompts = g.source("prompts")
     make = SFTExamples(tokenizer_spec(cfg.model), cfg.algorithm.stop_fraction, cfg.trainer.seed)

@@ -50,7 +50,7 @@ class ToolSFTExamples(SeededDraws):
 
     def __init__(self, tokenizer_spec: str, call_probability: float = 0.7,
                  malformed_probability: float = 0.1, seed: int = 0):
-        from hybridflow.workers.tokenizer import load_tokenizer
+        from hybridflow import load_tokenizer
         tok = load_tokenizer(tokenizer_spec)
         self.fmt = make_chat_format(tok)  # plain for the toy tokenizer, else its template
         self.call_probability, self.malformed_probability = call_probability, \
@@ -85,7 +85,7 @@ class ToolSFTExamples(SeededDraws):
 def write_data(out_dir: str, n_train: int = 4000, n_test: int = 200, seed: int = 0,
                digits: int = 5) -> tuple[str, str]:
     """train.jsonl and test.jsonl of calculator problems (no problem in both)."""
-    from hybridflow.core.data import write_rows
+    from hybridflow import write_rows
     train, test = calculator.train_test_split(n_train, n_test, seed, digits)
     paths = os.path.join(out_dir, "train.jsonl"), os.path.join(out_dir, "test.jsonl")
     write_rows(train, paths[0])

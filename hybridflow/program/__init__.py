@@ -5,3 +5,10 @@ to the placement planner (auto placement, async planning) and reading a measured
 May import `core/`, `graph/`, `plan/`, `workers/` and `agents/` (their config sections),
 `planner/` and `memory/`; never `run/`, `runtime/`, `draw/` or `commands/`.
 """
+
+
+def __getattr__(name: str):
+    """Names of the module this package's path held before the folder move (with a
+    warning naming the import to write); hybridflow/core/moved.py."""
+    from hybridflow.core.moved import moved_name
+    return moved_name(__name__, name)

@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from tests.commands.test_user_file_sweep import message_lines, run_cli
+from tests.support.cli_run import message_lines, run_cli
 from tests.support.corrupt import corrupt
 from tests.support.recorded_runs import REPO, fabricate_run, graph_path
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 from dataclasses import dataclass, field
 
 import pytest
 
-from hybridflow.cli import main
+from tests.support.cli_run import message_lines, run_cli
 from tests.support.corrupt import CORRUPTIONS, corrupt
 from tests.support.recorded_runs import REPO, fabricate_run, graph_path, remanifest
 
@@ -220,32 +219,6 @@ RESUME_KINDS = [
 ]
 RESUME_CASES = [pytest.param(kind, how, id=f"{kind.name}-{how}")
                 for kind in RESUME_KINDS for how in kind.cases]
-
-
-class _Hung(Exception):
-    pass
-
-
-def _alarm(*_):
-    raise _Hung("the command blocked (a FIFO opened?)")
-
-
-def run_cli(argv, capsys, seconds: int = 60) -> tuple[int, str]:
-    previous = signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(seconds)
-    try:
-        code = main([str(a) for a in argv])
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-    return code, capsys.readouterr().err
-
-
-def message_lines(err: str) -> list[str]:
-    """stderr without the progress bars and the pointer to error.log a failed run adds."""
-    return [line for line in err.splitlines() if line.strip()
-            and not line.startswith(("(details:", "Loading weights"))
-            and "it/s]" not in line]
 
 
 @pytest.mark.parametrize("kind,how", CASES)

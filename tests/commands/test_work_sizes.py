@@ -12,7 +12,7 @@ import argparse
 import pytest
 
 from hybridflow.cli import build_parser
-from tests.commands.test_user_file_sweep import message_lines, run_cli
+from tests.support.cli_run import message_lines, run_cli
 
 
 def _options():
