@@ -127,4 +127,5 @@ class RolloutWorker(StreamCalls, Worker):
             "engine/weight_sync_bytes": index.nbytes * self.ctx.world_size,
             "rollout/weight_load_s": load_s,
             "rollout/policy_version": index.version,
+            "rollout/engine_tp": int(getattr(self.engine, "tp", 1)),  # ranks per engine
         })
