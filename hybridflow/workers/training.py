@@ -5,10 +5,11 @@ step each) split into micro-batches (one forward/backward each, gradients
 accumulated). Data parallelism: each rank holds its shard of every mini-batch;
 `loss_fn` gets the *global* token and sequence counts of the mini-batch (all-reduced)
 so the ranks' losses sum to the loss of the whole mini-batch; DDP averages
-gradients, so each rank backpropagates `world_size * loss`. The result: 2 ranks make
-the same update as 1 rank on the same global batch. Ranks agree on the number of
-mini- and micro-batches, and a rank that runs out of rows runs a zero-loss dummy
-step, so the collective calls always match. Micro-batches are row slices, or with
+gradients, so each rank backpropagates `dp * loss` (`dp`: the data-parallel ranks,
+the world size unless tensor-parallel; `world`: the ranks the module spans). The
+result: 2 ranks make the same update as 1 rank on the same global batch. Ranks agree
+on the number of mini- and micro-batches, and a rank that runs out of rows runs a
+zero-loss dummy step, so the collective calls always match. Micro-batches are row slices, or with
 `max_tokens` length-sorted groups within a token budget, trimmed to their longest row
 (`micro_batches.py`; `packed`: the budget counts real tokens, for a `loss_fn` that
 packs each micro-batch, `packing.py`); the counts are the mini-batch's either way, so
@@ -24,7 +25,7 @@ Data parallelism and precision come from the backend named by `strategy`
 (`hybridflow/workers/backends/`: ddp, fsdp2). Tensor parallelism (`ctx.tp > 1`, a
 backend with `tensor_parallel = True`): the role's ranks form dp groups of tp ranks
 (`ctx.device_mesh()`); the ranks of a tp group hold the same rows and compute one
-replicated loss, so "world" above is the data-parallel size: counts and metrics are
+replicated loss, so the data-parallel size is world / tp: counts and metrics are
 all-reduced over the "dp" sub-mesh, each rank backpropagates `dp * loss`, and the
 gradients are averaged over dp only (never over the tp ranks, which hold different
 shards). AdamW then runs per tensor (`foreach=False`: DTensors on two meshes and
@@ -92,9 +93,10 @@ class Trainer:
         lora = getattr(getattr(opt, "lora", None), "rank", 0)
         refuse_lora("actor", tp, lora)  # only the actor's section has LoRA
         mesh = ctx.device_mesh() if tp > 1 else None
-        self.world = (ctx.dp if tp > 1 else ctx.world_size) if ctx.distributed else 1
-        self.group = mesh["dp"].get_group() if mesh is not None and self.world > 1 else None
-        self.backend = make_backend(opt.strategy, self.world, device, master_weights(module),
+        self.world = ctx.world_size if ctx.distributed else 1  # ranks the module spans
+        self.dp = self.world // tp if mesh is not None else self.world  # data-parallel ranks
+        self.group = mesh["dp"].get_group() if mesh is not None and self.dp > 1 else None
+        self.backend = make_backend(opt.strategy, self.dp, device, master_weights(module),
                                     mesh=mesh)
         self.model = self.backend.wrap(module)
         params = [p for p in module.parameters() if p.requires_grad]
@@ -117,13 +119,13 @@ class Trainer:
 
     # ------------------------------------------------------------ collectives
     def all_reduce(self, tensor: torch.Tensor, op=None) -> torch.Tensor:
-        if self.world > 1:  # over the data-parallel ranks (the dp sub-mesh under tp)
+        if self.dp > 1:  # over the data-parallel ranks (the dp sub-mesh under tp)
             dist.all_reduce(tensor, op=op or dist.ReduceOp.SUM, group=self.group)
         return tensor
 
     def agreed_max(self, n: int) -> int:
         t = torch.tensor([n], dtype=torch.int64, device=self.device)
-        return int(self.all_reduce(t, dist.ReduceOp.MAX if self.world > 1 else None).item())
+        return int(self.all_reduce(t, dist.ReduceOp.MAX if self.dp > 1 else None).item())
 
     def dummy_loss(self) -> torch.Tensor:
         """A zero loss touching every parameter, for a rank with no rows left."""
@@ -138,7 +140,7 @@ class Trainer:
               micro_batch_size: int, mask_key: str = "response_mask", shuffle: bool = False,
               seed: int = 0, max_tokens: int | None = None,
               packed: bool = False) -> dict[str, float]:
-        local_mini = max(1, math.ceil(mini_batch_size / self.world))
+        local_mini = max(1, math.ceil(mini_batch_size / self.dp))
         n_minis = self.agreed_max(math.ceil(len(batch) / local_mini))
         totals: dict[str, float] = {}
         steps = 0
@@ -176,14 +178,14 @@ class Trainer:
                         contrib[name] = contrib.get(name, 0.0) + value.detach().double()
                 else:
                     loss = self.dummy_loss()
-                (loss.float() * self.world).backward()
+                (loss.float() * self.dp).backward()
         lr = self.optimizer.param_groups[0]["lr"]
         grad_norm = self.backend.clip_grad_norm(self.module, self.opt.grad_clip)
         if math.isfinite(grad_norm):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        names = sorted(contrib) if self.world == 1 else self._agreed_names(contrib)
+        names = sorted(contrib) if self.dp == 1 else self._agreed_names(contrib)
         vec = torch.stack([torch.as_tensor(contrib.get(n, 0.0), dtype=torch.float64,
                                            device=self.device) for n in names]) \
             if names else torch.zeros(0, dtype=torch.float64, device=self.device)
@@ -191,7 +193,7 @@ class Trainer:
         return {**dict(zip(names, vec.tolist())), "grad_norm": grad_norm, "lr": lr}
 
     def _agreed_names(self, contrib: dict) -> list[str]:
-        gathered: list = [None] * self.world
+        gathered: list = [None] * self.dp
         dist.all_gather_object(gathered, sorted(contrib), group=self.group)
         return sorted({n for names in gathered for n in names})
 
