@@ -21,7 +21,7 @@ from typing import Any
 
 __all__ = ["UserFileError", "check_file", "check_dir", "read_bytes", "read_text", "read_json",
            "read_jsonl", "parse_json", "read_yaml", "read_safetensors", "check_safetensors",
-           "library_read",
+           "library_read", "yaml_problem",
            "describe_path"]
 
 
@@ -149,8 +149,32 @@ def read_yaml(path: str, what: str, fix: str = ""):
     try:
         return OmegaConf.create(text)
     except Exception as err:  # noqa: BLE001 - yaml and omegaconf raise many types
-        detail = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise _fail(what, path, f"is not valid YAML ({detail})", fix) from None
+        raise _fail(what, path, f"is not valid YAML ({yaml_problem(err)})", fix,
+                    _yaml_line(err)) from None
+
+
+def _yaml_mark(err: Exception):
+    return getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+
+
+def _yaml_line(err: Exception) -> int | None:
+    mark = _yaml_mark(err)
+    return mark.line + 1 if mark is not None else None
+
+
+def yaml_problem(err: Exception) -> str:
+    """What a YAML parser found wrong and where: its problem ("expected ',' or ']', but
+    got '<stream end>'") with the column, then its context ("while parsing a flow
+    sequence" started at line 1, column 9); a parser's first line alone names neither."""
+    mark, problem = _yaml_mark(err), getattr(err, "problem", None)
+    if mark is None or not problem:
+        lines = str(err).strip().splitlines()
+        return lines[0] if lines else type(err).__name__
+    text = f"{problem}, column {mark.column + 1}"
+    context, start = getattr(err, "context", None), getattr(err, "context_mark", None)
+    if context and start is not None and start is not mark:
+        text += f"; {context} started at line {start.line + 1}, column {start.column + 1}"
+    return text
 
 
 def read_safetensors(path: str, what: str = "weights file", fix: str = ""):

@@ -36,9 +36,24 @@ def require_local_dir(spec: str, what: str) -> str:
         raise ValueError(f"{what} {spec!r} {what_it_is}; give the directory that holds it")
     raise FileNotFoundError(
         f"{what} {spec!r} is not a local directory. hybridflow does not download "
-        f"models or tokenizers at run time: download it beforehand (e.g. "
-        f"`huggingface-cli download {spec} --local-dir /path/to/dir`) and pass that "
-        f"directory instead.")
+        f"models or tokenizers at run time: {missing_model_hint(spec)}")
+
+
+def missing_model_hint(spec: str) -> str:
+    """How to make the model directory `spec` names: the project's own command for a
+    local path (a GGUF conversion; the shipped SmolLM2 by name), the hub's download
+    for what reads as a hub id ("org/name" whose "org" is no local folder)."""
+    make = (f"`hybridflow model smollm2 --out {spec}`" if "smollm2" in spec.lower() else
+            f"`hybridflow model gguf FILE.gguf --out {spec}` (from a GGUF file)")
+    head = spec.split("/")[0]
+    hub_id = (spec.count("/") == 1 and not spec.startswith((".", "~", "/"))
+              and not os.path.isdir(head))
+    if hub_id and "smollm2" not in spec.lower():
+        return (f"for the Hugging Face model {spec}, download it beforehand "
+                f"(`huggingface-cli download {spec} --local-dir /path/to/dir`) and pass that "
+                f"directory; to make a local directory, {make}")
+    return (f"make it with {make}, or pass the directory that holds the model "
+            f"(docs/real_model.md)")
 
 
 def build_char_tokenizer():

@@ -131,6 +131,8 @@ def make_vllm_engine(spec: EngineSpec, llm_class=None, sampling_params=None,
             pin(rank_cores(spec.ctx, tp))
         if not fake:
             vllm = _import_vllm()
+            from hybridflow.workers.rollout.engine_logs import quiet_engine_logs
+            quiet_engine_logs("vllm")  # its per-reload warnings said once (issue 32)
             llm_class, sampling_params = vllm.LLM, vllm.SamplingParams
             from vllm.sampling_params import RequestOutputKind
             delta_kind = RequestOutputKind.DELTA
