@@ -33,6 +33,7 @@ from hybridflow.program.validation import (ScoreSource, ValidationPlan, compile_
                                            default_validation_graph)
 from hybridflow.graph.dispatch import merge_metrics
 from hybridflow.run.signals import Interrupted, NoSignals
+from hybridflow.run.trainer_state import check_against_run, check_trainer_state
 from hybridflow.runtime.progress import empty_training_inputs
 from hybridflow.runtime.run_scheduler import make_run_scheduler
 from hybridflow.run.tracking import MetricSinks, RunDir
@@ -334,6 +335,10 @@ class Trainer:
             self.notes += self.run.truncate_metrics(-1)
             return
         state, torch_rng = load_trainer_state(path)  # verifies every file's sha256
+        where = f"{path}/trainer_state.json"  # ... and its contents: run/trainer_state.py
+        check_trainer_state(state, where)
+        check_against_run(state, where, len(self.train_loader.dataset),
+                          {n.name for n in self.stateful_nodes()})
         for role in self.trained_roles():
             self.runtime.call_role(role, "load_checkpoint", f"{path}/{role}")
         for role in self.untrained_processes():
