@@ -164,3 +164,15 @@ def test_streaming_calls_give_a_tp_group_one_share_and_one_report(rank):
     reply = worker.stream_poll()
     assert (reply["rows"] is None) == (rank % 2 == 1)
     assert worker.stream_start() is False  # a tp group steps inline, never on a thread
+
+
+def test_a_rank_unlinks_only_its_own_shared_memory_names(tmp_path):
+    from hybridflow.workers.rollout.vllm_group import unlink_shm_names
+    names = ["123-tp:0-[0-1]-cpushm_0", "123-tp:0-[0-1]-cpushm_1", "123-tp:0-[2-3]-cpushm_0",
+             "999-tp:0-[0-1]-cpushm_1", "psm_1234"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"")
+    assert unlink_shm_names(1, "123", str(tmp_path)) == ["123-tp:0-[0-1]-cpushm_1"]
+    assert unlink_shm_names(2, "123", str(tmp_path)) == ["123-tp:0-[2-3]-cpushm_0"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        set(names) - {"123-tp:0-[0-1]-cpushm_1", "123-tp:0-[2-3]-cpushm_0"})

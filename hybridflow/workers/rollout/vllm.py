@@ -51,7 +51,7 @@ from hybridflow.workers.rollout.vllm_model import (causal_lm_architecture, max_m
                                                    model_directory, tokenizer_directory)
 from hybridflow.workers.rollout.vllm_group import (agree, bind_env, check_group, digest,
                                                    engine_tp, group_seed, pin, rank_cores,
-                                                   shm_named_by_port)
+                                                   shm_named_by_port, unlink_shm_names)
 from hybridflow.workers.rollout.vllm_process import (PROCESS_STATE, VLLMProcessState,
                                                      note_build_start, own_shutdown, rank_env)
 from hybridflow.workers.sequences import pad_right
@@ -144,6 +144,8 @@ def make_vllm_engine(spec: EngineSpec, llm_class=None, sampling_params=None,
                                sleep_available, tp)
         with shm_named_by_port() if tp > 1 and not fake else contextlib.nullcontext():
             llm = llm_class(**kwargs)
+        if cpu_bind and not fake:  # every rank has joined: the names can go
+            unlink_shm_names(spec.ctx.rank, env["MASTER_PORT"])
     engine = VLLMEngine(llm, sampling_params, spec.tokenizer, spec.device,
                         sleep_mode=kwargs["enable_sleep_mode"], reload=reload, state=state,
                         delta_kind=delta_kind, seed=kwargs["seed"], tp=tp,

@@ -26,7 +26,10 @@ How a role's layout maps onto vLLM 0.32 (read from `vllm/distributed/parallel_st
   every tp group on a machine would open "/-tp:0-[0-1]-cpushm" (two runs at once, or a
   run after one that was killed, fail with errno 17). The build sees a `tcp://` method
   on the pool's own MASTER_PORT instead (`shm_named_by_port`); the default group
-  exists by then, so the method names the segment and nothing else.
+  exists by then, so the method names the segment and nothing else. Once every rank
+  has joined (the build returns after vLLM's barrier), each rank unlinks its own
+  segment's name (`unlink_shm_names`): the mappings live on, and a rank killed at
+  the end of a run (Ray kills its workers) leaves nothing in /dev/shm.
 - Lockstep: a call that runs vLLM's collectives (generate, a streaming step) first
   all-gathers a digest of what each rank is about to do over vLLM's TP CPU group
   (`agree`): the rows, options and weights version for `generate` (a mismatch is an
@@ -45,7 +48,7 @@ import os
 import torch
 
 __all__ = ["engine_tp", "group_seed", "check_group", "core_list", "rank_cores", "bind_env", "pin",
-           "agree", "digest", "shm_named_by_port"]
+           "agree", "digest", "shm_named_by_port", "unlink_shm_names"]
 
 
 def engine_tp(spec) -> int:
@@ -157,3 +160,19 @@ def shm_named_by_port():
         yield
     finally:
         launcher._distributed_args = original
+
+
+def unlink_shm_names(rank: int, port: str, root: str = "/dev/shm") -> list[str]:
+    """Unlink this rank's vLLM CPU all-reduce segments of the group on `port` (named
+    `<port>-<group>-[<ranks>]-cpushm_<index in the group>`); returns the names."""
+    import re
+    pattern = re.compile(rf"^{re.escape(str(port))}-.*-\[([\d-]+)\]-cpushm_(\d+)$")
+    done = []
+    for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        match = pattern.match(name)
+        ranks = [int(r) for r in match.group(1).split("-")] if match else []
+        if rank in ranks and ranks.index(rank) == int(match.group(2)):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(root, name))
+                done.append(name)
+    return done
