@@ -2,8 +2,7 @@
 `placement.parallel.actor.tp=2` on a pool of two ranks (one tp group, gloo) shards the
 actor (DTensor plan, vocab-parallel log-probs), generates on the sharded module with the
 hf engine, and learns the toy task, each rank holding half the actor's weights; the
-local runtime refuses the same layout before
-launch, naming runtime.name=ray."""
+local runtime refuses the same layout before launch, naming the Ray runtime."""
 import pytest
 
 from tests.support.e2e import series, train

@@ -1,8 +1,9 @@
 """Tensor parallelism on the CPU (2 gloo ranks, one tp group, `placement.parallel.<role>.tp=2`):
 from the same weights, the sharded actor's log-probs, entropy, gradients and one update,
 the reference's log-probs and the critic's values and update equal one unsharded rank's
-to 1e-5 in fp32, on the toy Llama (graphs/assets/toy_base), a tiny Qwen2 and a tiny Llama
-with a tied head; the embedding and head really are sharded (a tied one once); and the
+to 1e-5 in fp32, on the toy Llama (graphs/assets/toy_base), a tiny Qwen2 (padded and
+packed) and a tiny Llama with a tied head; the embedding, the head and its logits really
+are sharded (a tied weight once); and the
 hf engine generates on the sharded actor in lockstep (greedy tokens equal, sampled
 tokens equal over the group)."""
 import os
@@ -15,7 +16,8 @@ import torch.multiprocessing as mp
 from tests.support.workers import QWEN2, TINY, leave_process_group, make_cfg, prompt_batch
 from tests.support.workers import rollout_for_update
 from hybridflow.workers import ActorWorker, CriticWorker, ReferenceWorker, WorkerContext
-from hybridflow.workers.sequences import forward_response
+from hybridflow.workers.sequences import forward_response, response_logits
+from hybridflow.workers.vocab_parallel import is_vocab_sharded
 
 pytestmark = pytest.mark.slow  # two gloo ranks build and train three models (~60 s)
 
@@ -38,6 +40,7 @@ CASES = {
     "toy_llama": _cfg({"path": os.path.abspath(TOY), "hf_config": {}}),
     "qwen2": _cfg({"hf_config": dict(QWEN2)}),
     "tied_llama": _cfg({"hf_config": {**TINY, "tie_word_embeddings": True}}),
+    "packed_qwen2": _cfg({"hf_config": dict(QWEN2), "use_remove_padding": True}),
 }
 
 
@@ -62,12 +65,14 @@ def _grads(module, batch) -> dict:
     return grads
 
 
-def _sharding(actor) -> dict:
+def _sharding(actor, batch) -> dict:
     module = actor.module
+    logits = response_logits(module, batch)  # what the log-probs and entropy read
     embed, head = module.get_input_embeddings(), module.get_output_embeddings()
     local = embed.weight.to_local() if hasattr(embed.weight, "to_local") else embed.weight
     return {"embed_rows": local.shape[0], "vocab": embed.weight.shape[0],
-            "tied": head.weight is embed.weight,
+            "tied": head.weight is embed.weight, "vocab_sharded": is_vocab_sharded(logits),
+            "local_logits": logits.to_local().shape[-1],
             "q_local": module.model.layers[0].self_attn.q_proj.weight.to_local().shape[0]}
 
 
@@ -85,7 +90,7 @@ def _run(cfg: dict, batch, ctx=None) -> dict:
     out["update"] = actor.update(batch).meta["metrics"]
     out["weights"] = {n: _whole(p) for n, p in actor.module.named_parameters()}
     if ctx is not None:
-        out["sharding"] = _sharding(actor)
+        out["sharding"] = _sharding(actor, batch)
     critic = CriticWorker(cfg, ctx)
     values = critic.values(batch)
     data = batch.union(values)
@@ -175,6 +180,8 @@ def test_embedding_and_head_are_sharded_once(tp_results, name):
     shape = ranks[0][name]["sharding"]
     assert shape["embed_rows"] * 2 == shape["vocab"]  # half the vocabulary per rank
     assert shape["tied"] == (name == "tied_llama")  # a tied head reuses the shard
+    # the head's logits stay split: no rank holds the whole vocabulary's
+    assert shape["vocab_sharded"] and shape["local_logits"] * 2 == shape["vocab"]
     weights = ranks[0][name]["weights"]
     assert shape["q_local"] * 2 == weights["model.layers.0.self_attn.q_proj.weight"].shape[0]
 
