@@ -14,7 +14,9 @@ made by `prepare` after the graph compiles and before any worker starts.
 - each role's parallel layout can run (`parallel_checks.py`: dp x tp, heads, the
   backend and engine of a tp > 1 role);
 - with rollout.backend='vllm', vLLM can run the model (head size, dtype);
-- with trainer.async_mode=streaming, the rollout engine streams (submit / poll / abort).
+- with trainer.async_mode=streaming, the rollout engine streams (submit / poll / abort);
+- what the engine, the training backends and the scorers need in order to import is
+  installed (`check_imports`): `check` refuses what `run` would fail on in a worker.
 
 Each failure is a ConfigError naming the config key (and role or pool) to change.
 Reading every row of a dataset waits for the Trainer, which builds its loaders
@@ -23,6 +25,7 @@ before any worker starts.
 from __future__ import annotations
 
 import os
+from importlib.util import find_spec
 
 from omegaconf import DictConfig
 
@@ -48,8 +51,58 @@ def preflight(cfg: DictConfig, plan: ExecutionPlan) -> None:
     from hybridflow.program.parallel_checks import check_parallel_layouts
     check_parallel_layouts(cfg, plan)  # placement.parallel: what the workers can build
     check_streaming_engine(cfg)
+    check_imports(cfg, plan)
     from hybridflow.workers.rollout.vllm_checks import preflight_vllm
     preflight_vllm(cfg)  # the model's head size and dtype, where vLLM imports here
+
+
+# what a built-in engine or training backend imports when a worker builds it; a
+# registered one declares its own: a `requires` tuple on its factory or class
+REQUIRES = {"rollout.backend": {"hf": ("transformers",), "vllm": ("vllm",)},
+            "strategy": {"ddp": ("torch.distributed",),
+                         "fsdp2": ("torch.distributed.fsdp", "torch.distributed.tensor")}}
+
+
+def _missing(module: str) -> str | None:
+    """Why `module` cannot be imported here (None: it can), without importing it."""
+    try:
+        found = find_spec(module)
+    except (ImportError, ValueError) as err:  # a parent package that does not import
+        return f"{type(err).__name__}: {err}"
+    return None if found is not None else f"No module named {module!r}"
+
+
+def _require(key: str, name: str, modules, others: list[str]) -> None:
+    for module in modules:
+        why = _missing(module)
+        if why:
+            valid = f" (valid: {', '.join(others)})" if others else ""
+            raise ConfigError(f"{key}={name!r} needs the Python module {module!r}, which "
+                              f"does not import here ({why}); install it (pip install "
+                              f"{module.split('.')[0]}), or choose another {key}{valid}")
+
+
+def check_imports(cfg: DictConfig, plan: ExecutionPlan) -> None:
+    """The rollout engine, each trained role's backend and the scorers import: checked
+    in this process before any worker starts (workers run the same environment)."""
+    from hybridflow.core.kinds import NodeKind
+    from hybridflow.workers.backends import BACKENDS
+    from hybridflow.workers.rollout.engine import _ENGINES
+    if any(n.kind is NodeKind.GENERATE for n in plan.nodes):
+        name = str(cfg.rollout.backend)
+        needs = REQUIRES["rollout.backend"].get(name, ())
+        needs += tuple(getattr(_ENGINES.get(name), "requires", ()))
+        _require("rollout.backend", name, needs,
+                 [e for e in sorted(_ENGINES) if e != name])
+    for role in sorted({n.role for n in plan.nodes if n.kind.trains} & {"actor", "critic"}):
+        name = str(cfg[role].strategy)
+        needs = REQUIRES["strategy"].get(name, ()) + \
+            tuple(getattr(BACKENDS.get(name), "requires", ()))
+        _require(f"{role}.strategy", name, needs, [b for b in sorted(BACKENDS) if b != name])
+    for entry in (cfg.reward.get("scorers") or {}).values():
+        if entry.get("function_path"):  # each scorer file imports (with what it imports)
+            _check_scorer(str(entry.function_path), str(entry.get("function_name")
+                                                        or "compute_score"))
 
 
 def check_streaming_engine(cfg: DictConfig) -> None:
