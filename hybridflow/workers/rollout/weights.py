@@ -37,8 +37,8 @@ from hybridflow.core.batch import Batch
 from hybridflow.workers.gather import gathered_buckets, plain_weight_name, weight_plan
 
 __all__ = ["WEIGHT_KEYS", "WeightIndex", "plain_weight_name", "policy_weights",
-           "export_policy", "StoredBuckets", "LiveBuckets", "refresh_engine", "load_export",
-           "in_ray_worker"]
+           "export_policy", "RayStore", "StoredBuckets", "LiveBuckets", "refresh_engine",
+           "load_export", "in_ray_worker"]
 
 WEIGHT_KEYS = ("weights", "weight_index")
 Bucket = list[tuple[str, torch.Tensor]]
@@ -85,17 +85,28 @@ def in_ray_worker() -> bool:
 
 
 # ----------------------------------------------------------------- sources
-class StoredBuckets:
-    """Buckets in the Ray object store, one reference each (see the module docstring);
-    each holds [(name, uint8 numpy bytes, dtype, shape)]."""
+class RayStore:
+    """The Ray object store: `put` in the sender, `get` in any receiver."""
 
-    def __init__(self, refs: list):
-        self.refs = refs
+    def put(self, value):
+        import ray
+        return ray.put(value)
+
+    def get(self, ref):
+        import ray
+        return ray.get(ref)
+
+
+class StoredBuckets:
+    """Buckets in a store (the Ray object store), one reference each (see the module
+    docstring); each holds [(name, uint8 numpy bytes, dtype, shape)]."""
+
+    def __init__(self, refs: list, store):
+        self.refs, self.store = refs, store
 
     def __iter__(self) -> Iterator[Bucket]:
-        import ray
         for ref in self.refs:
-            stored = ray.get(ref)
+            stored = self.store.get(ref)
             with warnings.catch_warnings():  # read-only store memory: engines copy out
                 warnings.simplefilter("ignore", UserWarning)
                 yield [(name, torch.from_numpy(raw).view(dtype).view(shape))
@@ -137,21 +148,22 @@ def _stored(bucket: Bucket) -> list:
 
 
 def export_policy(module: torch.nn.Module, version: int, bucket_bytes: int, *, rank: int = 0,
-                  world_size: int = 1, current_version: Callable[[], int] | None = None
-                  ) -> Batch:
+                  world_size: int = 1, current_version: Callable[[], int] | None = None,
+                  store=None) -> Batch:
     """The export Batch of `module` at `version` (see the module docstring). Every
     rank of a sharded module calls it (the gather is collective); rank 0's is the one
-    to send."""
+    to send. `store` (put/get): where the buckets go, by default the Ray object store
+    in a Ray worker, else none (the receiver gathers from the live module)."""
     plan = weight_plan(module, bucket_bytes)
     index = _index(plan, version)
-    if in_ray_worker():
-        import ray
+    store = store if store is not None else RayStore() if in_ray_worker() else None
+    if store is not None:
         refs = []
         for bucket in gathered_buckets(module, plan, keep=rank == 0, device="cpu"):
             if rank == 0:
-                refs.append(ray.put(_stored(bucket)))
+                refs.append(store.put(_stored(bucket)))
             del bucket  # the store holds it now
-        source = StoredBuckets(refs) if rank == 0 else NoBuckets(rank)
+        source = StoredBuckets(refs, store) if rank == 0 else NoBuckets(rank)
     else:
         if world_size > 1:
             raise RuntimeError("a weight export outside Ray gathers when the receiver "
