@@ -88,6 +88,18 @@ def _group_stats(scores: torch.Tensor,
     return mean, std, size
 
 
+def zero_std_fraction(scores: torch.Tensor, group: GroupIds) -> float:
+    """The share of groups (of two or more samples) whose scores are all equal: their
+    group-relative advantages are 0, so they teach nothing (TRL logs it as
+    `frac_reward_zero_std`). 0.0 when no group has two samples."""
+    groups = [idx for idx in _group_members(group, scores.shape[0]) if len(idx) > 1]
+    if not groups:
+        return 0.0
+    flat = scores.reshape(scores.shape[0], -1).sum(-1) if scores.ndim > 1 else scores
+    same = sum(1 for idx in groups if bool((flat[idx] == flat[idx[0]]).all()))
+    return same / len(groups)
+
+
 def _as_float(scores: torch.Tensor) -> torch.Tensor:
     return scores if scores.is_floating_point() else scores.to(torch.get_default_dtype())
 

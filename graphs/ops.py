@@ -25,8 +25,8 @@ from algorithms.losses import (AGG_MODES, OFF_POLICY_CORRECTIONS, POLICY_LOSSES,
                                behaviour_weights, check_off_policy, get_policy_loss,
                                value_loss)
 from algorithms.masked import masked_mean
-from hybridflow import (SHAPED_REWARD_MEAN, Batch, loss_fn, node_fn, register_default_loss,
-                        register_setting_names, training_mask)
+from hybridflow import (SHAPED_REWARD_MEAN, ZERO_STD_GROUPS, Batch, loss_fn, node_fn,
+                        register_default_loss, register_setting_names, training_mask)
 
 __all__ = ["grpo_advantages", "rloo_advantages", "reinforce_pp_advantages",
            "reinforce_pp_baseline_advantages", "remax_advantages", "gae_advantages",
@@ -38,6 +38,15 @@ __all__ = ["grpo_advantages", "rloo_advantages", "reinforce_pp_advantages",
 
 def _out(**tensors) -> Batch:
     return Batch(tensors)
+
+
+def _group_out(batch: Batch, **tensors) -> Batch:
+    """A group-relative advantage's output, with the share of groups whose scores are
+    all equal (zero advantage: nothing learned from them) as a step metric."""
+    out = Batch(tensors)
+    out.meta["metrics"] = {ZERO_STD_GROUPS: adv.zero_std_fraction(batch["scores"],
+                                                                  batch["uid"])}
+    return out
 
 
 _MASK = ("loss_mask",)  # each node reading response_mask also takes an agent's loss_mask
@@ -52,7 +61,7 @@ def _mask(batch: Batch):
 def grpo_advantages(batch: Batch, norm_by_std: bool = True, eps: float = 1e-6) -> Batch:
     """GRPO (Dr.GRPO with norm_by_std=False): scores normalised within each prompt's group."""
     a, _ = adv.grpo(batch["scores"], batch["uid"], _mask(batch), eps, norm_by_std)
-    return _out(advantages=a)
+    return _group_out(batch, advantages=a)
 
 
 @node_fn(reads=("scores", "uid", "response_mask"), optional=_MASK, writes=("advantages",),
@@ -60,7 +69,7 @@ def grpo_advantages(batch: Batch, norm_by_std: bool = True, eps: float = 1e-6) -
 def rloo_advantages(batch: Batch) -> Batch:
     """RLOO: each sample's baseline is the mean score of the other samples of its prompt."""
     a, _ = adv.rloo(batch["scores"], batch["uid"], _mask(batch))
-    return _out(advantages=a)
+    return _group_out(batch, advantages=a)
 
 
 @node_fn(reads=("token_level_rewards", "response_mask"), optional=_MASK,
@@ -75,7 +84,7 @@ def reinforce_pp_advantages(batch: Batch, gamma: float = 1.0) -> Batch:
 def reinforce_pp_baseline_advantages(batch: Batch) -> Batch:
     """REINFORCE++ with a group-mean baseline, whitened over the whole batch."""
     a, _ = adv.reinforce_pp_baseline(batch["scores"], batch["uid"], _mask(batch))
-    return _out(advantages=a)
+    return _group_out(batch, advantages=a)
 
 
 @node_fn(reads=("token_level_rewards", "baseline_scores", "response_mask"), optional=_MASK,

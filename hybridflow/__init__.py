@@ -35,6 +35,7 @@ _LAZY = {
     "read_rows": "hybridflow.core.data",
     "write_rows": "hybridflow.core.data",
     "SHAPED_REWARD_MEAN": "hybridflow.core.metric_names",
+    "ZERO_STD_GROUPS": "hybridflow.core.metric_names",
 }
 
 __all__ = ["Batch", "Graph", "node_fn", "loss_fn", "register_default_loss", "method",

@@ -289,15 +289,25 @@ def progress_fields(metrics: dict) -> dict[str, float]:
 
 
 class _Progress:
-    """A progress bar with step, reward and time left."""
+    """A progress bar with step, reward and time left; the watch of the step metrics
+    (commands/run_watch.py) says its warning above it."""
 
     def __init__(self, total: int, start: int, enabled: bool):
         from tqdm import tqdm
+
+        from hybridflow.commands.run_watch import ZeroSignalWatch
         self.bar = tqdm(total=total, initial=start, disable=not enabled, unit="step",
                         dynamic_ncols=True)
         self.bar.refresh()  # drawn before the first step's work (a stuck step shows 0/N)
+        self.watch = ZeroSignalWatch(self._say)
+
+    @staticmethod
+    def _say(text: str) -> None:
+        from tqdm import tqdm
+        tqdm.write(printable(f"hybridflow run: {text}"), file=sys.stderr)  # above the bar
 
     def update(self, step: int, metrics: dict) -> None:
+        self.watch.update(step, metrics)
         # metric names can hold a data row's data_source: shown through printable
         self.bar.set_postfix({printable(k): f"{v:.3f}"
                               for k, v in progress_fields(metrics).items()}, refresh=False)

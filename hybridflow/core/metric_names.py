@@ -21,12 +21,16 @@ logged.
   the progress bar of `hybridflow run` shows the first of `OPTIMISED_REWARD_KEYS`.
 - `STEP_TIME` (`perf/time_per_step`): the loop's wall time of a step, which reading a
   measured run for the planner takes the median of (`program/run_dir.py`).
+- `ZERO_STD_GROUPS` (`critic/score/frac_zero_std`, TRL's `frac_reward_zero_std`): the
+  share of a step's groups whose responses all got the same score, so their
+  group-relative advantages are 0 (graphs/ops.py writes it); `hybridflow run` warns
+  once when it stays near 1 (commands/run_watch.py).
 """
 from __future__ import annotations
 
 __all__ = ["SUMMED_SUFFIX", "TIMING_PREFIX", "RUNTIME_PREFIX", "TRAINED_VERSION",
            "TRAINED_VERSION_SUFFIX", "SAMPLED_VERSION", "SCORE_MEAN", "SHAPED_REWARD_MEAN",
-           "OPTIMISED_REWARD_KEYS", "STEP_TIME", "timing_key", "is_summed"]
+           "OPTIMISED_REWARD_KEYS", "STEP_TIME", "ZERO_STD_GROUPS", "timing_key", "is_summed"]
 
 SUMMED_SUFFIX = "_total"
 TIMING_PREFIX = "timing_s/"
@@ -40,6 +44,7 @@ SHAPED_REWARD_MEAN = "critic/rewards/mean"
 # reward, an overlong penalty) or, when nothing shapes it, the reward worker's score.
 OPTIMISED_REWARD_KEYS = (SHAPED_REWARD_MEAN, SCORE_MEAN)
 STEP_TIME = "perf/time_per_step"
+ZERO_STD_GROUPS = "critic/score/frac_zero_std"
 
 
 def timing_key(node: str) -> str:

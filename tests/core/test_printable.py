@@ -140,6 +140,7 @@ _ALLOWED = {  # (file, call): why it is safe
     ("run/generations.py", "tqdm.write"): "writes format_samples, which is printable",
     ("run/generations.py", "add_text"): "a table of _cell, which is printable",
     ("commands/run.py", "set_postfix"): "keys through printable, values formatted floats",
+    ("commands/run.py", "tqdm.write"): "the watch's warning, through printable",
 }
 _WATCHED = {"print", "write", "add_text", "set_postfix", "set_description", "warn_explicit"}
 

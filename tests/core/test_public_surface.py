@@ -29,7 +29,7 @@ SURFACE = {  # the public names: removing or renaming one breaks users' files
     "ONE_PER_WORKER", "RANK_ZERO", "checked", "at_least", "above", "in_range", "one_of",
     "probability", "ConfigError", "masked_mean", "training_mask", "printable", "load_batch",
     "register_engine", "register_setting_names", "load_tokenizer", "tokenizer_spec",
-    "read_rows", "write_rows", "SHAPED_REWARD_MEAN",
+    "read_rows", "write_rows", "SHAPED_REWARD_MEAN", "ZERO_STD_GROUPS",
 }
 
 
