@@ -1,7 +1,8 @@
 """GRPO on Ray with the vLLM rollout tensor-parallel (tp=2: one engine over a tp group of
-two rollout ranks, SPMD), on a pool of its own fed by the weight-sync edge, against real
-vLLM (the CPU build, in .ci/vllm.sh's environment; skipped without vLLM): it learns the
-toy task, and it streams (a tp group steps inline, in the driver's order)."""
+two ranks, SPMD), against real vLLM (the CPU build, in .ci/vllm.sh's environment;
+skipped without vLLM): on a pool of its own fed by the weight-sync edge it learns the
+toy task and streams (a tp group steps inline, in the driver's order); colocated with a
+tp=2 actor (fsdp2 over a (dp 1, tp 2) mesh) in the same two processes it learns too."""
 import pytest
 
 pytest.importorskip("vllm")
@@ -42,3 +43,14 @@ def test_a_tp2_vllm_rollout_streams_on_its_own_pool(tmp_path):
     assert metrics[-1]["async/stream/decode_steps"] > 0
     assert metrics[-1]["rollout/engine_tp"] == 2
     assert trainer.run.status()["state"] == "finished"
+
+
+def test_grpo_learns_with_a_tp2_actor_and_its_colocated_tp2_vllm_engine(tmp_path):
+    trainer, metrics = train("grpo", tmp_path, *VLLM_RUN, *RAY,
+                             "placement.pools.main.devices_per_node=2",
+                             "placement.parallel.actor.tp=2", "actor.strategy=fsdp2",
+                             "rollout.max_model_len=64", "trainer.steps=12",
+                             "trainer.val_every=12", "trainer.val_samples=1")
+    assert trainer.run.status()["state"] == "finished"
+    accuracy = series(metrics, VAL)
+    assert accuracy[0] <= 0.2 and accuracy[-1] >= 0.9, accuracy
