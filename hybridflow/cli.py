@@ -8,7 +8,7 @@ import argparse
 import importlib
 import sys
 
-from hybridflow.commands.args import IntermixedParser
+from hybridflow.commands.args import IntermixedParser, SafeParser
 
 __all__ = ["main"]
 
@@ -17,7 +17,7 @@ _COMMANDS = ("run", "check", "render", "plan", "data", "model", "export", "statu
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     handlers = {}
-    parser = argparse.ArgumentParser(
+    parser = SafeParser(
         prog="hybridflow", description="Declarative dataflow graphs for RL post-training.")
     subparsers = parser.add_subparsers(dest="command", required=True,
                                        parser_class=IntermixedParser)

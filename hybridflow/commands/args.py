@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import math
 
-__all__ = ["IntermixedParser", "count", "number"]
+__all__ = ["SafeParser", "IntermixedParser", "count", "number"]
 
 
 def count(low: int, high: int, why: str = ""):
@@ -47,7 +47,16 @@ def number(low: float, high: float, open_ends: bool = False):
     return parse
 
 
-class IntermixedParser(argparse.ArgumentParser):
+class SafeParser(argparse.ArgumentParser):
+    """argparse's own messages quote the command line (`unrecognized arguments: ...`):
+    they reach the terminal through `printable` like every other message."""
+
+    def _print_message(self, message, file=None):
+        from hybridflow.core.printable import printable
+        super()._print_message(printable(message) if message else message, file)
+
+
+class IntermixedParser(SafeParser):
     """Lets `key=value` overrides follow options (`run g.py --runtime ray trainer.steps=4`):
     plain argparse binds all positionals at their first run and rejects later ones."""
     _intermixing = False

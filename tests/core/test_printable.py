@@ -63,6 +63,14 @@ def test_an_error_message_quoting_user_text_is_escaped(capsys):
     assert_clean(capsys.readouterr().err)
 
 
+def test_argparse_messages_quoting_the_command_line_are_escaped(capsys):
+    for argv in (["status", "a", ATTACK], [ATTACK], ["data", "toy", "--n-train", ATTACK]):
+        with pytest.raises(SystemExit) as stop:
+            main(argv)
+        assert stop.value.code == 2
+        assert_clean(capsys.readouterr().err)
+
+
 def test_an_unknown_config_key_with_controls_is_escaped(capsys):
     code = main(["check", os.path.join(REPO, "graphs", "grpo.py"), f"trainer.{ATTACK}=1"])
     err = capsys.readouterr().err
