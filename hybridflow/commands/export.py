@@ -101,6 +101,9 @@ def export_role(run_dir: str, out: str, role: str = "actor", merge: bool = True,
     if os.path.exists(out) and not os.path.isdir(out):
         raise NotADirectoryError(f"OUT {out!r} is a file; give a directory (it is created "
                                  f"if missing)")
+    if _inside(os.path.join(run_dir, "checkpoints"), out):  # would copy files onto themselves
+        raise CheckpointError(f"OUT {out!r} is inside the run's checkpoints; export to a "
+                              f"directory outside {os.path.join(run_dir, 'checkpoints')}")
     os.makedirs(out, exist_ok=True)
     if merge and os.path.isfile(os.path.join(source, "adapter_config.json")):
         from hybridflow.program.run_record import read_run_config

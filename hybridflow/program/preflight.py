@@ -42,7 +42,9 @@ _MODEL_KEYS = ("model.path", "ref.path", "critic.path", "reward.model_path")
 
 
 def preflight(cfg: DictConfig, plan: ExecutionPlan) -> None:
+    from hybridflow.program.applicability import check_applicable
     from hybridflow.program.model_checks import check_positions, check_tokenizer_files
+    check_applicable(cfg)  # a set key that does nothing here: refused or warned
     check_paths(cfg)
     check_positions(cfg)  # also reads each model's config.json and weight headers
     check_tokenizer_files(cfg)

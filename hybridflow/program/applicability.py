@@ -1,0 +1,160 @@
+"""When each config key applies: one table, one rule.
+
+A setting that does nothing must say so. Each key whose effect depends on the run
+declares here when it applies -- the rollout engine, the async mode, the runtime, a
+range of steps, another key it needs -- and what a set key that does not apply gets:
+`refuse` (a ConfigError: the run would silently do something else than asked) or
+`warn` (a line `hybridflow: warning: ...` on stderr: the key is ignored). A key is
+*set* when its value differs from its schema default (`RunConfig`);
+`check_applicable` reads the table before launch (in the pre-flight that `check` and
+`run` share) and knows no key by name.
+
+Stateless: the table `APPLIES` is fixed at import.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from omegaconf import DictConfig, OmegaConf
+
+from hybridflow.core.constraints import ConfigError
+
+__all__ = ["Applies", "APPLIES", "check_applicable", "set_keys"]
+
+
+@dataclass(frozen=True)
+class Applies:
+    """`why_not(cfg, value)`: None when the key applies to a run of `cfg`, else the
+    reason it does not; `when`: the rule in words (docs, messages)."""
+    when: str
+    why_not: Callable[[DictConfig, Any], str | None]
+    action: str = "warn"  # "warn" | "refuse"
+
+
+def _select(cfg: DictConfig, key: str):
+    return OmegaConf.select(cfg, key)
+
+
+def engine(*names: str) -> Callable:
+    def why_not(cfg, value):
+        backend = str(cfg.rollout.backend)
+        return None if backend in names else f"rollout.backend={backend!r}"
+    return why_not
+
+
+def streaming(cfg, value) -> str | None:
+    mode, k = cfg.trainer.async_mode, cfg.trainer.staleness
+    return None if mode == "streaming" and k >= 1 else \
+        f"trainer.async_mode={mode!r}, trainer.staleness={k}"
+
+
+def asynchronous(cfg, value) -> str | None:
+    k = cfg.trainer.staleness
+    return None if k >= 1 else f"trainer.staleness={k} (synchronous)"
+
+
+def runtime(name: str) -> Callable:
+    def why_not(cfg, value):
+        used = cfg.runtime.name
+        return None if used == name else f"runtime.name={used!r}"
+    return why_not
+
+
+def within_steps(cfg, value) -> str | None:
+    steps = cfg.trainer.steps
+    outside = sorted(int(s) for s in value if not 1 <= int(s) <= steps)
+    return None if not outside else \
+        f"trainer.steps={steps}: step(s) {outside} never run"
+
+
+def needs(key: str) -> Callable:
+    def why_not(cfg, value):
+        return None if _select(cfg, key) else f"{key} is not set"
+    return why_not
+
+
+def unless(key: str) -> Callable:
+    def why_not(cfg, value):
+        other = _select(cfg, key)
+        return None if not other else f"{key}={other!r} replaces it"
+    return why_not
+
+
+def validating(cfg, value) -> str | None:
+    every = cfg.trainer.val_every
+    return None if every > 0 else f"trainer.val_every={every} (no validation)"
+
+
+_VLLM = ("vllm only", engine("vllm"))
+APPLIES: dict[str, Applies] = {
+    **{f"rollout.{key}": Applies(*_VLLM) for key in (
+        "gpu_memory_utilization", "kv_cache_gib", "enforce_eager", "max_model_len",
+        "max_num_seqs")},
+    "rollout.enable_sleep_mode": Applies(*_VLLM),
+    "rollout.stream_poll_steps": Applies("trainer.async_mode=streaming", streaming),
+    "rollout.partial": Applies("trainer.async_mode=streaming", streaming),
+    "trainer.async_mode": Applies("trainer.staleness >= 1", asynchronous),
+    "trainer.allow_uncorrected_async": Applies("trainer.staleness >= 1", asynchronous),
+    "trainer.dump_batches": Applies("steps 1..trainer.steps", within_steps, "refuse"),
+    "trainer.val_samples": Applies("trainer.val_every > 0", validating),
+    "trainer.log_val_generations": Applies("trainer.val_every > 0", validating),
+    "data.val_files": Applies("with data.train_files (else the toy task validates)",
+                              needs("data.train_files"), "refuse"),
+    **{f"data.toy.{key}": Applies("without data.train_files (the toy task)",
+                                  unless("data.train_files"))
+       for key in ("max_operand", "test_fraction", "train_on_test", "maker")},
+    "runtime.address": Applies("runtime.name=ray", runtime("ray"), "refuse"),
+    "runtime.listen_all": Applies("runtime.name=ray", runtime("ray")),
+    "runtime.num_cpus": Applies("runtime.name=ray", runtime("ray")),
+    "runtime.num_gpus": Applies("runtime.name=ray", runtime("ray")),
+    "runtime.start_timeout_s": Applies("runtime.name=ray", runtime("ray")),
+    "runtime.connect_timeout_s": Applies("runtime.name=ray", runtime("ray")),
+}
+
+
+def _defaults() -> DictConfig:
+    from hybridflow.program.config import RunConfig
+    return OmegaConf.structured(RunConfig)
+
+
+def set_keys(cfg: DictConfig, keys=None) -> dict[str, Any]:
+    """{key: value} of the table's keys (or `keys`) whose value differs from the schema
+    default: the keys a user (or a graph's defaults) set."""
+    base, out = _defaults(), {}
+    for key in keys if keys is not None else APPLIES:
+        value = _select(cfg, key)
+        plain = OmegaConf.to_container(value) if isinstance(value, (DictConfig,)) or \
+            OmegaConf.is_list(value) else value
+        if plain != _plain(_select(base, key)):
+            out[key] = plain
+    return out
+
+
+def _plain(value):
+    return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+
+
+def check_applicable(cfg: DictConfig) -> list[str]:
+    """Refuse (ConfigError) a set key whose declaration says `refuse` when it does not
+    apply; warn on stderr for the others; returns the warnings' text."""
+    said = []
+    for key, value in set_keys(cfg).items():
+        rule = APPLIES[key]
+        why = rule.why_not(cfg, value)
+        if why is None:
+            continue
+        text = (f"{key}={value!r} has no effect in this run: it applies {rule.when}, "
+                f"and here {why}")
+        if rule.action == "refuse":
+            raise ConfigError(f"{text}; remove it or change the run so that it applies")
+        said.append(f"{text}; it is ignored")
+        say(f"hybridflow: warning: {said[-1]}")
+    return said
+
+
+def say(text: str) -> None:
+    """A warning on the console, once per check (stderr, made printable)."""
+    from hybridflow.core.printable import echo
+    echo(text, file=sys.stderr)
