@@ -95,5 +95,8 @@ def run_rank(rank: int, world: int, port: int, out_dir: str) -> None:
     engine = make_engine(EngineSpec(model_cfg, rollout_cfg, tokenizer, ctx,
                                     torch.device("cpu"), tp=world))
     result = scenario(engine, tokenizer, rollout_cfg, model_cfg)
+    from vllm.distributed import get_tp_group
+    group = get_tp_group()  # vLLM's own view of the group it runs in
     result["seed"], result["tp"] = engine.seed, engine.tp
+    result["vllm_tp"] = (group.world_size, group.rank_in_group, list(group.ranks))
     torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))

@@ -60,7 +60,10 @@ def _trainer_log_probs(actor, out, version_seed):
 
 
 def test_a_tp_group_runs_one_engine_with_one_seed(tp2):
+    """vLLM itself runs one tensor-parallel group of ranks 0 and 1 (each rank holding half
+    the heads), with the group's one seed."""
     assert [r["tp"] for r in tp2] == [2, 2]
+    assert [r["vllm_tp"] for r in tp2] == [(2, 0, [0, 1]), (2, 1, [0, 1])]
     assert tp2[0]["seed"] == tp2[1]["seed"]
 
 
