@@ -6,9 +6,9 @@ The role's layout: a pool of `world_size` ranks runs `dp = world_size // tp` gro
 `tp` ranks; rank r is data-parallel rank r // tp and tensor-parallel rank r % tp (what
 `graph/dispatch.py` sends rows by: a tp group's ranks get the same rows).
 `device_mesh()` is that layout as a 2-D torch DeviceMesh ("dp", "tp") over the default
-group. State: `_MESHES`, (device type, dp, tp) -> the mesh, built once per process (a
-mesh's sub-groups are created collectively, so roles of one pool with the same layout
-share one; roles with another tp get their own mesh over the same world).
+group. State: `_MESHES`, (device type, dp, tp, default group) -> the mesh, built once
+per process (a mesh's sub-groups are created collectively, so roles of one pool with
+the same layout share one; roles with another tp get their own mesh over the same world).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 __all__ = ["WorkerContext"]
 
-_MESHES: dict[tuple[str, int, int], Any] = {}
+_MESHES: dict[tuple, Any] = {}
 
 
 @dataclass
@@ -90,7 +90,7 @@ class WorkerContext:
                                f"{self.world_size} ranks (the local runtime cannot run it: "
                                "use runtime.name=ray)")
         device = (self.device or ("cuda" if torch.cuda.is_available() else "cpu")).split(":")[0]
-        key = (device, self.dp, self.tp)
+        key = (device, self.dp, self.tp, id(dist.group.WORLD))  # a re-joined group: anew
         if key not in _MESHES:
             from torch.distributed.device_mesh import init_device_mesh
             _MESHES[key] = init_device_mesh(device, (self.dp, self.tp),
