@@ -1,0 +1,229 @@
+"""A split-pool weight sync before and after bucketing: per-process RSS peak and seconds
+of the sender (the actor's rank 0 exporting) and of a receiver (a rollout rank loading
+into its engine).
+
+- flat (before, issue 30): the policy's whole state dict (`policy_weights`), packed into
+  one uint8 buffer (`pack_weights`, kept here as the baseline: the engine no longer has
+  it); the receiver takes the whole buffer, then loads bucket views of it.
+- bucketed (now, `hybridflow/workers/rollout/weights.py`): the sender gathers one bucket
+  at a time and puts it (then drops it); the receiver gets, loads and drops one at a time.
+
+Both go through the same transport, a folder of files standing in for the Ray object
+store (one file per put; a get reads the file into the process), so only what each
+process holds is compared: Ray's store would hold the same bytes in shared memory.
+Every (variant, side) runs in a fresh process (the RSS high-water mark is per process,
+reset with /proc/self/clear_refs right before the sync), one torch thread, variants
+alternated over the repetitions. The model is a toy Llama built from a config (no
+download), tied embeddings (the flat pack wrote them twice).
+
+    python bench/weight_sync.py                 # -> bench/results/weight_sync.json
+    python bench/weight_sync.py --layers 4 --reps 1 --out /tmp/ws.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.harness import machine, median, set_threads, table, write_results
+
+MIB = 2**20
+VARIANTS = ("flat", "bucketed")
+
+
+def _model(args, seed: int):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(AutoConfig.for_model(
+        "llama", hidden_size=args.hidden, intermediate_size=args.hidden * 11 // 4,
+        num_hidden_layers=args.layers, num_attention_heads=8, num_key_value_heads=8,
+        vocab_size=args.vocab, tie_word_embeddings=True))
+
+
+# ------------------------------------------------------------ the old baseline
+def _flat_pack(module, bucket_bytes: int):
+    """The removed path: every weight (tied twice) in one flat buffer + its index."""
+    import torch
+    weights = {k: v.detach() for k, v in module.state_dict().items()}
+    names, offsets, buckets, offset, first, start = [], [], [], 0, 0, 0
+    for i, (name, t) in enumerate(weights.items()):
+        nbytes = t.numel() * t.element_size()
+        if i > first and offset + nbytes - start > bucket_bytes:
+            buckets.append((first, i))
+            first, start = i, offset
+        names.append(name)
+        offsets.append(offset)
+        offset += -(-nbytes // 16) * 16
+    buckets.append((first, len(names)))
+    flat = torch.zeros(offset, dtype=torch.uint8)
+    for t, at in zip(weights.values(), offsets):
+        data = t.contiguous().reshape(-1).view(torch.uint8)
+        flat[at:at + data.numel()] = data
+    meta = [(n, weights[n].dtype, tuple(weights[n].shape), o) for n, o in zip(names, offsets)]
+    return flat, meta, buckets
+
+
+def _flat_buckets(flat, meta, buckets):
+    import torch
+    for first, end in buckets:
+        out = []
+        for name, dtype, shape, at in meta[first:end]:
+            count = 1
+            for d in shape:
+                count *= d
+            size = count * torch.empty((), dtype=dtype).element_size()
+            out.append((name, flat[at:at + size].view(dtype).view(shape)))
+        yield out
+
+
+# ------------------------------------------------------------------ the sides
+class FolderStore:
+    """One file per put; `get` reads it back into the process."""
+
+    def __init__(self, folder: str):
+        self.folder, self.count = folder, 0
+
+    def put(self, stored):
+        self.count += 1
+        path = os.path.join(self.folder, f"bucket{self.count}")
+        with open(path, "wb") as fh:
+            for _, raw, _, _ in stored:
+                fh.write(memoryview(raw))
+        return path, [(n, raw.nbytes, dt, sh) for n, raw, dt, sh in stored]
+
+    def get(self, ref):
+        import numpy as np
+        path, entries = ref
+        with open(path, "rb") as fh:
+            return [(n, np.fromfile(fh, dtype=np.uint8, count=nb), dt, sh)
+                    for n, nb, dt, sh in entries]
+
+
+def _send(model, args, variant: str, folder: str) -> None:
+    from hybridflow.workers.rollout.weights import export_policy
+    bucket = int(args.bucket_mb * MIB)
+    if variant == "flat":
+        flat, meta, buckets = _flat_pack(model, bucket)
+        flat.numpy().tofile(os.path.join(folder, "flat"))
+        record = (meta, buckets)
+    else:
+        export = export_policy(model, 1, bucket, store=FolderStore(folder))
+        record = export["weights"][0].refs
+    with open(os.path.join(folder, "export.pkl"), "wb") as fh:
+        pickle.dump(record, fh)
+
+
+def _receive(engine, variant: str, folder: str) -> None:
+    import numpy as np
+    import torch
+    from hybridflow.workers.rollout.weights import StoredBuckets
+    with open(os.path.join(folder, "export.pkl"), "rb") as fh:
+        record = pickle.load(fh)
+    if variant == "flat":
+        meta, buckets = record
+        flat = torch.from_numpy(np.fromfile(os.path.join(folder, "flat"), dtype=np.uint8))
+        source = _flat_buckets(flat, meta, buckets)
+    else:
+        source = StoredBuckets(record, FolderStore(folder))
+    engine.wake_up()
+    for bucket in source:
+        engine.load_weights(bucket)
+        del bucket
+    engine.finish_weight_update(1)
+
+
+def _reset_peak() -> int:
+    """VmHWM := VmRSS now; returns that RSS."""
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")
+    return _status("VmRSS")
+
+
+def _status(field: str) -> int:
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) * 1024 for line in fh if line.startswith(field + ":"))
+
+
+def _child(args) -> None:
+    """One side of one sync in this process; prints its JSON result."""
+    set_threads(1)
+    import warnings
+    warnings.filterwarnings("ignore")
+    import torch
+    from hybridflow.workers.rollout.hf import HFEngine
+    model = _model(args, seed=0 if args.side == "sender" else 1)
+    state = sum(p.numel() * p.element_size() for p in model.parameters())
+    engine = HFEngine(model, None, torch.device("cpu"), shares_module=False)
+    base = _reset_peak()
+    start = time.perf_counter()
+    if args.side == "sender":
+        _send(model, args, args.variant, args.folder)
+    else:
+        _receive(engine, args.variant, args.folder)
+    seconds = time.perf_counter() - start
+    peak = _status("VmHWM") - base
+    if args.side == "receiver":  # it holds the sender's weights now
+        reference = _model(args, seed=0).state_dict()
+        assert all(model.state_dict()[k].equal(v) for k, v in reference.items())
+    print(json.dumps({"peak_bytes": peak, "seconds": seconds, "state_bytes": state}))
+
+
+def _run_side(args, variant: str, side: str, folder: str) -> dict:
+    cmd = [sys.executable, __file__, "--child", "--variant", variant, "--side", side,
+           "--folder", folder, "--hidden", str(args.hidden), "--layers", str(args.layers),
+           "--vocab", str(args.vocab), "--bucket-mb", str(args.bucket_mb)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--vocab", type=int, default=8000)
+    parser.add_argument("--bucket-mb", type=float, default=16.0)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--side", choices=("sender", "receiver"), help=argparse.SUPPRESS)
+    parser.add_argument("--folder", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return _child(args)
+    runs = {v: {"sender": [], "receiver": []} for v in VARIANTS}
+    for rep in range(args.reps):  # alternated: who goes first rotates
+        order = VARIANTS[rep % 2:] + VARIANTS[:rep % 2]
+        for variant in order:
+            with tempfile.TemporaryDirectory() as folder:
+                for side in ("sender", "receiver"):
+                    runs[variant][side].append(_run_side(args, variant, side, folder))
+    state = runs["flat"]["sender"][0]["state_bytes"]
+    rows, summary = [], {}
+    for variant in VARIANTS:
+        for side in ("sender", "receiver"):
+            peak = max(r["peak_bytes"] for r in runs[variant][side])
+            secs = median([r["seconds"] for r in runs[variant][side]])
+            summary[f"{variant}/{side}"] = {"peak_mib": peak / MIB, "peak_x_state": peak / state,
+                                            "seconds": secs}
+            rows.append([variant, side, peak / MIB, peak / state, secs])
+    print(f"model state {state / MIB:.1f} MiB (tied embedding once), bucket "
+          f"{args.bucket_mb} MiB, {args.reps} alternated runs, 1 torch thread")
+    print(table(["variant", "side", "RSS peak MiB", "x state", "seconds (median)"], rows))
+    path = write_results("weight_sync", {
+        "machine": machine(), "config": vars(args), "state_bytes": state,
+        "summary": summary, "runs": runs}, args.out)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
