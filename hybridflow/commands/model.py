@@ -40,12 +40,13 @@ def run(args) -> int:
              file=sys.stderr)
         return 2
     from hybridflow.core.files import check_output
-    source = find_package_gguf() if args.source == "smollm2" else check_gguf(args.file)
-    check_output(args.out, "--out", "directory", inputs=[source])  # before minutes of work
+    given = check_gguf(args.file) if args.source == "gguf" else None
+    check_output(args.out, "--out", "directory", inputs=[given])  # before minutes of work
     if os.path.isfile(os.path.join(args.out, "config.json")) and not args.force:
         echo(f"hybridflow model: {args.out!r} already holds a model; pass --force to "
              f"rewrite it", file=sys.stderr)
         return 1
+    source = given or find_package_gguf()
     summary = convert_gguf(source, args.out)  # its errors: one line (commands/errors.py)
     echo(f"wrote {summary['architecture']} ({summary['parameters'] / 1e6:.1f}M parameters) "
          f"from {summary['source']} to {summary['out']}")
