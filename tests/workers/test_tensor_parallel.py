@@ -79,7 +79,7 @@ def _sharding(actor, batch) -> dict:
 def _run(cfg: dict, batch, ctx=None) -> dict:
     """Everything compared, on one rank (ctx None) or a rank of the tp group."""
     actor = ActorWorker(cfg, ctx)
-    out = {"logp_ent": forward_response(actor.module, batch, 1.0, with_entropy=True),
+    out = {"logp_ent": forward_response(actor.module, batch, 0.7, with_entropy=True),
            "logprob": actor.logprob(batch, with_entropy=True),
            "grads": _grads(actor.module, batch), "ref": ReferenceWorker(cfg, ctx).logprob(batch)}
     out["logp_ent"] = tuple(t.detach() for t in out["logp_ent"])
