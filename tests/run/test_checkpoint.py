@@ -99,3 +99,21 @@ def test_a_failed_write_leaves_no_temporary_directory(tmp_path):
         save_checkpoint(root, 2, disk_full, {})
     assert sorted(os.listdir(root)) == ["step_000001"]
     assert latest_checkpoint(root) == first
+
+
+def test_a_damaged_shard_of_a_sharded_checkpoint_is_named(tmp_path):
+    """A trained role's checkpoint is one DCP file per rank: each is in the manifest
+    with its sha256, so a changed shard is refused by name before anything loads."""
+    from tests.support.workers import make_cfg
+    from hybridflow.workers import ActorWorker
+    actor = ActorWorker(make_cfg())
+    path = save_checkpoint(str(tmp_path), 1,
+                           lambda root: actor.save_checkpoint(os.path.join(root, "actor")), {})
+    files = json.load(open(os.path.join(path, "manifest.json")))["sha256"]
+    assert {"actor/dcp/.metadata", "actor/dcp/__0_0.distcp", "actor/scheduler.pt"} <= set(files)
+    shard = os.path.join(path, "actor", "dcp", "__0_0.distcp")
+    data = bytearray(open(shard, "rb").read())
+    data[len(data) // 2] ^= 0xFF  # same size, other bytes
+    open(shard, "wb").write(bytes(data))
+    with pytest.raises(CheckpointError, match=r"actor/dcp/__0_0.distcp does not match its sha256"):
+        load_trainer_state(path)
