@@ -51,7 +51,8 @@ from hybridflow.workers.rollout.vllm_model import (causal_lm_architecture, max_m
                                                    model_directory, tokenizer_directory)
 from hybridflow.workers.rollout.vllm_group import (agree, bind_env, check_group, digest,
                                                    engine_tp, group_seed, pin, rank_cores,
-                                                   shm_named_by_port, unlink_shm_names)
+                                                   shm_named_by_port, unlink_broadcast_name,
+                                                   unlink_shm_names)
 from hybridflow.workers.rollout.vllm_process import (PROCESS_STATE, VLLMProcessState,
                                                      note_build_start, own_shutdown, rank_env)
 from hybridflow.workers.sequences import pad_right
@@ -146,6 +147,7 @@ def make_vllm_engine(spec: EngineSpec, llm_class=None, sampling_params=None,
             llm = llm_class(**kwargs)
         if cpu_bind and not fake:  # every rank has joined: the names can go
             unlink_shm_names(spec.ctx.rank, env["MASTER_PORT"])
+            unlink_broadcast_name()
     engine = VLLMEngine(llm, sampling_params, spec.tokenizer, spec.device,
                         sleep_mode=kwargs["enable_sleep_mode"], reload=reload, state=state,
                         delta_kind=delta_kind, seed=kwargs["seed"], tp=tp,

@@ -28,8 +28,10 @@ How a role's layout maps onto vLLM 0.32 (read from `vllm/distributed/parallel_st
   on the pool's own MASTER_PORT instead (`shm_named_by_port`); the default group
   exists by then, so the method names the segment and nothing else. Once every rank
   has joined (the build returns after vLLM's barrier), each rank unlinks its own
-  segment's name (`unlink_shm_names`): the mappings live on, and a rank killed at
-  the end of a run (Ray kills its workers) leaves nothing in /dev/shm.
+  segment's name (`unlink_shm_names`), and the group's first rank the name of the
+  ring buffer of vLLM's TP message queue, which it created (`unlink_broadcast_name`):
+  the mappings live on, and a rank killed at the end of a run (Ray kills its workers)
+  leaves nothing in /dev/shm.
 - Lockstep: a call that runs vLLM's collectives (generate, a streaming step) first
   all-gathers a digest of what each rank is about to do over vLLM's TP CPU group
   (`agree`): the rows, options and weights version for `generate` (a mismatch is an
@@ -48,7 +50,7 @@ import os
 import torch
 
 __all__ = ["engine_tp", "group_seed", "check_group", "core_list", "rank_cores", "bind_env", "pin",
-           "agree", "digest", "shm_named_by_port", "unlink_shm_names"]
+           "agree", "digest", "shm_named_by_port", "unlink_shm_names", "unlink_broadcast_name"]
 
 
 def engine_tp(spec) -> int:
@@ -176,3 +178,16 @@ def unlink_shm_names(rank: int, port: str, root: str = "/dev/shm") -> list[str]:
                 os.unlink(os.path.join(root, name))
                 done.append(name)
     return done
+
+
+def unlink_broadcast_name() -> str | None:
+    """Unlink the name of the ring buffer this rank created for vLLM's TP message queue
+    (a `psm_*` segment the readers have attached to by the end of the build); its
+    finalizer then leaves the name alone. Returns the name, or None."""
+    from vllm.distributed import get_tp_group
+    buffer = getattr(getattr(get_tp_group(), "mq_broadcaster", None), "buffer", None)
+    if buffer is None or not getattr(buffer, "is_creator", False):
+        return None
+    buffer.shared_memory.unlink()
+    buffer.is_creator = False
+    return buffer.shared_memory.name
