@@ -40,7 +40,8 @@ class TrainerConfig:
     steps: int = checked(40, at_least(1))
     seed: int = checked(1, at_least(0))
     val_every: int = checked(10, at_least(0))     # 0 disables validation
-    val_samples: int = checked(4, at_least(1))    # N of mean@N / best@N
+    # N of mean@N / best@N; bounded: each validation prompt is sampled N times (issue 32)
+    val_samples: int = checked(4, in_range(1, 1024))
     save_every: int = checked(0, at_least(0))     # 0 saves only at the end
     max_checkpoints: int = checked(2, at_least(0))  # 0 keeps them all
     runs_dir: str = "runs"

@@ -97,3 +97,18 @@ def test_long_work_shows_progress(tmp_path, capsys):
         data._BAR_ROWS = 100_000
     assert code == 0 and "Traceback" not in err
     assert (tmp_path / "d" / "train.jsonl").read_text().count("\n") == 11_440
+
+
+# config keys that size a run's work: refused before any worker starts
+CONFIG_SIZES = [
+    ("trainer.val_samples", ["check", "trainer.val_samples=100000000"], "[1, 1024]"),
+    ("rollout.n (memory)", ["check", "rollout.n=10000000", "--memory"], "does not fit"),
+    ("rollout.max_new_tokens", ["check", "rollout.max_new_tokens=1000000000"], "positions"),
+]
+
+
+@pytest.mark.parametrize("name,argv,said", [pytest.param(*c, id=c[0]) for c in CONFIG_SIZES])
+def test_a_config_key_that_sizes_work_is_refused_before_launch(name, argv, said, capsys):
+    from tests.support.recorded_runs import graph_path
+    code, err = run_cli([argv[0], graph_path("grpo.py"), *argv[1:]], capsys, seconds=120)
+    assert code == 1 and said in err and "Traceback" not in err, err
