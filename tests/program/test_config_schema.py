@@ -155,7 +155,7 @@ def test_an_algorithm_that_is_not_a_dataclass_is_refused(tmp_path):
     ("trainer.save_every=-1", "trainer.save_every must not be negative, got -1"),
     ("trainer.max_checkpoints=-1", "trainer.max_checkpoints must not be negative, got -1"),
     ("trainer.val_every=-5", "trainer.val_every must not be negative, got -5"),
-    ("trainer.val_samples=0", "trainer.val_samples must be at least 1, got 0"),
+    ("trainer.val_samples=0", "trainer.val_samples must be in [1, 1024], got 0"),
     ("trainer.run_name=../../x", "trainer.run_name must be a plain name"),
     ("trainer.run_name=a/b", "trainer.run_name must be a plain name"),
     ("trainer.run_name=..", "trainer.run_name must be a plain name"),
