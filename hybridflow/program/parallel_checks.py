@@ -71,7 +71,9 @@ def check_parallel_layouts(cfg: DictConfig, plan: ExecutionPlan) -> None:
                 f"{where}.tp={tp}: the local runtime runs every rank in one process, where "
                 f"tensor-parallel collectives cannot run; use --runtime ray (or tp=1)")
         _check_heads(cfg, role, tp)
-        kinds = {n.kind for n in plan.nodes if n.role == role}
+        # a folded role (the rollout served by the actor) runs in its host's layout
+        kinds = {n.kind for n in plan.nodes
+                 if role in (n.role, plan.placement.folded.get(n.role))}
         if any(kind.trains for kind in kinds):
             _check_backend(cfg, role, tp)
         if NodeKind.GENERATE in kinds:
