@@ -13,6 +13,7 @@ module of the package defines (read from the source on the first failed lookup).
 from __future__ import annotations
 
 import ast
+import dis
 import importlib
 import importlib.abc
 import importlib.util
@@ -102,7 +103,26 @@ def _index_file(path: str, top: str) -> None:
             _INDEX.setdefault(name, []).append(module)
 
 
-def _missing(old: str, new: str, name: str) -> ImportError:
+def _importing(depth: int) -> bool:
+    """Whether the frame `depth` up is running an import statement (`from old import
+    name`), which shows an ImportError's message; any other lookup (getattr with a
+    default, hasattr, pickle's search of sys.modules) must get an AttributeError."""
+    try:
+        frame = sys._getframe(depth + 1)
+        return dis.opname[frame.f_code.co_code[frame.f_lasti]] in ("IMPORT_FROM",
+                                                                    "IMPORT_NAME")
+    except (ValueError, IndexError, AttributeError):
+        return False
+
+
+def _missing(old: str, new: str, name: str, depth: int = 2) -> Exception:
+    """ImportError naming where `name` lives now, for an import statement;
+    AttributeError (with the same message) for any other lookup."""
+    error = _moved_error(old, new, name)
+    return error if _importing(depth) else AttributeError(str(error))
+
+
+def _moved_error(old: str, new: str, name: str) -> ImportError:
     if name in _public():
         return ImportError(f"{old} has no {name!r} (it moved to {new}): "
                            f"from hybridflow import {name}")
@@ -158,8 +178,8 @@ def moved_name(package: str, name: str):
     if old is None or name.startswith("__"):
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
     target = importlib.import_module(old)
-    if not hasattr(target, name):
-        raise _missing(package, old, name)
+    if not hasattr(target, name):  # never a name at this path: a plain AttributeError
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
     _warn(package, old, [name])
     return getattr(target, name)
 

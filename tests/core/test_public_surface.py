@@ -116,10 +116,22 @@ def test_the_issue_cases_import_and_public_names_are_advised():
 def test_a_name_that_is_not_there_fails_naming_where_it_lives_now():
     with pytest.raises(ImportError, match="from hybridflow import masked_mean"):
         from hybridflow.constraints import masked_mean  # noqa: F401
-    with pytest.raises(ImportError, match="defined in hybridflow.program.assemble"):
-        from hybridflow.graph import prepare  # noqa: F401
+    with pytest.raises(ImportError, match="it is defined in hybridflow.program.assemble"):
+        from hybridflow.loss import prepare  # noqa: F401
     with pytest.raises(ImportError, match="no module defines it now"):
         from hybridflow.loss import no_such_name  # noqa: F401
+
+
+def test_a_lookup_that_is_not_an_import_gets_an_attribute_error():
+    """pickle, cloudpickle and getattr(module, name, default) search sys.modules and
+    expect AttributeError from a module that lacks a name."""
+    import pickle
+
+    import hybridflow.constraints as old
+    assert getattr(old, "masked_mean", None) is None and not hasattr(old, "prepare")
+    assert getattr(importlib.import_module("hybridflow.graph"), "prepare", None) is None
+    assert pickle.whichmodule(test_a_lookup_that_is_not_an_import_gets_an_attribute_error,
+                              "test_a_lookup_that_is_not_an_import_gets_an_attribute_error")
 
 
 @pytest.mark.parametrize("package", sorted(SHADOWED))
