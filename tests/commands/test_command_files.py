@@ -51,7 +51,8 @@ def _run_dir(command):
         argv = {"status": ["status", folder],
                 "export": ["export", folder, tmp / "out"],
                 "calibrate": ["plan", "--calibrate", folder, "--device", "cpu"],
-                "timeline": ["render", "--timeline", folder, "-o", tmp / "t.svg"]}[command]
+                "timeline": ["render", "--timeline", folder, "-o", tmp / "t.svg"],
+                "resume": ["run", GRPO, "--resume", folder, "trainer.progress=false"]}[command]
         return tmp / "run", argv
     return setup
 
@@ -71,6 +72,7 @@ READERS = {
     "status RUN_DIR": _run_dir("status"), "export RUN_DIR": _run_dir("export"),
     "plan --calibrate RUN_DIR": _run_dir("calibrate"),
     "render --timeline RUN_DIR": _run_dir("timeline"),
+    "run --resume RUN_DIR": _run_dir("resume"),
     "plan --model config.json": _plan_model,
 }
 # a run directory given as random bytes / empty is a file where a directory belongs
