@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from tests.support.workers import (PROMPTS, empty_like, make_cfg, prompt_batch,
                                    rollout_for_update)
@@ -154,7 +154,8 @@ def test_checkpoint_round_trip_restores_weights_and_optimizer(tmp_path):
     actor.load_checkpoint(str(tmp_path))
     assert all(torch.equal(saved[k], v) for k, v in actor.module.state_dict().items())
     assert actor.trainer.scheduler.last_epoch == step
-    assert AutoModelForCausalLM.from_pretrained(tmp_path).config.hidden_size == 32
+    # the weights are DCP shards (hybridflow export makes them a model); the config is HF's
+    assert AutoConfig.from_pretrained(tmp_path).hidden_size == 32
     assert held_bytes([actor.held_tensors()])["engine/weight_bytes"] == sum(
         p.numel() * 4 for p in actor.module.parameters()) \
         + sum(b.numel() * b.element_size() for b in actor.module.buffers())
