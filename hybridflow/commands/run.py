@@ -191,9 +191,10 @@ def _locked_run(args, loaded, run_dir: RunDir, signals) -> int:
     signals.reclaim()  # a Ray runtime's start replaced the SIGTERM handler
     for note in trainer.notes:  # rows dropped as too long; what a resume trimmed
         _say(note)
-    if args.resume:  # only now, with the checkpoint loaded, the run takes the new config
+    if args.resume and not loaded.cfg.trainer.val_only:  # a look at it changes no config
         run_dir.save_config(loaded.cfg)
         run_dir.save_json(PLAN_FILE, plan_record(loaded.plan, loaded.cfg))
+    if args.resume:
         _say(f"resumed from {trainer.resumed_from} (step {trainer.step})"
              if trainer.resumed_from else f"no checkpoint in {run_dir.path}: starting at step 0")
     echo(f"run directory: {run_dir.path}")

@@ -70,6 +70,8 @@ class TrainerConfig:
     dump_batches: list[int] = field(default_factory=list)
     # the first SIGTERM/SIGINT lets the step end and saves; past this, it stops at once
     stop_timeout_s: float = checked(60.0, above(0))
+    # validate once (the checkpoint of --resume RUN_DIR, or model.path), train nothing
+    val_only: bool = False
 
 
 @dataclass

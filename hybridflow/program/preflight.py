@@ -45,6 +45,8 @@ def preflight(cfg: DictConfig, plan: ExecutionPlan) -> None:
     from hybridflow.program.applicability import check_applicable
     from hybridflow.program.model_checks import check_positions, check_tokenizer_files
     check_applicable(cfg)  # a set key that does nothing here: refused or warned
+    from hybridflow.program.validation import check_val_only
+    check_val_only(cfg)
     check_paths(cfg)
     check_positions(cfg)  # also reads each model's config.json and weight headers
     check_tokenizer_files(cfg)

@@ -23,7 +23,7 @@ from hybridflow.graph.builder import Graph
 from hybridflow.plan.compiler import ExecutionPlan, GraphError
 
 __all__ = ["ScoreSource", "ValidationPlan", "compile_validation", "default_validation_graph",
-           "validation_runs", "VALIDATION_MARKS"]
+           "validation_runs", "check_val_only", "VALIDATION_MARKS"]
 
 VALIDATION_MARKS = ("greedy", "sampled")
 ROW_KEYS = ("data_source", "uid")
@@ -57,9 +57,19 @@ class ValidationPlan:
 
 
 def validation_runs(cfg) -> bool:
-    """Whether the run validates: `trainer.val_every > 0` and held-out prompts exist
-    (the toy task's, or `data.val_files` when training on files)."""
-    return cfg.trainer.val_every > 0 and (not cfg.data.train_files or bool(cfg.data.val_files))
+    """Whether the run validates: `trainer.val_every > 0` (or `trainer.val_only`) and
+    held-out prompts exist (the toy task's, or `data.val_files` when training on files)."""
+    wanted = cfg.trainer.val_every > 0 or bool(cfg.trainer.get("val_only"))
+    return wanted and (not cfg.data.train_files or bool(cfg.data.val_files))
+
+
+def check_val_only(cfg) -> None:
+    """`trainer.val_only=true` needs held-out prompts (ConfigError otherwise)."""
+    if cfg.trainer.get("val_only") and not validation_runs(cfg):
+        from hybridflow.core.constraints import ConfigError
+        raise ConfigError("trainer.val_only=true validates on held-out prompts, but "
+                          "data.train_files is set without data.val_files; set "
+                          "data.val_files")
 
 
 def compile_validation(module, cfg, compile_program) -> ValidationPlan:

@@ -84,7 +84,8 @@ class Trainer:
         seed_everything(cfg.trainer.seed)
         self.notes: list[str] = []  # lines for the user: rows dropped, what a resume trimmed
         self.train_loader, self.val_loader = self._make_loaders()
-        self.validation = self._compile_validation() if cfg.trainer.val_every > 0 else None
+        self.validation = self._compile_validation() \
+            if cfg.trainer.val_every > 0 or cfg.trainer.val_only else None
         self.val_plan = self.validation.plan if self.validation is not None else None
         self.step, self.saved_step = 0, None
         self.completed = 0  # the last step that finished (self.step is the one under way)
@@ -160,7 +161,10 @@ class Trainer:
         step finish, saves a checkpoint and raises `Interrupted`."""
         cfg, last, signals = self.cfg.trainer, {}, signals or NoSignals()
         signals.grace_s = cfg.stop_timeout_s  # a step that cannot end: bounded stop
+        if cfg.val_only:
+            return self.validate_only(signals)
         self._set_running()
+        first = self.step
         if self.val_plan is not None and self.step == 0:
             with signals.deferred():
                 last.update(self.validate())
@@ -170,11 +174,32 @@ class Trainer:
             with signals.deferred():
                 last = self._one_step(on_step)
         self._stop_if_signalled(signals)
+        if self.step > first and self.val_plan is not None and self.step % cfg.val_every:
+            with signals.deferred():  # the last step is validated, whatever val_every
+                last = {**last, **self._validate_last()}
         if self.saved_step != self.step:
             with signals.deferred():
                 self.save()
         self.run.set_status("finished", step=self.step, steps=cfg.steps)
         return last
+
+    def validate_only(self, signals) -> dict:
+        """`trainer.val_only`: the model as loaded (a resumed run's checkpoint, or
+        model.path) validated once, logged at its step; nothing trains or is saved."""
+        status = self.run.status() if self.resumed_from else None
+        self.run.set_status("running", step=self.step, steps=self.cfg.trainer.steps)
+        with signals.deferred():
+            metrics = self._validate_last()
+        state = (status or {}).get("state", "finished")
+        self.run.set_status(state if state in ("finished", "interrupted") else "finished",
+                            step=self.step, steps=self.cfg.trainer.steps,
+                            checkpoint=self.resumed_from, validated=self.step)
+        return metrics
+
+    def _validate_last(self) -> dict:
+        metrics = self.validate()
+        self.sinks.log(self.step, metrics)
+        return metrics
 
     def _one_step(self, on_step) -> dict:
         cfg = self.cfg.trainer
