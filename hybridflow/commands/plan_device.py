@@ -22,6 +22,11 @@ __all__ = ["run_device"]
 def run_device(args) -> int:
     from hybridflow.planner import PlanningError
 
+    if args.save:  # checked before a measurement or a fit, never after it
+        from hybridflow.core.files import check_output
+        from hybridflow.planner.device_store import device_path
+        check_output(device_path(args.save), "--save", "file",
+                     inputs=[args.calibrate, args.device])
     try:
         if args.measure_device:
             device, provenance = _measured(args)

@@ -155,13 +155,15 @@ def _file(tmp):
     return path
 
 
-WRITERS = {  # name -> (argv for an output path, the kind of output)
-    "data --out": (lambda tmp, out: ["data", "toy", "--out", out], "directory"),
+WRITERS = {  # name -> (argv for an output path, the kind of output, reads an input)
+    "data --out": (lambda tmp, out: ["data", "toy", "--out", out], "directory", False),
     "model --out": (lambda tmp, out: ["model", "gguf", _gguf(tmp)[0], "--out", out],
-                    "directory"),
-    "render -o": (lambda tmp, out: ["render", GRPO, "-o", out], "file"),
-    "plan --save": (lambda tmp, out: ["plan", GRPO, "--save", out], "file"),
-    "plan --render": (lambda tmp, out: ["plan", GRPO, "--render", out], "file"),
+                    "directory", True),
+    "render -o": (lambda tmp, out: ["render", tmp / "g.py", "-o", out], "file", True),
+    "plan --save": (lambda tmp, out: ["plan", tmp / "g.py", "--save", out], "file", True),
+    "plan --render": (lambda tmp, out: ["plan", tmp / "g.py", "--render", out], "file", True),
+    "plan --measure-device --save": (lambda tmp, out: ["plan", "--measure-device", "--save",
+                                                       out], "file", False),
 }
 PLACES = ("a file where a directory goes", "a directory where a file goes", "under a file",
           "the input")
@@ -172,8 +174,8 @@ OUT_CASES = [pytest.param(name, place, id=f"{name}-{place}") for name in WRITERS
 def _place(tmp, name: str, place: str, kind: str):
     if place == "under a file":
         return _file(tmp) / "sub" / "x"
-    if place == "the input":
-        return {"model --out": tmp / "m.gguf"}.get(name, GRPO)
+    if place == "the input":  # a copy: a check that failed must not overwrite the repo's
+        return {"model --out": tmp / "m.gguf"}.get(name, tmp / "g.py")
     if kind == "directory" and place == "a file where a directory goes":
         return _file(tmp)
     if kind == "file" and place == "a directory where a file goes":
@@ -183,15 +185,14 @@ def _place(tmp, name: str, place: str, kind: str):
 
 @pytest.mark.parametrize("name,place", OUT_CASES)
 def test_every_output_path_is_checked_before_the_work(name, place, tmp_path, capsys):
-    make_argv, kind = WRITERS[name]
+    make_argv, kind, reads = WRITERS[name]
+    shutil.copy(GRPO, tmp_path / "g.py")
     out = _place(tmp_path, name, place, kind)
-    if out is None:
-        return
-    if name == "data --out" and place == "the input":
-        return  # data reads no file
-    before = sorted(os.listdir(os.path.dirname(GRPO)))
+    if out is None or (place == "the input" and not reads):
+        return  # a fine place for this output, or a command that reads no input
+    before = (tmp_path / "g.py").read_bytes()
     code, err = run_cli(make_argv(tmp_path, out), capsys)
     lines = message_lines(err)
     assert code != 0 and "Traceback" not in err, err
     assert len(lines) == 1 and str(out) in lines[0], err
-    assert sorted(os.listdir(os.path.dirname(GRPO))) == before  # nothing written beside it
+    assert (tmp_path / "g.py").read_bytes() == before  # the input is never written
