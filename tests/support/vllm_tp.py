@@ -79,6 +79,19 @@ def scenario(engine, tokenizer, rollout_cfg, model_cfg) -> dict:
     return out
 
 
+def refused_rows(engine, tokenizer, rollout_cfg, rank: int) -> str | None:
+    """Each rank asked to generate a row of its own (what a layout that splits rows
+    inside a tp group would do): the error the group raises before vLLM runs, or None."""
+    from hybridflow.workers.rollout.generation import sampling_options
+    from tests.support.workers import prompt_batch
+    rows = prompt_batch(tokenizer, PROMPTS[rank:rank + 1]).select("input_ids", "attention_mask")
+    try:
+        engine.generate(rows, sampling_options(rollout_cfg, n=1, do_sample=False))
+    except RuntimeError as err:
+        return str(err)
+    return None
+
+
 def run_rank(rank: int, world: int, port: int, out_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
@@ -95,6 +108,7 @@ def run_rank(rank: int, world: int, port: int, out_dir: str) -> None:
     engine = make_engine(EngineSpec(model_cfg, rollout_cfg, tokenizer, ctx,
                                     torch.device("cpu"), tp=world))
     result = scenario(engine, tokenizer, rollout_cfg, model_cfg)
+    result["refused"] = refused_rows(engine, tokenizer, rollout_cfg, rank)
     from vllm.distributed import get_tp_group
     group = get_tp_group()  # vLLM's own view of the group it runs in
     result["seed"], result["tp"] = engine.seed, engine.tp

@@ -108,3 +108,10 @@ def test_the_ranks_of_a_group_sample_and_stream_in_lockstep(tp2, part):
         assert first["responses"].shape == (len(PROMPTS), WIDTH)
 
 
+
+
+def test_ranks_of_a_group_given_different_rows_refuse_before_vllm_runs(tp2):
+    """Both ranks raise (no rank enters vLLM's collectives with other rows: it would hang
+    or mix the ranks' sequences)."""
+    for result in tp2:
+        assert result["refused"] is not None and "different rows" in result["refused"]
