@@ -153,3 +153,17 @@ def test_a_signal_during_a_step_that_cannot_end_stops_within_the_bound(capsys, t
     assert status["state"] == "interrupted" and status["step"] == 1
     assert status["checkpoint"] == saved
     assert "Traceback" not in err
+
+
+@pytest.mark.ray
+@pytest.mark.slow  # a Ray session and two short runs on it
+@pytest.mark.parametrize("wait", ["gather_rounds", "streaming_buffer"])
+def test_on_ray_the_waits_stop_naming_the_filter_too(capsys, tmp_path, ray_session, wait):
+    rollout, overrides = WAITS[wait]
+    graph = tmp_path / "drop_all.py"
+    graph.write_text(GRAPH.format(**ROLLOUTS[rollout]))
+    code, err, status = _run(capsys, tmp_path, str(graph), *overrides, "runtime.name=ray")
+    assert code == 1, err
+    assert "hybridflow run: stopped at step 1: no trainable row: the filter node " \
+           "'drop_every_group' (drop_all.py:" in err
+    assert status["state"] == "failed"
