@@ -116,3 +116,21 @@ def _exports_the_saved_weights(role_dir, out, saved: dict):
     exported = AutoModelForCausalLM.from_pretrained(out).state_dict()
     for key, value in saved.items():
         assert torch.equal(exported[key], value), key
+
+
+def test_a_critic_resumes_its_value_head_and_optimizer_from_its_shards(tmp_path):
+    from hybridflow.workers import CriticWorker
+    cfg = make_cfg(critic={"lr": 3e-3, "mini_batch_size": 8, "micro_batch_size": 4})
+    data = rollout_for_update(ActorWorker(cfg), n=1).drop("values")
+    data["returns"] = 0.7 * data["response_mask"].float()
+    critic = CriticWorker(cfg)
+    critic.update(data.union(critic.values(data)))
+    critic.save_checkpoint(str(tmp_path))
+    assert is_sharded_checkpoint(str(tmp_path))
+    step = data.union(critic.values(data))
+    after = critic.update(step).meta["metrics"]["critic/vf_loss"]
+    resumed = CriticWorker(cfg)
+    resumed.load_checkpoint(str(tmp_path))
+    again = resumed.update(step).meta["metrics"]["critic/vf_loss"]
+    assert again == pytest.approx(after, abs=1e-7)  # weights, moments and schedule back
+    assert torch.equal(resumed.values(data)["values"], critic.values(data)["values"])
