@@ -8,15 +8,19 @@ into its engine).
 - bucketed (now, `hybridflow/workers/rollout/weights.py`): the sender gathers one bucket
   at a time and puts it (then drops it); the receiver gets, loads and drops one at a time.
 
-Both go through the same transport, a folder of files standing in for the Ray object
-store (one file per put; a get reads the file into the process), so only what each
-process holds is compared: Ray's store would hold the same bytes in shared memory.
+By default both go through the same transport, a folder of files standing in for the
+Ray object store (one file per put; a get reads the file into the process), so only
+what each process holds privately is compared. `--ray` runs each side in a Ray actor
+and sends through Ray's object store itself: the store's pages, mapped into both
+processes, then count in their RSS too ("of it shared": RssShmem's rise), once for the
+whole export in both variants (the flat buffer with the tied embedding twice).
 Every (variant, side) runs in a fresh process (the RSS high-water mark is per process,
 reset with /proc/self/clear_refs right before the sync), one torch thread, variants
 alternated over the repetitions. The model is a toy Llama built from a config (no
 download), tied embeddings (the flat pack wrote them twice).
 
     python bench/weight_sync.py                 # -> bench/results/weight_sync.json
+    python bench/weight_sync.py --ray           # -> bench/results/weight_sync_ray.json
     python bench/weight_sync.py --layers 4 --reps 1 --out /tmp/ws.json
 """
 from __future__ import annotations
@@ -185,6 +189,82 @@ def _run_side(args, variant: str, side: str, folder: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+# ------------------------------------------------------------- on Ray itself
+class RaySide:
+    """One side in a Ray actor of its own (made remote in `_ray_runs`): the export goes
+    through Ray's object store as the plan's weight-sync edge sends it."""
+
+    def __init__(self, args, seed: int):
+        set_threads(1)
+        import warnings
+        warnings.filterwarnings("ignore")
+        import torch
+        from hybridflow.workers.rollout.hf import HFEngine
+        self.model = _model(args, seed)
+        self.engine = HFEngine(self.model, None, torch.device("cpu"), shares_module=False)
+        self.bucket = int(args.bucket_mb * MIB)
+
+    def _measure(self, work):
+        base, shared = _reset_peak(), _status("RssShmem")
+        start = time.perf_counter()
+        out = work()
+        return out, {"peak_bytes": _status("VmHWM") - base, "seconds":
+                     time.perf_counter() - start, "shared_bytes": _status("RssShmem") - shared}
+
+    def send(self, variant: str):
+        import ray
+        from hybridflow.workers.rollout.weights import export_policy
+
+        def work():
+            if variant == "flat":
+                flat, meta, buckets = _flat_pack(self.model, self.bucket)
+                return [ray.put(flat.numpy()), meta, buckets]
+            return export_policy(self.model, 1, self.bucket)
+        return self._measure(work)
+
+    def receive(self, variant: str, export) -> dict:
+        import ray
+        import torch
+
+        def work():
+            if variant == "flat":
+                ref, meta, buckets = export
+                flat = torch.from_numpy(ray.get(ref))
+                for bucket in _flat_buckets(flat, meta, buckets):
+                    self.engine.load_weights(bucket)
+                self.engine.finish_weight_update(1)
+            else:
+                from hybridflow.workers.rollout.weights import load_export
+                load_export(self.engine, export)
+        return self._measure(work)[1]
+
+    def checksum(self) -> float:
+        return float(sum(p.double().sum() for p in self.model.parameters()))
+
+
+def _ray_runs(args, runs: dict) -> None:
+    import ray
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    side = ray.remote(num_cpus=0)(RaySide)
+    try:
+        for rep in range(args.reps):
+            for variant in VARIANTS[rep % 2:] + VARIANTS[:rep % 2]:
+                sender, receiver = side.remote(args, 0), side.remote(args, 1)
+                export, sent = ray.get(sender.send.options(num_returns=2).remote(variant))
+                got = ray.get(receiver.receive.remote(variant, export))
+                assert ray.get(receiver.checksum.remote()) == ray.get(sender.checksum.remote())
+                del export
+                state = sum(p.numel() * p.element_size()
+                            for p in _model(args, 0).parameters()) if not runs["flat"][
+                                "sender"] else runs["flat"]["sender"][0]["state_bytes"]
+                runs[variant]["sender"].append({**sent, "state_bytes": state})
+                runs[variant]["receiver"].append({**got, "state_bytes": state})
+                for actor in (sender, receiver):
+                    ray.kill(actor)
+    finally:
+        ray.shutdown()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=512)
@@ -193,6 +273,8 @@ def main() -> None:
     parser.add_argument("--bucket-mb", type=float, default=16.0)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--ray", action="store_true",
+                        help="each side in a Ray actor, the export through Ray's object store")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--side", choices=("sender", "receiver"), help=argparse.SUPPRESS)
@@ -201,7 +283,9 @@ def main() -> None:
     if args.child:
         return _child(args)
     runs = {v: {"sender": [], "receiver": []} for v in VARIANTS}
-    for rep in range(args.reps):  # alternated: who goes first rotates
+    if args.ray:
+        _ray_runs(args, runs)
+    for rep in range(0 if args.ray else args.reps):  # alternated: who goes first rotates
         order = VARIANTS[rep % 2:] + VARIANTS[:rep % 2]
         for variant in order:
             with tempfile.TemporaryDirectory() as folder:
@@ -215,11 +299,15 @@ def main() -> None:
             secs = median([r["seconds"] for r in runs[variant][side]])
             summary[f"{variant}/{side}"] = {"peak_mib": peak / MIB, "peak_x_state": peak / state,
                                             "seconds": secs}
-            rows.append([variant, side, peak / MIB, peak / state, secs])
+            shared = max(r.get("shared_bytes", 0) for r in runs[variant][side])
+            summary[f"{variant}/{side}"]["shared_mib"] = shared / MIB
+            rows.append([variant, side, peak / MIB, peak / state, shared / MIB, secs])
     print(f"model state {state / MIB:.1f} MiB (tied embedding once), bucket "
-          f"{args.bucket_mb} MiB, {args.reps} alternated runs, 1 torch thread")
-    print(table(["variant", "side", "RSS peak MiB", "x state", "seconds (median)"], rows))
-    path = write_results("weight_sync", {
+          f"{args.bucket_mb} MiB, {args.reps} alternated runs, 1 torch thread, "
+          f"{'Ray object store' if args.ray else 'a folder of files'} between the sides")
+    print(table(["variant", "side", "RSS peak MiB", "x state", "of it shared MiB",
+                 "seconds (median)"], rows))
+    path = write_results("weight_sync_ray" if args.ray else "weight_sync", {
         "machine": machine(), "config": vars(args), "state_bytes": state,
         "summary": summary, "runs": runs}, args.out)
     print(f"wrote {path}")
