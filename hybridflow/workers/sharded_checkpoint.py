@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import glob
 import os
+import warnings
+from contextlib import contextmanager
 
 import torch
 
@@ -52,13 +54,24 @@ def _state(trainer) -> dict:
     return {"model": model, "optim": optim}
 
 
+@contextmanager
+def _one_process_quiet():
+    """DCP warns on every save or load of one rank without a process group that it
+    'assumes the intent is' one process: it is, so say nothing."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to",
+                                category=UserWarning)
+        yield
+
+
 def save_trainer(trainer, directory: str, rank: int, tokenizer=None) -> None:
     """Every rank writes its shards; rank 0 also the schedule, config and tokenizer."""
     import torch.distributed.checkpoint as dcp
     from hybridflow.workers.lora import is_lora
     os.makedirs(directory, exist_ok=True)
-    dcp.save(_state(trainer), checkpoint_id=os.path.join(directory, DCP_DIR),
-             no_dist=trainer.world == 1)
+    with _one_process_quiet():
+        dcp.save(_state(trainer), checkpoint_id=os.path.join(directory, DCP_DIR),
+                 no_dist=trainer.world == 1)
     module = trainer.module
     adapters = _gathered_adapters(module) if is_lora(module) else None  # collective
     if rank != 0:
@@ -98,8 +111,9 @@ def load_trainer(trainer, directory: str, rank: int, world: int) -> None:
     from torch.distributed.checkpoint.state_dict import set_state_dict
     state = _state(trainer)  # this layout's (sharded) tensors, filled in place
     try:
-        dcp.load(state, checkpoint_id=os.path.join(directory, DCP_DIR),
-                 no_dist=trainer.world == 1)
+        with _one_process_quiet():
+            dcp.load(state, checkpoint_id=os.path.join(directory, DCP_DIR),
+                     no_dist=trainer.world == 1)
     except (CheckpointException, RuntimeError, KeyError, ValueError) as err:  # name keys only
         raise ValueError(f"checkpoint {directory!r} ({DCP_DIR}/) does not fit this role's "
                          f"model and optimizer (another model, or LoRA on one side only?): "
