@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from hybridflow.core.columns import POLICY_VERSION, TOKEN_VERSIONS, uniform_token_versions
 from hybridflow.agents.runner import EpisodeRunner
 from hybridflow.core.batch import Batch
 from hybridflow.core.metric_names import SAMPLED_VERSION
@@ -24,7 +25,7 @@ __all__ = ["episode_rows", "play_batch", "AGENT_ROLLOUT_WRITES"]
 AGENT_ROLLOUT_WRITES = ("prompts", "responses", "response_mask", "loss_mask", "input_ids",
                         "attention_mask", "position_ids", "response_length",
                         "rollout_log_probs", "scores", "token_level_scores", "agent_status",
-                        "policy_version")
+                        POLICY_VERSION, TOKEN_VERSIONS)
 
 
 def episode_rows(batch: Batch) -> list[dict]:
@@ -41,7 +42,8 @@ def play_batch(runner: EpisodeRunner, batch: Batch, pad_id: int, n: int = 1,
     prompts = batch.repeat(n, interleave=True) if n > 1 else batch
     result = runner.run(episode_rows(prompts))
     out = result.to_batch(pad_id, prompt_width, response_width)
-    out["policy_version"] = torch.full((len(out),), int(policy_version), dtype=torch.long)
+    out[POLICY_VERSION] = torch.full((len(out),), int(policy_version), dtype=torch.long)
+    out[TOKEN_VERSIONS] = uniform_token_versions(out["response_mask"], policy_version)
     for key, values in prompts.non_tensors.items():
         if key not in out:
             out[key] = values

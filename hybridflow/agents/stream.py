@@ -24,18 +24,17 @@ from __future__ import annotations
 
 from collections import deque
 
-import torch
 
 from hybridflow.agents.batch_rollout import play_batch
 from hybridflow.agents.engine_generator import EngineGenerator
 from hybridflow.agents.runner import EpisodeRunner
 from hybridflow.core.batch import Batch
+from hybridflow.core.columns import TOKEN_VERSIONS, uniform_token_versions
 from hybridflow.workers.rollout.generation import sampling_options
 from hybridflow.workers.rollout.weights import refresh_engine
 
 __all__ = ["AgentStreamCalls", "TOKEN_VERSIONS"]
 
-TOKEN_VERSIONS = "token_versions"  # plan/streaming_split.TOKEN_VERSIONS
 
 
 class AgentStreamCalls:
@@ -98,8 +97,7 @@ class AgentStreamCalls:
                 f"together), but an environment's first observation took {width}; raise "
                 f"data.max_prompt_length or set trainer.async_mode=pipeline")
         out.meta = {}  # the agent/* metrics of one poll are not the step's
-        real = out["response_mask"].bool()
-        out[TOKEN_VERSIONS] = torch.where(real, int(host.policy_version), -1).long()
+        out[TOKEN_VERSIONS] = uniform_token_versions(out["response_mask"], host.policy_version)
         return out
 
     def stream_abort(self) -> int:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from hybridflow.core.columns import TOKEN_VERSIONS
 from hybridflow.core.kinds import NodeKind, Op
 from hybridflow.plan.async_split import BUFFER_PREFIX, PROMPT_UNIT, BufferSpec
 from hybridflow.plan.compiler import ExecutionPlan, PlanNode, plan_stages
@@ -36,7 +37,6 @@ from hybridflow.plan.compiler import ExecutionPlan, PlanNode, plan_stages
 __all__ = ["stream_gather", "entrance_names", "filter_problems", "entrance_plan",
            "groups_per_step"]
 
-TOKEN_VERSIONS = "token_versions"  # streaming_split.TOKEN_VERSIONS (it imports this module)
 
 
 def stream_gather(plan: ExecutionPlan) -> PlanNode | None:
@@ -113,7 +113,7 @@ def entrance_plan(plan: ExecutionPlan, gen: PlanNode, gather: PlanNode,
         return None
     feed = PlanNode(BUFFER_PREFIX + gen.name, NodeKind.BUFFER, Op.BUFFER, (gen.name,),
                     f"{gen.location}; screened at the buffer's entrance",
-                    writes=tuple(gen.writes) + (TOKEN_VERSIONS,),
+                    writes=tuple(dict.fromkeys((*gen.writes, TOKEN_VERSIONS))),
                     input_keys=dict(gen.output_keys),
                     output_keys={**gen.output_keys, TOKEN_VERSIONS: gen.name},
                     buffer=BufferSpec(gen.name, staleness, PROMPT_UNIT, staleness,

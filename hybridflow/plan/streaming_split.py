@@ -116,7 +116,7 @@ def attach_streaming(plan: ExecutionPlan, staleness: int, allow_uncorrected: boo
                 plan.node(gather.deps[0]).kind is not NodeKind.GENERATE else None
             node = replace(node, buffer=replace(node.buffer, streaming=True,
                                                 screened_by=screen),
-                           writes=tuple(node.writes) + (TOKEN_VERSIONS,),
+                           writes=tuple(dict.fromkeys((*node.writes, TOKEN_VERSIONS))),
                            output_keys={**node.output_keys, TOKEN_VERSIONS: node.buffer.producer})
         nodes.append(node)
     return replace(out, nodes=nodes, stages=plan_stages(nodes))

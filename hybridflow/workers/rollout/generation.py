@@ -1,6 +1,7 @@
 """One `generate` call, the same for every engine and for both roles that generate
 (`actor.generate` and `rollout.generate`): sampling options, the output columns,
-`policy_version` per row, and the rollout metrics.
+`policy_version` per row and `token_versions` per token (core/columns.py), and the
+rollout metrics.
 
 Output layout: prompts stay left-padded as given; responses are right-padded with
 the pad token to exactly `max_new_tokens`, so shards from every rank concatenate.
@@ -16,6 +17,7 @@ from dataclasses import replace
 import torch
 
 from hybridflow.core.batch import Batch
+from hybridflow.core.columns import POLICY_VERSION, TOKEN_VERSIONS, uniform_token_versions
 from hybridflow.core.metric_names import SAMPLED_VERSION
 from hybridflow.workers.config import RolloutConfig
 from hybridflow.workers.sequences import position_ids_from_mask, response_mask_from_ids
@@ -25,7 +27,7 @@ __all__ = ["GENERATE_WRITES", "ENGINE_COLUMNS", "sampling_options", "assemble_ro
 
 ENGINE_COLUMNS = ("prompts", "responses", "response_mask", "input_ids", "attention_mask",
                   "position_ids", "response_length", "rollout_log_probs")
-GENERATE_WRITES = ENGINE_COLUMNS + ("policy_version",)
+GENERATE_WRITES = ENGINE_COLUMNS + (POLICY_VERSION, TOKEN_VERSIONS)
 
 
 def sampling_options(cfg: RolloutConfig, **overrides) -> RolloutConfig:
@@ -76,8 +78,10 @@ def generate_rows(engine, batch: Batch, opts: RolloutConfig, sync_s: float = 0.0
     rollout = engine.generate(prompts.select("input_ids", "attention_mask"), opts)
     gen_s = time.perf_counter() - start
     out = prompts.drop("position_ids").update(rollout)
-    out["policy_version"] = torch.full((len(out),), int(engine.policy_version),
-                                       dtype=torch.long)
+    out[POLICY_VERSION] = torch.full((len(out),), int(engine.policy_version),
+                                     dtype=torch.long)
+    out[TOKEN_VERSIONS] = uniform_token_versions(rollout["response_mask"],
+                                                 engine.policy_version)
     lengths = rollout["response_length"].float()
     metrics = {
         "rollout/weight_sync_s": sync_s,

@@ -39,12 +39,12 @@ from dataclasses import dataclass, field
 import torch
 
 from hybridflow.core.batch import Batch
+from hybridflow.core.columns import NO_TOKEN, POLICY_VERSION, TOKEN_VERSIONS
 from hybridflow.workers.rollout.generation import assemble_rollout
 from hybridflow.workers.rollout.stream_cache import LayerKV, decode, prefill
 
 __all__ = ["StreamLoop", "Request", "NO_TOKEN", "requests_from_rows", "assemble_requests"]
 
-NO_TOKEN = -1  # `token_versions` on padding (a response's positions after its end)
 
 
 @dataclass
@@ -232,7 +232,7 @@ def assemble_requests(done: list[Request], pad: int, eos_id, width: int) -> Batc
     prompts = Batch({"input_ids": prompt_ids, "attention_mask": prompt_mask})
     rollout = assemble_rollout(prompts, responses, pad, eos_id, logps)
     out = Batch.concat([r.row for r in done]).update(rollout)
-    out["token_versions"] = torch.where(rollout["response_mask"].bool(), versions,
+    out[TOKEN_VERSIONS] = torch.where(rollout["response_mask"].bool(), versions,
                                         torch.full_like(versions, NO_TOKEN))
-    out["policy_version"] = torch.tensor([min(r.versions) for r in done], dtype=torch.long)
+    out[POLICY_VERSION] = torch.tensor([min(r.versions) for r in done], dtype=torch.long)
     return out
