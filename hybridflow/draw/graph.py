@@ -148,11 +148,12 @@ def _pool_label(plan: ExecutionPlan, pool: str) -> str:
         devices = f"{spec.world_size} device" + ("s" if spec.world_size != 1 else "")
     roles = []
     for role in sorted(plan.placement.colocated().get(pool, [])):
-        par = plan.placement.parallel.get(role, {})
-        extra = " ".join(f"{k}={v}" for k, v in sorted(par.items()) if v != 1)
+        # the layout the role's workers build (a folded role's: its host's, or its own)
+        tp = plan.placement.tp_size(role)
+        parts = [f"dp {spec.world_size // tp} × tp {tp}"] if spec and tp > 1 else []
         if role in plan.placement.folded:
-            extra = f"served by {plan.placement.folded[role]}"
-        roles.append(f"{role} ({extra})" if extra else role)
+            parts.insert(0, f"served by {plan.placement.folded[role]}")
+        roles.append(f"{role} ({', '.join(parts)})" if parts else role)
     return " · ".join([f"pool {pool}", devices] + ([", ".join(roles)] if roles else []))
 
 

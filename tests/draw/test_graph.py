@@ -140,7 +140,7 @@ def test_svg_shows_every_node_and_every_edge_key(tmp_path, make_plan):
 def test_plan_svg_draws_pools_with_devices_and_colocated_roles(tmp_path):
     plan = ppo_plan()
     texts = svg_texts(render_graph(plan, tmp_path / "p.svg", show_plan=True))
-    assert "pool main · 4 devices · actor (dp=2 tp=2), ref, reward" in texts
+    assert "pool main · 4 devices · actor (dp 2 × tp 2), ref, reward" in texts
     assert "pool critic_pool · 2 devices · critic" in texts
     source = render.plan_to_dot(plan, show_plan=True).source
     pool_block = source.split("subgraph cluster_pool_main")[1].split("}")[0]
