@@ -11,7 +11,8 @@ groups of tp ranks (rank r: dp r // tp, tp r % tp). With tp > 1:
 - a role that generates has a rollout engine that runs tensor-parallel
   (`rollout.backend`; an engine factory declares `tensor_parallel = True`);
 - the runtime runs ranks as processes (`ray`): the local runtime simulates ranks in
-  one process, where no collective can run.
+  one process, where no collective can run;
+- a tensor-parallel actor trains no LoRA adapters (no plan shards them).
 Each failure is a ConfigError naming the role, the key and the numbers. Stateless.
 """
 from __future__ import annotations
@@ -76,6 +77,12 @@ def check_parallel_layouts(cfg: DictConfig, plan: ExecutionPlan) -> None:
                  if role in (n.role, plan.placement.folded.get(n.role))}
         if any(kind.trains for kind in kinds):
             _check_backend(cfg, role, tp)
+            if role == "actor":  # the one role with adapters (actor.lora)
+                from hybridflow.workers.backends.tensor_parallel import refuse_lora
+                try:
+                    refuse_lora(role, tp, int(cfg.actor.lora.rank or 0))
+                except ValueError as err:
+                    raise ConfigError(str(err)) from None
         if NodeKind.GENERATE in kinds:
             _check_engine(cfg, role, tp)
 

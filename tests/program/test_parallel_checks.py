@@ -42,6 +42,9 @@ def tp_backend() -> str | None:
     (("placement.pools.refs.devices_per_node=2", "placement.roles.ref=refs",
       "placement.parallel.ref.tp=2"),
      ["placement.parallel.ref.tp=2", "local runtime", "--runtime ray"]),
+    # LoRA adapters on a tensor-parallel actor
+    ((*RAY_TWO, "placement.parallel.actor.tp=2", "actor.strategy=fsdp2", "actor.lora.rank=4"),
+     ["placement.parallel.actor.tp=2", "actor.lora.rank=4", "not supported"]),
     # a training strategy without tensor parallelism
     ((*RAY_TWO, "placement.parallel.actor.tp=2", "actor.strategy=ddp"),
      ["placement.parallel.actor.tp=2", "actor.strategy='ddp'", "tp=1"]),
