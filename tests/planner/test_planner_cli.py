@@ -143,5 +143,7 @@ def test_plan_rollout_call_feeds_the_engine_in_calls_and_says_so(capsys):
     assert main(args + ["--rollout-call", "16"]) == 0
     in_calls = capsys.readouterr().out
     assert "rollout fed 16 sequences a call" in in_calls and "a call" not in one_call
-    assert main(args + ["--rollout-call", "-1"]) == 2  # a usage error
-    assert "rollout_call_sequences must be >= 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as usage:  # a usage error, from the option's range
+        main(args + ["--rollout-call", "-1"])
+    assert usage.value.code == 2
+    assert "argument --rollout-call: -1 is too small: at least 0" in capsys.readouterr().err

@@ -18,6 +18,7 @@ import functools
 
 import torch
 
+from hybridflow.core.columns import uniform_token_versions
 from hybridflow.core.batch import Batch
 from hybridflow.graph.dispatch import method_spec
 from hybridflow.workers import ActorWorker, CriticWorker, ReferenceWorker, RewardWorker
@@ -96,7 +97,8 @@ class FakeActor(FakeRole):
             "position_ids": (full_mask.cumsum(-1) - 1).clamp(min=0),
             "response_length": response_mask.sum(-1),
             "rollout_log_probs": _policy_logprob(responses, self.updates),
-            "policy_version": torch.full((len(prompts),), self.updates)}))
+            "policy_version": torch.full((len(prompts),), self.updates),
+            "token_versions": uniform_token_versions(response_mask, self.updates)}))
         return metrics_batch(out, {"response_length/mean": float(RESPONSE_LENGTH)})
 
     @declared_as(ActorWorker, "logprob")

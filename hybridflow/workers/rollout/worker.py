@@ -122,10 +122,12 @@ class RolloutWorker(StreamCalls, Worker):
                                "has nothing to load (the plan adds no weight sync then)")
         with self.stream_lock:  # a streaming loop's requests see it between two steps
             index, load_s = load_export(self.engine, batch)
+        tp = int(getattr(self.engine, "tp", 1))  # ranks per engine
         return metrics_batch(Batch(), {
             # every rank received the whole export: bytes moved over the pool
             "engine/weight_sync_bytes": index.nbytes * self.ctx.world_size,
             "rollout/weight_load_s": load_s,
             "rollout/policy_version": index.version,
-            "rollout/engine_tp": int(getattr(self.engine, "tp", 1)),  # ranks per engine
+            # only where the engine spans ranks: a tp=1 split run logs what a colocated one does
+            **({"rollout/engine_tp": tp} if tp > 1 else {}),
         })
