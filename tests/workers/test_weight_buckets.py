@@ -7,12 +7,12 @@ on two FSDP2 ranks, colocated (gather -> engine) and split (gather -> store -> e
 import os
 import socket
 
-import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from bench.weight_sync import FolderStore  # a store that keeps no bucket in memory
 from tests.support.workers import TINY
 from hybridflow.workers.gather import gathered_buckets, weight_plan
 from hybridflow.workers.rollout.hf import HFEngine
@@ -34,30 +34,6 @@ def _engine(model) -> HFEngine:
 def _assert_same(source, target):
     for key, value in source.state_dict().items():
         assert torch.equal(target.state_dict()[key], value), key
-
-
-class FileStore:
-    """A store that keeps nothing in the sender's memory: each bucket's bytes go
-    straight to a file (no pickled copy), as the object store's put would take them."""
-
-    def __init__(self, folder):
-        self.folder, self.count = folder, 0
-
-    def put(self, stored):
-        self.count += 1
-        path = os.path.join(self.folder, f"bucket{self.count}")
-        with open(path, "wb") as fh:
-            for _, raw, _, _ in stored:
-                fh.write(memoryview(raw))
-        return path, [(name, raw.nbytes, dtype, shape) for name, raw, dtype, shape in stored]
-
-    def get(self, ref):
-        path, entries = ref
-        out = []
-        with open(path, "rb") as fh:
-            for name, nbytes, dtype, shape in entries:
-                out.append((name, np.fromfile(fh, dtype=np.uint8, count=nbytes), dtype, shape))
-        return out
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -97,7 +73,7 @@ def test_a_lora_policy_arrives_merged_per_layer():
 
 def test_the_stored_path_round_trips_bucket_by_bucket(tmp_path):
     source, engine = _model(seed=0), _engine(_model(seed=1))
-    store = FileStore(str(tmp_path))
+    store = FolderStore(str(tmp_path))
     export = export_policy(source, version=5, bucket_bytes=4096, store=store)
     index = export["weight_index"][0]
     assert store.count == len(index.buckets) > 3  # one put per bucket
@@ -151,7 +127,7 @@ def _rank_main(rank: int, port: int, out_dir: str):
     os.makedirs(os.path.join(out_dir, f"store{rank}"))
     base = _rss_reset()
     export = export_policy(model, 2, BUCKET, rank=rank, world_size=2,
-                           store=FileStore(os.path.join(out_dir, f"store{rank}")))
+                           store=FolderStore(os.path.join(out_dir, f"store{rank}")))
     peaks["sender"] = _status("VmHWM") - base
     if rank == 0:
         base = _rss_reset()
