@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from hybridflow.commands.args import count
+from hybridflow.core.modes import AsyncMode
 from hybridflow.core.printable import echo
 
 __all__ = ["add_parser", "run", "read_timeline", "parse_steps", "timeline_sides"]
@@ -103,7 +104,8 @@ def timeline_sides(run_dir: str):
     sides = read_plan_record(str(path)).record.get("sides")
     if not sides:
         return None, None
-    streaming = OmegaConf.select(cfg, "trainer.async_mode", default="pipeline") == "streaming"
+    streaming = AsyncMode.of(OmegaConf.select(cfg, "trainer.async_mode",
+                                              default=AsyncMode.PIPELINE)).streams
     return TimelineSides(frozenset(sides["rollout"]), int(sides["staleness"]), sides["source"],
                          int(cfg.trainer.steps), streaming), None
 

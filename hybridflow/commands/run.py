@@ -21,6 +21,7 @@ from hybridflow.program.config import ConfigError
 from hybridflow.core.data import DataError
 from hybridflow.core.origin import contain
 from hybridflow.core.metric_names import OPTIMISED_REWARD_KEYS
+from hybridflow.core.modes import RuntimeName
 from hybridflow.core.loading import UserFileError, read_yaml
 from hybridflow.program.assemble import GraphFileError, prepare
 from hybridflow.program.run_record import PLAN_FILE, plan_record, read_run_config
@@ -40,7 +41,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("graph", help="a graph file exporting build(cfg), e.g. graphs/grpo.py")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     parser.add_argument("-c", "--config", help="YAML config file, merged before overrides")
-    parser.add_argument("--runtime", choices=("local", "ray"), help="default: runtime.name")
+    parser.add_argument("--runtime", choices=RuntimeName.names(), help="default: runtime.name")
     parser.add_argument("--address", help="join this Ray cluster (implies --runtime ray)")
     parser.add_argument("--resume", nargs="?", const=_NEWEST, metavar="RUN_DIR",
                         help="continue a run from its last checkpoint (default: the newest "
@@ -60,13 +61,13 @@ def resume_word(args) -> None:
 
 def _overrides(args) -> list[str]:
     extra = list(args.overrides)
-    if args.address and args.runtime == "local":
+    if args.address and not RuntimeName.of(args.runtime or RuntimeName.RAY).joins_cluster:
         raise ConfigError(f"--runtime local and --address {args.address} contradict each "
                           f"other: --address joins a Ray cluster; drop one of them")
     if args.runtime:
         extra.append(f"runtime.name={args.runtime}")
     if args.address:
-        extra += ["runtime.name=ray", f"runtime.address={args.address}"]
+        extra += [f"runtime.name={RuntimeName.RAY}", f"runtime.address={args.address}"]
     return extra
 
 

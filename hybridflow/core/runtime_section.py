@@ -8,13 +8,14 @@ from dataclasses import dataclass
 from typing import Optional
 
 from hybridflow.core.constraints import above, at_least, checked, one_of
+from hybridflow.core.modes import RuntimeName
 
 __all__ = ["RuntimeConfig"]
 
 
 @dataclass
 class RuntimeConfig:
-    name: str = checked("local", one_of("local", "ray"))
+    name: str = checked(RuntimeName.LOCAL.value, one_of(*RuntimeName.names()))
     address: Optional[str] = None       # join an existing Ray cluster
     num_cpus: Optional[int] = checked(None, at_least(1))  # for a Ray instance the run starts
     num_gpus: Optional[int] = checked(None, at_least(0))  # logical GPUs (CPU-only may declare)

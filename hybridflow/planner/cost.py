@@ -25,6 +25,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from hybridflow.core.kinds import NodeKind
+
 from .devices import Cluster
 from .formulas import (BF16_BYTES, FSDP_COLLECTIVES_FORWARD, FSDP_COLLECTIVES_TRAIN,
                        HOST_STATE_BYTES, OPTIMIZER_TRAFFIC_BYTES, TP_ALLREDUCES_FORWARD,
@@ -131,12 +133,12 @@ class CostModel:
     def _role_cost(self, role: str, devices: int, layout: Layout) -> RoleCost:
         seconds, peak, peak_node = {}, 0.0, None
         for node in self.problem.role_nodes(role):
-            if node.kind == "generate":
+            if node.kind == NodeKind.GENERATE:
                 continue
             if node.kind == SYNC_KIND:  # weight sync of a rollout apart: no pass, no activations
                 seconds[node.name] = self.sync_seconds(role, devices)
                 continue
-            train = node.kind == "train"
+            train = node.kind == NodeKind.TRAIN
             seconds[node.name], transient = self._pass(role, devices, train)
             if transient > peak:
                 peak, peak_node = transient, node.name

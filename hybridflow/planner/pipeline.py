@@ -26,6 +26,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from hybridflow.core.kinds import NodeKind
+from hybridflow.core.modes import AsyncMode
+
 from .problem import SYNC_KIND, NodeInfo, Problem
 from .schedule import NodeTiming, StepSchedule
 
@@ -43,7 +46,8 @@ class PipelineStep:
     sync: float
     synchronous: float  # the same plan's step at staleness 0 (no overlap), overheads included
     own_weights: dict[str, str] = field(default_factory=dict, hash=False)
-    kind = "pipelined"  # a class attribute: streaming.StreamingStep's is "streaming"
+    kind = "pipelined"  # in words (explain.py); streaming.StreamingStep's is "streaming"
+    mode = AsyncMode.PIPELINE  # the type: `mode.streams` tells the two steps apart
 
     @property
     def busiest(self) -> tuple[str, float]:
@@ -168,7 +172,7 @@ def apart_problem(problem: Problem) -> Problem | None:
     if not own:
         return None
     for role, host in own.items():
-        updates = tuple(n.name for n in nodes if n.role == host and n.kind == "train")
+        updates = tuple(n.name for n in nodes if n.role == host and n.kind == NodeKind.TRAIN)
         export = NodeInfo(_unique(EXPORT_NODE, nodes), SYNC_KIND, host, updates)
         nodes.append(export)
         nodes.append(NodeInfo(_unique(SYNC_NODE, nodes), SYNC_KIND, role, (export.name,)))

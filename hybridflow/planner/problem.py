@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hybridflow.core.kinds import METHOD_KINDS, NodeKind
+from hybridflow.core.modes import AsyncMode
+
 from .devices import Cluster
 from .models import ModelSpec
 
-NODE_KINDS = ("source", "generate", "inference", "train", "function")
-DEVICE_KINDS = ("generate", "inference", "train")  # kinds a role runs on its pool
+NODE_KINDS = tuple(k for k in NodeKind if k is not NodeKind.BUFFER)  # (the planner drops buffers)
+DEVICE_KINDS = METHOD_KINDS  # kinds a role runs on its pool
 SYNC_KIND = "sync"  # planner-made weight-sync nodes of a rollout placed apart (pipeline.py)
 
 
@@ -169,6 +172,10 @@ class Pipeline:
             raise PlanningError(f"a pipelined step needs staleness >= 1, got {self.staleness}; "
                                 "plan a synchronous step without a Pipeline")
 
+    @property
+    def mode(self) -> AsyncMode:
+        return AsyncMode.STREAMING if self.streaming else AsyncMode.PIPELINE
+
     def describe(self) -> str:
         if self.streaming:
             return (f"async streaming, staleness {self.staleness}: the rollout generates "
@@ -198,10 +205,10 @@ class Problem:
         return [n for n in self.nodes if n.role == role]
 
     def trains(self, role: str) -> bool:
-        return any(n.kind == "train" for n in self.role_nodes(role))
+        return any(n.kind == NodeKind.TRAIN for n in self.role_nodes(role))
 
     def generates(self, role: str) -> bool:
-        return any(n.kind == "generate" for n in self.role_nodes(role))
+        return any(n.kind == NodeKind.GENERATE for n in self.role_nodes(role))
 
 
 def read_nodes(graph) -> tuple[NodeInfo, ...]:
@@ -244,7 +251,7 @@ def build_problem(graph, cluster: Cluster, models: dict[str, ModelSpec],
         kinds = {n.kind for n in nodes if n.role == role}
         if role in models:
             placed.append(role)
-        elif kinds & {"train", "generate"}:
+        elif kinds & {NodeKind.TRAIN, NodeKind.GENERATE}:
             raise PlanningError(f"role {role!r} runs {sorted(kinds)} and needs a model size "
                                 f"(e.g. --model {role}=7b)")
         else:
@@ -262,7 +269,7 @@ def check_pipeline(nodes: tuple[NodeInfo, ...], pipeline: Pipeline) -> None:
         raise PlanningError(f"the pipeline names nodes the graph does not have: {unknown}")
     for name, role in pipeline.movable.items():
         node = by_name[name]
-        if node.kind != "generate" or name not in pipeline.rollout_side:
+        if node.kind != NodeKind.GENERATE or name not in pipeline.rollout_side:
             raise PlanningError(f"node {name!r} ({node.kind}) cannot run apart as role "
                                 f"{role!r}: only a rollout-side generate node can")
         if role in {n.role for n in nodes}:

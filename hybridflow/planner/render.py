@@ -10,6 +10,8 @@ import shutil
 
 import graphviz
 
+from hybridflow.core.kinds import NodeKind
+
 from .devices import GIB
 from .ranking import Candidate, Ranking
 
@@ -44,7 +46,7 @@ def plan_to_dot(result: Ranking, rank: int = 0) -> graphviz.Digraph:
 def _title(result: Ranking, candidate: Candidate) -> str:
     kind = "colocated" if candidate.colocated else f"{len(candidate.pools)} pools"
     if candidate.pipeline is not None:  # the step overlaps the two sides
-        mode = " streaming" if candidate.pipeline.kind == "streaming" else ""
+        mode = " streaming" if candidate.pipeline.mode.streams else ""
         kind += f", async{mode} staleness {candidate.pipeline.staleness}"
     return (f"{kind}: predicted step {candidate.step_seconds:.1f} s "
             f"on {result.cluster.describe()}\n"
@@ -95,7 +97,7 @@ def _driver_cluster(dot: graphviz.Digraph, result: Ranking, candidate: Candidate
         sub.attr(label="driver (no device)", style="dashed", color="#9aa0a6", fontsize="12")
         for node in candidate.graph_nodes or result.nodes:
             if candidate.timings[node.name].pool is None:
-                shape = "ellipse" if node.kind == "source" else "box"
+                shape = "ellipse" if node.kind == NodeKind.SOURCE else "box"
                 kind = "rule function" if node.role else node.kind
                 sub.node(node.name, f"{node.name}\n{kind}", shape=shape, fillcolor="#f1f3f4")
 

@@ -24,6 +24,8 @@ import itertools
 import time
 from collections.abc import Iterator
 
+from hybridflow.core.kinds import NodeKind
+
 from .bounds import GroupBounds, partial_bound
 from .cost import CostModel
 from .devices import Cluster
@@ -190,7 +192,7 @@ class Search:
 def driver_seconds(problem: Problem, node) -> float:
     """Sources are free; functions cost one driver round trip; rule roles also their own work
     per sequence."""
-    if node.kind == "source":
+    if node.kind == NodeKind.SOURCE:
         return 0.0
     eff = problem.cluster.spec.efficiency
     rule = eff.rule_seconds_per_sequence * problem.workload.sequences if node.role else 0.0

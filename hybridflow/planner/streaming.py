@@ -34,6 +34,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hybridflow.core.kinds import NodeKind
+from hybridflow.core.modes import AsyncMode
+
 from .pipeline import PipelinedSchedule, seconds_text
 from .schedule import NodeTiming
 
@@ -55,7 +58,8 @@ class StreamingStep:
     inline: bool = False  # the generation shares a trained module: the sides take turns
     samples: int = 0  # samples in one batch
     rollout_pools: tuple[str, ...] = ()  # the pools that run a generate node
-    kind = "streaming"
+    kind = "streaming"  # in words (explain.py); `mode` is the type
+    mode = AsyncMode.STREAMING
 
     @property
     def consume(self) -> float:
@@ -120,7 +124,7 @@ class StreamingStep:
                 f"[{pools}]) = {step} s, no barrier; set by {self.bound_by}")
 
     def to_json(self) -> dict:
-        return {"mode": "streaming", "staleness": self.staleness,
+        return {"mode": self.mode.value, "staleness": self.staleness,
                 "rollout_side_s": round(self.rollout_side, 3),
                 "train_side_s": round(self.train_side, 3), "push_s": round(self.sync, 3),
                 "fixed_s": round(self.fixed, 3), "step_s": round(self.step, 3),
@@ -140,8 +144,8 @@ class StreamingSchedule(PipelinedSchedule):
                  rollout_side: frozenset[str], fixed: float):
         super().__init__(nodes, pool_of_role, pools, rollout_side)
         self.fixed = fixed
-        trained = {n.role for n in nodes if n.kind == "train"}
-        self.inline = any(n.kind == "generate" and n.role in trained
+        trained = {n.role for n in nodes if n.kind == NodeKind.TRAIN}
+        self.inline = any(n.kind == NodeKind.GENERATE and n.role in trained
                           for n in nodes if n.name in rollout_side)
 
     def streaming_terms(self, seconds: list[float]) -> tuple[float, float, list[float], float]:
@@ -205,7 +209,7 @@ def streaming_step(schedule: StreamingSchedule, seconds: list[float], pool_names
     """The timings, critical path and terms of one plan's streaming step."""
     timings, path, (rollout, train, busy, push) = schedule.timings(seconds, pool_names)
     generating = tuple(dict.fromkeys(timings[n.name].pool for n in schedule.nodes
-                                     if n.kind == "generate" and timings[n.name].pool))
+                                     if n.kind == NodeKind.GENERATE and timings[n.name].pool))
     terms = StreamingStep(staleness, rollout, train, dict(zip(pool_names, busy)), push,
                           synchronous, dict(own_weights), schedule.fixed, schedule.inline,
                           samples, generating)

@@ -20,6 +20,7 @@ from typing import Any, Callable
 from omegaconf import DictConfig, OmegaConf
 
 from hybridflow.core.constraints import ConfigError
+from hybridflow.core.modes import AsyncMode, RuntimeName
 
 __all__ = ["Applies", "APPLIES", "check_applicable", "set_keys"]
 
@@ -46,7 +47,7 @@ def engine(*names: str) -> Callable:
 
 def streaming(cfg, value) -> str | None:
     mode, k = cfg.trainer.async_mode, cfg.trainer.staleness
-    return None if mode == "streaming" and k >= 1 else \
+    return None if AsyncMode.of(mode).streams and k >= 1 else \
         f"trainer.async_mode={mode!r}, trainer.staleness={k}"
 
 
@@ -55,11 +56,9 @@ def asynchronous(cfg, value) -> str | None:
     return None if k >= 1 else f"trainer.staleness={k} (synchronous)"
 
 
-def runtime(name: str) -> Callable:
-    def why_not(cfg, value):
-        used = cfg.runtime.name
-        return None if used == name else f"runtime.name={used!r}"
-    return why_not
+def cluster_runtime(cfg, value) -> str | None:
+    used = cfg.runtime.name
+    return None if RuntimeName.of(used).joins_cluster else f"runtime.name={used!r}"
 
 
 def within_steps(cfg, value) -> str | None:
@@ -88,6 +87,7 @@ def validating(cfg, value) -> str | None:
 
 
 _VLLM = ("vllm only", engine("vllm"))
+_CLUSTER = "runtime.name=" + " or ".join(m for m in RuntimeName if m.joins_cluster)
 APPLIES: dict[str, Applies] = {
     **{f"rollout.{key}": Applies(*_VLLM) for key in (
         "gpu_memory_utilization", "kv_cache_gib", "enforce_eager", "max_model_len",
@@ -105,12 +105,9 @@ APPLIES: dict[str, Applies] = {
     **{f"data.toy.{key}": Applies("without data.train_files (the toy task)",
                                   unless("data.train_files"))
        for key in ("max_operand", "test_fraction", "train_on_test", "maker")},
-    "runtime.address": Applies("runtime.name=ray", runtime("ray"), "refuse"),
-    "runtime.listen_all": Applies("runtime.name=ray", runtime("ray")),
-    "runtime.num_cpus": Applies("runtime.name=ray", runtime("ray")),
-    "runtime.num_gpus": Applies("runtime.name=ray", runtime("ray")),
-    "runtime.start_timeout_s": Applies("runtime.name=ray", runtime("ray")),
-    "runtime.connect_timeout_s": Applies("runtime.name=ray", runtime("ray")),
+    "runtime.address": Applies(_CLUSTER, cluster_runtime, "refuse"),
+    **{f"runtime.{key}": Applies(_CLUSTER, cluster_runtime) for key in (
+        "listen_all", "num_cpus", "num_gpus", "start_timeout_s", "connect_timeout_s")},
 }
 
 

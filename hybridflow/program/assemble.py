@@ -28,6 +28,7 @@ from hybridflow.plan.compiler import ExecutionPlan, compile_graph
 from hybridflow.program.config import (ConfigError, ParallelConfig, PoolConfig, RunConfig,
                                        build_config, run_values)
 from hybridflow.graph.builder import Graph
+from hybridflow.core.modes import AsyncMode
 from hybridflow.core.kinds import Op
 from hybridflow.core.worker_hooks import config_schema, served_by
 from hybridflow.plan.placement import Placement
@@ -154,7 +155,7 @@ def _attach_async(cfg: DictConfig, plan):
     """The plan's buffers for `trainer.staleness` and `trainer.async_mode`."""
     trainer = cfg.trainer
     corrects = lambda node: _default_loss_corrects(cfg, node)  # noqa: E731
-    if trainer.async_mode != "streaming":
+    if not AsyncMode.of(trainer.async_mode).streams:
         return attach_staleness(plan, trainer.staleness, trainer.allow_uncorrected_async,
                                 corrects)
     if trainer.staleness < 1:

@@ -22,6 +22,7 @@ from hybridflow.plan.async_split import (split_sides, staleness_of, trained_role
                                          without_buffers)
 from hybridflow.plan.streaming_split import is_streaming, streaming_sides
 from hybridflow.core.kinds import NodeKind
+from hybridflow.core.modes import AsyncMode
 from hybridflow.plan.weight_sync import EXPORT_METHOD, LOAD_METHOD, planner_view, weights_host
 
 __all__ = ["pipeline_view"]
@@ -32,12 +33,12 @@ def pipeline_view(plan, staleness: int | None = None, mode: str | None = None):
 
     `staleness` None: the plan's own (its buffers' capacity, set by `program.prepare`);
     `mode` None: the plan's own (`streaming` when its buffer streams), else
-    `trainer.async_mode` ("pipeline" or "streaming")."""
+    `trainer.async_mode` (an `AsyncMode` or its string)."""
     from hybridflow.planner import Pipeline
 
     buffered = staleness_of(plan)
     staleness = buffered if staleness is None else staleness
-    streaming = is_streaming(plan) if mode is None else mode == "streaming"
+    streaming = is_streaming(plan) if mode is None else AsyncMode.of(mode).streams
     plan = without_buffers(plan)  # the planner costs the graph's nodes, not the hand-off
     if staleness < 1:
         return planner_view(plan), None

@@ -26,6 +26,7 @@ from omegaconf.errors import (ConfigAttributeError, ConfigKeyError,
 from hybridflow.core.constraints import (ConfigError, Rule, above, at_least, check_values,
                                          checked, in_range, one_of, plain_name)
 from hybridflow.core.data import DEFAULT_TOY_MAKER
+from hybridflow.core.modes import AsyncMode
 from hybridflow.core.names import named_object
 from hybridflow.core.runtime_section import RuntimeConfig
 from hybridflow.workers.config import (ActorConfig, CriticConfig, ModelConfig, RefConfig,
@@ -62,8 +63,8 @@ class TrainerConfig:
     # how the rollout runs ahead (staleness >= 1): "pipeline" generates whole batches k
     # steps ahead; "streaming" generates continuously and hands over groups as they
     # finish (docs/async.md)
-    async_mode: str = checked("pipeline", one_of("pipeline", "streaming",
-                                                 what="trainer.async_mode"))
+    async_mode: str = checked(AsyncMode.PIPELINE.value, one_of(*AsyncMode.names(),
+                                                               what="trainer.async_mode"))
     # reorder each generated batch so data-parallel ranks get equal tokens (balance.py)
     balance_batch: bool = False
     # steps whose batches (every node's output) are written to RUN_DIR/batches/ (batch_dump.py)

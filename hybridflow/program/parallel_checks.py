@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hybridflow.core.constraints import ConfigError
 from hybridflow.core.kinds import NodeKind
+from hybridflow.core.modes import RuntimeName
 from hybridflow.plan.compiler import ExecutionPlan
 
 __all__ = ["check_parallel_layouts", "role_layout", "role_model_config"]
@@ -67,7 +68,7 @@ def check_parallel_layouts(cfg: DictConfig, plan: ExecutionPlan) -> None:
                 f"resize placement.pools.{pool})")
         if tp == 1:
             continue
-        if cfg.runtime.name == "local":
+        if not RuntimeName.of(cfg.runtime.name).process_per_rank:
             raise ConfigError(
                 f"{where}.tp={tp}: the local runtime runs every rank in one process, where "
                 f"tensor-parallel collectives cannot run; use --runtime ray (or tp=1)")

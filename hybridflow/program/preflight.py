@@ -33,6 +33,7 @@ from hybridflow.plan.compiler import ExecutionPlan
 from hybridflow.program.config import ConfigError
 from hybridflow.graph.dispatch import is_data_parallel
 from hybridflow.core.kinds import Op
+from hybridflow.core.modes import AsyncMode, RuntimeName
 from hybridflow.core.worker_hooks import check_section
 
 __all__ = ["preflight", "check_paths", "check_role_paths", "check_role_sections",
@@ -110,7 +111,7 @@ def check_imports(cfg: DictConfig, plan: ExecutionPlan) -> None:
 
 
 def check_streaming_engine(cfg: DictConfig) -> None:
-    if cfg.trainer.get("async_mode") != "streaming":
+    if not AsyncMode.of(cfg.trainer.get("async_mode", AsyncMode.PIPELINE)).streams:
         return
     from hybridflow.workers.rollout.engine import refuse_unstreamable
     try:
@@ -243,7 +244,7 @@ def check_batch_feeds_ranks(cfg: DictConfig, plan: ExecutionPlan) -> None:
         if not node.kind.trains:
             continue
         ranks = placement.pools[pool].world_size
-        if cfg.runtime.name == "local" and ranks > 1:
+        if not RuntimeName.of(cfg.runtime.name).process_per_rank and ranks > 1:
             raise ConfigError(f"the local runtime cannot train role '{node.role}' on the "
                               f"{ranks} ranks of pool '{pool}': set the pool to 1 device "
                               f"or use --runtime ray")

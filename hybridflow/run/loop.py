@@ -27,6 +27,7 @@ from hybridflow.plan.compiler import ExecutionPlan
 from hybridflow.core.data import PromptDataset, PromptLoader, row_checker, toy_rows
 from hybridflow.core.kinds import NodeKind, Op, RowEffect
 from hybridflow.core.metric_names import STEP_TIME, TIMING_PREFIX
+from hybridflow.core.modes import AsyncMode, RuntimeName
 from hybridflow.core.worker_hooks import reports_held_tensors
 from hybridflow.program.assemble import LoadedGraph, compile_program
 from hybridflow.program.validation import (ScoreSource, ValidationPlan, compile_validation,
@@ -55,7 +56,7 @@ def seed_everything(seed: int) -> None:
 def make_runtime(plan: ExecutionPlan, cfg, extra_plans=()):
     """The configured runtime, with workers for every role of `plan` and `extra_plans`;
     `cfg` is what the workers receive: the run's typed values (`LoadedGraph.values`)."""
-    if cfg.runtime.name == "ray":
+    if RuntimeName.of(cfg.runtime.name) is RuntimeName.RAY:
         from hybridflow.runtime.ray.executor import RayRuntime
         from hybridflow.program.user_files import pickle_user_files_by_value_for_ray
         pickle_user_files_by_value_for_ray()  # fn nodes and classes of the user's files
@@ -130,7 +131,7 @@ class Trainer:
                       for n in self.plan.nodes)
         # streamed samples of many draws meet in one batch (and one group in several
         # polls): every prompt row has the same width
-        streams = cfg.trainer.get("async_mode") == "streaming"
+        streams = AsyncMode.of(cfg.trainer.get("async_mode", AsyncMode.PIPELINE)).streams
         train_loader = PromptLoader(train, cfg.data.batch_size, pad, cfg.data.shuffle,
                                     cfg.trainer.seed, fixed_width=gathers or streams)
         val_loader = PromptLoader(val, min(len(val), 256), pad, False) if val else None

@@ -1,0 +1,54 @@
+"""Typed run modes: how the rollout runs ahead (`AsyncMode`) and which executor runs the
+plan (`RuntimeName`), each declaring what it can do so the layers above read a
+capability instead of comparing strings.
+
+The config keeps plain strings (`trainer.async_mode=streaming`, `runtime.name=ray`):
+both are `str` enums (`kinds._Named`), so a member equals its value, the config's
+`one_of` rule is built from the members (`AsyncMode.names()`), and a caller converts
+with `AsyncMode.of(cfg.trainer.async_mode)` where it needs the capability. This
+module keeps no state.
+"""
+from __future__ import annotations
+
+from hybridflow.core.kinds import _Named
+
+__all__ = ["AsyncMode", "RuntimeName"]
+
+
+class _Choice(_Named):
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """The values a config may spell, in declaration order."""
+        return tuple(m.value for m in cls)
+
+
+class AsyncMode(_Choice):
+    """`trainer.async_mode`: how the rollout runs ahead when `trainer.staleness >= 1`."""
+    PIPELINE = "pipeline"      # whole batches generated k steps ahead (async_split.py)
+    STREAMING = "streaming"    # continuous generation, groups handed over as they finish
+
+    @property
+    def streams(self) -> bool:
+        """Generation runs continuously beside training (the plan's buffer streams; the
+        engine must submit / poll / abort; every prompt row has one width)."""
+        return self is AsyncMode.STREAMING
+
+
+class RuntimeName(_Choice):
+    """`runtime.name`: the executor that runs the plan (`runtime/local.py`,
+    `runtime/ray/`)."""
+    LOCAL = "local"
+    RAY = "ray"
+
+    @property
+    def process_per_rank(self) -> bool:
+        """Each rank of a pool is a process of its own, so ranks can run collectives
+        (tensor parallelism, training on several ranks) and pools are real devices. The
+        local runtime runs every role of every pool inline in one process."""
+        return self is RuntimeName.RAY
+
+    @property
+    def joins_cluster(self) -> bool:
+        """Reads the cluster keys (`runtime.address`, `num_cpus`, `num_gpus`, the start
+        and connect timeouts, `listen_all`)."""
+        return self is RuntimeName.RAY
