@@ -103,7 +103,7 @@ def load_trainer(trainer, directory: str, rank: int, world: int) -> None:
     """Restore weights, optimizer and schedule from `directory`: a DCP checkpoint at any
     layout, or one of the older format at the world size it was saved with."""
     if not is_sharded_checkpoint(directory):
-        _check_old_layout(directory, rank, world)
+        _check_old_layout(directory, world, trainer.world // max(1, trainer.dp))
         trainer.load(directory, rank)
         return
     import torch.distributed.checkpoint as dcp
@@ -129,13 +129,25 @@ def load_trainer(trainer, directory: str, rank: int, world: int) -> None:
         torch.load(path, weights_only=True, map_location="cpu")["scheduler"])
 
 
-def _check_old_layout(directory: str, rank: int, world: int) -> None:
-    """An old checkpoint (per-rank optimizer files) resumes only at its world size."""
+def _check_old_layout(directory: str, world: int, tp: int) -> None:
+    """An old checkpoint (per-rank optimizer files) resumes only at its layout: its
+    world size, without tensor parallelism (the format predates it: every old
+    checkpoint was saved at dp = its number of files x tp=1, and each file holds that
+    rank's data-parallel shard, which no tensor-parallel rank's shard matches)."""
     saved = sorted(glob.glob(os.path.join(directory, "optim_rank*.pt")))
+    what = (f"is in the format from before sharded checkpoints (model.safetensors + "
+            f"{len(saved)} optim_rank<r>.pt files)")
+    if tp > 1:
+        layout = f"dp={len(saved)} x tp=1" if saved else "no layout (no optim_rank<r>.pt)"
+        raise ValueError(
+            f"checkpoint {directory!r} {what}: saved at {layout}, and this role runs "
+            f"dp={world // tp} x tp={tp}. Only sharded (DCP) checkpoints reshard onto "
+            f"another tensor-parallel layout: resume it once at "
+            f"placement.parallel.<role>.dp={max(1, len(saved))} tp=1 and save again, or "
+            f"`hybridflow export` its weights and start a new run from them (model.path)")
     if saved and len(saved) != world:
         raise ValueError(
-            f"checkpoint {directory!r} is in the format from before sharded checkpoints "
-            f"(model.safetensors + {len(saved)} optim_rank<r>.pt files): it resumes only on "
+            f"checkpoint {directory!r} {what}: it resumes only on "
             f"{len(saved)} rank(s), and this role has {world}. Resume with {len(saved)} "
             f"rank(s) once and save again (new checkpoints reshard), or `hybridflow export` "
             f"its weights and start a new run from them (model.path)")
