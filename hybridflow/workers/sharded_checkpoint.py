@@ -10,7 +10,9 @@
 
 `get_state_dict` names every tensor by its FQN and keeps DTensors as they are (any
 placement: FSDP2's Shard(0), tensor parallelism's Shard/Replicate on a 2-D mesh), so
-`dcp.load` reshards on load: a checkpoint saved by 2 FSDP ranks loads on 1 and back.
+`dcp.load` reshards on load, the AdamW moments with the weights: a checkpoint saved by
+2 FSDP ranks loads on 1 and back, and one saved at dp=2 loads at dp=1 x tp=2, and back,
+and at tp=2 on one rank (`tests/workers/test_sharded_checkpoint_tp.py`).
 LoRA runs save only the trainable adapters (and their optimizer state); the frozen
 base is what `model.path` (or the seeded build) gives, as before.
 
@@ -18,7 +20,8 @@ The run's checkpoint (`hybridflow/run/checkpoint.py`) lists these files in its
 manifest with their sha256 and writes them under a temporary name first, so a damaged
 shard is named on resume. Checkpoints from before (`model.safetensors` or adapter
 files, plus `optim_rank<r>.pt` per rank) still load, at the world size they were saved
-at. Every rank of the role calls save and load (collectives). Stateless.
+at and tp=1 (the format predates tensor parallelism). Every rank of the role calls
+save and load (collectives). Stateless.
 """
 from __future__ import annotations
 
@@ -101,7 +104,7 @@ def _gathered_adapters(module) -> dict:
 
 def load_trainer(trainer, directory: str, rank: int, world: int) -> None:
     """Restore weights, optimizer and schedule from `directory`: a DCP checkpoint at any
-    layout, or one of the older format at the world size it was saved with."""
+    layout, or one of the older format at the world size it was saved with (tp=1)."""
     if not is_sharded_checkpoint(directory):
         _check_old_layout(directory, world, trainer.world // max(1, trainer.dp))
         trainer.load(directory, rank)
