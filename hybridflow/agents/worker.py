@@ -33,6 +33,7 @@ from hybridflow.agents.runner import EpisodeRunner
 from hybridflow.agents.stream import AgentStreamCalls
 from hybridflow.core.batch import Batch
 from hybridflow.graph.dispatch import DP, method
+from hybridflow.graph.streams import Streams
 from hybridflow.workers.base import Worker
 from hybridflow.workers.config import ModelConfig, RolloutConfig, read_section
 from hybridflow.workers.rollout.generation import sampling_options
@@ -47,6 +48,7 @@ SECTION = "agent"
 class AgentRolloutWorker(AgentStreamCalls, Worker):
     config_schema = AgentConfig
     HOST_ROLE = "actor"
+    STREAMS = Streams.EPISODES  # whole episodes per poll (stream.py), on any engine
 
     @classmethod
     def served_by(cls, cfg) -> str:

@@ -1,5 +1,6 @@
 """What graph files and worker classes declare: the graph builder (`Graph`, `node_fn`),
-method dispatch and collect modes (`method`, `DP`, ...), and losses (`loss_fn`).
+method dispatch and collect modes (`method`, `DP`, ...), losses (`loss_fn`), and how a
+role streams (`streams.Streams`, a worker class's `STREAMS`).
 
 May import `core/` only.
 """

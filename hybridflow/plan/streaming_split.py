@@ -22,35 +22,85 @@ trained), unit `uid` (a GRPO group admitted whole), admission of each sample who
 oldest token was sampled by weights at least the trained version - k. Its rows also
 carry `token_versions` (per token, for partial rollouts).
 
+Streaming is declared, never probed: the generate node's role declares how it streams
+(`STREAMS`, graph/streams.py), its generate method declares the columns a stream
+writes (`STREAM_COLUMNS`: `policy_version`, `token_versions`, `rollout_log_probs`; the
+buffer's rows carry them as any node's output, readable downstream), and a role that
+streams through its engine needs an engine registered with `streams=True`
+(`StreamBackend`, given by the program layer from the engine registry).
+
 What streaming refuses, before launch (GraphError naming the node): everything the
 pipelined split refuses; more or fewer than one generate node; a generate node fed by
-anything but a source, or by a role that cannot stream (no `stream_submit`); a
-gather that cannot filter at the entrance (stream_filter.py); a train-side node reading a
-source directly (the stream hands over the generate node's rows only, which forward
-the prompt's columns). The off-policy refusal of an uncorrected update is the
-pipelined one, on the streaming sides.
+anything but a source, of a role that declares no streaming, whose method does not
+write the stream's columns, or whose engine does not declare streaming (naming the
+role and `rollout.backend`); a gather that cannot filter at the entrance
+(stream_filter.py); a train-side node reading a source directly (the stream hands over
+the generate node's rows only, which forward the prompt's columns). The off-policy
+refusal of an uncorrected update is the pipelined one, on the streaming sides.
 
 Stateless: functions of a plan.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
+from hybridflow.core.columns import STREAM_COLUMNS, TOKEN_VERSIONS
 from hybridflow.core.kinds import NodeKind, Op
+from hybridflow.graph.streams import STREAMS_ATTR, stream_capability
 from hybridflow.plan.async_split import (PROMPT_UNIT, Sides, buffer_nodes,
                                          correction_problems, insert_buffers, split_sides)
-from hybridflow.plan.compiler import ExecutionPlan, GraphError, plan_stages
-from hybridflow.plan.stream_filter import (TOKEN_VERSIONS, entrance_names, filter_problems,
-                                           stream_gather)
+from hybridflow.plan.compiler import ExecutionPlan, GraphError, PlanNode, plan_stages
+from hybridflow.plan.stream_filter import entrance_names, filter_problems, stream_gather
 
 __all__ = ["streaming_sides", "attach_streaming", "is_streaming", "stream_buffer",
-           "TOKEN_VERSIONS", "STREAM_METHOD"]
-
-# TOKEN_VERSIONS, "token_versions" [B, R]: the policy version that sampled each token
-STREAM_METHOD = "stream_submit"    # a role that can stream has it (RolloutWorker)
+           "StreamBackend", "TOKEN_VERSIONS"]
 
 
-def _problems(plan: ExecutionPlan, sides: Sides) -> tuple[list[str], list]:
+@dataclass(frozen=True)
+class StreamBackend:
+    """The rollout engine's streaming declaration, read from the engine registry by the
+    program layer (this layer imports no engine): `rollout.backend`, whether it was
+    registered with `streams=True`, and the engines that were."""
+    name: str
+    streams: bool
+    streaming_engines: tuple[str, ...] = ()
+
+
+def _role_problems(plan: ExecutionPlan, gen: PlanNode,
+                   backend: StreamBackend | None) -> list[str]:
+    """The generate node's role, its declared columns and its engine can stream."""
+    cls = plan.bindings.get(gen.role)
+    where, who = gen.where(), f"role '{gen.role}' ({getattr(cls, '__name__', cls)})"
+    try:
+        how = stream_capability(cls) if gen.op is Op.CALL else None
+    except TypeError as err:  # a declaration that is not a Streams
+        return [f"{where}: {err}"]
+    if how is None:
+        return [f"{where}: trainer.async_mode=streaming needs a generate call of a role "
+                f"that streams (the 'rollout' role: g.call('rollout.generate', ...)); "
+                f"{who} declares no streaming ({STREAMS_ATTR} = Streams.ENGINE or "
+                f"Streams.EPISODES on the worker class, hybridflow/graph/streams.py)"]
+    problems = []
+    missing = [c for c in STREAM_COLUMNS if c not in gen.writes]
+    if missing:
+        problems.append(f"{where}: trainer.async_mode=streaming: {who} streams, but its "
+                        f"'{gen.method}' method does not write {missing}; every streamed "
+                        f"row carries {list(STREAM_COLUMNS)} (add them to its @method "
+                        f"writes and fill them)")
+    if how.needs_streaming_engine and backend is not None and not backend.streams:
+        able = ", ".join(backend.streaming_engines) or "none"
+        problems.append(f"{where}: trainer.async_mode=streaming: {who} streams through its "
+                        f"rollout engine, but rollout.backend={backend.name!r} does not "
+                        f"declare streaming (engines that stream: {able}); set "
+                        f"rollout.backend to one of those or trainer.async_mode=pipeline, "
+                        f"or declare the engine: register_engine(name, factory, "
+                        f"streams=True), or `streams = True` on a 'package.module:factory' "
+                        f"factory (docs/rollout.md)")
+    return problems
+
+
+def _problems(plan: ExecutionPlan, sides: Sides,
+              backend: StreamBackend | None) -> tuple[list[str], list]:
     k, problems = sides.staleness, []
     gens = [plan.node(n) for n in sides.rollout if plan.node(n).kind is NodeKind.GENERATE]
     if len(gens) != 1:
@@ -63,12 +113,7 @@ def _problems(plan: ExecutionPlan, sides: Sides) -> tuple[list[str], list]:
         problems.append(f"{gen.where()}: trainer.async_mode=streaming feeds this generate "
                         f"node from the data source only, but it reads {list(gen.deps)}; "
                         f"set trainer.async_mode=pipeline")
-    cls = plan.bindings.get(gen.role)
-    if gen.op is not Op.CALL or not callable(getattr(cls, STREAM_METHOD, None)):
-        problems.append(f"{gen.where()}: trainer.async_mode=streaming needs a generate "
-                        f"call of a role that streams (the 'rollout' role: "
-                        f"g.call('rollout.generate', ...)); role '{gen.role}' "
-                        f"({getattr(cls, '__name__', cls)}) has no {STREAM_METHOD}")
+    problems += _role_problems(plan, gen, backend)
     if PROMPT_UNIT not in gen.output_keys:
         problems.append(f"{gen.where()}: streaming admits whole prompt groups by "
                         f"'{PROMPT_UNIT}', which this node's rows do not carry")
@@ -83,10 +128,13 @@ def _problems(plan: ExecutionPlan, sides: Sides) -> tuple[list[str], list]:
     return problems, gens
 
 
-def streaming_sides(plan: ExecutionPlan, staleness: int) -> Sides:
-    """The stream side (sources + the generate node) and the train side (the rest)."""
+def streaming_sides(plan: ExecutionPlan, staleness: int,
+                    backend: StreamBackend | None = None) -> Sides:
+    """The stream side (sources + the generate node) and the train side (the rest);
+    `backend`: the engine's declaration (None: no engine is checked, e.g. the planner's
+    and the drawings' reading of a compiled plan)."""
     sides = split_sides(plan, staleness)  # its refusals hold for streaming too
-    problems, gens = _problems(plan, sides)
+    problems, gens = _problems(plan, sides, backend)
     if problems:
         raise GraphError(plan.graph_name, problems)
     gen, gather = gens[0], stream_gather(plan)
@@ -100,10 +148,12 @@ def streaming_sides(plan: ExecutionPlan, staleness: int) -> Sides:
 
 
 def attach_streaming(plan: ExecutionPlan, staleness: int, allow_uncorrected: bool = False,
-                     default_corrects=lambda node: False) -> ExecutionPlan:
+                     default_corrects=lambda node: False,
+                     backend: StreamBackend | None = None) -> ExecutionPlan:
     """`plan` with its one streaming buffer; GraphError (naming the node) when it cannot
-    stream or an update goes uncorrected without the opt-out."""
-    sides = streaming_sides(plan, staleness)
+    stream (its role, columns or `backend`) or an update goes uncorrected without the
+    opt-out. The buffer's rows are the producer's, the stream's columns among them."""
+    sides = streaming_sides(plan, staleness, backend)
     problems = [] if allow_uncorrected else \
         correction_problems(plan, sides, default_corrects)
     if problems:
@@ -115,9 +165,7 @@ def attach_streaming(plan: ExecutionPlan, staleness: int, allow_uncorrected: boo
             screen = gather.deps[0] if gather is not None and \
                 plan.node(gather.deps[0]).kind is not NodeKind.GENERATE else None
             node = replace(node, buffer=replace(node.buffer, streaming=True,
-                                                screened_by=screen),
-                           writes=tuple(dict.fromkeys((*node.writes, TOKEN_VERSIONS))),
-                           output_keys={**node.output_keys, TOKEN_VERSIONS: node.buffer.producer})
+                                                screened_by=screen))
         nodes.append(node)
     return replace(out, nodes=nodes, stages=plan_stages(nodes))
 

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hybridflow.program.auto_placement import expand_auto, plan_auto_placement
 from hybridflow.plan.async_split import attach_staleness
-from hybridflow.plan.streaming_split import attach_streaming
+from hybridflow.plan.streaming_split import StreamBackend, attach_streaming
 from hybridflow.plan.balance import insert_token_balance
 from hybridflow.plan.compiler import ExecutionPlan, compile_graph
 from hybridflow.program.config import (ConfigError, ParallelConfig, PoolConfig, RunConfig,
@@ -163,7 +163,15 @@ def _attach_async(cfg: DictConfig, plan):
                           "many updates old a sample's oldest token may be); got "
                           f"trainer.staleness={trainer.staleness}; set trainer.staleness=1 "
                           "or trainer.async_mode=pipeline")
-    return attach_streaming(plan, trainer.staleness, trainer.allow_uncorrected_async, corrects)
+    return attach_streaming(plan, trainer.staleness, trainer.allow_uncorrected_async, corrects,
+                            _stream_backend(str(cfg.rollout.backend)))
+
+
+def _stream_backend(name: str) -> StreamBackend:
+    """The engine registry's streaming declaration of `rollout.backend`, for the
+    compiler's check (plan/streaming_split.py)."""
+    from hybridflow.workers.rollout.engine import engine_streams, streaming_engines
+    return StreamBackend(name, engine_streams(name), tuple(streaming_engines()))
 
 
 def _default_loss_corrects(cfg: DictConfig, node) -> bool:

@@ -14,7 +14,6 @@ made by `prepare` after the graph compiles and before any worker starts.
 - each role's parallel layout can run (`parallel_checks.py`: dp x tp, heads, the
   backend and engine of a tp > 1 role);
 - with rollout.backend='vllm', vLLM can run the model (head size, dtype);
-- with trainer.async_mode=streaming, the rollout engine streams (submit / poll / abort);
 - what the engine, the training backends and the scorers need in order to import is
   installed (`check_imports`): `check` refuses what `run` would fail on in a worker.
 
@@ -33,7 +32,7 @@ from hybridflow.plan.compiler import ExecutionPlan
 from hybridflow.program.config import ConfigError
 from hybridflow.graph.dispatch import is_data_parallel
 from hybridflow.core.kinds import Op
-from hybridflow.core.modes import AsyncMode, RuntimeName
+from hybridflow.core.modes import RuntimeName
 from hybridflow.core.worker_hooks import check_section
 
 __all__ = ["preflight", "check_paths", "check_role_paths", "check_role_sections",
@@ -55,7 +54,6 @@ def preflight(cfg: DictConfig, plan: ExecutionPlan) -> None:
     check_batch_feeds_ranks(cfg, plan)
     from hybridflow.program.parallel_checks import check_parallel_layouts
     check_parallel_layouts(cfg, plan)  # placement.parallel: what the workers can build
-    check_streaming_engine(cfg)
     check_imports(cfg, plan)
     from hybridflow.workers.rollout.vllm_checks import preflight_vllm
     preflight_vllm(cfg)  # the model's head size and dtype, where vLLM imports here
@@ -108,16 +106,6 @@ def check_imports(cfg: DictConfig, plan: ExecutionPlan) -> None:
         if entry.get("function_path"):  # each scorer file imports (with what it imports)
             _check_scorer(str(entry.function_path), str(entry.get("function_name")
                                                         or "compute_score"))
-
-
-def check_streaming_engine(cfg: DictConfig) -> None:
-    if not AsyncMode.of(cfg.trainer.get("async_mode", AsyncMode.PIPELINE)).streams:
-        return
-    from hybridflow.workers.rollout.engine import refuse_unstreamable
-    try:
-        refuse_unstreamable(str(cfg.rollout.backend))
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
 
 
 def check_role_sections(cfg: DictConfig, plan: ExecutionPlan) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import textwrap
 
-import pytest
 
 from hybridflow.cli import main
 
@@ -83,35 +82,52 @@ def test_check_refuses_async_without_a_generate_node(capsys):
     assert code == 1 and "graph 'sft' has no generate node" in err
 
 
-def test_streaming_on_an_engine_that_cannot_stream_is_refused_before_launch(capsys,
-                                                                          monkeypatch):
+def _own_registry(monkeypatch):
+    """A registry of this test's own: other tests read the registered names."""
     from hybridflow.workers.rollout import engine
+    for name in ("_ENGINES", "_STREAMING", "_TENSOR_PARALLEL"):
+        monkeypatch.setattr(engine, name, type(getattr(engine, name))(getattr(engine, name)))
+    return engine
+
+
+def test_streaming_on_an_engine_that_does_not_declare_it_is_refused_by_check(capsys,
+                                                                            monkeypatch):
     from hybridflow.workers.rollout.hf import make_hf_engine
-    monkeypatch.setattr(engine, "_ENGINES", dict(engine._ENGINES))
-    monkeypatch.setattr(engine, "_STREAMING", set(engine._STREAMING))
+    engine = _own_registry(monkeypatch)
     engine.register_engine("batch_only_test", make_hf_engine)  # no streams=True
     code, out, err = check(capsys, GRPO, "trainer.staleness=1", "trainer.async_mode=streaming",
                            "actor.off_policy=decoupled", "rollout.backend=batch_only_test")
-    assert code != 0
-    assert "rollout.backend='batch_only_test' cannot stream" in err
-    assert "trainer.async_mode=pipeline" in err and "hf, vllm" in err
+    assert code == 1
+    assert "node 'rollout.generate' (grpo.py:" in err  # the node, the role, the backend
+    assert "role 'rollout' (RolloutWorker) streams through its rollout engine" in err
+    assert "rollout.backend='batch_only_test' does not declare streaming" in err
+    assert "engines that stream: hf, vllm" in err and "trainer.async_mode=pipeline" in err
+    assert "register_engine(name, factory, streams=True)" in err
 
 
-def test_both_built_in_engines_stream():
-    from hybridflow.workers.rollout import engine
-    for name in ("hf", "vllm"):
-        engine.refuse_unstreamable(name)  # no error
-
-
-def test_a_registered_engine_that_streams_passes_the_check(monkeypatch):
-    from hybridflow.workers.rollout import engine
+def test_a_registered_engine_that_declares_streaming_passes_check(capsys, monkeypatch):
     from hybridflow.workers.rollout.hf import make_hf_engine
-    # a registry of this test's own: other tests read the registered names
-    monkeypatch.setattr(engine, "_ENGINES", dict(engine._ENGINES))
-    monkeypatch.setattr(engine, "_STREAMING", set(engine._STREAMING))
+    engine = _own_registry(monkeypatch)
     engine.register_engine("hf_streams_test", make_hf_engine, streams=True)
-    engine.refuse_unstreamable("hf_streams_test")  # no error
-    engine.refuse_unstreamable("pkg.module:factory")  # unknown before it is built
-    engine.register_engine("hf_streams_test", make_hf_engine, replace=True)
-    with pytest.raises(ValueError, match="'hf_streams_test' cannot stream"):
-        engine.refuse_unstreamable("hf_streams_test")
+    code, out, err = check(capsys, GRPO, "trainer.staleness=1", "trainer.async_mode=streaming",
+                           "actor.off_policy=decoupled", "rollout.backend=hf_streams_test")
+    assert code == 0, err
+    assert out.rstrip().endswith("ok")
+
+
+def test_an_engine_factory_named_by_path_without_the_declaration_is_refused(
+        capsys, monkeypatch, tmp_path):
+    _own_registry(monkeypatch)
+    factory = tmp_path / "my_engine.py"
+    factory.write_text("from hybridflow.workers.rollout.hf import make_hf_engine\n\n\n"
+                       "def batch_only(spec):\n    return make_hf_engine(spec)\n\n\n"
+                       "def streaming(spec):\n    return make_hf_engine(spec)\n\n\n"
+                       "streaming.streams = True\n")
+    args = (GRPO, "trainer.staleness=1", "trainer.async_mode=streaming",
+            "actor.off_policy=decoupled")
+    code, _, err = check(capsys, *args, f"rollout.backend={factory}:batch_only")
+    assert code == 1
+    assert f"rollout.backend='{factory}:batch_only' does not declare streaming" in err
+    assert "`streams = True` on a 'package.module:factory' factory" in err
+    code, _, err = check(capsys, *args, f"rollout.backend={factory}:streaming")
+    assert code == 0, err

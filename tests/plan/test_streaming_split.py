@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+from hybridflow.core.columns import STREAM_COLUMNS
 from hybridflow.core.constraints import ConfigError
 from hybridflow.plan.async_split import buffer_nodes, buffer_summary, sides_of
 from hybridflow.plan.compiler import GraphError
@@ -129,13 +130,63 @@ def test_a_generate_role_that_cannot_stream_is_refused(tmp_path):
     graph = tmp_path / "grpo_actor_generates.py"
     graph.write_text(text.replace(old, 'g.call("actor.generate", prompts'))
     with pytest.raises(GraphError, match=r"node 'actor.generate'.*needs a generate call "
-                                         r"of a role that streams.*has no stream_submit"):
+                                         r"of a role that streams.*role 'actor' "
+                                         r"\(ActorWorker\) declares no streaming \(STREAMS"):
         prepare(str(graph), [*STREAM, *UNCORRECTED], preflight=False)
 
 
-def test_agent_episodes_stream_into_one_buffer():
+NO_VERSIONS = '''
+from hybridflow.core.columns import TOKEN_VERSIONS
+from hybridflow.graph.dispatch import method
+from hybridflow.workers.rollout.generation import GENERATE_WRITES
+from hybridflow.workers.rollout.worker import RolloutWorker
+
+
+class NoVersions(RolloutWorker):
+    @method(reads=("input_ids", "attention_mask"), kind="generate", forwards=True,
+            writes=tuple(k for k in GENERATE_WRITES if k != TOKEN_VERSIONS),
+            overwrites=("input_ids", "attention_mask", "position_ids"))
+    def generate(self, batch, n=None):
+        raise NotImplementedError  # compiled, never run
+
+
+class Misdeclared(RolloutWorker):
+    STREAMS = True
+'''
+
+
+def test_a_streaming_role_whose_generate_writes_no_versions_is_refused(tmp_path):
+    """The stream's columns are the generate method's own declaration, not patched in."""
+    roles = tmp_path / "roles.py"
+    roles.write_text(NO_VERSIONS)
+    with pytest.raises(GraphError, match=r"node 'rollout.generate'.*role 'rollout' "
+                                         r"\(NoVersions\) streams, but its 'generate' method "
+                                         r"does not write \['token_versions'\]"):
+        plan_of("grpo", *STREAM, *UNCORRECTED, f"workers.rollout={roles}:NoVersions")
+    with pytest.raises(GraphError, match=r"node 'rollout.generate'.*Misdeclared.STREAMS must "
+                                         r"be a hybridflow.graph.streams.Streams.*not True"):
+        plan_of("grpo", *STREAM, *UNCORRECTED, f"workers.rollout={roles}:Misdeclared")
+
+
+def test_the_streaming_buffer_carries_the_columns_the_generate_method_declares():
+    plan = plan_of("grpo", *STREAM, "actor.off_policy=decoupled")
+    gen, buffer = plan.node("rollout.generate"), stream_buffer(plan)
+    assert set(STREAM_COLUMNS) <= set(gen.writes)
+    assert {k: buffer.output_keys[k] for k in STREAM_COLUMNS} == \
+        {k: "rollout.generate" for k in STREAM_COLUMNS}
+
+
+def test_agent_episodes_stream_into_one_buffer(monkeypatch):
     plan = plan_of("agent_grpo", *STREAM, "actor.off_policy=decoupled")
     assert sides_of(plan).rollout == ("prompts", "agent.play")
+    assert stream_buffer(plan).name == "buffer/agent.play"
+    # whole episodes stream on the engine's plain generate: any engine will do
+    from hybridflow.workers.rollout import engine
+    from hybridflow.workers.rollout.hf import make_hf_engine
+    monkeypatch.setattr(engine, "_ENGINES", dict(engine._ENGINES))
+    engine.register_engine("batch_only_agent_test", make_hf_engine)
+    plan = plan_of("agent_grpo", *STREAM, "actor.off_policy=decoupled",
+                   "rollout.backend=batch_only_agent_test")
     assert stream_buffer(plan).name == "buffer/agent.play"
 
 

@@ -8,9 +8,19 @@ they have seen). A new backend is one module that defines a factory
 `rollout` role (`rollout.backend="package.module:factory"` imports and registers
 it in every process, which Ray workers need).
 
-State: `_ENGINES`, name -> factory, filled when `hybridflow.workers.rollout` is
+What an engine can do is declared at registration, as a worker method declares its
+dispatch, never probed on the object: `streams=True` (its engines implement
+`StreamingEngine`: `trainer.async_mode=streaming`) and `tensor_parallel=True` (they
+generate on a tp group of ranks). A factory named by import path declares the same
+as attributes of the factory (`factory.streams = True`; a class attribute when the
+factory is the engine class). The compiler reads the declarations before any worker
+starts (`engine_streams`, passed to plan/streaming_split.py); `make_engine` checks
+that a streaming engine has every member of `StreamingEngine`.
+
+State: `_ENGINES`, name -> factory, and the declarations `_STREAMING`,
+`_TENSOR_PARALLEL` (sets of names), filled when `hybridflow.workers.rollout` is
 imported (the built-in `hf` and `vllm`) and by `register_engine` calls; read by
-`make_engine`. Nothing else changes it.
+`make_engine` and the readers below. Nothing else changes them.
 """
 from __future__ import annotations
 
@@ -23,8 +33,8 @@ import torch
 from hybridflow.core.batch import Batch
 
 __all__ = ["RolloutEngine", "StreamingEngine", "EngineSpec", "register_engine", "make_engine",
-           "engine_names", "engine_supports_tp", "check_engine_name", "check_streaming",
-           "UNKNOWN_VERSION"]
+           "engine_names", "engine_supports_tp", "engine_streams", "streaming_engines",
+           "check_engine_name", "check_streaming", "STREAMING_MEMBERS", "UNKNOWN_VERSION"]
 
 UNKNOWN_VERSION = -1  # weights not loaded yet (e.g. a vLLM engine built with dummy weights)
 
@@ -47,6 +57,12 @@ class EngineSpec:
     synced_gpus: bool = False         # FSDP: every rank must run every decoding step
     tp: int | None = None             # tensor-parallel size (None: the role's, ctx.tp):
                                       # ranks g*tp..g*tp+tp-1 of ctx's world are one engine
+
+    @property
+    def group_tp(self) -> int:
+        """The tensor-parallel size asked for: `tp`, else the role's (`ctx.tp`), >= 1."""
+        tp = self.tp if self.tp is not None else getattr(self.ctx, "tp", 1)
+        return max(1, int(tp or 1))
 
 
 @runtime_checkable
@@ -80,7 +96,8 @@ class RolloutEngine(Protocol):
 @runtime_checkable
 class StreamingEngine(Protocol):
     """What `trainer.async_mode=streaming` needs beyond `RolloutEngine`: requests in
-    flight across weight updates.
+    flight across weight updates. An engine registered with `streams=True` has every
+    member (checked by `make_engine`), so callers use them without probing.
 
     submit: rows already repeated n times, queued (one request per row) with `opts`
     (the same options for every call of one stream); returns how many.
@@ -88,11 +105,16 @@ class StreamingEngine(Protocol):
     that moment (a `load_weights` + `finish_weight_update(version)` between two polls
     lands while requests are in flight; `opts.partial` says whether they continue
     with the new weights or restart); returns the finished rows (the engine columns,
-    the prompt's columns, `policy_version` = the version of the response's oldest
-    token, `token_versions` [B, R] per token, -1 on padding) or None.
+    the prompt's columns and `STREAM_COLUMNS`: `policy_version` = the version of the
+    response's oldest token, `token_versions` [B, R] per token, -1 on padding) or None.
     abort: drop every request not finished; returns how many.
     stream_busy: requests queued or in flight.
+    stream_counts: the engine's counters since it was built (`async/stream/*`: decode
+    steps, restarts, ...; {} before the first submit).
+    tp: how many ranks form this engine (1, or the tp group generating together: the
+    ranks of a group are given the same prompts and one of them reports).
     """
+    tp: int
 
     def submit(self, prompts: Batch, opts) -> int: ...
 
@@ -102,19 +124,14 @@ class StreamingEngine(Protocol):
 
     stream_busy: bool
 
+    def stream_counts(self) -> dict: ...
 
-def check_streaming(engine, backend: str) -> None:
-    """A clear error when `engine` cannot stream (submit / poll / abort)."""
-    missing = [m for m in ("submit", "poll", "abort") if not callable(getattr(engine, m, None))]
-    if missing:
-        raise TypeError(f"trainer.async_mode=streaming needs a rollout engine with submit / "
-                        f"poll / abort; rollout.backend={backend!r} ({type(engine).__name__}) "
-                        f"lacks {missing}; use rollout.backend=hf or "
-                        f"trainer.async_mode=pipeline")
 
+STREAMING_MEMBERS = ("submit", "poll", "abort", "stream_busy", "stream_counts", "tp")
+_CALLABLE = ("submit", "poll", "abort", "stream_counts")
 
 _ENGINES: dict[str, Callable[[EngineSpec], RolloutEngine]] = {}
-_STREAMING: set[str] = set()  # engines whose objects have submit / poll / abort
+_STREAMING: set[str] = set()  # declared streams=True: their engines are StreamingEngines
 _TENSOR_PARALLEL: set[str] = set()  # engines that generate on a tp group of ranks
 
 
@@ -122,12 +139,17 @@ def register_engine(name: str, factory: Callable[[EngineSpec], RolloutEngine],
                     replace: bool = False, streams: bool = False,
                     tensor_parallel: bool = False) -> None:
     """Make `rollout.backend=<name>` build engines with `factory(spec)`; `streams`:
-    its engines implement submit / poll / abort (`trainer.async_mode=streaming`);
+    its engines implement `StreamingEngine` (`trainer.async_mode=streaming`);
     `tensor_parallel`: its engines generate with the role's tp group of ranks
-    (`placement.parallel.<role>.tp > 1`). Preflight reads both before any worker starts."""
+    (`placement.parallel.<role>.tp > 1`). The compiler and preflight read both before
+    any worker starts."""
     if name in _ENGINES and not replace:
         raise ValueError(f"rollout engine {name!r} is already registered; pass "
                          "replace=True to override it")
+    for flag, value in (("streams", streams), ("tensor_parallel", tensor_parallel)):
+        if not isinstance(value, bool):
+            raise TypeError(f"register_engine({name!r}, ...): {flag} must be True or False, "
+                            f"not {value!r}")
     _ENGINES[name] = factory
     (_STREAMING.add if streams else _STREAMING.discard)(name)
     (_TENSOR_PARALLEL.add if tensor_parallel else _TENSOR_PARALLEL.discard)(name)
@@ -138,15 +160,34 @@ def engine_supports_tp(name: str) -> bool:
     return name in _TENSOR_PARALLEL
 
 
-def refuse_unstreamable(backend: str) -> None:
-    """Before launch: a ValueError when `trainer.async_mode=streaming` names a
-    registered engine that does not stream. A 'package.module:factory' engine is
-    known only once built: the worker checks it then (check_streaming)."""
-    if backend in _ENGINES and backend not in _STREAMING:
-        able = ", ".join(sorted(_STREAMING)) or "none"
-        raise ValueError(f"trainer.async_mode=streaming: rollout.backend={backend!r} cannot "
-                         f"stream (no submit / poll / abort; engines that stream: {able}); "
-                         f"set rollout.backend to one of those, or trainer.async_mode=pipeline")
+def engine_streams(name: str) -> bool:
+    """Whether `rollout.backend=<name>` declares streaming (a 'package.module:factory'
+    name is imported and registered first, reading its factory's declaration)."""
+    check_engine_name(name)
+    return name in _STREAMING
+
+
+def streaming_engines() -> list[str]:
+    """The registered engines that declare streaming, sorted."""
+    return sorted(_STREAMING)
+
+
+def _not_declared(backend: str, engine=None) -> str:
+    what = f" ({type(engine).__name__})" if engine is not None else ""
+    return (f"trainer.async_mode=streaming: rollout.backend={backend!r}{what} does not "
+            f"declare streaming (engines that stream: "
+            f"{', '.join(streaming_engines()) or 'none'}); set rollout.backend to one of "
+            f"those or trainer.async_mode=pipeline, or, if the engine implements "
+            f"StreamingEngine ({', '.join(STREAMING_MEMBERS)}), declare it: "
+            f"register_engine(name, factory, streams=True), or `streams = True` on a "
+            f"'package.module:factory' factory")
+
+
+def check_streaming(engine, backend: str) -> None:
+    """A clear error when `backend` (whose engine is `engine`) does not declare
+    streaming; a declared one was checked against `StreamingEngine` when built."""
+    if backend not in _STREAMING:
+        raise TypeError(_not_declared(backend, engine))
 
 
 def engine_names() -> list[str]:
@@ -159,8 +200,17 @@ def _import_factory(name: str) -> None:
     `register_engine` calls)."""
     from hybridflow.core.names import resolve_name
     factory = resolve_name(name, "rollout.backend", ValueError, "an engine factory")
-    register_engine(name, factory, replace=True,
-                    tensor_parallel=bool(getattr(factory, "tensor_parallel", False)))
+    register_engine(name, factory, replace=True, streams=_declared(factory, name, "streams"),
+                    tensor_parallel=_declared(factory, name, "tensor_parallel"))
+
+
+def _declared(factory, name: str, flag: str) -> bool:
+    """A factory's own declaration `factory.<flag> = True` (absent: False)."""
+    value = getattr(factory, flag, False)  # the declaration, read as dispatch's is
+    if not isinstance(value, bool):
+        raise ValueError(f"rollout.backend={name!r}: the factory's `{flag}` declaration "
+                         f"must be True or False, not {value!r}")
+    return value
 
 
 def check_engine_name(name: str) -> None:
@@ -185,4 +235,18 @@ def make_engine(spec: EngineSpec) -> RolloutEngine:
     if missing or not hasattr(engine, "policy_version"):
         raise TypeError(f"rollout engine {name!r} ({type(engine).__name__}) lacks "
                         f"{missing or ['policy_version']} of the RolloutEngine protocol")
+    if name in _STREAMING:
+        _check_declared_streaming(engine, name)
     return engine
+
+
+def _check_declared_streaming(engine, name: str) -> None:
+    """An engine registered with streams=True has every StreamingEngine member: the
+    declaration is verified once here, so its users call them without probing."""
+    missing = [m for m in STREAMING_MEMBERS if not hasattr(engine, m)
+               or (m in _CALLABLE and not callable(getattr(engine, m)))]
+    if missing:
+        raise TypeError(f"rollout engine {name!r} ({type(engine).__name__}) is registered "
+                        f"with streams=True but lacks {missing} of the StreamingEngine "
+                        f"protocol (hybridflow/workers/rollout/engine.py); implement them, "
+                        f"or register it without streams=True (trainer.async_mode=pipeline)")

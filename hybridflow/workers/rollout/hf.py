@@ -17,7 +17,8 @@ sharded: every rank of a tp group receives the same rows and the same sampling s
 collectives), and samples from whole logits (`full_logits` gathers the head's
 vocabulary shards), so the group draws identical tokens. Streaming is refused there.
 
-State: `module` (shared or own), `policy_version` (of the weights in `module`).
+State: `module` (shared or own), `policy_version` (of the weights in `module`), `tp`
+(fixed when built), the stream loop (stream.py, built at the first submit).
 """
 from __future__ import annotations
 
@@ -37,9 +38,10 @@ __all__ = ["HFEngine", "make_hf_engine", "sampled_log_probs", "ChosenLogProbs",
 
 
 def make_hf_engine(spec: EngineSpec) -> "HFEngine":
-    if spec.module is not None:
+    if spec.module is not None:  # a sharded module generates on its tp group, in lockstep
+        tp = spec.group_tp if is_tensor_parallel(spec.module) else 1
         return HFEngine(spec.module, spec.tokenizer, spec.device, shares_module=True,
-                        synced_gpus=spec.synced_gpus, seed=_stream_seed(spec.ctx))
+                        synced_gpus=spec.synced_gpus, seed=_stream_seed(spec.ctx), tp=tp)
     from hybridflow.workers.models import build_causal_lm
     module = build_causal_lm(spec.model_cfg, spec.tokenizer, spec.device, spec.ctx.seed)
     module.eval().requires_grad_(False)
@@ -109,11 +111,15 @@ def sampled_log_probs(scores: tuple, tokens: torch.Tensor) -> torch.Tensor:
 
 
 class HFEngine:
+    """A `StreamingEngine` (registered with streams=True). `tp`: the ranks generating
+    together (a tensor-parallel module's group; 1 otherwise)."""
+
     def __init__(self, module: torch.nn.Module, tokenizer, device, shares_module: bool,
-                 synced_gpus: bool = False, version: int = UNKNOWN_VERSION, seed: int = 0):
+                 synced_gpus: bool = False, version: int = UNKNOWN_VERSION, seed: int = 0,
+                 tp: int = 1):
         self.module, self.tokenizer, self.device = module, tokenizer, device
         self.shares_module = shares_module
-        self.synced_gpus = synced_gpus
+        self.synced_gpus, self.tp = synced_gpus, tp
         self.policy_version = version
         self.seed, self._stream = seed, None
 

@@ -225,6 +225,8 @@ def log_probs_from_outputs(outputs, width: int) -> torch.Tensor:
 
 
 class VLLMEngine:
+    """A `StreamingEngine` (registered with streams=True; vllm_stream.py); `tp`: the
+    ranks of the tp group that build it together."""
     shares_module = False  # vLLM holds its own copy of the weights
 
     def __init__(self, llm, sampling_params, tokenizer, device, sleep_mode: bool,

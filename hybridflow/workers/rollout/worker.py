@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from hybridflow.core.batch import Batch
 from hybridflow.graph.dispatch import BROADCAST, DP, method
+from hybridflow.graph.streams import Streams
 from hybridflow.workers.base import Worker, metrics_batch
 from hybridflow.workers.config import ModelConfig, RolloutConfig, read_section
 from hybridflow.workers.rollout.engine import EngineSpec, make_engine
@@ -46,6 +47,7 @@ def _placed_pools(cfg) -> tuple[dict, str | None]:
 
 class RolloutWorker(StreamCalls, Worker):
     HOST_ROLE = "actor"  # whose weights this role generates with, and syncs from
+    STREAMS = Streams.ENGINE  # through its engine's submit / poll / abort (stream_worker.py)
 
     @classmethod
     def served_by(cls, cfg) -> str | None:
