@@ -15,6 +15,11 @@ it generates (with sleep mode it frees it for the rest of the step).
 Tensor parallelism: a rank of a tp group holds its slice of the model
 (`model_size.tensor_parallel_slice`) and reads every row of its group.
 
+Engines and training strategies are read through what they declare, never by name: an
+engine's `EngineMemory` (`workers/rollout/engine_memory.py`: reserves a device fraction,
+records log-probs) and a backend class's `shards` / `gradient_buckets`
+(`workers/backends/`).
+
 Shapes: rows per rank = data.batch_size x n / data-parallel ranks; every row is
 padded to `data.max_prompt_length + rollout.max_new_tokens` (the engine's layout),
 so these are the worst-case figures the run must fit. Stateless.
@@ -24,7 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-
+from hybridflow.core.kinds import NodeKind, Op
 from hybridflow.memory.model_size import ModelSize, model_size, tensor_parallel_slice
 from hybridflow.memory.passes import (MicroBatch, batch_bytes, generate_pass,
                                       inference_pass, train_pass, training_state)
@@ -123,7 +128,7 @@ def actor_pass_memory(cfg, kind: str, rows: int, cuda: bool = False) -> dict[str
     size = role_model_size(cfg, lora=s["actor"].lora, trained=True)
     kind = actor_pass_kind(kind)
     out = {"weights": size.weight_bytes}
-    if kind == "train":  # AdamW allocates its moments at the first step
+    if kind == NodeKind.TRAIN:  # AdamW allocates its moments at the first step
         out["optimizer"] = training_state(size)["optimizer"]
     out.update(_actor_pass(size, s, kind, rows, prompt,
                            {"cuda": cuda, "shards": 1, "ddp_buckets": False}))
@@ -164,12 +169,12 @@ def _actor_pass(size: ModelSize, s, kind: str, rows: int, prompt: int, state: di
     temperature = s["rollout"].temperature
     method = node.method if node is not None else ""
     given = (node.kwargs.get("micro_batch_size") if node is not None else None)
-    if kind == "generate":
+    if kind == NodeKind.GENERATE:
         micro = min(rows, s["rollout"].micro_batch_size)
-        records = s["rollout"].backend == "hf"  # its log-prob recorder: one more [rows, vocab]
+        records = _engine(s).records_log_probs  # one more [rows, vocab] per step
         return {**generate_pass(size, micro, prompt, response, records),
                 "batch": batch_bytes(rows, prompt, response)}
-    if kind == "train":
+    if kind == NodeKind.TRAIN:
         budget = None if method == "sft" else s["actor"].max_tokens_per_micro_batch
         micro = MicroBatch(micro_rows(rows, given or s["actor"].micro_batch_size, budget,
                                       prompt + response), prompt,
@@ -185,18 +190,20 @@ def _actor_pass(size: ModelSize, s, kind: str, rows: int, prompt: int, state: di
             "batch": batch_bytes(rows, prompt, response)}
 
 
-_PASS_KIND = {"update": "train", "logprob": "inference", "generate": "generate"}
+_PASS_KIND = {"update": NodeKind.TRAIN, "logprob": NodeKind.INFERENCE,
+              "generate": NodeKind.GENERATE}
 
 
-def actor_pass_kind(name: str) -> str:
-    return _PASS_KIND.get(name, name)
+def actor_pass_kind(name: str) -> NodeKind:
+    """The node kind of an actor pass named as bench/memory.py names it (or a kind)."""
+    return NodeKind.of(_PASS_KIND.get(name, name), "an actor pass")
 
 
 def _calls(plan) -> dict[str, list]:
     """role -> its call nodes in the plan."""
     out: dict[str, list] = {}
     for node in plan.nodes:
-        if node.op == "call" and node.role:
+        if node.op == Op.CALL and node.role:
             out.setdefault(node.role, []).append(node)
     return out
 
@@ -210,7 +217,7 @@ def _data_parallel(plan, role: str) -> int:
 
 def _generate_n(s, calls: dict[str, list]) -> int:
     for node in calls.get("actor", []):
-        if node.kind == "generate" and node.kwargs.get("n") is not None:
+        if node.kind == NodeKind.GENERATE and node.kwargs.get("n") is not None:
             return int(node.kwargs["n"])
     return s["rollout"].n
 
@@ -266,10 +273,16 @@ def _layout(s, role: str, dp: int, cuda: bool) -> dict:
     """How a trained role keeps its state: FSDP2 shards weights, gradients and
     moments over the data-parallel ranks; DDP over several ranks adds its gradient
     buckets."""
-    section = s.get(role)
-    strategy = getattr(section, "strategy", "ddp")
-    return {"cuda": cuda, "shards": dp if strategy == "fsdp2" else 1,
-            "ddp_buckets": strategy == "ddp" and dp > 1}
+    from hybridflow.workers.backends import BACKENDS, TrainingBackend
+    backend = BACKENDS.get(getattr(s.get(role), "strategy", "ddp"), TrainingBackend)
+    return {"cuda": cuda, "shards": dp if backend.shards else 1,
+            "ddp_buckets": backend.gradient_buckets and dp > 1}
+
+
+def _engine(s):
+    """What `rollout.backend`'s engine declares it holds on a device."""
+    from hybridflow.workers.rollout.engine_memory import engine_memory
+    return engine_memory(s["rollout"].backend)
 
 
 def _resident(size: ModelSize, state: dict, trained: bool = True) -> dict[str, int]:
@@ -288,7 +301,7 @@ def _fill(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int,
         memory.resident = _resident(size, state)
         for node in nodes:
             name = f"actor.{node.method}"
-            if node.kind == "generate" and s["rollout"].backend == "vllm":
+            if node.kind == NodeKind.GENERATE and _engine(s).reserves_device:
                 memory.passes[name] = _vllm_pass(s, capacity, memory)
             else:
                 memory.passes[name] = _actor_pass(size, s, node.kind, rows, prompt, state,
@@ -320,9 +333,9 @@ def _fill(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int,
         for node in nodes:
             parts = train_pass(size, micro, vocab_head=False,
                                checkpointing=s["model"].gradient_checkpointing, **state) \
-                if node.kind == "train" else inference_pass(size, micro, vocab_head=False)
+                if node.kind == NodeKind.TRAIN else inference_pass(size, micro, vocab_head=False)
             memory.passes[f"critic.{node.method}"] = {
-                **parts, "batch": (2 if node.kind == "train" else 1)
+                **parts, "batch": (2 if node.kind == NodeKind.TRAIN else 1)
                 * batch_bytes(rows, prompt, response)}
         return
     _fill_reward(memory, cfg, s, nodes, rows, prompt)
@@ -335,15 +348,15 @@ def _fill_rollout(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int,
     of the initial weights (no adapters)."""
     size = role_model_size(cfg, lora=s["actor"].lora if folded else None, trained=folded,
                            tp=tp)
-    if not folded and s["rollout"].backend != "vllm":
+    if not folded and not _engine(s).reserves_device:
         memory.resident = {"weights": size.weight_bytes}
     for node in nodes:
         name = f"rollout.{node.method}"
-        if node.kind != "generate":
+        if node.kind != NodeKind.GENERATE:
             continue  # load_weights: buckets of the actor's export, small
         memory.passes[name] = _vllm_pass(s, capacity, memory) \
-            if s["rollout"].backend == "vllm" else \
-            _actor_pass(size, s, "generate", rows, prompt, {**state, "shards": 1})
+            if _engine(s).reserves_device else \
+            _actor_pass(size, s, NodeKind.GENERATE, rows, prompt, {**state, "shards": 1})
 
 
 def _fill_reward(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int) -> None:

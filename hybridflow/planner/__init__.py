@@ -15,8 +15,8 @@ rollout apart), streaming (the barrier-free step of a streaming run), search
 JSON), render (graphviz) and result (PlannerResult: the ranking with its words and
 drawing, on top of both).
 
-May import `core/` only (today it imports nothing else of hybridflow): the planner works
-on its own problem types, and `program/` bridges a compiled plan to them.
+May import `core/` only (its node kinds and async modes): the planner works on its
+own problem types, and `program/` bridges a compiled plan to them.
 """
 from .cost import Layout
 from .devices import DEVICES, Cluster, Device, get_device

@@ -29,6 +29,9 @@ class TrainingBackend:
     backend shards)."""
     name = "base"
     shards = False  # parameters and optimizer state are split over the ranks
+    # gradients also sit in all-reduce buckets when world > 1 (DDP): the memory model
+    # counts them from this declaration (memory/roles.py)
+    gradient_buckets = False
     tensor_parallel = False  # wrap() can shard over the "tp" dim of a role mesh
 
     def __init__(self, world: int, device: torch.device,

@@ -17,6 +17,7 @@ __all__ = ["DDPBackend"]
 class DDPBackend(TrainingBackend):
     name = "ddp"
     tensor_parallel = False  # DDP replicates whole modules; use fsdp2 for tp > 1
+    gradient_buckets = True  # DistributedDataParallel's all-reduce buckets
 
     def wrap(self, module: torch.nn.Module) -> torch.nn.Module:
         if self.world == 1:

@@ -8,6 +8,7 @@ See docs/rollout.md. A new engine is one module with a factory and one call:
 """
 from hybridflow.workers.rollout.engine import (EngineSpec, RolloutEngine, engine_names,
                                                make_engine, register_engine)
+from hybridflow.workers.rollout.engine_memory import EngineMemory, declare_engine_memory
 from hybridflow.workers.rollout.generation import (GENERATE_WRITES, assemble_rollout,
                                                    generate_rows, logprob_mismatch,
                                                    sampling_options)
@@ -16,8 +17,11 @@ from hybridflow.workers.rollout.vllm import make_vllm_engine
 
 __all__ = ["EngineSpec", "RolloutEngine", "register_engine", "make_engine", "engine_names",
            "GENERATE_WRITES", "assemble_rollout", "generate_rows", "logprob_mismatch",
-           "sampling_options"]
+           "sampling_options", "EngineMemory", "declare_engine_memory"]
 
 register_engine("hf", make_hf_engine, replace=True, streams=True, tensor_parallel=True)
 register_engine("vllm", make_vllm_engine, replace=True, streams=True,
                 tensor_parallel=make_vllm_engine.tensor_parallel)
+# what each holds on a device, for the memory model (engine_memory.py)
+declare_engine_memory("hf", EngineMemory(records_log_probs=True))
+declare_engine_memory("vllm", EngineMemory(reserves_device=True))
