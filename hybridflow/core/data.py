@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from hybridflow.core.batch import Batch
+from hybridflow.core.kinds import Op
 from hybridflow.core.loading import UserFileError, check_file, library_read, read_jsonl
 from hybridflow.core.names import import_named
 
@@ -148,7 +149,7 @@ def row_checker(plan, cfg) -> RowCheck | None:
     """The checks of data values that the plan's roles will need (a worker class's
     `data_row_check(cfg)`, e.g. the reward scorer's data_source and ground_truth),
     for the roles the plan calls; None when no role checks anything."""
-    roles = dict.fromkeys(n.role for n in plan.nodes if n.op == "call")
+    roles = dict.fromkeys(n.role for n in plan.nodes if n.op == Op.CALL)
     checks = []
     for role in roles:
         make = getattr(plan.bindings.get(role), "data_row_check", None)

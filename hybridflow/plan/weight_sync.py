@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from hybridflow.graph.dispatch import worker_methods
+from hybridflow.core.kinds import NodeKind, Op
 from hybridflow.core.worker_hooks import host_role
 
 __all__ = ["insert_weight_sync", "resync_plan", "sync_pairs", "weights_host", "planner_view",
@@ -45,7 +46,7 @@ def sync_pairs(plan) -> list[tuple[str, str]]:
     """(role, host) for each role of `plan` that holds its own copy of a host role's
     weights (placed on another pool) while the plan trains the host."""
     roles, pairs = plan.placement.roles, []
-    trained = {n.role for n in plan.nodes if n.kind == "train"}
+    trained = {n.role for n in plan.nodes if n.kind == NodeKind.TRAIN}
     for role in plan.roles:
         host = weights_host(plan.bindings[role])
         if host is not None and host in trained and roles.get(role) != roles.get(host):
@@ -77,7 +78,7 @@ def insert_weight_sync(plan):
         return plan
     nodes, stages = list(plan.nodes), [list(s) for s in plan.stages]
     taken = {n.name for n in nodes}
-    template = next(n for n in nodes if n.op == "call")
+    template = next(n for n in nodes if n.op == Op.CALL)
     for role, host in pairs:
         exports = worker_methods(plan.bindings[host])
         if EXPORT_METHOD not in exports:
@@ -86,7 +87,7 @@ def insert_weight_sync(plan):
                 f"role '{host}' (pool '{plan.placement.roles[host]}'), so it needs the "
                 f"weights of '{host}' after each update, but {plan.bindings[host].__name__} "
                 f"has no @method {EXPORT_METHOD}; place both roles on one pool")
-        trains = [n.name for n in nodes if n.role == host and n.kind == "train"]
+        trains = [n.name for n in nodes if n.role == host and n.kind == NodeKind.TRAIN]
         where = (f"inserted by hybridflow/plan/weight_sync.py: '{role}' holds its own weights "
                  f"on pool '{plan.placement.roles[role]}'")
         export = _call_node(template, _unique(EXPORT_NODE, taken), host, EXPORT_METHOD,
@@ -107,7 +108,7 @@ def resync_plan(plan):
     """The weight-sync nodes of `plan` alone, without their dependency on this step's
     update: run once after a resume, so a rollout holding its own weights starts from
     the restored actor's weights (None when `plan` has no weight sync)."""
-    loads = [n for n in plan.nodes if n.op == "call" and n.method == LOAD_METHOD
+    loads = [n for n in plan.nodes if n.op == Op.CALL and n.method == LOAD_METHOD
              and n.deps and plan.node(n.deps[0]).method == EXPORT_METHOD]
     if not loads:
         return None

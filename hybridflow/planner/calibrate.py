@@ -22,15 +22,17 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from hybridflow.core.kinds import NodeKind
+
 from .devices import Device
 from .efficiency import Efficiency
 from .measured import MeasuredRun
 from .search import plan_placement
 
 KIND_CONSTANT = (  # node kind -> the constant it calibrates, and the range searched
-    ("inference", "mfu_forward", 1e-6, 10.0),
-    ("generate", "decode_step_overhead_s", 1e-8, 10.0),
-    ("train", "mfu_train", 1e-6, 10.0),
+    (NodeKind.INFERENCE, "mfu_forward", 1e-6, 10.0),
+    (NodeKind.GENERATE, "decode_step_overhead_s", 1e-8, 10.0),
+    (NodeKind.TRAIN, "mfu_train", 1e-6, 10.0),
 )
 BISECTIONS = 60
 
@@ -53,11 +55,11 @@ def calibrate(run: MeasuredRun, device: Device) -> Device:
     fitted to `run`."""
     kinds = {n.name: n.kind for n in run.plan.nodes}
     eff = device.efficiency
-    functions = [s for n, s in run.node_seconds.items() if kinds.get(n) == "function"]
+    functions = [s for n, s in run.node_seconds.items() if kinds.get(n) == NodeKind.FUNCTION]
     if functions:
         eff = dataclasses.replace(eff, node_call_overhead_s=min(functions))
     rules = [s for n, s in run.node_seconds.items()
-             if _on_driver(run, n, kinds) and kinds.get(n) != "function"]
+             if _on_driver(run, n, kinds) and kinds.get(n) != NodeKind.FUNCTION]
     if rules:
         extra = max(0.0, sum(rules) / len(rules) - eff.node_call_overhead_s)
         eff = dataclasses.replace(eff, rule_seconds_per_sequence=extra / run.workload.sequences)
@@ -74,7 +76,7 @@ def calibrate(run: MeasuredRun, device: Device) -> Device:
 
 def _on_driver(run: MeasuredRun, node: str, kinds: dict[str, str]) -> bool:
     role = next((n.role for n in run.plan.nodes if n.name == node), None)
-    return kinds.get(node) == "function" or (role is not None and role not in run.models)
+    return kinds.get(node) == NodeKind.FUNCTION or (role is not None and role not in run.models)
 
 
 def _solve(run: MeasuredRun, device: Device, eff: Efficiency, name: str, nodes: list[str],

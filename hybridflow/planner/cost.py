@@ -99,7 +99,7 @@ class CostModel:
 
     def model_parallel(self, devices: int) -> tuple[int, int]:
         """Training (tp, pp) on a pool: the backend's, shrunk to what the pool can hold."""
-        if self.backend.kind != "megatron":
+        if not self.backend.model_parallel:
             return 1, 1
         tp = min(self.backend.tp, devices, self.cluster.gpus_per_node)
         pp = max(1, min(self.backend.pp, devices // tp))

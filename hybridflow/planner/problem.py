@@ -101,7 +101,7 @@ class Workload:
                 f"of {self.mini_batches} mini-batch(es){calls}")
 
 
-TRAIN_BACKENDS = ("fsdp", "megatron")
+TRAIN_BACKENDS = ("fsdp", "megatron")  # sharded over the pool; model parallel
 OFFLOAD_MODES = ("none", "optimizer", "all")
 
 
@@ -128,12 +128,17 @@ class TrainingBackend:
             raise PlanningError(f"offload {self.offload!r} is not one of {OFFLOAD_MODES}")
         if self.tp < 1 or self.pp < 1:
             raise PlanningError(f"training tp and pp must be at least 1, got {self.tp}, {self.pp}")
-        if self.kind == "fsdp" and (self.tp, self.pp) != (1, 1):
+        if not self.model_parallel and (self.tp, self.pp) != (1, 1):
             raise PlanningError("training tp/pp need the megatron backend (--train-backend "
                                 "megatron); fsdp shards over the whole pool")
 
+    @property
+    def model_parallel(self) -> bool:
+        """Splits the model tp x pp (megatron) rather than sharding it over the pool."""
+        return self.kind == TRAIN_BACKENDS[1]
+
     def describe(self) -> str:
-        parallel = f" tp{self.tp} pp{self.pp}" if self.kind == "megatron" else ""
+        parallel = f" tp{self.tp} pp{self.pp}" if self.model_parallel else ""
         offload = f", offload {self.offload}" if self.offload != "none" else ""
         return f"{self.kind}{parallel}{offload}"
 

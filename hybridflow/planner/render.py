@@ -87,7 +87,7 @@ def _pool_cluster(dot: graphviz.Digraph, result: Ranking, candidate: Candidate, 
 def _training(result: Ranking) -> str:
     """How the pool's passes run, as the drawing names it."""
     backend = result.backend
-    if backend.kind == "megatron":
+    if backend.model_parallel:
         return f"Megatron tp{backend.tp} pp{backend.pp}"
     return "FSDP" if backend.offload == "none" else f"FSDP, offload {backend.offload}"
 

@@ -9,6 +9,7 @@ static method; the built-in roles are described from their config sections here.
 from __future__ import annotations
 
 from hybridflow.plan.compiler import ExecutionPlan
+from hybridflow.core.kinds import Op
 
 __all__ = ["model_sources", "stateful_nodes", "provenance_lines"]
 
@@ -63,7 +64,7 @@ def model_sources(cfg, plan: ExecutionPlan) -> dict[str, str]:
 def stateful_nodes(plan: ExecutionPlan) -> list[str]:
     """Function nodes with `state_dict()`: they run on the driver and are saved."""
     return [n.name for n in plan.nodes
-            if n.op == "fn" and callable(getattr(n.fn, "state_dict", None))]
+            if n.op == Op.FN and callable(getattr(n.fn, "state_dict", None))]
 
 
 def provenance_lines(cfg, plan: ExecutionPlan) -> list[str]:

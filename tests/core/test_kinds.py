@@ -48,3 +48,16 @@ def test_the_builder_keeps_taking_strings():
     p = g.source("prompts")
     g.call("w.go", p)
     assert [n.op for n in g.nodes.values()] == [Op.SOURCE, Op.CALL]
+
+
+def test_no_module_compares_a_node_kind_or_op_with_a_string():
+    """The class stays fixed: hybridflow/ compares `.kind` / `.op` with the enums'
+    members (or reads their declared properties), never with a literal string."""
+    import pathlib
+    import re
+    root = pathlib.Path(__file__).resolve().parents[2] / "hybridflow"
+    compare = re.compile(r"(\.(kind|op)|kinds\.get\([^)]*\))\s*(==|!=|(not\s+)?in\s*[({])\s*['\"]")
+    found = [f"{path.relative_to(root)}:{n}" for path in sorted(root.rglob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1)
+             if compare.search(line.split("#")[0])]
+    assert not found, f"compare with NodeKind / Op members instead: {found}"
