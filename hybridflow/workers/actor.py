@@ -31,7 +31,7 @@ from hybridflow.workers.config import ActorConfig, ModelConfig, RolloutConfig, r
 from hybridflow.workers.lora import adapters_disabled, apply_lora, is_lora
 from hybridflow.workers.loss_inputs import (PolicyOutputs, run_loss, select_for_loss,
                                             worker_default_loss)
-from hybridflow.workers.models import build_causal_lm
+from hybridflow.workers.models import build_causal_lm, role_tp_mesh
 from hybridflow.workers.rollout.engine import EngineSpec, check_engine_name, make_engine
 from hybridflow.workers.rollout.generation import (GENERATE_WRITES, generate_rows, logprob_mismatch,
                                                    sampling_options)
@@ -57,7 +57,8 @@ class ActorWorker(Worker):
         self.rollout_cfg = read_section(cfg, "rollout", RolloutConfig)
         self.device = self._device(self.model_cfg.device)
         self.tokenizer = load_tokenizer(tokenizer_spec(self.model_cfg))
-        module = build_causal_lm(self.model_cfg, self.tokenizer, self.device, self.ctx.seed)
+        module = build_causal_lm(self.model_cfg, self.tokenizer, self.device, self.ctx.seed,
+                                 tp_mesh=role_tp_mesh(self.ctx))  # tp>1: this rank's shard
         self.module = apply_lora(module, self.actor_cfg.lora)
         self.ctx.init_distributed()  # DDP/FSDP gradients need the process group
         self.trainer = Trainer(self.module, self.actor_cfg, self.ctx, self.device)

@@ -13,7 +13,7 @@ from hybridflow.graph.dispatch import DP, method
 from hybridflow.graph.loss import takes_loss
 from hybridflow.workers.base import Worker, metrics_batch
 from hybridflow.workers.config import CriticConfig, ModelConfig, read_section
-from hybridflow.workers.models import build_value_model
+from hybridflow.workers.models import build_value_model, role_tp_mesh
 from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
 from hybridflow.workers.loss_inputs import (ValueOutputs, run_loss, select_for_loss,
                                             worker_default_loss)
@@ -34,7 +34,8 @@ class CriticWorker(Worker):
         self.device = self._device(self.model_cfg.device)
         self.tokenizer = load_tokenizer(tokenizer_spec(self.model_cfg))
         self.module = build_value_model(self.model_cfg, self.tokenizer, self.device,
-                                        self.ctx.seed, path=self.critic_cfg.path)
+                                        self.ctx.seed, path=self.critic_cfg.path,
+                                        tp_mesh=role_tp_mesh(self.ctx))  # tp>1: its shard
         self.ctx.init_distributed()  # DDP/FSDP gradients need the process group
         self.trainer = Trainer(self.module, self.critic_cfg, self.ctx, self.device)
 

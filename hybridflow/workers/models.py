@@ -5,6 +5,12 @@ A model comes from a local directory (`from_pretrained`) or from a config dict
 is seeded, so every data-parallel rank, and the reference beside the actor, starts
 from exactly the same weights without any broadcast. Under `model.use_remove_padding`
 a model with sdpa attention gets `sdpa_varlen` (`varlen_attention.py`).
+
+Tensor parallelism (`tp_mesh`, the role's "tp" mesh dim, `role_tp_mesh`): a model from a
+directory with safetensors is built shard by shard (`shard_build.py`: on the meta device,
+sharded, then each rank reads only its rows or columns), so no rank holds the whole
+model; a model from a config (seeded) or from a directory of `.bin` files is built whole
+and then sharded (`backends/tensor_parallel.parallelize`). State: none.
 """
 from __future__ import annotations
 
@@ -24,6 +30,7 @@ __all__ = [
     "model_bytes",
     "resolve_device",
     "resolve_dtype", "native_bf16",
+    "role_tp_mesh",
     "token_ids_from_tokenizer",
     "TOKEN_ID_KEYS",
 ]
@@ -138,10 +145,55 @@ def _hf_config(model_cfg: ModelConfig, tokenizer, path: str | None, **overrides)
 
 def _build(auto_cls, model_cfg: ModelConfig, tokenizer, device, seed: int,
            path: str | None = None, may_miss: tuple[str, ...] = (),
-           may_leave: tuple[str, ...] = (), **overrides):
+           may_leave: tuple[str, ...] = (), tp_mesh=None, **overrides):
     path = model_cfg.path if path is None else path
     config = _hf_config(model_cfg, tokenizer, path, **overrides)
     dtype = resolve_dtype(model_cfg.dtype)
+    files = _shard_files(path) if tp_mesh is not None else None
+    if files is not None:  # each rank reads only its shards (shard_build.py)
+        model = _build_shards(auto_cls, config, dtype, device, seed, path, tp_mesh, files,
+                              may_miss, may_leave)
+    else:
+        model = _build_whole(auto_cls, config, dtype, seed, path, may_miss, may_leave)
+    if model_cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    if model_cfg.use_remove_padding:  # packed forwards: attention per sequence
+        from hybridflow.workers.varlen_attention import use_varlen_attention
+        use_varlen_attention(model)
+    model = model.to(device)
+    if tp_mesh is not None and files is None:  # a seeded config or a .bin: whole, then shard
+        from hybridflow.workers.backends.tensor_parallel import parallelize
+        parallelize(model, tp_mesh)
+    return model
+
+
+def _shard_files(path: str | None) -> dict[str, str] | None:
+    """The safetensors files a tensor-parallel rank reads its shards from, or None: a
+    model from a config (seeded, built whole), or a directory without safetensors."""
+    if path is None:
+        return None
+    from hybridflow.core.loading import library_read
+    from hybridflow.workers.shard_build import safetensors_files
+    with library_read(path, "model directory", "its weight index is damaged: save the "
+                      "model again"):
+        return safetensors_files(require_local_dir(path, "model"))
+
+
+def _build_shards(auto_cls, config, dtype, device, seed: int, path: str, tp_mesh, files,
+                  may_miss: tuple[str, ...], may_leave: tuple[str, ...]):
+    from hybridflow.core.loading import library_read
+    from hybridflow.workers.shard_build import empty_shards, init_missing, read_shards
+    model = empty_shards(auto_cls, config, dtype, torch.device(device), tp_mesh)
+    with library_read(path, "model directory", "its weight files are damaged or not the "
+                      "model's: save the model again"):
+        info = read_shards(model, files)
+    check_loading_info(path, info, may_miss, may_leave)
+    init_missing(model, seed)
+    return model
+
+
+def _build_whole(auto_cls, config, dtype, seed: int, path: str | None,
+                 may_miss: tuple[str, ...], may_leave: tuple[str, ...]):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # heads missing from a checkpoint init the same everywhere
         if path is not None:
@@ -152,25 +204,21 @@ def _build(auto_cls, model_cfg: ModelConfig, tokenizer, device, seed: int,
                                                        output_loading_info=True,
                                                        ignore_mismatched_sizes=True)
             check_loading_info(path, info, may_miss, may_leave)
-        else:
-            model = auto_cls.from_config(config).to(dtype)
-    if model_cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-    if model_cfg.use_remove_padding:  # packed forwards: attention per sequence
-        from hybridflow.workers.varlen_attention import use_varlen_attention
-        use_varlen_attention(model)
-    return model.to(device)
+            return model
+        return auto_cls.from_config(config).to(dtype)
 
 
 def build_causal_lm(model_cfg: ModelConfig, tokenizer, device, seed: int = 0,
-                    path: str | None = None):
-    """A causal LM (policy or reference) on `device` in the configured dtype."""
+                    path: str | None = None, tp_mesh=None):
+    """A causal LM (policy or reference) on `device` in the configured dtype; with
+    `tp_mesh` (`role_tp_mesh`) this rank's tensor-parallel shard of it."""
     from transformers import AutoModelForCausalLM
-    return _build(AutoModelForCausalLM, model_cfg, tokenizer, device, seed, path)
+    return _build(AutoModelForCausalLM, model_cfg, tokenizer, device, seed, path,
+                  tp_mesh=tp_mesh)
 
 
 def build_value_model(model_cfg: ModelConfig, tokenizer, device, seed: int = 0,
-                      path: str | None = None):
+                      path: str | None = None, tp_mesh=None):
     """The critic: the causal-LM backbone with a token-level Linear(hidden, 1) head.
     From a causal-LM checkpoint the head is new and lm_head unused: expected (only
     those), so transformers' load report is silenced here."""
@@ -181,7 +229,7 @@ def build_value_model(model_cfg: ModelConfig, tokenizer, device, seed: int = 0,
     try:
         return _build(AutoModelForTokenClassification, model_cfg, tokenizer, device, seed,
                       path, may_miss=("score.",), may_leave=("lm_head.",), num_labels=1,
-                      classifier_dropout=0.0)
+                      classifier_dropout=0.0, tp_mesh=tp_mesh)
     finally:
         hf_logging.set_verbosity(level)
 
@@ -192,6 +240,14 @@ def build_reward_model(model_cfg: ModelConfig, tokenizer, device, path: str, see
     from transformers import AutoModelForSequenceClassification
     return _build(AutoModelForSequenceClassification, model_cfg, tokenizer, device, seed,
                   path, num_labels=1)
+
+
+def role_tp_mesh(ctx):
+    """The "tp" dimension of a tensor-parallel role's device mesh (what its models are
+    built sharded over), or None at tp=1. Collective: every rank of the pool calls it."""
+    if getattr(ctx, "tp", 1) <= 1:
+        return None
+    return ctx.device_mesh()["tp"]
 
 
 def model_bytes(module: torch.nn.Module) -> int:

@@ -20,7 +20,7 @@ from hybridflow.graph.dispatch import DP, method
 from hybridflow.workers.base import Worker, metrics_batch
 from hybridflow.workers.config import (ActorConfig, ModelConfig, RefConfig, RolloutConfig,
                                        read_section)
-from hybridflow.workers.models import build_causal_lm
+from hybridflow.workers.models import build_causal_lm, role_tp_mesh
 from hybridflow.workers.sequences import response_logprobs
 from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
 
@@ -48,10 +48,8 @@ class ReferenceWorker(Worker):
         if self.host is None:
             self.tokenizer = load_tokenizer(tokenizer_spec(self.model_cfg))
             self._own = build_causal_lm(self.model_cfg, self.tokenizer, self.device,
-                                        self.ctx.seed, path=self.ref_cfg.path)
-            if getattr(self.ctx, "tp", 1) > 1:  # placement.parallel.ref.tp: shard it
-                from hybridflow.workers.backends.tensor_parallel import parallelize
-                parallelize(self._own, self.ctx.device_mesh()["tp"])
+                                        self.ctx.seed, path=self.ref_cfg.path,
+                                        tp_mesh=role_tp_mesh(self.ctx))  # ref.tp>1: shard
             self._own.eval().requires_grad_(False)
 
     def _host_worker(self):

@@ -80,7 +80,10 @@ def master_weights(module: torch.nn.Module) -> torch.dtype:
     compute = min(dtypes, key=lambda d: torch.finfo(d).bits, default=torch.float32)
     for param in module.parameters():
         if param.requires_grad and param.is_floating_point() and param.dtype != torch.float32:
-            param.data = param.data.float()
+            if hasattr(param, "device_mesh"):  # a DTensor's `.data =` keeps its low shard
+                torch.utils.swap_tensors(param, torch.nn.Parameter(param.detach().float()))
+            else:
+                param.data = param.data.float()
     return compute
 
 

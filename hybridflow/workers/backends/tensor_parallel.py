@@ -84,7 +84,11 @@ def _expand(base: torch.nn.Module, plan: dict[str, str]) -> dict[str, object]:
 
 
 def parallelize(model: torch.nn.Module, mesh) -> torch.nn.Module:
-    """Shard `model` in place over the 1-D device mesh `mesh` (the role's "tp" dim)."""
+    """Shard `model` in place over the 1-D device mesh `mesh` (the role's "tp" dim). A
+    model already sharded (built shard by shard, `shard_build.py`) is left as it is.
+    Works on the meta device too: the parameters become meta DTensors."""
+    if is_tensor_parallel(model):
+        return model
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                    parallelize_module)
