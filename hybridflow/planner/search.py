@@ -94,25 +94,6 @@ def fits_on_nodes(sizes: tuple[int, ...], cluster: Cluster) -> bool:
     return True
 
 
-def allocations(groups: int, cluster: Cluster) -> Iterator[tuple[int, ...]]:
-    """Device counts for `groups` pools that use the whole cluster."""
-    sizes = allowed_pool_sizes(cluster)
-
-    def extend(prefix: tuple[int, ...], left: int) -> Iterator[tuple[int, ...]]:
-        if len(prefix) == groups - 1:
-            if left in sizes:
-                yield prefix + (left,)
-            return
-        for size in sizes:
-            if size > left - (groups - len(prefix) - 1):
-                break
-            yield from extend(prefix + (size,), left - size)
-
-    for sizes_ in extend((), cluster.devices):
-        if fits_on_nodes(sizes_, cluster):
-            yield sizes_
-
-
 class Search:
     def __init__(self, problem: Problem, top_k: int, groupings=None):
         self.problem = problem
