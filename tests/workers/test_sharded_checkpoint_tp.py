@@ -4,10 +4,12 @@ saved at one layout resumes at another and the run continues as it would have.
 Two gloo ranks, a tiny Llama with a tied head and an odd vocabulary (81 rows: shards
 of 41 and 40 at tp=2), AdamW with a warm-up (so the restored schedule shows in the
 steps). For each pair (saved at A, resumed at B) in dp=2 -> dp=1 x tp=2,
-dp=1 x tp=2 -> dp=2 and tp=2 -> one rank: one update at A, save, then K more updates
-at A and, from the checkpoint, the same K at B. The K losses agree to 1e-6 (the
-second one reads weights that the restored moments and learning rate moved), as do the
-weights after them and the AdamW moments right after the load."""
+dp=1 x tp=2 -> dp=2, tp=2 -> one rank, and (4 ranks: FSDP's Shard(0) over "dp" on
+top of the tp plan's placements, 2-D DTensors) dp=2 x tp=2 -> one rank: one update at
+A, save, then K more updates at A and, from the checkpoint, the same K at B. The K
+losses agree to 1e-6 (the second one reads weights that the restored moments and
+learning rate moved), as do the weights after them and the AdamW moments right after
+the load. An old-format checkpoint is refused at tp=2 with both layouts."""
 import os
 import socket
 
@@ -18,7 +20,7 @@ import torch.multiprocessing as mp
 from tests.support.workers import TINY, leave_process_group, make_cfg, rollout_for_update
 from hybridflow.workers import ActorWorker, WorkerContext
 
-pytestmark = pytest.mark.slow  # two gloo ranks build and train four actors (~30 s)
+pytestmark = pytest.mark.slow  # 2 and 4 gloo ranks train six actors (~60 CPU s)
 
 CFG = make_cfg(actor={"lr": 1e-2, "ppo_epochs": 1, "mini_batch_size": 8,
                       "micro_batch_size": 2, "strategy": "fsdp2", "warmup_steps": 4},
@@ -106,6 +108,27 @@ def runs(tmp_path_factory):
     return runs
 
 
+def _rank_main_2d(rank: int, world: int, port: int, batch, out_dir: str):
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    ctx = WorkerContext(rank=rank, world_size=world, local_rank=rank, device="cpu", tp=2)
+    rows = batch.split(ctx.dp)[ctx.dp_rank]  # this tp group's rows, as dispatch sends them
+    out = _save_and_continue(ActorWorker(CFG, ctx), rows, os.path.join(out_dir, "dp2xtp2"))
+    if rank == 0:
+        torch.save(out, os.path.join(out_dir, "rank0.pt"))
+    leave_process_group(rank, out_dir)
+
+
+@pytest.fixture(scope="module")
+def runs_2d(tmp_path_factory):
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("ckpt_2d")
+    batch = rollout_for_update(ActorWorker(CFG), n=2)
+    mp.spawn(_rank_main_2d, args=(4, _free_port(), batch, str(out)), nprocs=4, join=True)
+    saved = torch.load(out / "rank0.pt", weights_only=False)
+    return saved, _resume_and_continue(ActorWorker(CFG), batch, str(out / "dp2xtp2"))
+
+
 def _same_run(saved: dict, resumed: dict) -> float:
     """Assert the resumed run continues the saved one; the largest loss difference."""
     assert set(resumed["moments"]) == set(saved["moments"]) and saved["moments"]
@@ -127,6 +150,11 @@ def _same_run(saved: dict, resumed: dict) -> float:
 def test_a_checkpoint_resumes_onto_another_tensor_parallel_layout(runs, saved, resumed):
     worst = _same_run(runs[saved], runs[resumed])
     print(f"{resumed}: max |loss difference| over {K} updates = {worst:.2e}")
+
+
+def test_a_dp2_x_tp2_checkpoint_resumes_on_one_rank(runs_2d):
+    worst = _same_run(*runs_2d)
+    print(f"dp2xtp2->1: max |loss difference| over {K} updates = {worst:.2e}")
 
 
 def test_the_layouts_train_alike_before_any_checkpoint(runs):
