@@ -13,7 +13,11 @@ Ray object store (one file per put; a get reads the file into the process), so o
 what each process holds privately is compared. `--ray` runs each side in a Ray actor
 and sends through Ray's object store itself: the store's pages, mapped into both
 processes, then count in their RSS too ("of it shared": RssShmem's rise), once for the
-whole export in both variants (the flat buffer with the tied embedding twice).
+whole export in both variants (the flat buffer with the tied embedding twice). With
+`--ray` each pair of actors syncs twice, "first" (fresh processes: what a run's first
+sync pays, imports and first-touched pages included) and "again" (the same processes:
+every later sync), and the sync's seconds (sender + receiver, the plan runs the two
+stages one after the other) are given as a ratio to the flat baseline of the same run.
 Every (variant, side) runs in a fresh process (the RSS high-water mark is per process,
 reset with /proc/self/clear_refs right before the sync), one torch thread, variants
 alternated over the repetitions. The model is a toy Llama built from a config (no
@@ -40,6 +44,7 @@ from bench.harness import machine, median, set_threads, table, write_results
 
 MIB = 2**20
 VARIANTS = ("flat", "bucketed")
+PHASES = ("first", "again")  # --ray: a fresh pair's first sync, then the next one
 
 
 def _model(args, seed: int):
@@ -243,26 +248,62 @@ class RaySide:
 
 
 def _ray_runs(args, runs: dict) -> None:
+    """Per repetition and variant, one fresh pair of actors syncs twice: "first" (a
+    fresh process: what a run's first sync pays, imports and first-touched pages
+    included) and "again" (the same processes: every later sync of a run)."""
     import ray
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     side = ray.remote(num_cpus=0)(RaySide)
+    state = sum(p.numel() * p.element_size() for p in _model(args, 0).parameters())
     try:
         for rep in range(args.reps):
             for variant in VARIANTS[rep % 2:] + VARIANTS[:rep % 2]:
                 sender, receiver = side.remote(args, 0), side.remote(args, 1)
-                export, sent = ray.get(sender.send.options(num_returns=2).remote(variant))
-                got = ray.get(receiver.receive.remote(variant, export))
-                assert ray.get(receiver.checksum.remote()) == ray.get(sender.checksum.remote())
-                del export
-                state = sum(p.numel() * p.element_size()
-                            for p in _model(args, 0).parameters()) if not runs["flat"][
-                                "sender"] else runs["flat"]["sender"][0]["state_bytes"]
-                runs[variant]["sender"].append({**sent, "state_bytes": state})
-                runs[variant]["receiver"].append({**got, "state_bytes": state})
+                ray.get([sender.checksum.remote(), receiver.checksum.remote()])  # built
+                for phase in PHASES:
+                    export, sent = ray.get(sender.send.options(num_returns=2).remote(variant))
+                    got = ray.get(receiver.receive.remote(variant, export))
+                    assert ray.get(receiver.checksum.remote()) == ray.get(
+                        sender.checksum.remote())
+                    del export
+                    for name, record in (("sender", sent), ("receiver", got)):
+                        runs[variant][name].append({**record, "state_bytes": state,
+                                                    "phase": phase, "rep": rep})
                 for actor in (sender, receiver):
                     ray.kill(actor)
     finally:
         ray.shutdown()
+
+
+def _summary(runs: dict, state: int) -> tuple[dict, list, list]:
+    """Per (variant, side, phase): the RSS peak (max), its shared part and the median
+    seconds; per (variant, phase): the sync's seconds (sender + receiver of each run,
+    median) and its ratio to the flat baseline's in the same run."""
+    summary, rows, syncs = {}, [], []
+    for variant in VARIANTS:
+        for phase in PHASES:
+            for side in ("sender", "receiver"):
+                recs = [r for r in runs[variant][side] if r.get("phase", "first") == phase]
+                if not recs:
+                    continue
+                peak = max(r["peak_bytes"] for r in recs)
+                shared = max(r.get("shared_bytes", 0) for r in recs)
+                secs = median([r["seconds"] for r in recs])
+                summary[f"{variant}/{side}/{phase}"] = {
+                    "peak_mib": peak / MIB, "peak_x_state": peak / state,
+                    "shared_mib": shared / MIB, "seconds": secs}
+                rows.append([variant, side, phase, peak / MIB, peak / state, shared / MIB,
+                             secs])
+    for phase in PHASES:
+        totals = {v: median([s["seconds"] + r["seconds"] for s, r in zip(
+            runs[v]["sender"], runs[v]["receiver"]) if s.get("phase", "first") == phase])
+            for v in VARIANTS if any(s.get("phase", "first") == phase
+                                     for s in runs[v]["sender"])}
+        for variant, total in totals.items():
+            ratio = total / totals["flat"]
+            summary[f"{variant}/sync/{phase}"] = {"seconds": total, "x_flat": ratio}
+            syncs.append([variant, phase, total, ratio])
+    return summary, rows, syncs
 
 
 def main() -> None:
@@ -283,6 +324,7 @@ def main() -> None:
     if args.child:
         return _child(args)
     runs = {v: {"sender": [], "receiver": []} for v in VARIANTS}
+    info = machine()
     if args.ray:
         _ray_runs(args, runs)
     for rep in range(0 if args.ray else args.reps):  # alternated: who goes first rotates
@@ -292,23 +334,16 @@ def main() -> None:
                 for side in ("sender", "receiver"):
                     runs[variant][side].append(_run_side(args, variant, side, folder))
     state = runs["flat"]["sender"][0]["state_bytes"]
-    rows, summary = [], {}
-    for variant in VARIANTS:
-        for side in ("sender", "receiver"):
-            peak = max(r["peak_bytes"] for r in runs[variant][side])
-            secs = median([r["seconds"] for r in runs[variant][side]])
-            summary[f"{variant}/{side}"] = {"peak_mib": peak / MIB, "peak_x_state": peak / state,
-                                            "seconds": secs}
-            shared = max(r.get("shared_bytes", 0) for r in runs[variant][side])
-            summary[f"{variant}/{side}"]["shared_mib"] = shared / MIB
-            rows.append([variant, side, peak / MIB, peak / state, shared / MIB, secs])
+    summary, rows, syncs = _summary(runs, state)
     print(f"model state {state / MIB:.1f} MiB (tied embedding once), bucket "
           f"{args.bucket_mb} MiB, {args.reps} alternated runs, 1 torch thread, "
-          f"{'Ray object store' if args.ray else 'a folder of files'} between the sides")
-    print(table(["variant", "side", "RSS peak MiB", "x state", "of it shared MiB",
+          f"{'Ray object store' if args.ray else 'a folder of files'} between the sides, "
+          f"load {info['load_avg_1m_at_start']} at the start")
+    print(table(["variant", "side", "sync", "RSS peak MiB", "x state", "of it shared MiB",
                  "seconds (median)"], rows))
+    print(table(["variant", "sync", "sender + receiver s (median)", "x flat"], syncs))
     path = write_results("weight_sync_ray" if args.ray else "weight_sync", {
-        "machine": machine(), "config": vars(args), "state_bytes": state,
+        "machine": info, "config": vars(args), "state_bytes": state,
         "summary": summary, "runs": runs}, args.out)
     print(f"wrote {path}")
 

@@ -6,6 +6,8 @@ model: measured as the RSS high-water mark (VmHWM, reset through /proc/self/clea
 on two FSDP2 ranks, colocated (gather -> engine) and split (gather -> store -> engine)."""
 import os
 import socket
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -19,6 +21,7 @@ from hybridflow.workers.rollout.hf import HFEngine
 from hybridflow.workers.rollout.weights import export_policy, load_export, refresh_engine
 
 MB = 2**20
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _model(tied: bool = False, seed: int = 0, **config):
@@ -69,6 +72,21 @@ def test_a_lora_policy_arrives_merged_per_layer():
     assert not torch.equal(got["model.layers.0.self_attn.q_proj.weight"],
                            model.state_dict()[
                                "base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"])
+
+
+def test_gathering_a_plain_model_does_not_import_peft():
+    """Only who makes LoRA layers imports peft: the sync of a plain model never pays
+    that import (it was ~0.2 s of each process's first sync, bench/weight_sync.py --ray)."""
+    code = ("import sys, torch\n"
+            "from hybridflow.workers.gather import gathered_buckets, weight_plan\n"
+            "m = torch.nn.Linear(4, 4)\n"
+            "got = [n for b in gathered_buckets(m, weight_plan(m, 64)) for n, _ in b]\n"
+            "assert got == ['weight', 'bias'], got\n"
+            "print(sorted(k for k in sys.modules if k.split('.')[0] == 'peft'))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
 
 
 def test_the_stored_path_round_trips_bucket_by_bucket(tmp_path):
