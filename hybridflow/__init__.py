@@ -4,7 +4,7 @@ The public surface: everything a graph file, a worker class, a loss, a scorer or
 environment needs imports from here (`from hybridflow import Graph, node_fn, loss_fn,
 checked, method, DP, Batch, ...`), plus two documented public modules,
 `hybridflow.agents` (environments and tools) and `hybridflow.planner` (the placement
-planner). docs/functions.md lists the names; tests/test_public_surface.py holds the
+planner). docs/functions.md lists the names; tests/core/test_public_surface.py holds the
 list. The package's folders are its layers (docs/architecture.md): core, graph, plan,
 program, run, runtime, workers, agents, planner, memory, draw, commands; they may move,
 these names do not. A module path from before the folder move (`hybridflow.constraints`,

@@ -1,9 +1,9 @@
 """`hybridflow run graph.py [key=value ...] [--config f.yaml] [--runtime local|ray]
 [--address ADDR] [--resume [RUN_DIR]]`: train, writing everything to a run directory.
 
-The process owns the run directory while it trains (run_lock.py); SIGTERM and
-SIGHUP stop it like Ctrl-C (run_signals.py); every way it ends is recorded in
-status.json (run_lifecycle.py), and a resume is checked before anything is written."""
+The process owns the run directory while it trains (run/lock.py); SIGTERM and
+SIGHUP stop it like Ctrl-C (run/signals.py); every way it ends is recorded in
+status.json (run/lifecycle.py), and a resume is checked before anything is written."""
 from __future__ import annotations
 
 import argparse

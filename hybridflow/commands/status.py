@@ -1,7 +1,7 @@
 """`hybridflow status RUN_DIR`: how a run stands, telling a live run from a dead one.
 
 status.json says `running` until the process records its end; after a SIGKILL (or
-a lost machine) it never does. The run's lock (run_lock.py) tells the two apart on
+a lost machine) it never does. The run's lock (run/lock.py) tells the two apart on
 the host that ran it: a live owner is running, a gone one died without a word.
 """
 from __future__ import annotations

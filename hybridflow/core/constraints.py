@@ -1,6 +1,6 @@
 """The allowed values of each config field, declared next to the field.
 
-A config dataclass (the run's sections in `config.py` and `workers/config.py`, a
+A config dataclass (the run's sections in `program/config.py` and `workers/config.py`, a
 graph file's `ALGORITHM`, a worker's `config_schema`) gives a field its rule with
 `checked`:
 

@@ -24,7 +24,7 @@ class _Choice(_Named):
 
 class AsyncMode(_Choice):
     """`trainer.async_mode`: how the rollout runs ahead when `trainer.staleness >= 1`."""
-    PIPELINE = "pipeline"      # whole batches generated k steps ahead (async_split.py)
+    PIPELINE = "pipeline"      # whole batches generated k steps ahead (plan/async_split.py)
     STREAMING = "streaming"    # continuous generation, groups handed over as they finish
 
     @property

@@ -10,7 +10,7 @@ nodes (sources, stateful functions) stay outside every pool. A folded role's nod
 role's worker, e.g. the reference of a LoRA actor) sit in the host's box, dashed and
 labelled "served by <host>".
 
-An async plan (`trainer.staleness = k >= 1`, async_split.py) holds BUFFER nodes, drawn
+An async plan (`trainer.staleness = k >= 1`, plan/async_split.py) holds BUFFER nodes, drawn
 like any node (an orange queue shape labelled with its capacity, unit and admission
 rule); its rollout-side nodes are outlined in blue (without `show_plan`, also boxed in
 a "rollout side (runs k steps ahead)" cluster beside a "train side" one), and the

@@ -7,7 +7,7 @@ chart draws one step, or several consecutive steps laid end to end (`steps=(3, 5
 the time between two steps (metrics, checkpoints) is not recorded, so each step starts
 a small gap after the previous one ends, at a dashed line.
 
-An async run (`trainer.staleness = k >= 1`, async_split.py) records in step t the
+An async run (`trainer.staleness = k >= 1`, plan/async_split.py) records in step t the
 train side of step t and the rollout side generating the batch of step t + k (in its
 first step also the warm-up batches t .. t + k - 1). Given the run's sides
 (`TimelineSides`) the chart outlines rollout-side bars in dashed blue and names the
@@ -142,7 +142,7 @@ def _lanes(bars: list[dict]) -> list[int]:
 
 
 def _bar_text(bar: dict) -> str:
-    if bar.get("stream"):  # the stream side's work between polls (stream_record.py)
+    if bar.get("stream"):  # the stream side's work between polls (runtime/stream_record.py)
         return (f"{bar['node']}: {bar.get('decode_steps', 0)} decode steps, "
                 f"{bar.get('rows', 0)} rows done")
     if bar.get("streamed"):  # a train-side bar of a streaming run: its step

@@ -1,6 +1,6 @@
 """Cost model: memory per device and seconds per node for one role's layout.
 
-The runtime this models (see DESIGN.md) trains and scores with a training
+The runtime this models (docs/architecture.md) trains and scores with a training
 backend (problem.TrainingBackend) and generates with a tensor-parallel rollout
 engine, as verl does:
 - `fsdp`: every train and forward pass runs ZeRO-3 over all n devices of the

@@ -42,7 +42,7 @@ def pipeline_view(plan, staleness: int | None = None, mode: str | None = None):
     plan = without_buffers(plan)  # the planner costs the graph's nodes, not the hand-off
     if staleness < 1:
         return planner_view(plan), None
-    # streaming: the stream side is the source and the generate node (streaming_split.py)
+    # streaming: the stream side is the source and the generate node (plan/streaming_split.py)
     sides = streaming_sides(plan, staleness) if streaming else split_sides(plan, staleness)
     view, movable = _rollouts_folded(plan)
     names = {n.name for n in view.nodes}

@@ -65,9 +65,9 @@ class TrainerConfig:
     # finish (docs/async.md)
     async_mode: str = checked(AsyncMode.PIPELINE.value, one_of(*AsyncMode.names(),
                                                                what="trainer.async_mode"))
-    # reorder each generated batch so data-parallel ranks get equal tokens (balance.py)
+    # reorder each generated batch so data-parallel ranks get equal tokens (plan/balance.py)
     balance_batch: bool = False
-    # steps whose batches (every node's output) are written to RUN_DIR/batches/ (batch_dump.py)
+    # steps whose batches (every node's output) are written to RUN_DIR/batches/ (run/batch_dump.py)
     dump_batches: list[int] = field(default_factory=list)
     # the first SIGTERM/SIGINT lets the step end and saves; past this, it stops at once
     stop_timeout_s: float = checked(60.0, above(0))

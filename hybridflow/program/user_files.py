@@ -5,7 +5,7 @@ path the user did not name.
 
 State: each file is imported once, under a private module name kept in
 `sys.modules` (its functions, and those of the files beside it that it imports,
-are pickled by value for Ray workers: see user_code.py).
+are pickled by value for Ray workers: see core/user_code.py).
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ node, run the compiled plan on the runtime, log metrics, validate every
 end. Nothing here knows which algorithm the graph implements.
 
 status.json is rewritten after every step (state `running`, the step just done), so
-it tells how far a run got even after a SIGKILL. A signal guard (run_signals.py)
+it tells how far a run got even after a SIGKILL. A signal guard (signals.py)
 lets the step and a checkpoint finish before a signal stops the loop.
 """
 from __future__ import annotations
@@ -247,7 +247,7 @@ class Trainer:
         start = time.perf_counter()
         result = self.scheduler.step(self.step, self.cfg.trainer.steps)
         self.last_result = result
-        empty_training_inputs(self.step, self.plan, result.rows)  # progress.py
+        empty_training_inputs(self.step, self.plan, result.rows)  # runtime/progress.py
         if self.step in self.cfg.trainer.dump_batches:  # a documented look at a batch
             dump_step(self.run.path, self.step, self.plan, self.runtime, result)
         if self.cfg.trainer.check_finite:
