@@ -13,7 +13,7 @@ Whatever the user's code raises is contained: an Exception comes back as it is, 
 a `SystemExit` or `KeyboardInterrupt` (or any other BaseException) as a
 `UserCodeExit` naming it, so it ends this episode, not the event loop (which used to
 print ~1,500 lines of "Task exception was never retrieved") nor the run as a Ctrl-C.
-`max_chars(tokenizer)` bounds an observation's length before it is tokenized at all.
+`max_token_chars(fmt)` bounds an observation's length before it is tokenized at all.
 State: `_LONGEST`, each tokenizer's longest token, measured once.
 """
 from __future__ import annotations
