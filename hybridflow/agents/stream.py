@@ -2,11 +2,13 @@
 episodes), called by the run's streaming scheduler (runtime/streaming.py) as it calls
 the rollout role's (workers/rollout/stream_worker.py).
 
-Episodes stream **whole**: `stream_submit(batch, **options)` queues this rank's
-prompts (prompt i to rank i mod world size, so a group stays on one rank), n episodes
-each; `stream_poll()` plays the next `rollout.micro_batch_size` queued episodes (at
-least one group) to their end with the actor's current weights, refreshed first as
-`agent.play` does, and returns their rows. An episode never spans a weight update, so
+Episodes stream **whole**: `stream_submit(batch, **options)` queues the prompts the
+driver sent this rank (a group stays on one rank), n episodes each; `stream_poll()`
+plays the next `rollout.micro_batch_size` queued episodes (at least one group) to
+their end with the actor's current weights, refreshed first as `agent.play` does.
+Their rows stay here (`workers/rollout/stream_store.StreamStore`, as the rollout
+role's do) until the train side takes them (`stream_take`); the poll reports the
+groups that became whole, with their numbers. An episode never spans a weight update, so
 each one is sampled by one version: `token_versions` holds it on the response tokens
 (-1 on padding) and `rollout.partial` has nothing to continue or restart. Polls are
 inline: the agent role lives in the actor's process (`served_by`), so the scheduler
@@ -17,8 +19,8 @@ Rows of different polls must concatenate, so prompts are laid out
 first observation longer than that stops the run naming the key.
 
 State (per worker): the queue of episodes submitted and not played (one-row prompt
-batches, in submission order), the sampling options of the last submission, the
-counters (`episodes`, `polls`: `async/stream/*`).
+batches, in submission order), the store of finished rows, the sampling options of
+the last submission, the counters (`episodes`, `polls`: `async/stream/*`).
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from hybridflow.agents.runner import EpisodeRunner
 from hybridflow.core.batch import Batch
 from hybridflow.core.columns import TOKEN_VERSIONS, uniform_token_versions
 from hybridflow.workers.rollout.generation import sampling_options
+from hybridflow.workers.rollout.stream_store import StreamStore
 from hybridflow.workers.rollout.weights import refresh_engine
 
 __all__ = ["AgentStreamCalls", "TOKEN_VERSIONS"]
@@ -43,7 +46,7 @@ class AgentStreamCalls:
 
     def _stream_state(self):
         if getattr(self, "_queue", None) is None:
-            self._queue, self._opts = deque(), None
+            self._queue, self._opts, self._store = deque(), None, StreamStore()
             self._counts = {"episodes": 0, "polls": 0}
         return self._queue
 
@@ -52,26 +55,40 @@ class AgentStreamCalls:
         queue = self._stream_state()
         self._opts = sampling_options(self.rollout_cfg, **options,
                                       max_new_tokens=self.agent_cfg.max_turn_tokens)
-        world, rank = max(1, int(self.ctx.world_size)), int(self.ctx.rank)
-        mine = batch.take([i for i in range(len(batch)) if i % world == rank])
-        if not len(mine):
+        if not len(batch):
             return {}
-        rows = mine.repeat(self._opts.n, interleave=True)
+        rows = batch.repeat(self._opts.n, interleave=True)
         queue.extend(rows.take([i]) for i in range(len(rows)))
-        return {str(uid): self._opts.n for uid in mine["uid"]}
+        counts = {str(uid): self._opts.n for uid in batch["uid"]}
+        self._store.expect(counts)
+        return counts
 
-    def stream_poll(self) -> dict:
-        """{"rows": the episodes played by this poll or None, "busy": episodes queued,
-        "counts": the counters}."""
+    def stream_poll(self, wait_s: float = 0.0) -> dict:
+        """{"groups": {uid: GroupStats tuple} of the groups this poll's episodes made
+        whole, "busy": episodes queued, "rows": episodes played, "counts": the
+        counters}. Inline: `wait_s` is not needed (the poll plays)."""
         queue = self._stream_state()
         if not queue:
-            return {"rows": None, "busy": False, "counts": dict(self._counts)}
+            return {"groups": {}, "busy": False, "rows": 0, "counts": dict(self._counts)}
         take = max(int(self.rollout_cfg.micro_batch_size), self._opts.n)
         chunk = Batch.concat([queue.popleft() for _ in range(min(take, len(queue)))])
         rows = self._play(chunk)
+        self._store.add(rows)
         self._counts["episodes"] += len(rows)
         self._counts["polls"] += 1
-        return {"rows": rows, "busy": bool(queue), "counts": dict(self._counts)}
+        return {"groups": self._store.report(), "busy": bool(queue), "rows": len(rows),
+                "counts": dict(self._counts)}
+
+    def stream_take(self, uids: list[str], leave: bool = False) -> Batch:
+        """The rows of these whole groups (they leave the store unless `leave`)."""
+        self._stream_state()
+        return self._store.take(list(uids), leave)
+
+    def stream_keep(self, kept: Batch | None, uids: list[str], dropped: list[str]) -> int:
+        """An entrance filter's verdict on groups held here."""
+        self._stream_state()
+        self._store.keep(kept, list(uids), list(dropped))
+        return self._store.held()
 
     def _play(self, chunk: Batch) -> Batch:
         host = self._host()
@@ -105,4 +122,5 @@ class AgentStreamCalls:
         queue = self._stream_state()
         dropped = len(queue)
         queue.clear()
+        self._store.clear()
         return dropped

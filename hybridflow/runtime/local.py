@@ -239,6 +239,12 @@ class LocalRuntime:
         """Call a method on every rank of a role (checkpointing, weight bytes)."""
         return [getattr(w, method)(*args, **kwargs) for w in self.workers(role)]
 
+    def call_each(self, role: str, method: str, args_by_rank: list, **kwargs) -> list:
+        """`method(*args_by_rank[r], **kwargs)` on each rank r of a role (None: rank r
+        is not called; its reply is None)."""
+        return [None if a is None else getattr(w, method)(*a, **kwargs)
+                for w, a in zip(self.workers(role), args_by_rank)]
+
     def shutdown(self) -> None:
         self.ranks.clear()
         self.workers_of.clear()

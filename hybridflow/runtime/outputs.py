@@ -1,11 +1,12 @@
 """What the step scheduler knows of a node's output: handles to shards that stay on
 the workers (ObjectRefs on Ray, held values locally), where they live, and (once
-done) their rows, columns and group hashes. A plain record: no behaviour."""
+done) their rows, columns and group hashes; and `StreamTake`, the feed of a streaming
+buffer: which groups to take from which rollout worker. Plain records: no behaviour."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["NodeOutput"]
+__all__ = ["NodeOutput", "StreamTake"]
 
 
 @dataclass
@@ -30,3 +31,16 @@ class NodeOutput:
     @property
     def num_rows(self) -> int | None:
         return None if self.rows is None else sum(self.rows)
+
+
+@dataclass(frozen=True)
+class StreamTake:
+    """A streaming buffer's feed: the whole groups each worker of the rollout role
+    holds (`shards`: (rank, uids), one output slot each, in order). The scheduler
+    makes each slot a task on that worker (`FusedWorker.stream_take`), so the rows go
+    from the rollout worker to the train side without the driver. `leave`: the
+    groups stay in the worker's store (an entrance filter screens them)."""
+    role: str
+    pool: str
+    shards: tuple
+    leave: bool = False

@@ -56,7 +56,7 @@ from hybridflow.runtime.common import NodeFailure, NodeIO, StepResult, run_fn_no
 from hybridflow.runtime.gather_rounds import submit_gather
 from hybridflow.runtime.executor import Executor, TaskArgs, check_roles
 from hybridflow.runtime.layouts import home_slots, slot_layout
-from hybridflow.runtime.outputs import NodeOutput
+from hybridflow.runtime.outputs import NodeOutput, StreamTake
 from hybridflow.runtime.reshard import grouped_inputs, slot_inputs, whole_inputs
 from hybridflow.runtime.worker_shell import DepInput, Piece, ShardTask, group_hashes
 
@@ -234,7 +234,9 @@ class StepScheduler:
         """Its fed batch (a producer's output of an earlier pass), or unfed, this
         pass's output once done (capacity 0: passes through)."""
         feed = self.feeds.get(node.name)
-        if isinstance(feed, Batch):  # streamed rows, assembled on the driver
+        if isinstance(feed, StreamTake):  # streamed groups, taken where they wait
+            return self._submit_stream_take(node, feed)
+        if isinstance(feed, Batch):  # rows the driver holds (tests, a fed batch)
             start = time.time()
             keys = node.output_keys  # the columns its producer's rows carry, and writers
             rows = feed.select(*[k for k in feed.keys() if k in keys])
@@ -249,6 +251,21 @@ class StepScheduler:
                 return False
             feed = produced
         self.outputs[node.name] = replace(feed, node=node.name)
+        return True
+
+    def _submit_stream_take(self, node: PlanNode, feed: StreamTake) -> bool:
+        """One task per rollout worker holding taken groups; only the uids cross."""
+        refs, homes = [], []
+        for slot, (rank, uids) in enumerate(feed.shards):
+            args = TaskArgs(self.ex)
+            task = ShardTask(self.ex.node_id(self.plan, node, feed.pool, rank), {},
+                             group_keys=self.group_keys.get(node.name, ()))
+            extra = (feed.role, list(uids), feed.leave)
+            self.result.driver_bytes += self.ex.value_bytes(list(uids))
+            refs.append(self._submit(node, "stream_take", feed.pool, rank, task, args, slot,
+                                     extra=extra))
+            homes.append((feed.pool, rank))
+        self.outputs[node.name] = NodeOutput(node.name, refs, homes, node.name)
         return True
 
     def _record_driver_node(self, node: PlanNode, start: float) -> None:

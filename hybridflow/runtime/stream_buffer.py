@@ -1,86 +1,82 @@
-"""The streaming buffer's contents (`trainer.async_mode=streaming`): samples enter as
-they finish, whole groups leave.
+"""The streaming buffer's ledger (`trainer.async_mode=streaming`): which groups are
+whole and where, never their rows.
 
 A group is the buffer's unit (`uid`: a prompt's n samples, what GRPO's advantages
-need together). Samples of a group wait in `partial` until all that were submitted
-for it have finished; the group then becomes *whole* and joins `whole` in the order
-groups completed. `take(n, trained, k)` releases the first n whole groups that the
-admission rule accepts — every sample's `policy_version` (the version of the weights
-that sampled its oldest token) >= trained - k — and returns the groups it refuses
-(stale: their prompts are generated again, never trained stale and never lost).
+need together). Its samples wait on the rollout worker that generated them
+(workers/rollout/stream_store.py) until all n have finished; the worker's next poll
+then reports the group whole with its `GroupStats` (rows, oldest version, sums), and
+it joins `whole` here in the order groups completed. `take(n, trained, k)` releases
+the first n whole groups that the admission rule accepts — every sample's
+`policy_version` (the version of the weights that sampled its oldest token) >=
+trained - k, read from the stats — and returns the groups it refuses (stale: their
+prompts are generated again, never trained stale and never lost).
 
 With an entrance filter (`screened`: DAPO's dynamic sampling, stream_entrance.py) a
 group that becomes whole waits in `arrived` until the scheduler screens it:
 `arrivals()` hands the groups over, `settle(kept, dropped)` takes the filter's verdict
-(kept groups join `whole` with the filter's rows, dropped ones are forgotten).
+(kept groups join `whole`, dropped ones are forgotten).
 
-State: `expected` (uid -> samples submitted), `partial` (uid -> finished rows so
-far), `arrived` (uid -> whole rows not yet screened; screened buffers only), `whole`
-(uid -> the group's rows, in completion order). Only its methods change it; the
-streaming scheduler owns one.
+State: `expected` (uid -> samples submitted), `arrived` (uid -> stats, whole, not yet
+screened; screened buffers only), `whole` (uid -> stats, in completion order). Only
+its methods change it; the streaming scheduler owns one.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
 
-from hybridflow.core.batch import Batch
+from hybridflow.workers.rollout.stream_store import GroupStats
 
-__all__ = ["GroupBuffer"]
+__all__ = ["GroupBuffer", "GroupStats"]
 
 
 class GroupBuffer:
     def __init__(self, unit: str = "uid", screened: bool = False):
         self.unit, self.screened = unit, screened
         self.expected: dict[str, int] = {}
-        self.partial: dict[str, list[Batch]] = {}
-        self.arrived: OrderedDict[str, Batch] = OrderedDict()
-        self.whole: OrderedDict[str, Batch] = OrderedDict()
+        self.arrived: OrderedDict[str, GroupStats] = OrderedDict()
+        self.whole: OrderedDict[str, GroupStats] = OrderedDict()
 
     def expect(self, counts: dict[str, int]) -> None:
         """`counts[uid]` samples were submitted for each group (a re-submission resets)."""
         for uid, n in counts.items():
             self.expected[uid] = int(n)
-            self.partial.pop(uid, None)
             self.arrived.pop(uid, None)
             self.whole.pop(uid, None)
 
-    def add(self, rows: Batch) -> None:
-        """Finished samples (any groups, any order)."""
-        uids = [str(u) for u in rows[self.unit]]
-        by_uid: dict[str, list[int]] = {}
-        for i, uid in enumerate(uids):
-            by_uid.setdefault(uid, []).append(i)
-        for uid, index in by_uid.items():
+    def add(self, groups: dict[str, tuple]) -> None:
+        """Groups a worker reported whole: {uid: GroupStats or its tuple}."""
+        for uid, stats in groups.items():
             if uid not in self.expected:
-                raise RuntimeError(f"streaming buffer: finished samples of {self.unit} "
-                                   f"{uid!r}, which was never submitted (or was trained)")
-            parts = self.partial.setdefault(uid, [])
-            parts.append(rows.take(index))
-            if sum(len(p) for p in parts) >= self.expected[uid]:
-                done = self.arrived if self.screened else self.whole
-                done[uid] = Batch.concat(self.partial.pop(uid))
+                raise RuntimeError(f"streaming buffer: a worker reported {self.unit} "
+                                   f"{uid!r} whole, which was never submitted (or was "
+                                   f"trained)")
+            stats = stats if isinstance(stats, GroupStats) else GroupStats(*stats)
+            if stats.rows < self.expected[uid]:
+                raise RuntimeError(f"streaming buffer: {self.unit} {uid!r} reported with "
+                                   f"{stats.rows} of its {self.expected[uid]} samples")
+            (self.arrived if self.screened else self.whole)[uid] = stats
 
-    def arrivals(self) -> list[tuple[str, Batch]]:
+    def arrivals(self) -> list[tuple[str, GroupStats]]:
         """The whole groups waiting to be screened, in completion order (handed over:
         `settle` says what becomes of them)."""
         out = list(self.arrived.items())
         self.arrived.clear()
         return out
 
-    def settle(self, kept: list[tuple[str, Batch]], dropped: list[str]) -> None:
-        """The entrance filter's verdict: kept groups (with the filter's rows) become
-        whole, in the order given; dropped ones are forgotten."""
-        for uid, rows in kept:
-            self.whole[uid] = rows
+    def settle(self, kept: list[tuple[str, GroupStats]], dropped: list[str]) -> None:
+        """The entrance filter's verdict: kept groups become whole, in the order given;
+        dropped ones are forgotten."""
+        for uid, stats in kept:
+            self.whole[uid] = stats
         for uid in dropped:
             del self.expected[uid]
 
     def take(self, n: int, trained: int, k: int,
-             short: bool = False) -> tuple[list[tuple[str, Batch]], list[str]]:
+             short: bool = False) -> tuple[list[tuple[str, GroupStats]], list[str]]:
         """(the first n admissible whole groups, or [] when fewer are whole — `short`:
         as many as there are, if any; the stale groups removed)."""
-        stale = [uid for uid, rows in self.whole.items()
-                 if int(rows["policy_version"].min()) < trained - k]
+        stale = [uid for uid, stats in self.whole.items()
+                 if stats.min_version < trained - k]
         for uid in stale:
             del self.whole[uid]
             del self.expected[uid]
@@ -99,6 +95,5 @@ class GroupBuffer:
 
     def clear(self) -> None:
         self.expected.clear()
-        self.partial.clear()
         self.arrived.clear()
         self.whole.clear()

@@ -5,18 +5,20 @@ filter) in one *entrance pass* on the stream side. A group the filter keeps ente
 the buffer with the columns the filter's output carries; a group it drops is
 rejected (the streaming scheduler counts it and consumes its prompt).
 
-State: the entrance plan (fixed) and what the passes since the last `drain()`
-reported: each entrance node's metrics per pass, timings, the timeline and the driver
-bytes. Only its methods change it; the streaming scheduler owns one.
+State: the entrance plan (fixed), the scheduler's stream client (`client`: where the
+groups wait; the kept groups' rows are replaced there by the filter's, worker to
+worker), and what the passes since the last `drain()` reported: each entrance
+node's metrics per pass, timings, the timeline and the driver bytes. Only its
+methods change it; the streaming scheduler owns one.
 """
 from __future__ import annotations
 
-from hybridflow.core.batch import Batch
 from hybridflow.core.kinds import Op
 from hybridflow.core.metric_names import timing_key
 from hybridflow.plan.compiler import ExecutionPlan, PlanNode
 from hybridflow.plan.stream_filter import entrance_plan
 from hybridflow.runtime.common import sum_round_metrics
+from hybridflow.runtime.stream_buffer import GroupStats
 
 __all__ = ["StreamEntrance"]
 
@@ -36,6 +38,7 @@ class StreamEntrance:
         self.keys = tuple(self.out.output_keys)
         self.names = [n.name for n in self.plan.nodes if n.name not in self.skip
                       and n.name != self.feed]
+        self.client = None  # the scheduler's StreamClient: where the groups wait
         self._reset()
 
     def _reset(self) -> None:
@@ -44,30 +47,34 @@ class StreamEntrance:
         self.timeline: list[dict] = []
         self.driver_bytes = 0
 
-    def screen(self, groups: list[tuple[str, Batch]]) -> tuple[list[tuple[str, Batch]],
-                                                                list[str]]:
-        """(the groups the filter kept, with its output's rows, in the order given;
-        the uids it dropped). A filter keeps or drops a group whole."""
-        batch = Batch.concat([rows for _, rows in groups])
-        result = self.runtime.run_step({self.feed: batch}, plan=self.plan, skip=self.skip)
-        kept = self.runtime.fetch(result, self.out.name, self.keys)
-        kept.meta = {}  # its metrics are the pass's (recorded), not the buffer's rows'
+    def screen(self, groups: list[tuple[str, GroupStats]]) -> tuple[list, list[str]]:
+        """(the groups the filter kept, in the order given; the uids it dropped). A
+        filter keeps or drops a group whole. The groups' rows are read where they wait
+        (the rollout workers) and the kept ones are replaced there by the filter's
+        rows: only the kept rows' group ids reach the driver."""
+        uids = [uid for uid, _ in groups]
+        feed = self.client.take(uids, leave=True)
+        result = self.runtime.run_step({self.feed: feed}, plan=self.plan, skip=self.skip)
+        ids = self.runtime.fetch(result, self.out.name, (self.unit,))
         self._record(result)
-        index: dict[str, list[int]] = {}
-        for i, uid in enumerate(kept[self.unit]):
-            index.setdefault(str(uid), []).append(i)
+        count: dict[str, int] = {}
+        for uid in ids[self.unit]:
+            count[str(uid)] = count.get(str(uid), 0) + 1
         passed, dropped = [], []
-        for uid, rows in groups:
-            if uid not in index:
+        for uid, stats in groups:
+            if uid not in count:
                 dropped.append(uid)
                 continue
-            if len(index[uid]) != len(rows):
+            if count[uid] != stats.rows:
                 raise RuntimeError(
                     f"{self.out.where()}: streaming screens whole groups at the buffer's "
-                    f"entrance, but this node kept {len(index[uid])} of the {len(rows)} "
+                    f"entrance, but this node kept {count[uid]} of the {stats.rows} "
                     f"samples of {self.unit} {uid!r}; keep or drop a group whole (as "
                     f"drop_uniform_groups does) or set trainer.async_mode=pipeline")
-            passed.append((uid, kept.take(index[uid])))
+            passed.append((uid, stats))
+        shards = _handle(result, self.out.name).refs
+        self.client.keep(self.plan, self.plan.node(self.feed), shards,
+                         [uid for uid, _ in passed], dropped)
         return passed, dropped
 
     def _record(self, result) -> None:
@@ -89,3 +96,9 @@ class StreamEntrance:
         out = node_metrics, {**metrics, **self.timing}, self.timeline, self.driver_bytes
         self._reset()
         return out
+
+
+def _handle(result, name: str):
+    """A node's `NodeOutput` in a step's result (the local runtime wraps outputs)."""
+    outputs = result.outputs
+    return outputs.handle(name) if hasattr(outputs, "handle") else outputs[name]

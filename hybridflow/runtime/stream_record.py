@@ -49,8 +49,7 @@ class StreamRecorder:
         for rank, reply in enumerate(replies):
             steps = int(reply.get("counts", {}).get("decode_steps", 0))
             done, self.decoded[rank] = steps - self.decoded.get(rank, 0), steps
-            rows = reply.get("rows")
-            rows = len(rows) if rows is not None else 0
+            rows = int(reply.get("rows") or 0)  # samples that finished (a count)
             if done > 0 or rows or (self.background and reply.get("busy")):
                 self._add(rank, since, now, done, rows)
         self.polled_at = now

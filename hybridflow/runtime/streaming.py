@@ -11,21 +11,24 @@ A step, "submit what is ready":
 2. take: the first `batch_size` whole groups the buffer admits (stream_buffer.py:
    each sample's oldest token sampled by weights >= the trained version - k); stale
    groups are submitted again;
-3. if none: poll the engine (`stream_poll`) — on the local runtime that runs
-   `rollout.stream_poll_steps` decode steps inline, so decoding and training
+3. if none: poll the engine (`stream_poll`, stream_client.py) — on the local runtime
+   that runs `rollout.stream_poll_steps` decode steps inline, so decoding and training
    interleave in a fixed order and a seed gives the same rows the same versions; on
    Ray with the rollout on its own pool the engine loop runs on the rollout worker's
    own thread (`stream_start`) while train calls go to the other workers, and a poll
-   only collects what finished. With an entrance filter (a gather: DAPO's dynamic
-   sampling, plan/stream_filter.py) the groups that became whole run through it
-   (stream_entrance.py): the kept ones enter the buffer, the dropped ones are counted
-   (`async/filtered_groups`) and their prompts consumed, so step 1 draws more in
-   their place — then back to 1 (a step that saw more than `max_rounds` batches'
+   waits on the worker (up to `POLL_WAIT_S`) until a group is whole: the driver does
+   not spin. A poll reports groups, not rows: the samples stay on the rollout workers
+   (workers/rollout/stream_store.py). With an entrance filter (a gather: DAPO's
+   dynamic sampling, plan/stream_filter.py) the groups that became whole run through
+   it (stream_entrance.py): the kept ones enter the buffer, the dropped ones are
+   counted (`async/filtered_groups`) and their prompts consumed, so step 1 draws more
+   in their place — then back to 1 (a step that saw more than `max_rounds` batches'
    worth of groups dropped takes the kept groups it holds: DAPO's bound; holding none
    once the groups in flight at the step's start and `max_rounds + 1` batches' worth
    more were dropped, the run stops: progress.py);
 4. one pass of the plan with the stream side (source, generate node) skipped and the
-   buffer fed the taken groups: rewards, reference, advantages, log-probs, updates
+   buffer fed the taken groups (a `StreamTake`: the pass takes their rows from the
+   rollout workers, worker to worker): rewards, reference, advantages, log-probs, updates
    and the weight sync run on them. New weights reach the engine while its requests
    are in flight (the colocated engine's module is the actor's; a rollout with its
    own weights loads them between two decode steps): `rollout.partial` says whether
@@ -37,7 +40,9 @@ ones that were consumed — trained, or dropped by the entrance filter (`skip`);
 `load_state_dict` restores both and empties the buffer, so a resume re-draws exactly
 the in-flight and buffered prompts, once, and never a dropped one.
 
-State (only its methods change it): `groups` (the buffer's contents), `prompts`
+State (only its methods change it): `groups` (the buffer's ledger: which groups are
+whole, with their numbers), `client` (where each group is held, the bytes the
+stream's calls moved through the driver), `prompts`
 (uid -> the prompt row, for each prompt drawn and not consumed), `draws` ((loader
 state before, uids) of each draw still holding a prompt not consumed), `consumed` uids
 of those draws, `skip` (uids a resumed run must not draw again), the engine's
@@ -56,14 +61,17 @@ from hybridflow.core.metric_names import SAMPLED_VERSION
 from hybridflow.plan.async_split import sides_of
 from hybridflow.plan.compiler import ExecutionPlan
 from hybridflow.plan.stream_filter import groups_per_step
-from hybridflow.plan.streaming_split import TOKEN_VERSIONS, stream_buffer
-from hybridflow.runtime.common import NodeFailure, StepResult
+from hybridflow.plan.streaming_split import stream_buffer
+from hybridflow.runtime.common import StepResult
 from hybridflow.runtime.progress import no_rows_kept
-from hybridflow.runtime.stream_buffer import GroupBuffer
+from hybridflow.runtime.stream_buffer import GroupBuffer, GroupStats
+from hybridflow.runtime.stream_client import StreamClient
 from hybridflow.runtime.stream_entrance import StreamEntrance
 from hybridflow.runtime.stream_record import StreamRecorder
 
-__all__ = ["StreamingScheduler"]
+__all__ = ["StreamingScheduler", "POLL_WAIT_S"]
+
+POLL_WAIT_S = 0.05  # a background poll waits this long on the worker for a whole group
 
 
 class StreamingScheduler:
@@ -85,6 +93,9 @@ class StreamingScheduler:
                 self.entrance = StreamEntrance(runtime, plan, self.gen, gather, self.k,
                                                spec.unit or "uid")
         self.options = {k: v for k, v in self.gen.kwargs.items() if v is not None}
+        self.client = StreamClient(runtime, plan, self.gen)
+        if self.entrance is not None:
+            self.entrance.client = self.client
         if background is None:  # an engine loop of its own needs a process of its own
             from hybridflow.runtime.local import LocalRuntime
             background = not isinstance(runtime, LocalRuntime) and \
@@ -115,6 +126,7 @@ class StreamingScheduler:
         self.loader.load_state_dict(state["loader"])
         self.skip = set(state.get("stream_skip", []))
         self.groups.clear()
+        self.client.forget()
         self.prompts.clear()
         self.draws.clear()
         self.consumed.clear()
@@ -125,7 +137,7 @@ class StreamingScheduler:
         trained = step - 1  # the version the update starts from
         self.record.begin_step()
         if self.background and not self.started:
-            self._call("stream_start")
+            self.client.start()
         self.started = True
         start, taken, filtered, drawn = time.perf_counter(), [], self.filtered, self.drawn
         bound = (self.max_rounds + 1) * self.size + len(self.prompts) if self.entrance \
@@ -141,18 +153,17 @@ class StreamingScheduler:
             if taken:
                 break
             self._check_progress(step, self.filtered - filtered, bound, self.drawn - drawn)
-            if not self._poll() and self.background:
-                time.sleep(0.002)
+            self._poll(POLL_WAIT_S if self.background else 0.0)
         wait_s = time.perf_counter() - start
-        batch = Batch.concat([rows for _, rows in taken])
-        result = self.runtime.run_step({self.buffer.name: batch}, plan=self.plan,
-                                       skip=self.stream_side)
+        uids = [uid for uid, _ in taken]
+        result = self.runtime.run_step({self.buffer.name: self.client.take(uids)},
+                                       plan=self.plan, skip=self.stream_side)
         if self.background:  # what the engine's thread did during the pass, on record
-            self._poll(strict=False)
-        self._trained([uid for uid, _ in taken])
+            self._poll(0.0, strict=False)
+        self._trained(uids)
         if step >= last_step:
-            self._call("stream_abort")
-        return self._result(result, batch, len(taken), trained, wait_s)
+            self.client.abort()
+        return self._result(result, [stats for _, stats in taken], trained, wait_s)
 
     def _check_progress(self, step: int, dropped: int, bound: int | None,
                         draws: int) -> None:
@@ -182,8 +193,7 @@ class StreamingScheduler:
             self._submit(batch)
 
     def _submit(self, batch: Batch) -> None:
-        for counts in self._call("stream_submit", batch, **self.options):
-            self.groups.expect(counts)
+        self.groups.expect(self.client.submit(batch, **self.options))
 
     def _resubmit(self, stale: list[str]) -> None:
         """Stale groups: their prompts are generated again (never trained stale)."""
@@ -191,40 +201,29 @@ class StreamingScheduler:
             self.requeued += len(stale)
             self._submit(Batch.concat([self.prompts[u] for u in stale]))
 
-    def _poll(self, strict: bool = True) -> bool:
-        """Finished samples into the buffer; False when nothing arrived. Raises when
-        nothing is in flight and the buffer cannot fill (a defect, not a wait)."""
+    def _poll(self, wait_s: float, strict: bool = True) -> bool:
+        """The groups that became whole into the ledger; False when none did. Raises
+        when nothing is in flight and the buffer cannot fill (a defect, not a wait)."""
         arrived, busy, counts = False, False, {}
         began = time.time()
-        replies = self._call("stream_poll")
+        replies = self.client.poll(wait_s)
         self.record.polled(began, replies)  # the stream side's timeline (stream_record.py)
         for reply in replies:
             busy = busy or reply["busy"]
             counts = _summed(counts, reply["counts"])
-            if reply["rows"] is not None and len(reply["rows"]):
-                self.groups.add(reply["rows"])
+            if reply["groups"]:
+                self.groups.add(reply["groups"])
                 arrived = True
         self.counts = counts
         if self.entrance is not None and self.groups.arrived:
             self._screen()
-        # (a poll reads rows and `busy` under one lock)
+        # (a poll reads the store and `busy` under one lock)
         if strict and not arrived and not busy:
             raise RuntimeError(
                 f"streaming: the buffer holds {self.groups.held()} whole group(s) of the "
                 f"{self.size} a step needs and the rollout has nothing in flight "
                 f"({len(self.prompts)} prompt(s) drawn and not trained)")
         return arrived
-
-    def _call(self, method: str, *args, **kwargs) -> list:
-        """A streaming call on every rank of the rollout role. A failure (a worker
-        process killed, the engine loop's error) names the generate node those calls
-        serve, with the role and rank, not the call: the user's graph has no node
-        `rollout.stream_poll`."""
-        try:
-            return self.runtime.call_role(self.gen.role, method, *args, **kwargs)
-        except NodeFailure as err:
-            raise NodeFailure(self.gen, err.rank,
-                              f"{self.gen.role}.{method}: {err.detail}") from None
 
     def _screen(self) -> None:
         """The whole groups that arrived, through the entrance filter: the kept ones
@@ -249,22 +248,23 @@ class StreamingScheduler:
             self.consumed.difference_update(drawn)
 
     # ---------------------------------------------------------------- results
-    def _result(self, result: StepResult, batch: Batch, groups: int, trained: int,
+    def _result(self, result: StepResult, taken: list[GroupStats], trained: int,
                 wait_s: float) -> StepResult:
         """The pass's result, with the generate node's metrics for the rows trained and
-        the stream's: per-sample and per-token staleness, groups ahead, restarts."""
-        versions = batch["policy_version"].float()
-        tokens = batch[TOKEN_VERSIONS]
-        real = tokens >= 0
-        mixed = (tokens.masked_fill(~real, 1 << 30).amin(-1)
-                 != tokens.masked_fill(~real, -1).amax(-1))
-        gen = {"response_length/mean": float(batch["response_length"].float().mean()),
-               SAMPLED_VERSION: float(versions.min()),
+        the stream's: per-sample and per-token staleness, groups ahead, restarts — all
+        from the groups' numbers the workers reported (the rows never came here)."""
+        rows = sum(g.rows for g in taken)
+        versions = sum(g.version_sum for g in taken) / rows
+        tokens = sum(g.tokens for g in taken)
+        token_versions = sum(g.token_version_sum for g in taken) / max(1, tokens)
+        oldest = min(g.min_version for g in taken)
+        gen = {"response_length/mean": sum(g.length_sum for g in taken) / rows,
+               SAMPLED_VERSION: float(oldest),
                "rollout/stream_wait_s": wait_s}
-        stream = {"async/staleness/mean": float((trained - versions).mean()),
-                  "async/staleness/max": float(trained - versions.min()),
-                  "async/staleness/token_mean": float((trained - tokens[real]).float().mean()),
-                  "async/mixed_version_rows": float(mixed.float().mean()),
+        stream = {"async/staleness/mean": float(trained - versions),
+                  "async/staleness/max": float(trained - oldest),
+                  "async/staleness/token_mean": float(trained - token_versions),
+                  "async/mixed_version_rows": sum(g.mixed_rows for g in taken) / rows,
                   "async/ahead": float(len(self.prompts)) / self.size,
                   "async/requeued_groups": float(self.requeued),
                   **{f"async/stream/{k}": float(v) for k, v in self.counts.items()}}
@@ -272,14 +272,15 @@ class StreamingScheduler:
         if self.entrance is not None:
             entrance, entrance_metrics, screens, driver_bytes = self.entrance.drain()
             stream["async/filtered_groups"] = float(self.filtered)
-            stream["async/short_groups"] = float(self.size - groups)
+            stream["async/short_groups"] = float(self.size - len(taken))
         node_metrics = {**entrance, self.gen.name: gen, **result.node_metrics}
         timeline = sorted(result.timeline + self.record.records + screens,
                           key=lambda e: e["start"])
         metrics = {**entrance_metrics, **result.metrics, **gen, **stream}
+        driver_bytes += result.driver_bytes + self.client.drain()
         return StepResult(outputs=result.outputs, metrics=metrics, node_metrics=node_metrics,
-                          rows={**result.rows, self.gen.name: len(batch)},
-                          timeline=timeline, driver_bytes=result.driver_bytes + driver_bytes)
+                          rows={**result.rows, self.gen.name: rows},
+                          timeline=timeline, driver_bytes=driver_bytes)
 
 
 def _summed(a: dict, b: dict) -> dict:

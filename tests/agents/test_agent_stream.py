@@ -8,7 +8,6 @@ import pytest
 import torch
 from agent_probe import probe_overrides as _overrides
 
-from hybridflow.core.batch import Batch
 from hybridflow.program.assemble import prepare
 from hybridflow.run.loop import Trainer
 from hybridflow.run.tracking import new_run_dir
@@ -29,16 +28,20 @@ def test_episodes_stream_whole_a_poll_at_a_time(agent):
     runtime, prompts = agent.runtime, agent.train_loader.next_batch()  # 4 prompts
     (queued,) = runtime.call_role("agent", "stream_submit", prompts, n=2)
     assert queued == {str(u): 2 for u in prompts["uid"]}
-    polls = []
+    polls, whole = [], []
     while True:
         (reply,) = runtime.call_role("agent", "stream_poll")
-        if reply["rows"] is None:
+        if not reply["rows"]:
             break
         polls.append(reply["rows"])
+        whole += list(reply["groups"])
         if not reply["busy"]:
             break
-    assert [len(p) for p in polls] == [3, 3, 2]  # rollout.micro_batch_size episodes a poll
-    rows = Batch.concat(polls)  # same widths: prompts data.max_prompt_length wide
+    assert polls == [3, 3, 2]  # rollout.micro_batch_size episodes a poll
+    assert sorted(whole) == sorted(str(u) for u in prompts["uid"])  # each group once, whole
+    # the rows waited on the worker; taken in any groups' order they concatenate
+    (rows,) = runtime.call_role("agent", "stream_take", whole[::-1])
+    assert rows["prompts"].shape[1] == 16  # prompts data.max_prompt_length wide
     assert rows["prompts"].shape[1] == 16
     assert sorted(rows["uid"]) == sorted(list(prompts["uid"]) * 2)
     real = rows["response_mask"].bool()
@@ -54,7 +57,7 @@ def test_abort_drops_the_episodes_not_played(agent):
     runtime.call_role("agent", "stream_poll")
     assert runtime.call_role("agent", "stream_abort") == [5]
     (reply,) = runtime.call_role("agent", "stream_poll")
-    assert reply["rows"] is None and not reply["busy"]
+    assert not reply["rows"] and not reply["groups"] and not reply["busy"]
 
 
 def test_a_prompt_wider_than_the_layout_names_the_key(agent):

@@ -12,6 +12,8 @@ import torch
 from hybridflow.core.batch import Batch
 from hybridflow.program.assemble import prepare
 from hybridflow.runtime.common import StepResult
+from hybridflow.runtime.outputs import StreamTake
+from hybridflow.workers.rollout.stream_store import StreamStore
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 N, SIZE, STEPS = 2, 3, 8
@@ -46,35 +48,60 @@ class Loader:
 
 
 class FakeStream:
-    """A runtime with one rollout role: each request finishes after a random number
-    of polls, stamped with the version at which it started; a pass is an update."""
+    """A runtime with one rollout rank: each request finishes after a random number
+    of polls, stamped with the version at which it started, into the rank's real
+    `StreamStore` (the rows stay "on the worker"); a pass takes its groups from there
+    (a `StreamTake` feed) and is an update."""
 
     def __init__(self, seed: int, version: int = 0, slow: int = 4):
         self.rng, self.version, self.slow = random.Random(seed), version, slow
         self.flight: list[list] = []  # [uid, polls left, version it started with]
         self.trained: list[list[str]] = []
+        self.store = StreamStore()
 
-    def call_role(self, role, method, *args, **kwargs):
+    # the executor surface the streaming scheduler's StreamClient uses
+    def pool_size(self, pool) -> int:
+        return 1
+
+    def value_bytes(self, value) -> int:
+        return 0
+
+    def call_each(self, role, method, args_by_rank, **kwargs):
+        (args,) = args_by_rank
+        return [None if args is None else self.call(method, *args, **kwargs)]
+
+    def call(self, method, *args, **kwargs):
         if method == "stream_submit":
             uids = [str(u) for u in args[0]["uid"]]
             for uid in uids:
                 self.flight += [[uid, self.rng.randint(1, self.slow), self.version]
                                 for _ in range(kwargs["n"])]
-            return [{u: kwargs["n"] for u in uids}]
+            counts = {u: kwargs["n"] for u in uids}
+            self.store.expect(counts)
+            return counts
         if method == "stream_poll":
             for req in self.flight:
                 req[1] -= 1
             done = [r for r in self.flight if r[1] <= 0]
             self.flight = [r for r in self.flight if r[1] > 0]
-            return [{"rows": _rows(done) if done else None, "busy": bool(self.flight),
-                     "counts": {}}]
+            self.store.add(_rows(done) if done else None)
+            return {"groups": self.store.report(), "busy": bool(self.flight),
+                    "rows": len(done), "counts": {}}
         if method == "stream_abort":
             self.flight = []
-            return [0]
+            self.store.clear()
+            return 0
         raise AssertionError(method)
 
+    def taken(self, feed) -> Batch:
+        assert isinstance(feed, StreamTake), feed
+        ((rank, uids),) = feed.shards
+        assert rank == 0
+        return self.store.take(list(uids), feed.leave)
+
     def run_step(self, feeds, plan=None, skip=frozenset(), draw=None):
-        (batch,) = feeds.values()
+        (feed,) = feeds.values()
+        batch = self.taken(feed)
         self.trained.append(list(dict.fromkeys(batch["uid"])))
         self.version += 1
         return StepResult(outputs={})

@@ -24,7 +24,7 @@ def clock(monkeypatch):
 
 
 def reply(steps: int, rows: int = 0, busy: bool = True) -> dict:
-    return {"rows": [0] * rows if rows else None, "busy": busy,
+    return {"rows": rows, "groups": {}, "busy": busy,
             "counts": {"decode_steps": steps}}
 
 
@@ -76,13 +76,13 @@ def test_the_streaming_scheduler_puts_the_stream_side_in_each_steps_timeline():
     class Threaded(FakeStream):
         polls = 0
 
-        def call_role(self, role, method, *args, **kwargs):
+        def call(self, method, *args, **kwargs):
             if method == "stream_start":
-                return [True]
-            out = super().call_role(role, method, *args, **kwargs)
+                return True
+            out = super().call(method, *args, **kwargs)
             if method == "stream_poll":
                 self.polls += 1
-                out[0]["counts"] = {"decode_steps": self.polls}
+                out["counts"] = {"decode_steps": self.polls}
             return out
 
     engine = Threaded(3)

@@ -40,25 +40,45 @@ class FilteringStream(FakeStream):
         super().__init__(seed, version, slow)
         self.every, self.log = every, []
 
-    def call_role(self, role, method, *args, **kwargs):
+    def call(self, method, *args, **kwargs):
         if method == "stream_submit":
             self.log += [("submit", str(u)) for u in args[0]["uid"]]
-        return super().call_role(role, method, *args, **kwargs)
+        return super().call(method, *args, **kwargs)
 
     def run_step(self, feeds, plan=None, skip=frozenset(), draw=None):
         if FEED not in feeds:
             return super().run_step(feeds, plan, skip, draw)
-        rows = feeds[FEED]
+        rows = self.taken(feeds[FEED])  # screened where they wait: left in the store
         uids = [str(u) for u in rows["uid"]]
         self.log += [("drop", u) for u in dict.fromkeys(uids) if dropped(u, self.every)]
         kept = rows.take([i for i, u in enumerate(uids) if not dropped(u, self.every)])
-        return StepResult(outputs={"drop_uniform_groups": kept},
+        return StepResult(outputs={"drop_uniform_groups": Shards([kept])},
                           node_metrics={"drop_uniform_groups": {
                               "dapo/dropped_groups_total": float(len(set(uids)) - len(
                                   set(kept["uid"])))}})
 
     def fetch(self, result, node, keys):
-        return result.outputs[node]
+        return result.outputs[node].refs[0].select(*keys)
+
+    # the entrance's verdict goes back to the store holding the groups
+    def node_id(self, plan, node, pool, rank):
+        return node.name
+
+    def submit(self, node, method, pool, rank, returns, task, args):
+        assert method == "stream_keep"
+        role, keep, drop, *shards = args
+        self.store.keep(shards[0], keep, drop)
+        return [None, {}]
+
+    def resolve(self, handles):
+        return handles, 0
+
+
+class Shards:
+    """A node output's handles, as the scheduler's NodeOutput holds them."""
+
+    def __init__(self, refs):
+        self.refs = refs
 
 
 def run(k, seed, every=3, max_rounds=100, steps=range(1, STEPS + 1), state=None):

@@ -146,24 +146,52 @@ class _GroupEngine:
 
 def prompt_batch_of(uids):
     from hybridflow.core.batch import Batch
-    return Batch({"x": torch.zeros(len(uids), 1)}, {"uid": list(uids)})
+    zeros = torch.zeros(len(uids), dtype=torch.long)
+    return Batch({"x": torch.zeros(len(uids), 1), "policy_version": zeros,
+                  "token_versions": zeros[:, None]}, {"uid": list(uids)})
 
 
 @pytest.mark.parametrize("rank", [0, 1, 2, 3])
 def test_streaming_calls_give_a_tp_group_one_share_and_one_report(rank):
+    """The driver sends each tp group its share (runtime/stream_client.py: prompt i to
+    group i mod 2); every rank of the group queues it, only the first reports and
+    keeps the rows."""
+    from hybridflow.runtime.stream_client import StreamClient
     from hybridflow.workers import RolloutWorker
     worker = RolloutWorker(make_cfg(rollout={"backend": "vllm"}),
                            WorkerContext(rank=rank, world_size=4, local_rank=rank))
     worker._engine = _GroupEngine()
     batch = prompt_batch(load_tokenizer(tokenizer_spec(worker.model_cfg)), PROMPTS)
-    counts = worker.stream_submit(batch, n=2)
+    sent = []
+    client = StreamClient.__new__(StreamClient)
+    client.world, client.tp, client.shares, client.home, client.bytes = 4, 2, 2, {}, 0
+    client.runtime = _Recorder(sent)
+    client.role, client.gen = "rollout", None
+    client.submit(batch, n=2)
+    share = sent[rank]
     group = rank // 2
     mine = [u for i, u in enumerate(batch["uid"]) if i % 2 == group]
+    assert list(share["uid"]) == mine  # a prompt goes to the ranks that generate it only
+    counts = worker.stream_submit(share, n=2)
     assert worker._engine.submitted == [u for u in mine for _ in range(2)]
     assert counts == ({u: 2 for u in mine} if rank % 2 == 0 else {})
     reply = worker.stream_poll()
-    assert (reply["rows"] is None) == (rank % 2 == 1)
+    assert (not reply["groups"]) == (rank % 2 == 1)
     assert worker.stream_start() is False  # a tp group steps inline, never on a thread
+
+
+class _Recorder:
+    """The runtime surface a StreamClient calls: records each rank's submitted rows."""
+
+    def __init__(self, sent):
+        self.sent = sent
+
+    def call_each(self, role, method, args_by_rank, **kwargs):
+        self.sent += [a[0] for a in args_by_rank]
+        return [{} for _ in args_by_rank]
+
+    def value_bytes(self, value):
+        return 0
 
 
 def test_a_rank_unlinks_only_its_own_shared_memory_names(tmp_path):

@@ -18,10 +18,13 @@ The runtime is an *executor*: a step's semantics and state live in
 (`runtime/ray/tasks.py` `InFlight`: the hang clock, failures) and says what crossing the driver
 costs. The driver holds object references and small metas, never tensors, except
 for the feeds it sends, stateful function nodes it runs itself and columns it
-`fetch`es, all counted in `StepResult.driver_bytes`.
+`fetch`es, all counted in `StepResult.driver_bytes`. A streaming rollout's samples
+stay on its workers too (runtime/stream_client.py): the driver sends prompts to the
+rank that generates them and receives per-group numbers; those bytes are counted.
 """
 from __future__ import annotations
 
+import pickle
 import time
 from typing import Callable
 
@@ -124,9 +127,12 @@ class RayRuntime:
         return isinstance(handle, ray.ObjectRef)
 
     def value_bytes(self, value) -> int:
+        """What `value` costs to cross a process: a batch's payload, an array's
+        buffer, anything else its pickle (a poll reply, a list of uids)."""
         if isinstance(value, Batch):
             return payload_bytes(value)
-        return int(getattr(value, "nbytes", 0))
+        nbytes = getattr(value, "nbytes", None)
+        return int(nbytes) if nbytes is not None else len(pickle.dumps(value, protocol=5))
 
     def tracker(self, plan: ExecutionPlan) -> InFlight:
         return InFlight(self, plan)
@@ -172,13 +178,24 @@ class RayRuntime:
     def call_role(self, role: str, method: str, *args, **kwargs) -> list:
         """`method(*args, **kwargs)` on every rank of a role (checkpoints, weight bytes)."""
         pool = self.plan.placement.roles.get(role)
+        size = self.groups[pool].size if pool in self.groups else 0
+        return self.call_each(role, method, [args] * size, **kwargs)
+
+    def call_each(self, role: str, method: str, args_by_rank: list, **kwargs) -> list:
+        """`method(*args_by_rank[r], **kwargs)` on each rank r of a role, at once (None:
+        rank r is not called and its reply is None); bounded by runtime.call_timeout_s."""
+        pool = self.plan.placement.roles.get(role)
         if pool not in self.groups or role not in self.groups[pool].roles:
             raise ValueError(f"role '{role}' is not running in this runtime")
-        refs = [a.call.remote(role, method, args, kwargs) for a in self.actors(pool)]
+        refs = [None if a is None else actor.call.remote(role, method, tuple(a), kwargs)
+                for actor, a in zip(self.actors(pool), args_by_rank)]
         node = PlanNode(f"{role}.{method}", NodeKind.INFERENCE, Op.CALL, (), "call_role",
                         role=role, method=method, pool=pool)
         deadline, values = time.time() + self.settings.call_timeout_s, []
         for rank, ref in enumerate(refs):
+            if ref is None:
+                values.append(None)
+                continue
             try:
                 values.append(ray.get(ref, timeout=max(0.0, deadline - time.time())))
             except ray.exceptions.GetTimeoutError:

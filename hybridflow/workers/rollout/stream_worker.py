@@ -1,16 +1,22 @@
-"""The rollout role's streaming calls (`trainer.async_mode=streaming`), called by the
-run's streaming scheduler through `runtime.call_role` (not graph methods: no plan node
-runs them).
+"""The rollout role's streaming calls (`trainer.async_mode=streaming`), driven by the
+run's streaming scheduler (runtime/streaming.py), not graph methods: no plan node runs
+them. Finished samples stay here (`stream_store.StreamStore`) until the train side
+pulls them: the driver sees per-group numbers, never rows.
 
-- `stream_submit(batch, **options)`: this rank's share of the prompts (prompt i goes
-  to rank i mod world size, so a prompt's n samples stay on one rank), repeated n
-  times, queued in the engine (`StreamingEngine.submit`). An engine over a tp group
-  of ranks (`engine.tp` > 1): prompt i goes to group i mod (world / tp), every rank of
-  the group queues it, and only the group's first rank reports (submit counts, rows).
-- `stream_poll()`: inline mode (the local runtime, or a rollout sharing the actor's
-  process) runs `rollout.stream_poll_steps` decode steps and returns what finished;
-  background mode (`stream_start()`, Ray with the rollout on its own pool) returns
-  what the engine loop, running on its own thread, finished since the last poll.
+- `stream_submit(batch, **options)`: the prompts the driver sent to this rank (its
+  share: a prompt's n samples stay on one engine), repeated n times, queued in the
+  engine (`StreamingEngine.submit`). An engine over a tp group of ranks (`engine.tp`
+  > 1): every rank of the group is sent the group's prompts and queues them, and only
+  the group's first rank reports and keeps rows.
+- `stream_poll(wait_s)`: inline mode (the local runtime, or a rollout sharing the
+  actor's process) runs `rollout.stream_poll_steps` decode steps; background mode
+  (`stream_start()`, Ray with the rollout on its own pool) waits up to `wait_s` for
+  the engine loop, running on its own thread, to finish a group (no busy-wait on the
+  driver). Either way the finished rows go into the store and the reply says which
+  groups became whole, with their `GroupStats`.
+- `stream_take(uids, leave)`: those groups' rows (a task of the streaming buffer
+  node, runtime/scheduler.py: the rows go worker to worker); `stream_keep(kept, uids,
+  dropped)`: an entrance filter's verdict (its rows replace the kept groups').
 - `stream_abort()`: drop what is not finished (the end of a run).
 
 A tp group steps inline only (`stream_start` starts no thread for it): its ranks must
@@ -23,8 +29,9 @@ rollout with its own weights receives them through `rollout.load_weights` (the p
 weight sync), which takes `stream_lock`, so a load lands between two decode steps of
 the background loop, never inside one.
 
-State (per worker): `_stream_lock`, the background thread and its stop flag, the
-finished batches it collected, the error it died of (re-raised by the next poll).
+State (per worker): `_stream_lock` and its condition (signalled when a group becomes
+whole), the store, the background thread and its stop flag, the error it died of
+(re-raised by the next poll).
 """
 from __future__ import annotations
 
@@ -33,6 +40,7 @@ import threading
 from hybridflow.core.batch import Batch
 from hybridflow.workers.rollout.engine import check_streaming
 from hybridflow.workers.rollout.generation import sampling_options
+from hybridflow.workers.rollout.stream_store import StreamStore
 from hybridflow.workers.rollout.weights import refresh_engine
 
 __all__ = ["StreamCalls"]
@@ -45,7 +53,8 @@ class StreamCalls:
     def stream_lock(self) -> threading.Lock:
         if getattr(self, "_stream_lock", None) is None:
             self._stream_lock = threading.Lock()
-            self._stream_out, self._stream_error = [], None
+            self._stream_done = threading.Condition(self._stream_lock)
+            self._stream_store, self._stream_error = StreamStore(), None
             self._stream_thread, self._stream_stop = None, threading.Event()
         return self._stream_lock
 
@@ -54,28 +63,29 @@ class StreamCalls:
         check_streaming(engine, self.rollout_cfg.backend)
         return engine
 
-    def _stream_group(self) -> tuple[int, int, bool]:
-        """(prompt shares, this rank's share, whether this rank reports): one share per
-        engine, i.e. per tp group of ranks (`engine.tp`, 1 for a one-rank engine)."""
+    def _stream_reports(self) -> bool:
+        """Whether this rank reports (and keeps rows): the first rank of its engine's tp
+        group (`engine.tp`, 1 for a one-rank engine)."""
         tp = max(1, int(getattr(self._stream_engine(), "tp", 1)))
-        world, rank = max(1, int(self.ctx.world_size)), int(self.ctx.rank)
-        return max(1, world // tp), rank // tp, rank % tp == 0
+        return int(self.ctx.rank) % tp == 0
 
     def stream_submit(self, batch: Batch, **options) -> dict:
-        """Queue this rank's prompts; returns {uid: requests queued} for them."""
+        """Queue the prompts sent to this rank; {uid: requests queued} for them."""
         opts = sampling_options(self.rollout_cfg, **options)
-        shares, share, reports = self._stream_group()
-        mine = batch.take([i for i in range(len(batch)) if i % shares == share])
-        if not len(mine):
+        if not len(batch):
             return {}
         with self.stream_lock:
-            self._stream_engine().submit(mine.repeat(opts.n, interleave=True), opts)
-        return {str(uid): opts.n for uid in mine["uid"]} if reports else {}
+            self._stream_engine().submit(batch.repeat(opts.n, interleave=True), opts)
+            if not self._stream_reports():
+                return {}
+            counts = {str(uid): opts.n for uid in batch["uid"]}
+            self._stream_store.expect(counts)
+        return counts
 
     def stream_start(self) -> bool:
         """Run the engine loop on a thread of its own until `stream_abort`."""
         lock = self.stream_lock
-        if self._stream_group()[0] < max(1, int(self.ctx.world_size)):
+        if int(getattr(self._stream_engine(), "tp", 1)) > 1:
             return False  # a tp group steps inline, in the driver's order (see above)
         if self._stream_thread is None:
             self._stream_stop.clear()
@@ -90,32 +100,54 @@ class StreamCalls:
                 with lock:
                     engine = self._stream_engine()
                     out = engine.poll(1) if engine.stream_busy else None
-                    if out is not None:
-                        self._stream_out.append(out)
+                    self._stream_store.add(out)
+                    if self._stream_store.reported:
+                        self._stream_done.notify_all()
                     idle = not engine.stream_busy
                 if idle:
                     self._stream_stop.wait(0.002)
         except BaseException as err:  # noqa: BLE001 - re-raised by the next poll
             self._stream_error = err
+            with lock:
+                self._stream_done.notify_all()
 
-    def stream_poll(self) -> dict:
-        """{"rows": finished rows or None, "busy": requests left, "counts": the engine's
-        counters}."""
+    def stream_poll(self, wait_s: float = 0.0) -> dict:
+        """{"groups": {uid: GroupStats tuple} of the groups that became whole here,
+        "busy": requests left, "rows": samples that finished, "counts": the engine's
+        counters}. Background mode waits up to `wait_s` for a group to become whole."""
         with self.stream_lock:
-            if self._stream_error is not None:
-                raise RuntimeError("the streaming rollout loop failed") from self._stream_error
             engine = self._stream_engine()
+            store = self._stream_store
             if self._stream_thread is None:
                 self._refresh(engine)
-                out = engine.poll(self.rollout_cfg.stream_poll_steps)
-                batches = [out] if out is not None else []
+                before = _rows_in(store)
+                store.add(engine.poll(self.rollout_cfg.stream_poll_steps))
             else:
-                batches, self._stream_out = self._stream_out, []
+                before = 0
+                if not store.reported and self._stream_error is None and wait_s > 0 \
+                        and engine.stream_busy:
+                    self._stream_done.wait(timeout=wait_s)
+            if self._stream_error is not None:
+                raise RuntimeError("the streaming rollout loop failed") from self._stream_error
+            groups = store.report()
+            rows = sum(g[0] for g in groups.values()) if self._stream_thread is not None \
+                else _rows_in(store) - before
             counts = engine.stream_counts() if hasattr(engine, "stream_counts") else {}
-            rows = Batch.concat(batches) if batches else None
-            if not self._stream_group()[2]:  # a replica of its group's first rank
-                rows, counts = None, {}
-            return {"rows": rows, "busy": bool(engine.stream_busy), "counts": counts}
+            if not self._stream_reports():  # a replica of its group's first rank
+                groups, counts, rows = {}, {}, 0
+            return {"groups": groups, "busy": bool(engine.stream_busy), "rows": rows,
+                    "counts": counts}
+
+    def stream_take(self, uids: list[str], leave: bool = False) -> Batch:
+        """The rows of these whole groups (they leave the store unless `leave`)."""
+        with self.stream_lock:
+            return self._stream_store.take(list(uids), leave)
+
+    def stream_keep(self, kept: Batch | None, uids: list[str], dropped: list[str]) -> int:
+        """An entrance filter's verdict on groups held here."""
+        with self.stream_lock:
+            self._stream_store.keep(kept, list(uids), list(dropped))
+            return self._stream_store.held()
 
     def _refresh(self, engine) -> None:
         """A colocated engine gets the actor's weights and version (inline mode)."""
@@ -124,12 +156,19 @@ class StreamCalls:
             refresh_engine(engine, host.module, host.policy_version, host._bucket_bytes())
 
     def stream_abort(self) -> int:
-        """Stop the loop's thread (if any) and drop the unfinished requests."""
+        """Stop the loop's thread (if any), drop the unfinished requests and the rows
+        not taken."""
         lock = self.stream_lock
         self._stream_stop.set()
         if self._stream_thread is not None:
             self._stream_thread.join(timeout=60)
             self._stream_thread = None
         with lock:
-            self._stream_out = []
+            self._stream_store.clear()
             return int(self._stream_engine().abort())
+
+
+def _rows_in(store: StreamStore) -> int:
+    """Finished rows the store holds (whole or partial groups)."""
+    return sum(len(b) for b in store.whole.values()) + \
+        sum(len(p) for parts in store.partial.values() for p in parts)

@@ -1,0 +1,132 @@
+"""The driver's end of a streaming rollout (`trainer.async_mode=streaming`): which rank
+generates which prompt, the calls that drive the role's stream, and what they cost.
+
+Each engine (a tp group of `tp` ranks, or one rank) is a *share*: prompt i of a draw
+goes to share i mod (world / tp) and stays there (a stale group is generated again on
+the share that holds it), so a prompt is sent to the ranks that generate it and no
+other. Only a share's first rank reports and holds rows (workers/rollout/
+stream_worker.py). A poll asks every rank (a tp group steps in lockstep) and receives
+per-group numbers (`GroupStats` tuples); the rows stay on the workers until a pass
+takes them (`take`: a `StreamTake` feed, tasks on the holding workers) or an entrance
+filter's verdict is sent back to them (`keep`: the filter's output shards go worker to
+worker).
+
+Every byte these calls move through the driver (prompts sent, replies, uids) is
+counted in `bytes` (the runtime's `value_bytes`: 0 on the local runtime, where nothing
+crosses a process); the streaming scheduler adds them to `engine/driver_bytes`.
+
+State: `home` (uid -> the rank holding its group), `bytes` since the last `drain`.
+Only its methods change them; the streaming scheduler owns one.
+"""
+from __future__ import annotations
+
+from hybridflow.core.batch import Batch
+from hybridflow.plan.compiler import ExecutionPlan, PlanNode
+from hybridflow.runtime.common import NodeFailure
+from hybridflow.runtime.outputs import StreamTake
+from hybridflow.runtime.worker_shell import ShardTask
+
+__all__ = ["StreamClient"]
+
+
+class StreamClient:
+    def __init__(self, runtime, plan: ExecutionPlan, gen: PlanNode):
+        self.runtime, self.gen = runtime, gen
+        self.role, self.pool = gen.role, plan.placement.roles[gen.role]
+        self.world = int(runtime.pool_size(self.pool))
+        self.tp = max(1, int(plan.placement.tp_size(gen.role)))
+        self.shares = max(1, self.world // self.tp)
+        self.home: dict[str, int] = {}
+        self.bytes = 0
+
+    # ------------------------------------------------------------------ calls
+    def submit(self, batch: Batch, **options) -> dict[str, int]:
+        """Each prompt to the ranks of its share (new prompts: by position, stale ones:
+        where they were); {uid: samples expected} from the reporting ranks."""
+        uids = [str(u) for u in batch["uid"]]
+        per_share: dict[int, list[int]] = {}
+        for i, uid in enumerate(uids):
+            rank = self.home.setdefault(uid, (i % self.shares) * self.tp)
+            per_share.setdefault(rank // self.tp, []).append(i)
+        args: list = [None] * self.world
+        for share, index in per_share.items():
+            rows = batch.take(index)
+            for rank in range(share * self.tp, (share + 1) * self.tp):
+                args[rank] = (rows,)
+                self.bytes += self.runtime.value_bytes(rows)
+        counts: dict[str, int] = {}
+        for reply in self._call_each("stream_submit", args, **options):
+            if reply:
+                counts.update(reply)
+        return counts
+
+    def poll(self, wait_s: float = 0.0) -> list[dict]:
+        """Every rank's reply (groups that became whole, busy, rows, counters)."""
+        replies = self._call_each("stream_poll", [(wait_s,)] * self.world)
+        return replies
+
+    def take(self, uids: list[str], leave: bool = False) -> StreamTake:
+        """The feed of a buffer node taking these whole groups, in this order per
+        holding rank (a slot per rank, in order of first appearance)."""
+        by_rank: dict[int, list[str]] = {}
+        for uid in uids:
+            by_rank.setdefault(self.home[uid], []).append(uid)
+        if not leave:
+            for uid in uids:
+                self.home.pop(uid, None)
+        return StreamTake(self.role, self.pool,
+                          tuple((rank, tuple(us)) for rank, us in by_rank.items()), leave)
+
+    def keep(self, plan: ExecutionPlan, node: PlanNode, shards: list, kept: list[str],
+             dropped: list[str]) -> None:
+        """An entrance filter's verdict to the ranks holding the groups: the filter's
+        output `shards` (handles: worker to worker) replace the kept groups' rows there,
+        the dropped ones are forgotten."""
+        ranks: dict[int, tuple[list, list]] = {}
+        for uid in kept:
+            ranks.setdefault(self.home[uid], ([], []))[0].append(uid)
+        for uid in dropped:
+            ranks.setdefault(self.home.pop(uid), ([], []))[1].append(uid)
+        metas = []
+        for rank, (keep, drop) in ranks.items():
+            task = ShardTask(self.runtime.node_id(plan, node, self.pool, rank), {})
+            self.bytes += self.runtime.value_bytes([keep, drop])
+            try:
+                _, meta = self.runtime.submit(node, "stream_keep", self.pool, rank, 2, task,
+                                              [self.role, keep, drop, *shards])
+            except NodeFailure as err:
+                raise NodeFailure(self.gen, err.rank, f"{self.role}.stream_keep: "
+                                                      f"{err.detail}") from None
+            metas.append(meta)
+        try:
+            self.runtime.resolve(metas)
+        except Exception as err:  # noqa: BLE001 - named by the generate node
+            raise NodeFailure(self.gen, None, f"{self.role}.stream_keep: {err}") from None
+
+    def start(self) -> list:
+        return self._call_each("stream_start", [()] * self.world)
+
+    def abort(self) -> list:
+        self.home.clear()
+        return self._call_each("stream_abort", [()] * self.world)
+
+    def forget(self) -> None:
+        """A resumed run: nothing is held anywhere (the workers were aborted or new)."""
+        self.home.clear()
+
+    def drain(self) -> int:
+        """Bytes through the driver since the last drain."""
+        out, self.bytes = self.bytes, 0
+        return out
+
+    def _call_each(self, method: str, args: list, **kwargs) -> list:
+        """A streaming call on the role's ranks. A failure (a worker process killed, the
+        engine loop's error) names the generate node those calls serve, with the role
+        and rank: the user's graph has no node `rollout.stream_poll`."""
+        try:
+            replies = self.runtime.call_each(self.role, method, args, **kwargs)
+        except NodeFailure as err:
+            raise NodeFailure(self.gen, err.rank,
+                              f"{self.role}.{method}: {err.detail}") from None
+        self.bytes += sum(self.runtime.value_bytes(r) for r in replies if r is not None)
+        return replies
