@@ -20,6 +20,10 @@ def test_the_weight_sync_bench_measures_both_variants_and_sides(tmp_path):
                     "--reps", "1", "--out", str(out)], check=True, capture_output=True,
                    cwd=str(tmp_path))
     summary = json.loads(out.read_text())["summary"]
-    assert set(summary) == {"flat/sender", "flat/receiver", "bucketed/sender",
-                            "bucketed/receiver"}
+    assert set(summary) == {f"{v}/{side}/first" for v in ("flat", "bucketed")
+                            for side in ("sender", "receiver", "sync")}
     assert all(v["seconds"] > 0 for v in summary.values())
+    assert summary["flat/sync/first"]["x_flat"] == 1  # the ratio's baseline is flat's
+    sync = summary["bucketed/sync/first"]["seconds"]
+    assert sync == pytest.approx(summary["bucketed/sync/first"]["x_flat"]
+                                 * summary["flat/sync/first"]["seconds"])
