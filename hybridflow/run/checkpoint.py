@@ -4,10 +4,16 @@ checkpoints/step_000040/
   manifest.json        written last: step, and every file's size and sha256; a
                        directory without it is an interrupted write and is never
                        loaded, and a file whose size or digest differs is refused
-  trainer_state.json   step, data-loader position, Python and numpy RNG state
+  trainer_state.json   step, the run scheduler's state (the data-loader position
+                       before the oldest batch not yet trained, and a streaming
+                       run's prompt ids not to draw again), stateful function
+                       nodes' states, and the driver's Python and numpy RNG state
   rng_torch.safetensors  the driver's torch RNG state
-  <role>/              whatever the role's workers save (safetensors weights,
-                       optimizer and scheduler via weights_only torch.save)
+  <role>/              what a trained role's workers save (safetensors weights,
+                       optimizer and scheduler via weights_only torch.save, each
+                       rank's RNG)
+  rng/<role>/          each rank's RNG of a process that hosts no trained role
+                       (a rollout on a pool of its own samples from it)
 
 A checkpoint is written under a temporary name and renamed into place, so a crash
 mid-write leaves the previous checkpoint untouched; a write that fails (a full disk)

@@ -3,6 +3,8 @@
 runs/<graph>-<time>/
   config.yaml       the merged config
   graph.json        the graph's name, file and the file's sha256 (checked on resume)
+  plan.json         the compiled graph as data, for the commands that read a run
+                    (program/run_record.py)
   metrics.jsonl     one line per step (appended to on resume)
   timeline.jsonl    per-node start/end of each step, for `hybridflow render --timeline`
   generations.jsonl sample prompts, responses and scores (generations.py)
@@ -11,6 +13,8 @@ runs/<graph>-<time>/
   error.log         the traceback of every failure, appended
   lock.json         the owner (pid, host, start) while a process runs; run/lock.py
   checkpoints/      see hybridflow/run/checkpoint.py
+  batches/          the steps of trainer.dump_batches (run/batch_dump.py)
+  tensorboard/, wandb/  with trainer.tensorboard / trainer.wandb
 
 Every whole-file write (status.json, graph.json, the trimmed metrics on resume) goes
 to a temporary file that is renamed into place, and the temporary file is removed

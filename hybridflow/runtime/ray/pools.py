@@ -1,5 +1,8 @@
-"""Ray session and worker groups: one placement group per node of a pool, one fused
-actor per device, ranks stable (rank = node_index * devices_per_node + local index).
+"""Joining or starting Ray (`connect`: an existing cluster at `runtime.address`, or a
+Ray of the run's own through `session.start_local_ray`) and the worker groups: one
+placement group per node of a pool, one fused actor per device, ranks stable
+(rank = node_index * devices_per_node + local index). Keeps no state of its own: a
+`WorkerGroup` is the executor's.
 
 A pool's ranks form one torch.distributed world: before any role is constructed
 every actor gets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT (a free

@@ -10,6 +10,8 @@ State (one `InFlight` per `scheduler.StepScheduler`, changed only by its own met
   them in that order, so the head's clock (from when its actor went idle and its
   inputs were done) is what `call_timeout_s` bounds.
 - `done_at`, `idle_since`: when each meta arrived, when each actor went idle.
+- `busy_s`: the driver's seconds collecting metas (the scheduler adds it to its own
+  busy time, `runtime/driver_busy_s`).
 """
 from __future__ import annotations
 
