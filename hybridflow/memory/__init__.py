@@ -4,14 +4,17 @@
   device (LoRA adapters included);
 - `passes.py`: the bytes of one pass (training state, activations, logits, KV cache),
   with the constants' derivation;
-- `roles.py`: roles and pools of a compiled plan, colocation, device capacity;
+- `roles.py`: roles and pools of a compiled plan, colocation, device capacity; engines
+  and training strategies read through what they declare
+  (`workers/rollout/engine_memory.py`, a backend class's `shards` / `gradient_buckets`);
 - `report.py`: the table `hybridflow check --memory` prints.
 
 Stateless: everything is computed from the config and the plan. Importing this
 package imports torch; `hybridflow check` imports it only with `--memory`.
 
-May import `core/`, `graph/`, `plan/`, `workers/` (the real model classes and sections)
-and `planner/` (its device table).
+May import `core/`, `graph/`, `plan/`, `workers/` (the real model classes, sections and
+declarations), `agents/` (an agent rollout's response width) and `planner/` (its device
+table).
 """
 from hybridflow.memory.model_size import Architecture, ModelSize, model_size, model_size_of
 from hybridflow.memory.passes import MicroBatch, kv_cache_bytes, training_state

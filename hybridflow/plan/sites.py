@@ -1,6 +1,7 @@
 """Where each function node of a compiled plan runs, as the step scheduler decides it
-(runtime/scheduler.py `_submit`), for the labels of `check`, `render --plan` and the
-docs. Stateless.
+(runtime/scheduler.py: `StepScheduler._try_submit` picks `_submit_sharded_fn`,
+`_submit_whole_fn` or `_submit_driver_fn`), for the labels of `check`, `render --plan`
+and the docs. Stateless.
 
 The scheduler runs a function node next to its first input's output:
 

@@ -9,9 +9,10 @@ groups of tp ranks (rank r: dp r // tp, tp r % tp). With tp > 1:
 - a role that trains has a training backend that shards by tensor parallelism
   (`<role>.strategy`; a backend class declares `tensor_parallel = True`);
 - a role that generates has a rollout engine that runs tensor-parallel
-  (`rollout.backend`; an engine factory declares `tensor_parallel = True`);
-- the runtime runs ranks as processes (`ray`): the local runtime simulates ranks in
-  one process, where no collective can run;
+  (`rollout.backend`; registered with `register_engine(..., tensor_parallel=True)`, or
+  a 'module:factory' engine whose factory says `tensor_parallel = True`);
+- the runtime runs each rank as a process (`RuntimeName.process_per_rank`: `ray`); the
+  local runtime simulates ranks in one process, where no collective can run;
 - a tensor-parallel actor trains no LoRA adapters (no plan shards them).
 Each failure is a ConfigError naming the role, the key and the numbers. Stateless.
 """
