@@ -99,7 +99,7 @@ class StreamClient:
                                                       f"{err.detail}") from None
             metas.append(meta)
         try:
-            self.runtime.resolve(metas)
+            self.bytes += self.runtime.resolve(metas)[1]
         except Exception as err:  # noqa: BLE001 - named by the generate node
             raise NodeFailure(self.gen, None, f"{self.role}.stream_keep: {err}") from None
 

@@ -16,11 +16,13 @@ State (one `InFlight` per `scheduler.StepScheduler`, changed only by its own met
 from __future__ import annotations
 
 import collections
+import pickle
 import time
 from typing import Any
 
 import ray
 
+from hybridflow.core.batch import Batch
 from hybridflow.plan.compiler import ExecutionPlan
 from hybridflow.runtime.common import NodeFailure
 from hybridflow.runtime.executor import TaskRecord
@@ -37,8 +39,9 @@ def resolve(refs: list, timeout: float) -> tuple[list, int]:
     wanted = [r for r in refs if isinstance(r, ray.ObjectRef)]
     got = iter(ray.get(wanted, timeout=timeout) if wanted else [])
     values = [next(got) if isinstance(r, ray.ObjectRef) else r for r in refs]
-    fetched = sum(payload_bytes(v) for v, r in zip(values, refs)
-                  if isinstance(r, ray.ObjectRef))
+    fetched = sum(payload_bytes(v) if isinstance(v, Batch) else
+                  len(pickle.dumps(v, protocol=5)) for v, r in zip(values, refs)
+                  if isinstance(r, ray.ObjectRef))  # a shard, or a small reply
     return values, fetched
 
 
