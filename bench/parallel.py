@@ -152,10 +152,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(args, tp: int) -> list[dict]:
+def _run(args, tp: int, target=_rank) -> list[dict]:
     import torch.multiprocessing as mp
     with tempfile.TemporaryDirectory() as out_dir:
-        mp.spawn(_rank, args=(tp, _free_port(), args, out_dir), nprocs=tp, join=True)
+        mp.spawn(target, args=(tp, _free_port(), args, out_dir), nprocs=tp, join=True)
         ranks = []
         for r in range(tp):
             with open(os.path.join(out_dir, f"rank{r}.json")) as fh:
@@ -177,7 +177,21 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=64, help="tokens per row")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--workers", action="store_true",
+                        help="through the project's workers: rollout.generate, actor.logprob, "
+                             "actor.update and the weight sync (bench/parallel_workers.py)")
+    parser.add_argument("--model", default=None, help="--workers: SmolLM2's directory "
+                        "(default: HYBRIDFLOW_SMOLLM2_DIR or hybridflow model smollm2's cache)")
+    parser.add_argument("--random-init", action="store_true",
+                        help="--workers: build from the shape flags even where the model exists")
+    parser.add_argument("--n", type=int, default=2, help="--workers: samples per prompt")
+    parser.add_argument("--new-tokens", type=int, default=16,
+                        help="--workers: rollout.max_new_tokens")
+    parser.add_argument("--bucket-mb", type=float, default=256.0,
+                        help="--workers: rollout.weight_bucket_mb")
     args = parser.parse_args()
+    if args.workers:
+        return _workers_main(parser, args)
     for what, n in (("--heads", args.heads), ("--kv-heads", args.kv_heads)):
         if n % args.tp:
             parser.error(f"{what} {n} is not divisible by --tp {args.tp}")
@@ -238,6 +252,47 @@ def main() -> None:
         "weight_ratio": ratio, "rss_ratio": rss_ratio, "target_weight_ratio": TARGET,
         "target_met": ratio <= TARGET, "runs": {str(k): v for k, v in runs.items()}},
         args.out)
+    print(f"wrote {path}")
+
+
+def _workers_main(parser, args) -> None:
+    """tp=1 vs tp=N through the workers (bench/parallel_workers.py), alternated."""
+    from bench.parallel_workers import PHASES, default_model, rank_main, summarize
+    args.model = None if args.random_init else args.model or default_model()
+    if args.model:
+        with open(os.path.join(args.model, "config.json")) as fh:
+            config = json.load(fh)
+        args.heads, args.kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    for what, n in (("heads", args.heads), ("KV heads", args.kv_heads)):
+        if n % args.tp:
+            parser.error(f"the model's {n} {what} are not divisible by --tp {args.tp}")
+    info, variants = machine(), (1, args.tp)
+    runs: dict[int, list[list[dict]]] = {tp: [] for tp in variants}
+    for rep in range(args.reps):  # alternated: who goes first rotates
+        for tp in variants[rep % 2:] + variants[:rep % 2]:
+            runs[tp].append(_run(args, tp, rank_main))
+    summary, rows = summarize(runs)
+    one = summary[1]
+    for row in rows:  # the per-rank peak against tp=1's
+        row.append(summary[row[0]][row[1]]["peak_rss_bytes"] / one[row[1]]["peak_rss_bytes"])
+    cores = info["cores"] or 0
+    print(f"{'SmolLM2-135M-Instruct ' + args.model if args.model else 'SmolLM2 shapes, random'}"
+          f"; {args.layers if not args.model else 'all'} layers, fp32, gloo, 1 torch thread "
+          f"per rank, {args.reps} alternated runs; {cores} cores, load "
+          f"{info['load_avg_1m_at_start']}")
+    if args.tp > cores:
+        print(f"NOTE: {args.tp} ranks on {cores} cores: memory is meaningful, the seconds "
+              f"of tp={args.tp} are not comparable with tp=1")
+    print(table(["tp", "phase", "seconds (slowest rank, median)", "peak RSS MiB/rank",
+                 "rise MiB/rank", "peak x tp1"], rows))
+    ratio = summary[args.tp]["weight_bytes_per_rank"] / one["weight_bytes_per_rank"]
+    print(f"weights per rank tp{args.tp}/tp1 = {ratio:.3f}; the receiver holds the trained "
+          f"weights: {all(s['received_equal'] for s in summary.values())}")
+    path = write_results("parallel_workers", {
+        "machine": info, "config": vars(args), "phases": list(PHASES),
+        "oversubscribed": args.tp > cores, "weight_ratio": ratio,
+        "summary": {str(k): v for k, v in summary.items()},
+        "runs": {str(k): v for k, v in runs.items()}}, args.out)
     print(f"wrote {path}")
 
 
