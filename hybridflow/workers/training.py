@@ -206,11 +206,6 @@ class Trainer:
         weights = self.backend.full_state_dict(self.module)
         return adapter_state_dict(self.module, weights) if is_lora(self.module) else weights
 
-    def state_dict(self) -> dict:
-        return {"model": self.trained_weights(),
-                "optimizer": self.backend.optimizer_state(self.optimizer),
-                "scheduler": self.scheduler.state_dict()}
-
     def save(self, directory: str, rank: int, tokenizer=None) -> None:
         """Full weights (or adapters) from rank 0, loadable by `from_pretrained`; this
         rank's optimizer state (its shard under FSDP2) and the schedule, per rank."""

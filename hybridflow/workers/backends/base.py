@@ -3,11 +3,14 @@
 A backend is built once per trained module and keeps only its settings (world size,
 device, compute dtype, and for a tensor-parallel role its (dp, tp) device mesh) and,
 after `wrap`, what it wrapped. `world` counts data-parallel ranks (a tp group is one).
-A backend that can shard its module by tensor parallelism (`tensor_parallel.py`) says
-so with `tensor_parallel = True`; pre-flight refuses tp > 1 with any other. Master
-weights and
-optimizer state stay in the module's dtype (float32); `autocast()` is where the
-forward computes in `compute_dtype` (bfloat16 when `model.dtype=bf16`).
+What a backend class declares, read by pre-flight and the memory model instead of its
+name: `tensor_parallel` (it can shard its module over a role mesh's "tp" dimension,
+`tensor_parallel.py`; pre-flight refuses tp > 1 with any other), `shards` (parameters,
+gradients and optimizer state split over the data-parallel ranks), `gradient_buckets`
+(gradients also sit in all-reduce buckets when world > 1) and, optionally, `requires`
+(modules it imports, checked by `hybridflow check`). Master weights and optimizer state
+stay in the module's dtype (float32); `autocast()` is where the forward computes in
+`compute_dtype` (bfloat16 when `model.dtype=bf16`).
 """
 from __future__ import annotations
 

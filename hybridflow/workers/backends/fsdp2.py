@@ -4,9 +4,11 @@ state sharded over the ranks of a 1-D device mesh, on CUDA (nccl) or on the CPU 
 Each decoder layer is one shard group, the root module another, so a layer's weights
 are gathered only around its own forward and backward. `MixedPrecisionPolicy`:
 parameters gathered in the compute dtype, gradients reduced in float32, the sharded
-master weights and AdamW state stay float32. Checkpoints: full weights (gathered,
-`model.safetensors`), and this rank's optimizer shard per rank (same world size to
-resume). State: the device mesh, after `wrap`.
+master weights and AdamW state stay float32. Checkpoints: a trained role saves its
+shards with `sharded_checkpoint.py` (DCP: no gather, resumable onto another layout);
+`optimizer_state` / `load_optimizer_state` serve the format from before it (this rank's
+optimizer shard per rank, `Trainer.save` / `load`, same world size). State: the device
+mesh, after `wrap`.
 
 Tensor parallelism (`tensor_parallel = True`): given a role's (dp, tp) mesh, `wrap`
 first shards the module over "tp" (`tensor_parallel.py`), then, when dp > 1, shards
