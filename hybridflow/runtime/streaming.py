@@ -71,7 +71,7 @@ from hybridflow.runtime.stream_record import StreamRecorder
 
 __all__ = ["StreamingScheduler", "POLL_WAIT_S"]
 
-POLL_WAIT_S = 0.05  # a background poll waits this long on the worker for a whole group
+POLL_WAIT_S = 0.25  # a background poll waits up to this long on the worker for a whole group
 
 
 class StreamingScheduler:
