@@ -29,6 +29,8 @@ from hybridflow.graph.loss import loss_fn, register_default_loss
 _LAZY = {
     "load_batch": "hybridflow.run.batch_dump",
     "register_engine": "hybridflow.workers.rollout",
+    "declare_engine_memory": "hybridflow.workers.rollout",
+    "EngineMemory": "hybridflow.workers.rollout",
     "register_setting_names": "hybridflow.workers.config",
     "load_tokenizer": "hybridflow.workers.tokenizer",
     "tokenizer_spec": "hybridflow.workers.tokenizer",

@@ -28,8 +28,9 @@ SURFACE = {  # the public names: removing or renaming one breaks users' files
     "register_dispatch_mode", "Layout", "SlotLayout", "BROADCAST", "DP", "DP_TP",
     "ONE_PER_WORKER", "RANK_ZERO", "checked", "at_least", "above", "in_range", "one_of",
     "probability", "ConfigError", "masked_mean", "training_mask", "printable", "load_batch",
-    "register_engine", "register_setting_names", "load_tokenizer", "tokenizer_spec",
-    "read_rows", "write_rows", "SHAPED_REWARD_MEAN", "ZERO_STD_GROUPS",
+    "register_engine", "declare_engine_memory", "EngineMemory", "register_setting_names",
+    "load_tokenizer", "tokenizer_spec", "read_rows", "write_rows", "SHAPED_REWARD_MEAN",
+    "ZERO_STD_GROUPS",
 }
 
 
