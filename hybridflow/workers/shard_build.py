@@ -92,20 +92,14 @@ def _checkpoint_name(name: str, names: dict, prefix: str) -> str | None:
     return next((c for c in candidates if c in names), None)
 
 
-class _Readers:
-    """Open safetensors files, one handle per file, closed together."""
-
-    def __init__(self):
-        self.handles: dict[str, object] = {}
-
-    def slice(self, file: str, name: str):
-        if file not in self.handles:
-            from safetensors import safe_open
-            self.handles[file] = safe_open(file, framework="pt")
-        return self.handles[file].get_slice(name)
-
-    def close(self) -> None:
-        self.handles.clear()  # safe_open handles close when released
+@contextmanager
+def _tensor_slice(file: str, name: str):
+    """One tensor of a safetensors file, to slice. The file is memory-mapped: opened for
+    this one tensor, so the pages a column slice touches (every row of the tensor) are
+    unmapped before the next tensor, not held until the whole model is read."""
+    from safetensors import safe_open
+    with safe_open(file, framework="pt") as handle:
+        yield handle.get_slice(name)
 
 
 @torch.no_grad()
@@ -117,22 +111,18 @@ def read_shards(model: torch.nn.Module, files: dict[str, str]) -> dict:
     prefix = getattr(model, "base_model_prefix", "") or ""
     aliases = {name for name in model.state_dict(keep_vars=True)}
     used, missing, mismatched = set(), [], []
-    readers = _Readers()
-    try:
-        for name, tensor in _unique_tensors(model).items():
-            saved = _checkpoint_name(name, files, prefix)
-            if saved is None:
-                missing.append(name)
-                continue
-            used.add(saved)
-            part = readers.slice(files[saved], saved)
+    for name, tensor in _unique_tensors(model).items():
+        saved = _checkpoint_name(name, files, prefix)
+        if saved is None:
+            missing.append(name)
+            continue
+        used.add(saved)
+        with _tensor_slice(files[saved], saved) as part:
             if tuple(part.get_shape()) != tuple(tensor.shape):
                 mismatched.append((name, tuple(part.get_shape()), tuple(tensor.shape)))
                 continue
             _local(tensor).copy_(part[local_slices(tensor)])
-            tensor._is_hf_initialized = True
-    finally:
-        readers.close()
+        tensor._is_hf_initialized = True
     # a tied weight saved under both names (or a buffer some versions saved) is no problem
     tied = {_checkpoint_name(a, files, prefix) for a in aliases}
     unexpected = [n for n in files if n not in used and n not in tied]
@@ -150,7 +140,9 @@ def _seeded(seed: int):
 def _meta_model(auto_cls, config, dtype: torch.dtype) -> torch.nn.Module:
     from transformers import initialization
     with torch.device("meta"), initialization.no_init_weights():
-        return auto_cls.from_config(config, dtype=dtype)
+        model = auto_cls.from_config(config, dtype=dtype)
+    model.tie_weights()  # no_init_weights skips the tying too (tie_word_embeddings)
+    return model
 
 
 def _retie(model: torch.nn.Module, tied: bool) -> None:
