@@ -13,6 +13,20 @@ its log-prob and update passes are exercised on the CPU by tests/bench.
     python bench/gpu.py --packed           # packed sequences (model.use_remove_padding)
     python bench/gpu.py --vllm DIR         # the vLLM engine's GPU-only paths on model DIR
 
+    python bench/gpu.py --tp 2            # tp=1 vs tp=2 through the workers (torchrun, NCCL)
+    python bench/gpu.py --tp 3 --model DIR  # a model whose heads and KV heads 3 divides
+
+`--tp N` (UNRUN on a GPU: written on a CPU-only machine) is `bench/parallel.py --workers`
+on the device: tp=1 and tp=N alternated (`--reps`), each a `torchrun --standalone
+--nproc-per-node` of ranks that build an `ActorWorker` with `WorkerContext(tp=world,
+device=cuda)` (NCCL), then time `rollout.generate` (the hf engine on the sharded
+actor), `actor.logprob`, `actor.update` and the split-pool weight sync (send: every rank
+gathers each bucket, rank 0 stages it on the host; receive: rank 0 loads it into a
+tp=1 hf engine), with each phase's `torch.cuda.max_memory_allocated` per rank. The model
+is `--model DIR`, or Qwen2.5-0.5B's shapes (14 heads, 2 KV heads: tp 1 or 2) in bf16,
+random weights. `--device cpu` runs the same ranks on gloo with RSS peaks (what
+tests/bench/test_gpu_tp_bench.py runs: the launching, the phases and the table).
+
 `--vllm DIR` (needs `pip install -e ".[vllm]"`; UNRUN: written on a CPU-only machine)
 runs `bench/vllm_engine.gpu_checks`: sleep level 2 with the layerwise reload (memory
 after sleep, log-probs vs the trainer's after an update), CUDA graphs against eager
@@ -59,6 +73,19 @@ def parse_args(argv=None):
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--vllm", metavar="MODEL_DIR", default=None,
                         help="run the vLLM engine's GPU checks on this HF model directory")
+    parser.add_argument("--tp", type=int, default=0, help="tp=1 vs tp=N through the workers "
+                        "under torchrun (bench/gpu_tp.py)")
+    parser.add_argument("--model", default=None, help="--tp: an HF model directory (default: "
+                        "Qwen2.5-0.5B's shapes, random weights)")
+    parser.add_argument("--reps", type=int, default=2, help="--tp: alternated runs")
+    parser.add_argument("--new-tokens", type=int, default=128, help="--tp: max_new_tokens")
+    parser.add_argument("--prompt-copies", type=int, default=8,
+                        help="--tp: the 4 prompts, this many times over")
+    parser.add_argument("--bucket-mb", type=float, default=256.0,
+                        help="--tp: rollout.weight_bucket_mb")
+    parser.add_argument("--shapes", default=None, help=argparse.SUPPRESS)  # tests: tiny
+    parser.add_argument("--out", default=None, help="--tp: the JSON's path")
+    parser.add_argument("--tp-child", default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -144,6 +171,16 @@ def predictions(config, args, rows):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.tp_child:
+        from bench.gpu_tp import child
+        return child(args)
+    if args.tp and args.device != "cpu" and not torch.cuda.is_available():
+        print("bench/gpu.py --tp needs CUDA devices and torch sees none (--device cpu runs "
+              "the same ranks on gloo)", file=sys.stderr)
+        return 2
+    if args.tp:
+        from bench.gpu_tp import compare
+        return compare(args, __file__)
     if not torch.cuda.is_available():
         print("bench/gpu.py needs a CUDA device and torch sees none; run it where a GPU "
               "is available (it needs only torch and transformers)", file=sys.stderr)

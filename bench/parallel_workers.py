@@ -49,13 +49,15 @@ def worker_cfg(args) -> dict:
         model = {"path": args.model, "tokenizer": "auto", "hf_config": {}}
     else:
         model = {"hf_config": {
-            "model_type": "llama", "hidden_size": args.hidden, "num_hidden_layers": args.layers,
+            "model_type": getattr(args, "model_type", "llama"), "hidden_size": args.hidden,
+            "num_hidden_layers": args.layers,
             "intermediate_size": args.intermediate, "num_attention_heads": args.heads,
             "num_key_value_heads": args.kv_heads, "vocab_size": args.vocab,
             "tie_word_embeddings": True, "max_position_embeddings": 2048,
             "rope_theta": 100000.0}}
-    rows = len(PROMPTS) * args.n
-    return {"model": {**model, "device": "cpu"},
+    rows = len(PROMPTS) * getattr(args, "prompt_copies", 1) * args.n
+    model.update(device=getattr(args, "device", "cpu"), dtype=getattr(args, "dtype", "float32"))
+    return {"model": model,
             "actor": {"lr": 1e-6, "strategy": "fsdp2", "ppo_epochs": 1,
                       "mini_batch_size": rows, "micro_batch_size": rows},
             "rollout": {"max_new_tokens": args.new_tokens, "n": args.n,
@@ -69,25 +71,65 @@ def _status(field: str) -> int:
         return next(int(line.split()[1]) * 1024 for line in fh if line.startswith(field + ":"))
 
 
-def _measured(record: dict, name: str, work, barrier):
-    """Run `work()` as phase `name` of this rank: seconds, VmHWM and its rise."""
+class RssMeter:
+    """A phase's peak as the process's RSS high-water mark (VmHWM, reset through
+    /proc/self/clear_refs at the start of the phase)."""
+
+    def start(self) -> None:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")  # VmHWM := VmRSS now
+        self.before = _status("VmRSS")
+
+    def sync(self) -> None:
+        pass
+
+    def stop(self) -> tuple[int, int]:
+        peak = _status("VmHWM")
+        return peak, peak - self.before
+
+
+class CudaMeter(RssMeter):
+    """A phase's peak as the device's `max_memory_allocated` (bench/gpu.py --tp)."""
+
+    def __init__(self, device):
+        self.device = device
+
+    def start(self) -> None:
+        import torch
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self.before = torch.cuda.memory_allocated(self.device)
+
+    def sync(self) -> None:
+        import torch
+        torch.cuda.synchronize(self.device)
+
+    def stop(self) -> tuple[int, int]:
+        import torch
+        peak = torch.cuda.max_memory_allocated(self.device)
+        return peak, peak - self.before
+
+
+def _measured(record: dict, name: str, work, barrier, meter):
+    """Run `work()` as phase `name` of this rank: seconds, the peak and its rise."""
     barrier()
-    with open("/proc/self/clear_refs", "w") as fh:
-        fh.write("5")  # VmHWM := VmRSS now
-    before = _status("VmRSS")
+    meter.start()
     start = time.perf_counter()
     out = work()
-    record[name] = {"seconds": time.perf_counter() - start, "peak_rss_bytes": _status("VmHWM"),
-                    "rise_bytes": _status("VmHWM") - before}
+    meter.sync()
+    seconds = time.perf_counter() - start
+    peak, rise = meter.stop()
+    record[name] = {"seconds": seconds, "peak_rss_bytes": peak, "rise_bytes": rise}
     return out
 
 
-def _prompts(tokenizer):
-    """The prompts, left-padded (as the data loader makes them)."""
+def _prompts(tokenizer, copies: int = 1):
+    """The prompts (`copies` times over), left-padded as the data loader makes them."""
     import torch
 
     from hybridflow.core.batch import Batch
-    ids = [tokenizer(text)["input_ids"] for text in PROMPTS]
+    texts = PROMPTS * copies
+    ids = [tokenizer(text)["input_ids"] for text in texts]
     width = max(len(row) for row in ids)
     input_ids = torch.full((len(ids), width), tokenizer.pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(ids), width), dtype=torch.long)
@@ -95,76 +137,87 @@ def _prompts(tokenizer):
         input_ids[i, width - len(row):] = torch.tensor(row)
         mask[i, width - len(row):] = 1
     return Batch({"input_ids": input_ids, "attention_mask": mask},
-                 {"uid": [f"u{i}" for i in range(len(PROMPTS))]})
+                 {"uid": [f"u{i}" for i in range(len(texts))]})
 
 
 def _receiver(actor):
     """A rollout's hf engine on a model of the actor's config (other weights, tp=1)."""
-    import torch
-
     from hybridflow.workers.models import build_causal_lm
     from hybridflow.workers.rollout.hf import HFEngine
-    model = build_causal_lm(actor.model_cfg, actor.tokenizer, torch.device("cpu"), seed=1)
-    return HFEngine(model, actor.tokenizer, torch.device("cpu"), shares_module=False,
-                    version=0)
+    model = build_causal_lm(actor.model_cfg, actor.tokenizer, actor.device, seed=1)
+    return HFEngine(model, actor.tokenizer, actor.device, shares_module=False, version=0)
 
 
 def rank_main(rank: int, world: int, port: int, args, out_dir: str) -> None:
-    import warnings
-    warnings.filterwarnings("ignore")
+    """One gloo rank of `bench/parallel.py --workers` (torch.multiprocessing.spawn)."""
     import torch
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    from transformers.utils import logging as hf_logging
-    hf_logging.set_verbosity_error()
+    from hybridflow.workers import WorkerContext
+    ctx = WorkerContext(rank=rank, world_size=world, local_rank=rank, device="cpu", tp=world)
+    record = run_phases(ctx, args, out_dir, RssMeter())
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
+        json.dump(record, fh)
+    import torch.distributed as dist
+    if dist.is_initialized():
+        from bench.parallel import _leave
+        _leave(rank, world, out_dir)
+
+
+def run_phases(ctx, args, out_dir: str, meter) -> dict:
+    """This rank's record of every phase (see the module docstring)."""
+    import warnings
+    warnings.filterwarnings("ignore")
+    import torch
     import torch.distributed as dist
 
+    from bench.harness import quiet_logs
     from bench.weight_sync import FolderStore
     from hybridflow.core.batch import Batch
-    from hybridflow.workers import ActorWorker, WorkerContext
+    from hybridflow.workers import ActorWorker
     from hybridflow.workers.rollout.weights import export_policy, load_export
 
-    ctx = WorkerContext(rank=rank, world_size=world, local_rank=rank, device="cpu", tp=world)
-    record: dict = {"rank": rank, "tp": world, "rss_before_bytes": _status("VmRSS")}
+    quiet_logs()
+    rank, world = ctx.rank, ctx.world_size
+    record: dict = {"rank": rank, "tp": ctx.tp}
 
     def barrier():
         if dist.is_initialized():
             dist.barrier()
 
-    actor = _measured(record, "build", lambda: ActorWorker(worker_cfg(args), ctx), lambda: None)
+    def measured(name, work, sync=barrier):
+        return _measured(record, name, work, sync, meter)
+
+    actor = measured("build", lambda: ActorWorker(worker_cfg(args), ctx), lambda: None)
     record["weight_bytes"] = sum((p.to_local() if hasattr(p, "to_local") else p).nbytes
                                  for p in actor.module.parameters())
-    prompts = _prompts(actor.tokenizer)
+    prompts = _prompts(actor.tokenizer, getattr(args, "prompt_copies", 1))
     torch.manual_seed(0)  # every rank of the group samples the same tokens
-    rollout = _measured(record, "rollout.generate", lambda: actor.generate(prompts), barrier)
-    old = _measured(record, "actor.logprob", lambda: actor.logprob(rollout), barrier)
+    rollout = measured("rollout.generate", lambda: actor.generate(prompts))
+    old = measured("actor.logprob", lambda: actor.logprob(rollout))
     mask = rollout["response_mask"].float()
     gen = torch.Generator().manual_seed(1)
     batch = rollout.union(old).update(Batch({
         "advantages": torch.randn(mask.shape, generator=gen) * mask}))
-    metrics = _measured(record, "actor.update", lambda: actor.update(batch), barrier)
+    metrics = measured("actor.update", lambda: actor.update(batch))
     record["update_metrics"] = {k: float(v) for k, v in metrics.meta["metrics"].items()
                                 if isinstance(v, (int, float))}
     record["response_tokens"] = int(mask.sum())
     folder = os.path.join(out_dir, "store")
     os.makedirs(folder, exist_ok=True)
     bucket = max(1, int(args.bucket_mb * MIB))
-    export = _measured(record, "sync.send", lambda: export_policy(
+    export = measured("sync.send", lambda: export_policy(
         actor.module, actor.policy_version, bucket, rank=rank, world_size=world,
-        store=FolderStore(folder)), barrier)
+        store=FolderStore(folder)))
     barrier()
-    if rank == 0:
-        engine = _receiver(actor)
-        _measured(record, "sync.receive", lambda: load_export(engine, export), lambda: None)
+    engine = _receiver(actor) if rank == 0 else None
+    if engine is not None:
+        measured("sync.receive", lambda: load_export(engine, export), lambda: None)
     barrier()
-    equal = _same_weights(actor.module, engine.module if rank == 0 else None)
+    equal = _same_weights(actor.module, engine.module if engine is not None else None)
     if rank == 0:
         record["received_equal"] = equal
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
-        json.dump(record, fh)
-    if dist.is_initialized():
-        from bench.parallel import _leave
-        _leave(rank, world, out_dir)
+    return record
 
 
 def _same_weights(trained, received) -> bool:
