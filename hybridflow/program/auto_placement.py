@@ -7,6 +7,11 @@ reward) run beside the others and cost the planner nothing. With
 `trainer.staleness >= 1` the planner times pipelined steps (streaming ones with
 `trainer.async_mode=streaming`) and may place the rollout role on a pool of its own
 (`placement.roles.rollout`), choosing how many devices each side gets.
+
+The planner offers a generating role tensor parallelism only where the run can build
+it, read from what is declared, not from names: the engine of `rollout.backend`
+registered `tensor_parallel=True`, and the runtime runs each rank as a process
+(`RuntimeName.process_per_rank`); otherwise it plans generation at tp=1.
 """
 from __future__ import annotations
 
@@ -14,11 +19,12 @@ import os
 
 from omegaconf import DictConfig, OmegaConf
 
+from hybridflow.core.modes import RuntimeName
 from hybridflow.plan.compiler import ExecutionPlan
 from hybridflow.program.config import ConfigError
 
 __all__ = ["AUTO_OVERRIDE", "expand_auto", "plan_auto_placement", "run_models",
-           "generation_layouts"]
+           "generation_tp", "generation_layouts"]
 
 AUTO_OVERRIDE = "placement=auto"
 
@@ -69,10 +75,19 @@ def plan_auto_placement(cfg: DictConfig, plan: ExecutionPlan) -> tuple[dict, str
                      ppo_epochs=cfg.actor.ppo_epochs,
                      mini_batches=max(1, -(-cfg.data.batch_size * cfg.rollout.n
                                           // cfg.actor.mini_batch_size))),
-            pipeline=pipeline)
+            rollout_tp=generation_tp(cfg), pipeline=pipeline)
     except (PlanningError, ValueError) as err:
         raise ConfigError(f"placement=auto: {err}") from None
     return generation_layouts(result.best.to_placement_config(), compiled), result.explain()
+
+
+def generation_tp(cfg: DictConfig) -> int:
+    """The planner's `rollout_tp`: 0 (it picks) when the engine and the runtime can run
+    a generating role tensor-parallel, else 1."""
+    from hybridflow.workers.rollout.engine import engine_supports_tp
+    able = engine_supports_tp(str(cfg.rollout.backend)) and \
+        RuntimeName.of(cfg.runtime.name).process_per_rank
+    return 0 if able else 1
 
 
 def generation_layouts(section: dict, plan: ExecutionPlan) -> dict:

@@ -82,3 +82,27 @@ def test_auto_placement_puts_the_generation_tp_on_the_folded_rollout(capsys):
     assert placement.parallel["actor"]["dp"] == world
     assert f"layout: rollout on pool {placement.roles['rollout']}: dp {world // tp} x tp {tp}" \
         in loaded.plan.summary()
+
+
+def test_auto_placement_plans_generation_at_tp_1_where_the_run_cannot_build_more(
+        capsys, monkeypatch):
+    """The planner reads declarations: an engine registered without tensor_parallel, or
+    a runtime that runs every rank in one process, gets the 13B case above at tp=1."""
+    import hybridflow.workers.rollout.engine as engines
+    big = ["model.path=null", "placement.cluster.device=a100-80g", "placement=auto",
+           "placement.cluster.devices_per_node=8", "runtime.name=ray"] + [
+        f"model.hf_config.{key}={value}" for key, value in (
+            ("hidden_size", 5120), ("intermediate_size", 13824), ("num_hidden_layers", 40),
+            ("num_attention_heads", 40), ("num_key_value_heads", 40))]
+    free = prepare(GRPO, big, preflight=False).plan.placement
+    assert max(free.tp_size(r) for r in free.roles) > 1  # tp is what it would pick here
+    monkeypatch.setattr(engines, "engine_supports_tp", lambda name: False)
+    placement = prepare(GRPO, big, preflight=False).plan.placement
+    assert all(placement.tp_size(role) == 1 for role in placement.roles)
+
+
+def test_generation_tp_reads_the_engine_and_the_runtime():
+    from hybridflow.program.auto_placement import generation_tp
+    from hybridflow.program.config import build_config
+    assert generation_tp(build_config(overrides=["runtime.name=ray"])) == 0  # hf: tp ok
+    assert generation_tp(build_config(overrides=["runtime.name=local"])) == 1  # one process
