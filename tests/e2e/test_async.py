@@ -27,27 +27,28 @@ from tests.support.runs import FAST, stable
 def test_each_step_trains_on_the_weights_version_it_promises(tmp_path, k):
     _, seen = run_recording(tmp_path, "trainer.steps=5", f"trainer.staleness={k}",
                             *UNCORRECTED, *FAST)
-    for step, (_, versions, metrics) in seen.items():
+    for step, recorded in seen.items():
         expected = max(0, step - k - 1)  # batch t is sampled after update t - k - 1
-        assert set(versions) == {expected}, step
-        assert metrics["async/staleness/max"] == min(step - 1, k)
-    assert seen[5][2]["async/ahead"] == 0  # nothing generated past the last step
+        assert set(recorded.versions) == {expected}, step
+        assert recorded.metrics["async/staleness/max"] == min(step - 1, k)
+    assert seen[5].metrics["async/ahead"] == 0  # nothing generated past the last step
 
 
 def test_async_trains_the_same_prompts_in_the_same_steps_as_sync(tmp_path):
     _, sync = run_recording(tmp_path / "sync", "trainer.steps=4", *FAST)
     _, ahead = run_recording(tmp_path / "async", "trainer.steps=4", "trainer.staleness=1",
                              *UNCORRECTED, *FAST)
-    assert {s: v[0] for s, v in sync.items()} == {s: v[0] for s, v in ahead.items()}
-    assert [v[1] for v in sync.values()] == [[s - 1] * len(v[1]) for s, v in sync.items()]
+    assert {s: v.uids for s, v in sync.items()} == {s: v.uids for s, v in ahead.items()}
+    assert [v.versions for v in sync.values()] == \
+        [[s - 1] * len(v.versions) for s, v in sync.items()]
 
 
 def test_a_rollout_on_its_own_pool_samples_with_the_synced_version(tmp_path):
     _, seen = run_recording(tmp_path, "trainer.steps=4", "trainer.staleness=1",
                             *UNCORRECTED, *SPLIT, *FAST)
-    assert {s: set(v[1]) for s, v in seen.items()} == {1: {0}, 2: {0}, 3: {1}, 4: {2}}
-    assert seen[4][2]["engine/weight_sync_bytes"] > 0
-    assert {"perf/busy/gen", "perf/busy/main"} <= set(seen[3][2])
+    assert {s: set(v.versions) for s, v in seen.items()} == {1: {0}, 2: {0}, 3: {1}, 4: {2}}
+    assert seen[4].metrics["engine/weight_sync_bytes"] > 0
+    assert {"perf/busy/gen", "perf/busy/main"} <= set(seen[3].metrics)
 
 
 def test_a_pass_queues_the_train_side_first_on_a_shared_worker(tmp_path):
@@ -76,12 +77,12 @@ def test_resume_redraws_the_queued_prompts_and_repeats_none(tmp_path, k):
     assert trainer.saved_step == 2  # batches 3 .. 2 + k were buffered (3 trained, unsaved)
     _, resumed = run_recording(tmp_path / "part", *args, resume=trainer.run.path)
     assert sorted(resumed) == [3, 4, 5]
-    trained = [uid for s in (1, 2) for uid in part[s][0]] + \
-        [uid for s in (3, 4, 5) for uid in resumed[s][0]]
-    assert trained == [uid for s in range(1, 6) for uid in whole[s][0]]
+    trained = [uid for s in (1, 2) for uid in part[s].uids] + \
+        [uid for s in (3, 4, 5) for uid in resumed[s].uids]
+    assert trained == [uid for s in range(1, 6) for uid in whole[s].uids]
     assert len(set(trained)) == len(trained) // 4  # each prompt once, its 4 samples
     # the re-drawn batches were generated again, from the restored weights
-    assert set(resumed[3][1]) == {2} and set(whole[3][1]) == {max(0, 3 - k - 1)}
+    assert set(resumed[3].versions) == {2} and set(whole[3].versions) == {max(0, 3 - k - 1)}
 
 
 def test_async_runs_are_deterministic(tmp_path):
@@ -142,9 +143,9 @@ def test_the_run_scheduler_reproduces_the_metrics_recorded_before_it(tmp_path, g
         assert sorted(now) == sorted(then), step
         for key in then:
             assert now[key] == metric_tolerance(key, then[key]), (step, key)
-    assert {str(s): [v[0], v[1]] for s, v in seen.items()} == baseline["rows"]
+    assert {str(s): [v.uids, v.versions] for s, v in seen.items()} == baseline["rows"]
     if k == 1:  # batch t sampled after update t - 2
-        assert [set(v[1]) for v in seen.values()] == [{0}, {0}, {1}]
+        assert [set(v.versions) for v in seen.values()] == [{0}, {0}, {1}]
 
 
 @pytest.mark.parametrize("graph,extra", [
@@ -156,10 +157,10 @@ def test_other_graphs_train_async(tmp_path, graph, extra):
     _, seen = run_recording(tmp_path, "trainer.steps=3", "trainer.staleness=1",
                             *UNCORRECTED, *FAST, *extra, graph=graph)
     assert sorted(seen) == [1, 2, 3]
-    assert {s: set(v[1]) for s, v in seen.items()} == {1: {0}, 2: {0}, 3: {1}}
-    steps = [set(v[0]) for v in seen.values()]
+    assert {s: set(v.versions) for s, v in seen.items()} == {1: {0}, 2: {0}, 3: {1}}
+    steps = [set(v.uids) for v in seen.values()]
     assert sum(map(len, steps)) == len(set().union(*steps))  # no prompt in two steps
-    assert all(v[2]["async/staleness/max"] <= 1 for v in seen.values())
+    assert all(v.metrics["async/staleness/max"] <= 1 for v in seen.values())
 
 
 def test_a_failure_on_the_rollout_side_names_the_node(tmp_path):
@@ -192,11 +193,11 @@ def test_ray_runs_the_local_schedule(tmp_path):
     args = ("trainer.steps=4", "trainer.staleness=1", *UNCORRECTED, *SPLIT, *FAST)
     trainer, on_ray = run_recording(tmp_path / "ray", *args, "runtime.name=ray")
     _, local = run_recording(tmp_path / "local", *args)
-    assert {s: (v[0], v[1]) for s, v in on_ray.items()} == \
-        {s: (v[0], v[1]) for s, v in local.items()}
-    assert {s: set(v[1]) for s, v in on_ray.items()} == {1: {0}, 2: {0}, 3: {1}, 4: {2}}
-    assert on_ray[3][2]["async/staleness/max"] == 1
-    assert on_ray[3][2]["timing_s/weight_sync"] > 0
+    assert {s: (v.uids, v.versions) for s, v in on_ray.items()} == \
+        {s: (v.uids, v.versions) for s, v in local.items()}
+    assert {s: set(v.versions) for s, v in on_ray.items()} == {1: {0}, 2: {0}, 3: {1}, 4: {2}}
+    assert on_ray[3].metrics["async/staleness/max"] == 1
+    assert on_ray[3].metrics["timing_s/weight_sync"] > 0
     # Ray runs a caller's tasks to one actor in submission order, the train side's
     # first: the log-probs of batch 3 start before the reward of batch 4 on `main`
     order = worker_order(trainer.timelines[3], "main")

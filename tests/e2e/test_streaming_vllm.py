@@ -12,15 +12,14 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from tests.support.async_runs import SPLIT
-from tests.support.stream_runs import check_rows, stream_recording, trained_uids
+from tests.support.async_runs import SPLIT, STREAM, check_rows, run_recording, trained_uids
 from tests.support.vllm_real import VLLM_RUN
 
 pytestmark = pytest.mark.vllm
 
 HEAD32 = ("model.path=null", "model.hf_config.num_attention_heads=2",
           "model.hf_config.num_key_value_heads=1", "model.hf_config.head_dim=32")
-# 8 sequences a vLLM step (stream_runs' 16 requests a batch): some wait, so requests are
+# 8 sequences a vLLM step (async_runs.STREAM's 16 requests a batch): some wait, so requests are
 # in flight whenever an update lands
 RUN = (*VLLM_RUN, *HEAD32, "actor.off_policy=decoupled", "rollout.max_model_len=64",
        "rollout.max_num_seqs=8")
@@ -38,8 +37,8 @@ def _check(trainer, seen, k, steps):
 
 @pytest.mark.parametrize("partial", [True, False], ids=["partial", "restart"])
 def test_vllm_streams_colocated_on_the_local_runtime(tmp_path, partial):
-    trainer, seen = stream_recording(tmp_path, *RUN, "trainer.steps=4", "trainer.staleness=1",
-                                     f"rollout.partial={str(partial).lower()}")
+    trainer, seen = run_recording(tmp_path, *STREAM, *RUN, "trainer.steps=4", "trainer.staleness=1",
+                                  f"rollout.partial={str(partial).lower()}")
     metrics = _check(trainer, seen, 1, 4)
     if partial:  # responses continued across updates, and were trained behind them
         assert sum(m["async/mixed_version_rows"] for m in metrics) > 0
@@ -50,8 +49,8 @@ def test_vllm_streams_colocated_on_the_local_runtime(tmp_path, partial):
 
 
 def test_vllm_streams_with_the_rollout_on_its_own_pool_locally(tmp_path):
-    trainer, seen = stream_recording(tmp_path, *RUN, *SPLIT, "trainer.steps=4",
-                                     "trainer.staleness=2")
+    trainer, seen = run_recording(tmp_path, *STREAM, *RUN, *SPLIT, "trainer.steps=4",
+                                  "trainer.staleness=2")
     metrics = _check(trainer, seen, 2, 4)
     assert metrics[-1]["engine/weight_sync_bytes"] > 0  # the rollout's own copy was fed
     assert max(m["async/staleness/max"] for m in metrics) >= 1
@@ -61,9 +60,9 @@ def test_vllm_streams_with_the_rollout_on_its_own_pool_locally(tmp_path):
 @pytest.mark.ray
 @pytest.mark.usefixtures("ray_session")
 def test_vllm_streams_on_ray_in_the_rollout_workers_thread(tmp_path):
-    trainer, seen = stream_recording(tmp_path, *RUN, *SPLIT, "trainer.steps=4",
-                                     "trainer.staleness=1", "runtime.name=ray",
-                                     "runtime.torch_threads=1")
+    trainer, seen = run_recording(tmp_path, *STREAM, *RUN, *SPLIT, "trainer.steps=4",
+                                  "trainer.staleness=1", "runtime.name=ray",
+                                  "runtime.torch_threads=1")
     assert trainer.scheduler.background
     metrics = _check(trainer, seen, 1, 4)
     assert metrics[-1]["engine/weight_sync_bytes"] > 0

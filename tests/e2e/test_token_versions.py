@@ -10,7 +10,7 @@ import textwrap
 from hybridflow.cli import main
 from tests.support.e2e import train
 from tests.support.runs import FAST
-from tests.support.stream_runs import stream_recording
+from tests.support.async_runs import STREAM, run_recording
 
 GRAPH = textwrap.dedent('''
     import torch
@@ -64,9 +64,9 @@ def test_check_accepts_a_node_reading_token_versions_in_every_mode(tmp_path, cap
 
 
 def test_the_node_sees_each_tokens_version_when_streaming(tmp_path):
-    _, seen = stream_recording(tmp_path, "trainer.steps=4", "trainer.staleness=1",
-                               "rollout.partial=true", "actor.off_policy=decoupled",
-                               graph=graph(tmp_path))
+    _, seen = run_recording(tmp_path, *STREAM, "trainer.steps=4", "trainer.staleness=1",
+                            "rollout.partial=true", "actor.off_policy=decoupled",
+                            graph=graph(tmp_path))
     metrics = [m for _, m, _ in seen.values()]
     engine_mixed = sum(m["async/mixed_version_rows"] for m in metrics)
     node_mixed = sum(m["seen/mixed_rows_total"] for m in metrics)

@@ -31,11 +31,11 @@ def test_grpo_learns_with_a_tp2_vllm_rollout_on_its_own_pool(tmp_path):
 
 
 def test_a_tp2_vllm_rollout_streams_on_its_own_pool(tmp_path):
-    from tests.support.stream_runs import check_rows, stream_recording, trained_uids
-    trainer, seen = stream_recording(tmp_path, *VLLM_RUN, *RAY, *TP2_POOL,
-                                     "rollout.max_model_len=64", "rollout.max_num_seqs=8",
-                                     "actor.off_policy=decoupled", "trainer.steps=3",
-                                     "trainer.staleness=1")
+    from tests.support.async_runs import STREAM, check_rows, run_recording, trained_uids
+    trainer, seen = run_recording(tmp_path, *STREAM, *VLLM_RUN, *RAY, *TP2_POOL,
+                                  "rollout.max_model_len=64", "rollout.max_num_seqs=8",
+                                  "actor.off_policy=decoupled", "trainer.steps=3",
+                                  "trainer.staleness=1")
     check_rows(seen, 1)
     uids = trained_uids(seen)
     assert len(uids) == len(set(uids)) == 4 * 3  # whole groups, each trained once
