@@ -59,13 +59,6 @@ def preflight(cfg: DictConfig, plan: ExecutionPlan) -> None:
     preflight_vllm(cfg)  # the model's head size and dtype, where vLLM imports here
 
 
-# what a built-in engine or training backend imports when a worker builds it; a
-# registered one declares its own: a `requires` tuple on its factory or class
-REQUIRES = {"rollout.backend": {"hf": ("transformers",), "vllm": ("vllm",)},
-            "strategy": {"ddp": ("torch.distributed",),
-                         "fsdp2": ("torch.distributed.fsdp", "torch.distributed.tensor")}}
-
-
 def _missing(module: str) -> str | None:
     """Why `module` cannot be imported here (None: it can), without importing it."""
     try:
@@ -93,14 +86,13 @@ def check_imports(cfg: DictConfig, plan: ExecutionPlan) -> None:
     from hybridflow.workers.rollout.engine import _ENGINES
     if any(n.kind is NodeKind.GENERATE for n in plan.nodes):
         name = str(cfg.rollout.backend)
-        needs = REQUIRES["rollout.backend"].get(name, ())
-        needs += tuple(getattr(_ENGINES.get(name), "requires", ()))
+        # what building it imports: its factory's `requires` (built-in ones too)
+        needs = tuple(getattr(_ENGINES.get(name), "requires", ()))
         _require("rollout.backend", name, needs,
                  [e for e in sorted(_ENGINES) if e != name])
     for role in sorted({n.role for n in plan.nodes if n.kind.trains} & {"actor", "critic"}):
         name = str(cfg[role].strategy)
-        needs = REQUIRES["strategy"].get(name, ()) + \
-            tuple(getattr(BACKENDS.get(name), "requires", ()))
+        needs = tuple(getattr(BACKENDS.get(name), "requires", ()))  # the class declares it
         _require(f"{role}.strategy", name, needs, [b for b in sorted(BACKENDS) if b != name])
     for entry in (cfg.reward.get("scorers") or {}).values():
         if entry.get("function_path"):  # each scorer file imports (with what it imports)

@@ -35,6 +35,7 @@ class TrainingBackend:
     # gradients also sit in all-reduce buckets when world > 1 (DDP): the memory model
     # counts them from this declaration (memory/roles.py)
     gradient_buckets = False
+    requires: tuple[str, ...] = ()  # modules building it imports (`hybridflow check`)
     tensor_parallel = False  # wrap() can shard over the "tp" dim of a role mesh
 
     def __init__(self, world: int, device: torch.device,

@@ -18,6 +18,7 @@ class DDPBackend(TrainingBackend):
     name = "ddp"
     tensor_parallel = False  # DDP replicates whole modules; use fsdp2 for tp > 1
     gradient_buckets = True  # DistributedDataParallel's all-reduce buckets
+    requires = ("torch.distributed",)
 
     def wrap(self, module: torch.nn.Module) -> torch.nn.Module:
         if self.world == 1:

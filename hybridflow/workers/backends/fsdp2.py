@@ -39,6 +39,7 @@ class FSDP2Backend(TrainingBackend):
     name = "fsdp2"
     shards = True
     tensor_parallel = True
+    requires = ("torch.distributed.fsdp", "torch.distributed.tensor")
 
     def __init__(self, world: int, device: torch.device,
                  compute_dtype: torch.dtype = torch.float32, mesh=None):

@@ -22,6 +22,10 @@ __all__ = ["EngineSpec", "RolloutEngine", "register_engine", "make_engine", "eng
 register_engine("hf", make_hf_engine, replace=True, streams=True, tensor_parallel=True)
 register_engine("vllm", make_vllm_engine, replace=True, streams=True,
                 tensor_parallel=make_vllm_engine.tensor_parallel)
+# what building each imports, for `hybridflow check` (program/preflight.py), as a
+# registered factory declares it
+make_hf_engine.requires = ("transformers",)
+make_vllm_engine.requires = ("vllm",)
 # what each holds on a device, for the memory model (engine_memory.py)
 declare_engine_memory("hf", EngineMemory(records_log_probs=True))
 declare_engine_memory("vllm", EngineMemory(reserves_device=True))
