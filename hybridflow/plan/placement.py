@@ -22,6 +22,7 @@ class PoolSpec:
     name: str
     nodes: int = 1
     devices_per_node: int = 1
+    cores: tuple[int, ...] | None = None  # CPU cores its workers run on (Ray; affinity.py)
 
     @property
     def world_size(self) -> int:
@@ -38,9 +39,7 @@ class Placement:
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> "Placement":
         """From the `placement` config section; a misspelt field is a ValueError."""
-        pools = {name: PoolSpec(name, **_fields(p, ("nodes", "devices_per_node"),
-                                                f"placement.pools.{name}"))
-                 for name, p in dict(cfg.get("pools") or {}).items()}
+        pools = {name: _pool(name, p) for name, p in dict(cfg.get("pools") or {}).items()}
         roles = {str(r): str(p) for r, p in dict(cfg.get("roles") or {}).items()}
         parallel = {str(r): _fields(p, ("dp", "tp"), f"placement.parallel.{r}")
                     for r, p in dict(cfg.get("parallel") or {}).items()}
@@ -94,6 +93,24 @@ class Placement:
             lines.append(f"  layout: {role} on pool {pool.name}: dp {pool.world_size // tp} x "
                          f"tp {tp}, tp groups {groups}")
         return lines
+
+
+def _pool(name: str, section) -> PoolSpec:
+    """One pool; its `cores` list (a slice of it for each device of a node) must divide
+    evenly among the node's devices."""
+    section = dict(section or {})
+    cores = section.pop("cores", None)
+    spec = PoolSpec(name, **_fields(section, ("nodes", "devices_per_node", "cores"),
+                                    f"placement.pools.{name}"))
+    if cores is None:
+        return spec
+    cores = tuple(int(c) for c in cores)
+    if not cores or len(cores) % spec.devices_per_node:
+        raise ValueError(
+            f"placement.pools.{name}.cores lists {len(cores)} core(s) for "
+            f"devices_per_node={spec.devices_per_node}: list a multiple of it (each worker "
+            f"of a node runs on an equal slice, in local-rank order)")
+    return PoolSpec(name, spec.nodes, spec.devices_per_node, cores)
 
 
 def _fields(section, known: tuple[str, ...], where: str) -> dict[str, int]:

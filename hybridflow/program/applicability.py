@@ -7,7 +7,8 @@ range of steps, another key it needs -- and what a set key that does not apply g
 `warn` (a line `hybridflow: warning: ...` on stderr: the key is ignored). A key is
 *set* when its value differs from its schema default (`RunConfig`);
 `check_applicable` reads the table before launch (in the pre-flight that `check` and
-`run` share) and knows no key by name.
+`run` share) and knows no key by name. A key may name every entry of a mapping with
+`*` (`placement.pools.*.cores`: each pool's).
 
 Stateless: the table `APPLIES` is fixed at import.
 """
@@ -22,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from hybridflow.core.constraints import ConfigError
 from hybridflow.core.modes import AsyncMode, RuntimeName
 
-__all__ = ["Applies", "APPLIES", "check_applicable", "set_keys"]
+__all__ = ["Applies", "APPLIES", "check_applicable", "rule_of", "set_keys"]
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,8 @@ APPLIES: dict[str, Applies] = {
     "runtime.address": Applies(_CLUSTER, cluster_runtime, "refuse"),
     **{f"runtime.{key}": Applies(_CLUSTER, cluster_runtime) for key in (
         "listen_all", "num_cpus", "num_gpus", "start_timeout_s", "connect_timeout_s")},
+    # `*`: every name under the mapping (each pool); the local runtime has one process
+    "placement.pools.*.cores": Applies(_CLUSTER, cluster_runtime),
 }
 
 
@@ -120,13 +123,36 @@ def set_keys(cfg: DictConfig, keys=None) -> dict[str, Any]:
     """{key: value} of the table's keys (or `keys`) whose value differs from the schema
     default: the keys a user (or a graph's defaults) set."""
     base, out = _defaults(), {}
-    for key in keys if keys is not None else APPLIES:
+    for key in (k for pattern in (keys if keys is not None else APPLIES)
+                for k in _expand(cfg, pattern)):
         value = _select(cfg, key)
         plain = OmegaConf.to_container(value) if isinstance(value, (DictConfig,)) or \
             OmegaConf.is_list(value) else value
         if plain != _plain(_select(base, key)):
             out[key] = plain
     return out
+
+
+def _expand(cfg: DictConfig, pattern: str) -> list[str]:
+    """A table key, with `*` replaced by each name under its mapping in `cfg`
+    (`placement.pools.*.cores` -> one key per pool)."""
+    if ".*." not in pattern:
+        return [pattern]
+    head, tail = pattern.split(".*.", 1)
+    names = _select(cfg, head)
+    return [f"{head}.{name}.{tail}" for name in (names or {})]
+
+
+def rule_of(key: str) -> Applies:
+    """The table's declaration of `key`, directly or through a `*` pattern."""
+    if key in APPLIES:
+        return APPLIES[key]
+    parts = key.split(".")
+    for pattern, rule in APPLIES.items():
+        names = pattern.split(".")
+        if len(names) == len(parts) and all(n in ("*", p) for n, p in zip(names, parts)):
+            return rule
+    raise KeyError(key)
 
 
 def _plain(value):
@@ -138,7 +164,7 @@ def check_applicable(cfg: DictConfig) -> list[str]:
     apply; warn on stderr for the others; returns the warnings' text."""
     said = []
     for key, value in set_keys(cfg).items():
-        rule = APPLIES[key]
+        rule = rule_of(key)
         why = rule.why_not(cfg, value)
         if why is None:
             continue

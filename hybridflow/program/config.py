@@ -118,11 +118,22 @@ class ClusterConfig:
     device: str = checked("cpu", known_device())  # a100-80g | h100-80g | h200-141g | cpu ...
 
 
+def core_ids() -> Rule:
+    """A non-empty list of distinct CPU core ids (placement.pools.<name>.cores)."""
+    def ok(value) -> bool:
+        ids = list(value)
+        return bool(ids) and all(int(c) >= 0 for c in ids) and len(set(ids)) == len(ids)
+    return Rule(ok, "be a non-empty list of distinct core ids (each 0 or more)")
+
+
 @dataclass
 class PoolConfig:
     """One resource pool: `placement.pools.<name>`."""
     nodes: int = checked(1, at_least(1))
     devices_per_node: int = checked(1, at_least(1))
+    # Ray: pin its workers to these cores (an equal slice for each device of a node;
+    # hybridflow/runtime/affinity.py); None: the OS places them
+    cores: Optional[list[int]] = checked(None, core_ids())
 
 
 @dataclass

@@ -201,6 +201,14 @@ class FusedWorker:
         return {"ip": ray.util.get_node_ip_address(), "port": port, "pid": os.getpid(),
                 "node_id": ctx.get_node_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
 
+    def pin(self, cores: tuple[int, ...], key: str, torch_threads: int | None) -> list[int]:
+        """Run on `cores` only, before the roles are built (runtime/affinity.py)."""
+        from hybridflow.runtime.affinity import pin_process
+        try:
+            return pin_process(cores, key, torch_threads)
+        except ValueError as err:  # the driver's headline is the message, no traceback
+            raise WorkerError(str(err)) from None
+
     def start(self, env: dict[str, str], cfg, roles: list[str], bindings: dict[str, type],
               seed: int, make_context: Callable, tp: dict[str, int] | None = None) -> int:
         """Set the torch.distributed env and construct the roles in placement order;

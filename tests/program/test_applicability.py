@@ -29,7 +29,7 @@ VALUES = {
     "data.toy.maker": "algorithms.rewards.word_arith:train_test_rows",
     "runtime.address": "10.0.0.1:6379", "runtime.listen_all": "true",
     "runtime.num_cpus": "2", "runtime.num_gpus": "1", "runtime.start_timeout_s": "5",
-    "runtime.connect_timeout_s": "5",
+    "runtime.connect_timeout_s": "5", "placement.pools.*.cores": "[0]",
 }
 # a rule's words -> (a run where it does not apply, a run where it does)
 CONTEXTS = {
@@ -53,7 +53,12 @@ def test_the_sweep_covers_the_whole_table():
 
 
 def _cfg(key: str, *context: str):
-    return build_config(None, None, [f"{key}={VALUES[key]}", *context])
+    return build_config(None, None, [f"{_one(key)}={VALUES[key]}", *context])
+
+
+def _one(key: str) -> str:
+    """A table key as a run sets it: `*` (every pool) is the default pool, main."""
+    return key.replace("*", "main")
 
 
 @pytest.mark.parametrize("key", sorted(APPLIES))
@@ -61,8 +66,8 @@ def test_a_set_key_that_does_not_apply_is_refused_or_warned_naming_it(key, capsy
     rule = APPLIES[key]
     off, on = CONTEXTS[rule.when]
     cfg = _cfg(key, *off)
-    assert key in set_keys(cfg)
-    start = f"{key}="
+    assert _one(key) in set_keys(cfg)
+    start = f"{_one(key)}="
     if rule.action == "refuse":
         with pytest.raises(ConfigError) as err:
             check_applicable(cfg)
@@ -84,7 +89,7 @@ def test_a_set_key_that_applies_is_said_nothing(key, capsys):
     if key == "trainer.async_mode":
         on = ("trainer.staleness=1",)  # the value itself is streaming
     value = "[1]" if key == "trainer.dump_batches" else VALUES[key]
-    cfg = build_config(None, None, [f"{key}={value}", *on])
+    cfg = build_config(None, None, [f"{_one(key)}={value}", *on])
     assert check_applicable(cfg) == []
     assert capsys.readouterr().err == ""
 

@@ -1,7 +1,8 @@
 """Joining or starting Ray (`connect`: an existing cluster at `runtime.address`, or a
 Ray of the run's own through `session.start_local_ray`) and the worker groups: one
 placement group per node of a pool, one fused actor per device, ranks stable
-(rank = node_index * devices_per_node + local index). Keeps no state of its own: a
+(rank = node_index * devices_per_node + local index); a pool that lists `cores` has
+each rank pinned to its slice before its roles are built. Keeps no state of its own: a
 `WorkerGroup` is the executor's.
 
 A pool's ranks form one torch.distributed world: before any role is constructed
@@ -158,6 +159,8 @@ def start_groups(groups: list[WorkerGroup], cfg, bindings: dict[str, type], seed
     for group in groups:
         group.info = _get_all([a.address.remote() for a in group.actors], timeout,
                               f"pool '{group.spec.name}'", "starting")
+    for group in groups:
+        _pin(group, settings)
     pending = []
     for group in groups:
         refs = [actor.start.remote(_rank_env(group, rank), cfg, group.roles, bindings, seed,
@@ -167,6 +170,20 @@ def start_groups(groups: list[WorkerGroup], cfg, bindings: dict[str, type], seed
     for group, refs in pending:
         _get_all(refs, timeout, f"pool '{group.spec.name}' roles {group.roles}",
                  "constructing")
+
+
+def _pin(group: WorkerGroup, settings: RuntimeSettings) -> None:
+    """Each rank onto its slice of `placement.pools.<name>.cores`, when listed."""
+    spec = group.spec
+    if not spec.cores:
+        return
+    from hybridflow.runtime.affinity import cores_for
+    key = f"placement.pools.{spec.name}.cores"
+    refs = [actor.pin.remote(cores_for(spec.cores, spec.devices_per_node,
+                                       rank % spec.devices_per_node),
+                             key, settings.torch_threads)
+            for rank, actor in enumerate(group.actors)]
+    _get_all(refs, settings.start_timeout, f"pool '{spec.name}'", "pinning to cores")
 
 
 def _rank_env(group: WorkerGroup, rank: int) -> dict[str, str]:
