@@ -20,7 +20,10 @@ random init) and runs, in order, with a barrier between them:
 
 Per phase and rank: seconds, the RSS high-water mark (VmHWM, reset through
 /proc/self/clear_refs right before the phase) and its rise over the RSS at the start
-of the phase. State kept: none (each rank writes its JSON record into the run folder).
+of the phase. A checkpoint's weights are mapped lazily (safetensors): "build" reads
+them all once and the receiver's model is written once before the sync, so no later
+phase counts their first touch as its own memory. State kept: none (each rank writes
+its JSON record into the run folder).
 """
 from __future__ import annotations
 
@@ -144,8 +147,20 @@ def _receiver(actor):
     """A rollout's hf engine on a model of the actor's config (other weights, tp=1)."""
     from hybridflow.workers.models import build_causal_lm
     from hybridflow.workers.rollout.hf import HFEngine
+    import torch
     model = build_causal_lm(actor.model_cfg, actor.tokenizer, actor.device, seed=1)
+    with torch.no_grad():  # weights loaded from safetensors are mapped lazily: written
+        for p in model.parameters():  # here, the sync's peak is its buffers, not them
+            p.add_(0)
     return HFEngine(model, actor.tokenizer, actor.device, shares_module=False, version=0)
+
+
+def _resident(actor):
+    """`actor` with every local weight read once: a checkpoint's weights are mapped
+    lazily, so the first phase to read them would otherwise count them as its own."""
+    for p in actor.module.parameters():
+        float((p.to_local() if hasattr(p, "to_local") else p).sum())
+    return actor
 
 
 def rank_main(rank: int, world: int, port: int, args, out_dir: str) -> None:
@@ -188,7 +203,8 @@ def run_phases(ctx, args, out_dir: str, meter) -> dict:
     def measured(name, work, sync=barrier):
         return _measured(record, name, work, sync, meter)
 
-    actor = measured("build", lambda: ActorWorker(worker_cfg(args), ctx), lambda: None)
+    actor = measured("build", lambda: _resident(ActorWorker(worker_cfg(args), ctx)),
+                     lambda: None)
     record["weight_bytes"] = sum((p.to_local() if hasattr(p, "to_local") else p).nbytes
                                  for p in actor.module.parameters())
     prompts = _prompts(actor.tokenizer, getattr(args, "prompt_copies", 1))
