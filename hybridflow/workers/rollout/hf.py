@@ -16,6 +16,9 @@ sharded: every rank of a tp group receives the same rows and the same sampling s
 (one stream per data-parallel rank), runs `generate` in lockstep (each forward's
 collectives), and samples from whole logits (`full_logits` gathers the head's
 vocabulary shards), so the group draws identical tokens. Streaming is refused there.
+A `rollout` role on a pool of its own at tp > 1 builds its own module the same way,
+sharded over its tp group (`models.build_causal_lm(tp_mesh=...)`: shard by shard from
+a safetensors directory), and `load_weights` copies each rank's part of every tensor.
 
 State: `module` (shared or own), `policy_version` (of the weights in `module`), `tp`
 (fixed when built), the stream loop (stream.py, built at the first submit).
@@ -31,6 +34,7 @@ from hybridflow.workers.backends.tensor_parallel import full_logits, is_tensor_p
 from hybridflow.workers.config import RolloutConfig
 from hybridflow.workers.rollout.engine import UNKNOWN_VERSION, EngineSpec
 from hybridflow.workers.rollout.generation import assemble_rollout
+from hybridflow.workers.shard_build import local_slices
 from hybridflow.workers.sequences import pad_right, position_ids_from_mask
 
 __all__ = ["HFEngine", "make_hf_engine", "sampled_log_probs", "ChosenLogProbs",
@@ -42,11 +46,13 @@ def make_hf_engine(spec: EngineSpec) -> "HFEngine":
         tp = spec.group_tp if is_tensor_parallel(spec.module) else 1
         return HFEngine(spec.module, spec.tokenizer, spec.device, shares_module=True,
                         synced_gpus=spec.synced_gpus, seed=_stream_seed(spec.ctx), tp=tp)
-    from hybridflow.workers.models import build_causal_lm
-    module = build_causal_lm(spec.model_cfg, spec.tokenizer, spec.device, spec.ctx.seed)
-    module.eval().requires_grad_(False)
+    from hybridflow.workers.models import build_causal_lm, role_tp_mesh
+    sharded = spec.group_tp > 1 and spec.group_tp == getattr(spec.ctx, "tp", 1)
+    module = build_causal_lm(spec.model_cfg, spec.tokenizer, spec.device, spec.ctx.seed,
+                             tp_mesh=role_tp_mesh(spec.ctx) if sharded else None)
+    module.eval().requires_grad_(False)  # tp>1: this rank's shard, generating in lockstep
     return HFEngine(module, spec.tokenizer, spec.device, shares_module=False, version=0,
-                    seed=_stream_seed(spec.ctx))
+                    seed=_stream_seed(spec.ctx), tp=spec.group_tp if sharded else 1)
 
 
 def _stream_seed(ctx) -> int:
@@ -178,7 +184,12 @@ class HFEngine:
             if name not in params:
                 raise KeyError(f"rollout engine 'hf' got weight {name!r}, which its model "
                                f"does not have (first of its names: {list(params)[:3]})")
-            params[name].copy_(tensor.to(params[name].device, params[name].dtype))
+            param = params[name]  # a tensor-parallel module's: this rank's part of it
+            if tuple(tensor.shape) != tuple(param.shape):
+                raise ValueError(f"rollout engine 'hf' got weight {name!r} of shape "
+                                 f"{tuple(tensor.shape)}; its model's is {tuple(param.shape)}")
+            local = param.to_local() if hasattr(param, "to_local") else param
+            local.copy_(tensor[local_slices(param)].to(local.device, local.dtype))
 
     def finish_weight_update(self, version: int) -> None:
         self.policy_version = version
