@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hybridflow.core.columns import TOKEN_VERSIONS
 from hybridflow.core.kinds import NodeKind, Op
 from hybridflow.plan.async_split import BUFFER_PREFIX, PROMPT_UNIT, BufferSpec
 from hybridflow.plan.compiler import ExecutionPlan, PlanNode, plan_stages
@@ -106,27 +105,21 @@ def entrance_plan(plan: ExecutionPlan, gen: PlanNode, gather: PlanNode,
                   staleness: int) -> ExecutionPlan | None:
     """The plan of an entrance pass (None when the gather reads the generate node
     itself: nothing to screen): the sources and the generate node (skipped), a buffer
-    node fed the whole groups, and the entrance nodes reading it. `token_versions`
-    travels through the nodes that forward their input."""
+    node fed the whole groups, and the entrance nodes reading it. The stream's
+    columns (`token_versions`, ...) are the generate method's own, so they travel
+    through the nodes that forward their input as any column does."""
     names = entrance_names(plan, gen, gather)
     if not names:
         return None
     feed = PlanNode(BUFFER_PREFIX + gen.name, NodeKind.BUFFER, Op.BUFFER, (gen.name,),
                     f"{gen.location}; screened at the buffer's entrance",
-                    writes=tuple(dict.fromkeys((*gen.writes, TOKEN_VERSIONS))),
-                    input_keys=dict(gen.output_keys),
-                    output_keys={**gen.output_keys, TOKEN_VERSIONS: gen.name},
+                    writes=gen.writes, input_keys=dict(gen.output_keys),
+                    output_keys=dict(gen.output_keys),
                     buffer=BufferSpec(gen.name, staleness, PROMPT_UNIT, staleness,
                                       streaming=True))
     nodes = [n for n in plan.nodes if n.op is Op.SOURCE] + [gen, feed]
-    carried = {feed.name}  # nodes whose output carries token_versions
     for name in names:
         node = plan.node(name)
         deps = tuple(feed.name if d == gen.name else d for d in node.deps)
-        node = replace(node, deps=deps, after=())
-        if node.forwards and carried & set(deps):
-            node = replace(node, input_keys={**node.input_keys, TOKEN_VERSIONS: gen.name},
-                           output_keys={**node.output_keys, TOKEN_VERSIONS: gen.name})
-            carried.add(name)
-        nodes.append(node)
+        nodes.append(replace(node, deps=deps, after=()))
     return replace(plan, nodes=nodes, stages=plan_stages(nodes))
