@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from hybridflow.core.columns import ROLLOUT_LOG_PROBS
 from hybridflow.core.kinds import NodeKind, Op
 from hybridflow.plan.compiler import (SUMMARY_SECTIONS, ExecutionPlan, GraphError, PlanNode,
                                       plan_stages)
@@ -45,7 +46,7 @@ __all__ = ["Sides", "BufferSpec", "split_sides", "staleness_of", "correction_pro
            "CORRECTION_KEY", "PROMPT_UNIT"]
 
 BUFFER_PREFIX = "buffer/"             # a buffer node is named after its producer
-CORRECTION_KEY = "rollout_log_probs"  # a loss reading it corrects for the behaviour policy
+CORRECTION_KEY = ROLLOUT_LOG_PROBS    # a loss reading it corrects for the behaviour policy
 PROMPT_UNIT = "uid"                   # a prompt's samples: what the loader draws together
 
 

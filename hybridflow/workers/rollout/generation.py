@@ -17,7 +17,8 @@ from dataclasses import replace
 import torch
 
 from hybridflow.core.batch import Batch
-from hybridflow.core.columns import POLICY_VERSION, TOKEN_VERSIONS, uniform_token_versions
+from hybridflow.core.columns import (POLICY_VERSION, ROLLOUT_LOG_PROBS, TOKEN_VERSIONS,
+                                     uniform_token_versions)
 from hybridflow.core.metric_names import SAMPLED_VERSION
 from hybridflow.workers.config import RolloutConfig
 from hybridflow.workers.sequences import position_ids_from_mask, response_mask_from_ids
@@ -26,7 +27,7 @@ __all__ = ["GENERATE_WRITES", "ENGINE_COLUMNS", "sampling_options", "assemble_ro
            "generate_rows", "logprob_mismatch"]
 
 ENGINE_COLUMNS = ("prompts", "responses", "response_mask", "input_ids", "attention_mask",
-                  "position_ids", "response_length", "rollout_log_probs")
+                  "position_ids", "response_length", ROLLOUT_LOG_PROBS)
 GENERATE_WRITES = ENGINE_COLUMNS + (POLICY_VERSION, TOKEN_VERSIONS)
 
 
@@ -66,7 +67,7 @@ def assemble_rollout(prompts: Batch, responses: torch.Tensor, pad_id: int, eos_i
         "attention_mask": attention_mask,
         "position_ids": position_ids_from_mask(attention_mask),
         "response_length": response_mask.sum(-1),
-        "rollout_log_probs": log_probs,
+        ROLLOUT_LOG_PROBS: log_probs,
     })
 
 
