@@ -27,9 +27,7 @@ EXAMPLES = {"graph.py", "g.py", "file.py", "path/to/file.py", "my_env.py",
 ELSEWHERE = {("workers/rollout/vllm_group.py", "vllm/distributed/parallel_state.py"),
              ("workers/rollout/vllm_group.py", "config/parallel.py")}  # vLLM's
 # stale names in files being rewritten by others this turn; fixed there, then dropped here
-PENDING = {("runtime/run_scheduler.py", "async_split.py"),
-           ("runtime/stream_client.py", "stream_worker.py"),
-           ("workers/rollout/vllm.py", "tests/workers/rollout/test_vllm_real.py"),
+PENDING = {("workers/rollout/vllm.py", "tests/workers/rollout/test_vllm_real.py"),
            ("plan/placement.py", "affinity.py")}  # runtime/affinity.py
 
 

@@ -1,5 +1,5 @@
 """The agent role's streaming calls (`trainer.async_mode=streaming` over agent
-episodes), called by the run's streaming scheduler (runtime/streaming.py) as it calls
+episodes), called by the run scheduler's stream source (runtime/stream_source.py) as it calls
 the rollout role's (workers/rollout/stream_worker.py).
 
 Episodes stream **whole**: `stream_submit(batch, **options)` queues the prompts the

@@ -1,216 +1,147 @@
-"""The run-long scheduler: what outlives a step (buffers, the batches drawn) and what a
-step is ("submit what is ready", pass after pass, until the step has trained).
+"""The run-long scheduler: one step loop over one buffer, in every mode.
 
-A plan with BUFFER nodes (async_split.py, `trainer.staleness = k >= 1`) has a rollout
-side (upstream of the buffers) and a train side (what reads them). One *pass* is one
-`runtime.run_step` over the whole plan (scheduler.py), with the sides that are not
-ready skipped:
+State first (only this class and the sources it owns change it; workers never see
+it):
+- `draws` (draws.py): what was drawn from the loader and not consumed — the one
+  checkpoint state, in every mode;
+- the source's `ledger` (stream_buffer.py): the buffer, as units with their numbers
+  (rows, oldest `policy_version`, sums), never their rows, and the one admission
+  rule (`admits`: every row sampled by weights >= the trained version - k);
+- the source: where samples come from — `PassSource` (pass_source.py: a node's output,
+  made inside the passes; capacity 0 is the synchronous loop, bit for bit) or
+  `StreamSource` (stream_source.py: a rollout engine generating continuously, its
+  samples waiting on the rollout workers).
 
-- the rollout side is ready while the buffers have room: fewer than k batches held
-  once the one being trained leaves, and batches left to draw (`trainer.steps`);
-- the train side is ready when the buffers hold an admissible batch: the oldest
-  (batches are trained in the order they were drawn), whose rows all have a
-  `policy_version` >= the trained version - k (the buffer's admission rule), once
-  the buffers are full (k held) or nothing is left to draw. Filling first is what
-  makes it a pipeline k deep: releasing a batch as soon as one is held would train
-  on fresher samples but never let the rollout run more than one batch ahead.
+A step, "submit what is ready", until it has trained:
+1. `ready`: the units the step trains, once the ledger admits them (a pipeline
+   releases its oldest batch when full; a stream, `data.batch_size` whole groups,
+   after topping up the prompts in flight and generating stale groups again);
+2. `generates`: whether this pass also runs the rollout side (pipelined: while the
+   buffers have room and batches are left to draw);
+3. neither: `wait` (a stream polls its engine; a pipeline has nothing to wait for:
+   an error);
+4. a pass (`runtime.run_step`) with the feeds the source gives (the taken units'
+   rows, left on the workers, and fresh draws) and the sides not ready skipped;
+5. `after_pass` (a fresh batch joins the ledger), `trained` (its prompts consumed).
 
-A step runs passes until one trained: the first step of a run generates k batches
-first (each pass generates one), then every pass trains batch t while generating
-t + k, and the last k steps only train. Within a pass the weights a generation
-samples with change only after it (`PlanNode.after`), so batch t is sampled with the
-weights after update max(0, t - k - 1) on both runtimes. A plan without buffers
-(synchronous, capacity 0) runs one pass per step, every node in it: the step the
-loop always ran, bit for bit.
+One result assembly (`_result`): the rollout side's node metrics of the units trained
+(from when they were made, or from the stream's numbers), the train side's of this
+pass, in plan order; timings of every pass of the step; one definition of staleness
+(`async/staleness/mean|max`: the trained version, step - 1, minus the rows'
+`policy_version`; `token_mean` and `async/mixed_version_rows` where rows carry
+per-token versions) and of `async/ahead` (prompts drawn and not trained beyond this
+step's: groups). A synchronous plan returns its one pass's result as it is.
 
-State (only this class's methods change it; workers never see it):
-- `held`: the buffers' contents, oldest first: per batch, each buffer's output left on
-  the workers (`NodeOutput`: shards stay where they were made), the rows' versions
-  (`{policy_version: rows}`, from the task metas), the rollout side's metrics and rows
-  from when it ran, and the loader's state from before its prompts were drawn.
-- `drawn`: the last step whose batch was drawn.
-The loader (`PromptLoader`) is the loop's; only this scheduler draws from it.
-
-Checkpoints ask `state_dict()`: the loader as it was before the oldest held batch, so
-a resume re-draws exactly the prompts held (and in flight) at the save, and
-`load_state_dict` empties the buffers: no prompt is lost or trained twice.
+Checkpoints ask `state_dict()` (draws.py): the loader before the oldest draw not
+consumed and what a resume must not draw again; `load_state_dict` empties the buffer:
+no prompt is lost or trained twice.
 """
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass
 
-from hybridflow.core.kinds import Op
-from hybridflow.core.metric_names import RUNTIME_PREFIX, TIMING_PREFIX, TRAINED_VERSION_SUFFIX
-from hybridflow.plan.async_split import buffer_nodes, sides_of, staleness_of
+from hybridflow.core.metric_names import RUNTIME_PREFIX, TIMING_PREFIX
+from hybridflow.plan.async_split import staleness_of
 from hybridflow.plan.compiler import ExecutionPlan
 from hybridflow.plan.streaming_split import is_streaming
 from hybridflow.runtime.common import StepResult
-from hybridflow.runtime.streaming import StreamingScheduler
+from hybridflow.runtime.draws import Draws
+from hybridflow.runtime.pass_source import HeldBatch, PassSource, StaleBatchError
+from hybridflow.runtime.stream_source import StreamSource
 
 __all__ = ["RunScheduler", "HeldBatch", "StaleBatchError", "make_run_scheduler"]
 
 
 def make_run_scheduler(runtime, plan: ExecutionPlan, loader):
-    """The run-long scheduler a plan needs: the streaming one for a streaming buffer
-    (streaming.py), else this module's (synchronous or pipelined)."""
-    if is_streaming(plan):
-        return StreamingScheduler(runtime, plan, loader)
+    """The run-long scheduler of `plan` (one for every mode)."""
     return RunScheduler(runtime, plan, loader)
 
 
-class StaleBatchError(RuntimeError):
-    """A held batch that its buffer's admission rule refuses."""
-
-
-@dataclass
-class HeldBatch:
-    """One batch in the buffers."""
-    step: int                      # the step that trains it
-    outputs: dict                  # buffer node -> its producer's NodeOutput
-    versions: dict                 # policy_version -> rows, of its samples
-    node_metrics: dict             # rollout node -> its metrics when it ran
-    rows: dict                     # rollout node -> rows
-    loader_state: dict             # the loader before its prompts were drawn
-
-
-def _handle(result: StepResult, name: str):
-    outputs = result.outputs
-    return outputs.handle(name) if hasattr(outputs, "handle") else outputs[name]
-
-
 class RunScheduler:
-    def __init__(self, runtime, plan: ExecutionPlan, loader):
+    def __init__(self, runtime, plan: ExecutionPlan, loader, background: bool | None = None):
+        """`background`: whether a stream's engine loop runs on the rollout worker's own
+        thread (default: on Ray with the rollout in a process of its own)."""
         self.runtime, self.plan, self.loader = runtime, plan, loader
-        self.k = staleness_of(plan)
-        self.buffers = buffer_nodes(plan)
-        sides = sides_of(plan)
-        self.train_side = frozenset(sides.train) | {b.name for b in self.buffers} \
-            if sides else frozenset()
-        self.rollout_side = frozenset(n.name for n in plan.nodes) - self.train_side
-        self.sources = [n.name for n in plan.nodes if n.op is Op.SOURCE]
-        self.held: deque[HeldBatch] = deque()
-        self.drawn = 0
+        self.draws = Draws(loader)
+        self.k = staleness_of(plan)  # the buffer's capacity: 0 is the synchronous loop
+        self.source = StreamSource(runtime, plan, loader, self.draws, background) \
+            if is_streaming(plan) else PassSource(runtime, plan, loader, self.draws)
+
+    @property
+    def ledger(self):
+        return self.source.ledger
 
     # ------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
-        """What a checkpoint saves of the schedule: the loader before the oldest batch
-        not yet trained (the buffers themselves are not saved: re-drawn on resume)."""
-        return {"loader": self.held[0].loader_state if self.held
-                else self.loader.state_dict()}
+        return self.draws.state_dict()
 
     def load_state_dict(self, state: dict, step: int) -> None:
-        """Resume after `step`: the loader restored, the buffers empty."""
-        self.loader.load_state_dict(state["loader"])
-        self.held.clear()
-        self.drawn = step
+        """Resume after `step`: the loader restored, the buffer empty."""
+        self.draws.load_state_dict(state)
+        self.source.resumed(step)
 
     # ------------------------------------------------------------------ steps
     def step(self, step: int, last_step: int) -> StepResult:
         """Passes until step `step` has trained; its result as one step's."""
-        passes = []
+        trained, source, passes = step - 1, self.source, []
+        source.begin(step)
         while True:
-            full = len(self.held) >= self.k or self.drawn >= last_step
-            batch = self._admissible(step) if full else None
-            room = len(self.held) < self.k or not self.buffers  # the trained one left
-            generate = room and self.drawn < last_step
-            if batch is None and not generate:
-                raise RuntimeError(f"step {step}: nothing to train and nothing left to "
-                                   f"generate (held batches: {[b.step for b in self.held]})")
-            result, fresh = self._pass(batch, generate)
+            taken = source.ready(step, last_step, trained)
+            generate = source.generates(step, last_step)
+            if taken is None and not generate:
+                source.wait(step)
+                continue
+            feeds, skip, draw = source.feeds(taken, generate)
+            result = self.runtime.run_step(feeds, plan=self.plan, skip=skip, draw=draw)
             passes.append(result)
-            trained = batch or (fresh if not self.buffers else None)
-            if trained is not None:
-                return self._combined(result, trained, passes[:-1])
-
-    def _admissible(self, step: int) -> HeldBatch | None:
-        """The oldest held batch, when the buffers admit it for `step`'s update."""
-        if not self.held:
-            return None
-        batch = self.held[0]
-        if batch.step != step:
-            raise RuntimeError(f"the buffers hold the batch of step {batch.step} at step "
-                               f"{step}")
-        trained = step - 1  # updates so far: the version the update starts from
-        oldest = min((v for v in batch.versions if v >= 0), default=None)
-        bound = min(b.buffer.max_staleness for b in self.buffers)
-        if oldest is not None and oldest < trained - bound:
-            raise StaleBatchError(
-                f"buffer '{self.buffers[0].name}': the batch of step {step} holds rows of "
-                f"policy_version {oldest}, more than {bound} update(s) behind the trained "
-                f"version {trained}")
-        self.held.popleft()
-        return batch
-
-    def _pass(self, batch: HeldBatch | None, generate: bool):
-        """One scheduler pass: the train side on `batch` (if any), the rollout side on
-        fresh draws (if `generate`); the fresh batch goes into the buffers."""
-        skip = (frozenset() if generate else self.rollout_side) | \
-            (frozenset() if batch is not None or not self.buffers else self.train_side)
-        feeds, state = dict(batch.outputs) if batch is not None else {}, None
-        if generate:
-            state = self.loader.state_dict()
-            feeds.update({s: self.loader.next_batch() for s in self.sources})
-            self.drawn += 1
-        result = self.runtime.run_step(feeds, plan=self.plan, skip=skip,
-                                       draw=lambda source: self.loader.next_batch())
-        fresh = self._keep(result, state) if generate else None
-        return result, fresh
-
-    def _keep(self, result: StepResult, state: dict) -> HeldBatch:
-        if not self.buffers:  # synchronous: trained in the pass that made it
-            return HeldBatch(self.drawn, {}, {}, {}, {}, state)
-        producers = {b.name: _handle(result, b.buffer.producer) for b in self.buffers}
-        versions = next((o.versions for o in producers.values() if o.versions), {})
-        names = [n for n in self.rollout_side if n in result.node_metrics]
-        batch = HeldBatch(self.drawn, producers, dict(versions),
-                          {n: result.node_metrics[n] for n in names},
-                          {n: result.rows.get(n, 0) for n in self.rollout_side
-                           if n in result.rows}, state)
-        self.held.append(batch)
-        return batch
+            source.after_pass(result, generate)
+            if taken is None and source.synchronous:
+                return result  # capacity 0: the pass trained what it made
+            if taken is not None:
+                source.trained(step, last_step, taken)
+                return self._result(result, passes[:-1], taken, trained)
 
     # ---------------------------------------------------------------- results
-    def _combined(self, result: StepResult, batch: HeldBatch, earlier: list) -> StepResult:
-        """The step's result as a synchronous step reports it: the rollout side's
-        metrics of the batch trained (from when it was generated), the train side's of
-        this pass; timings and the timeline of this pass and of earlier ones."""
-        if not self.buffers:
-            return result
+    def _result(self, result: StepResult, earlier: list, taken: list,
+                trained: int) -> StepResult:
+        """The step's result as a synchronous step reports it (see the docstring)."""
+        rollout, rows, extra, timeline, driver_bytes = self.source.rollout_parts(taken)
+        side = self.source.rollout_side
         node_metrics = {}
         for node in self.plan.nodes:
-            source = batch.node_metrics if node.name in self.rollout_side \
-                else result.node_metrics
+            source = rollout if node.name in side else result.node_metrics
             if node.name in source:
                 node_metrics[node.name] = source[node.name]
         merged = {}
         for metrics in node_metrics.values():
             merged.update(metrics)
-        extra = {k: v for k, v in result.metrics.items()
-                 if k.startswith((TIMING_PREFIX, RUNTIME_PREFIX))}
+        merged.update({k: v for k, v in result.metrics.items()
+                       if k.startswith((TIMING_PREFIX, RUNTIME_PREFIX))})
         for run in earlier:
             for key, value in run.metrics.items():
                 if key.startswith(TIMING_PREFIX):
-                    extra[key] = extra.get(key, 0.0) + value
+                    merged[key] = merged.get(key, 0.0) + value
         merged.update(extra)
-        merged.update(self._staleness(batch, node_metrics))
-        timeline = [e for run in earlier for e in run.timeline] + result.timeline
+        merged.update(staleness([stats for _, stats in taken], trained))
+        merged["async/ahead"] = float(self.source.ahead())
+        timeline = sorted([e for run in earlier for e in run.timeline] + result.timeline
+                          + timeline, key=lambda e: e["start"])
         return StepResult(outputs=result.outputs, metrics=merged, node_metrics=node_metrics,
-                          rows={**result.rows, **batch.rows}, timeline=timeline,
-                          driver_bytes=result.driver_bytes + sum(r.driver_bytes
-                                                                 for r in earlier))
+                          rows={**result.rows, **rows}, timeline=timeline,
+                          driver_bytes=result.driver_bytes + driver_bytes
+                          + sum(r.driver_bytes for r in earlier))
 
-    def _staleness(self, batch: HeldBatch, node_metrics: dict) -> dict:
-        """Updates between the weights that sampled the batch's rows (their
-        `policy_version`s) and those trained (`<role>/trained_version`)."""
-        trained = [v for n, m in node_metrics.items() if self.plan.node(n).kind.trains
-                   for k, v in m.items() if k.endswith(TRAINED_VERSION_SUFFIX)]
-        out = {"async/ahead": float(len(self.held))}
-        rows = {v: c for v, c in batch.versions.items() if v >= 0}
-        if trained and rows:
-            top = max(trained)
-            total = sum(rows.values())
-            out["async/staleness/mean"] = float(sum((top - v) * c for v, c in rows.items())
-                                                / total)
-            out["async/staleness/max"] = float(top - min(rows))
-        return out
+
+def staleness(units: list, trained: int) -> dict:
+    """Updates between the weights that sampled the trained rows (their
+    `policy_version`s, from the units' numbers) and the trained version."""
+    rows = sum(u.rows for u in units)
+    if not rows:
+        return {}
+    out = {"async/staleness/mean": float(trained - sum(u.version_sum for u in units) / rows),
+           "async/staleness/max": float(trained - min(u.min_version for u in units if u.rows))}
+    tokens = sum(u.tokens for u in units)
+    if tokens:  # rows that carry per-token versions (streamed ones)
+        out["async/staleness/token_mean"] = float(
+            trained - sum(u.token_version_sum for u in units) / tokens)
+        out["async/mixed_version_rows"] = sum(u.mixed_rows for u in units) / rows
+    return out

@@ -1,15 +1,18 @@
-"""The streaming buffer's ledger (`trainer.async_mode=streaming`): which groups are
-whole and where, never their rows.
+"""The buffer's ledger, in every async mode: which units are whole, with their
+numbers, never their rows; the one admission rule.
 
-A group is the buffer's unit (`uid`: a prompt's n samples, what GRPO's advantages
-need together). Its samples wait on the rollout worker that generated them
-(workers/rollout/stream_store.py) until all n have finished; the worker's next poll
-then reports the group whole with its `GroupStats` (rows, oldest version, sums), and
-it joins `whole` here in the order groups completed. `take(n, trained, k)` releases
-the first n whole groups that the admission rule accepts — every sample's
-`policy_version` (the version of the weights that sampled its oldest token) >=
-trained - k, read from the stats — and returns the groups it refuses (stale: their
-prompts are generated again, never trained stale and never lost).
+A unit is what the buffer admits whole: when streaming, a group (`uid`: a prompt's n
+samples, what GRPO's advantages need together); when pipelined, a batch (its rows
+left on the workers by the pass that made them, pass_source.py). A streamed group's
+samples wait on the rollout worker that generated them (workers/rollout/
+stream_store.py) until all n have finished; the worker's next poll then reports the
+group whole with its `GroupStats` (rows, oldest version, sums), and it joins `whole`
+here in the order groups completed (a pipelined batch joins whole when its pass is
+done). `take(n, trained, k)` releases the first n whole units that the admission
+rule (`admits`) accepts — every row's `policy_version` (the version of the weights
+that sampled its oldest token) >= trained - k, read from the stats — and returns the
+units it refuses (stale: a group's prompts are generated again, never trained stale
+and never lost; a pipelined batch cannot be stale by construction, and is an error).
 
 With an entrance filter (`screened`: DAPO's dynamic sampling, stream_entrance.py) a
 group that becomes whole waits in `arrived` until the scheduler screens it:
@@ -18,15 +21,22 @@ group that becomes whole waits in `arrived` until the scheduler screens it:
 
 State: `expected` (uid -> samples submitted), `arrived` (uid -> stats, whole, not yet
 screened; screened buffers only), `whole` (uid -> stats, in completion order). Only
-its methods change it; the streaming scheduler owns one.
+its methods change it; the run scheduler's source owns one.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
 
-from hybridflow.workers.rollout.stream_store import GroupStats
+from hybridflow.core.group_stats import GroupStats
 
-__all__ = ["GroupBuffer", "GroupStats"]
+__all__ = ["GroupBuffer", "GroupStats", "admits"]
+
+
+def admits(stats: GroupStats, trained: int, k: int) -> bool:
+    """The admission rule: every row sampled by weights at most k updates behind the
+    trained version (a unit without a known version — weights not loaded yet — is
+    admitted)."""
+    return not stats.rows or stats.min_version >= trained - k
 
 
 class GroupBuffer:
@@ -75,8 +85,7 @@ class GroupBuffer:
              short: bool = False) -> tuple[list[tuple[str, GroupStats]], list[str]]:
         """(the first n admissible whole groups, or [] when fewer are whole — `short`:
         as many as there are, if any; the stale groups removed)."""
-        stale = [uid for uid, stats in self.whole.items()
-                 if stats.min_version < trained - k]
+        stale = [uid for uid, stats in self.whole.items() if not admits(stats, trained, k)]
         for uid in stale:
             del self.whole[uid]
             del self.expected[uid]

@@ -4,9 +4,9 @@ generates which prompt, the calls that drive the role's stream, and what they co
 Each engine (a tp group of `tp` ranks, or one rank) is a *share*: prompt i of a draw
 goes to share i mod (world / tp) and stays there (a stale group is generated again on
 the share that holds it), so a prompt is sent to the ranks that generate it and no
-other. Only a share's first rank reports and holds rows (workers/rollout/
-stream_worker.py). A poll asks every rank (a tp group steps in lockstep) and receives
-per-group numbers (`GroupStats` tuples); the rows stay on the workers until a pass
+other. Only a share's first rank reports and holds rows
+(workers/rollout/stream_worker.py). A poll asks every rank (a tp group steps in
+lockstep) and receives per-group numbers (`GroupStats` tuples); the rows stay on the workers until a pass
 takes them (`take`: a `StreamTake` feed, tasks on the holding workers) or an entrance
 filter's verdict is sent back to them (`keep`: the filter's output shards go worker to
 worker).

@@ -1,7 +1,8 @@
 """The stream side's records in a streaming run's timeline (`trainer.async_mode=streaming`).
 
 The train side's tasks are recorded by the pass that runs them; the generation is not a
-task of a pass: the streaming scheduler (streaming.py) drives it through `stream_poll`.
+task of a pass: the run scheduler's stream source (stream_source.py) drives it through
+`stream_poll`.
 What the scheduler sees of it, per rank of the rollout role, becomes timeline records
 of the generate node, `{"node", "role", "pool", "rank", "start", "end", "stream",
 "decode_steps", "rows"}`:

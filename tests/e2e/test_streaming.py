@@ -65,7 +65,7 @@ def _check_the_background_loop(trainer, seen, tmp_path) -> None:
     thread, the weights reached the rollout's own copy, and the stream side is on
     record (runtime/stream_record.py): the engine's work between polls on the rollout's
     pool, every decode step it counted, for the timeline."""
-    assert trainer.scheduler.background
+    assert trainer.scheduler.source.background
     pairs = {(u, v) for rows, _, _ in seen.values()
              for u, v in zip(rows["uid"], rows["policy_version"].tolist())}
     assert {u for u, _ in pairs} == set(trained_uids(seen))
@@ -109,7 +109,7 @@ def test_dapo_streams_with_its_filter_at_the_buffer_entrance(tmp_path, runtime_n
     assert dropped  # some were dropped, none trained
     assert sum(m["dapo/dropped_groups_total"] for m in metrics) == len(dropped)
     drawn = {f"u{i}" for i in range(trainer.train_loader.served)}
-    assert set(uids) | dropped | set(trainer.scheduler.prompts) == drawn  # more drawn instead
+    assert set(uids) | dropped | set(trainer.scheduler.source.prompts) == drawn  # more drawn instead
 
 
 def test_agent_episodes_stream_whole_with_one_version_each(tmp_path, runtime_name):
@@ -120,7 +120,7 @@ def test_agent_episodes_stream_whole_with_one_version_each(tmp_path, runtime_nam
     trainer, seen = run_recording(tmp_path, *STREAM, f"trainer.steps={steps}",
                                   "trainer.staleness=1", *CORRECTED,
                                   "rollout.micro_batch_size=12", *placed, graph="agent_grpo")
-    assert not trainer.scheduler.background
+    assert not trainer.scheduler.source.background
     check_rows(seen, 1)
     uids = trained_uids(seen)
     assert len(uids) == len(set(uids)) == steps * 4
@@ -175,12 +175,12 @@ def test_resume_redraws_in_flight_and_buffered_prompts_exactly_once(tmp_path, k,
     trained = before + after
     assert len(trained) == len(set(trained)) == 5 * 4  # each prompt once
     for trainer, uids in ((whole_trainer, trained_uids(whole)), (resumed_trainer, trained)):
-        left = set(trainer.scheduler.prompts)  # drawn, in flight when the run ended
+        left = set(trainer.scheduler.source.prompts)  # drawn, in flight when the run ended
         assert not left & set(uids) and set(uids) | left == _drawn(trainer)
     # the prompts drawn and untrained at the save were drawn again by the resumed run
     at_save = part[2].pending
     assert at_save and not at_save & set(before)
-    assert at_save <= set(after) | set(resumed_trainer.scheduler.prompts)
+    assert at_save <= set(after) | set(resumed_trainer.scheduler.source.prompts)
 
 
 @pytest.mark.slow  # a 30-step training run

@@ -27,4 +27,4 @@ def test_agent_streaming_resume_trains_each_prompt_once(tmp_path):
     trained = before + trained_uids(resumed)
     assert len(trained) == len(set(trained)) == 5 * 4
     at_save = part[2].pending  # drawn and untrained at the save: drawn again
-    assert at_save and at_save <= set(trained) | set(resumed_trainer.scheduler.prompts)
+    assert at_save and at_save <= set(trained) | set(resumed_trainer.scheduler.source.prompts)

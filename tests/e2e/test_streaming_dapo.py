@@ -40,7 +40,7 @@ def test_dapo_resume_trains_each_kept_prompt_once_and_never_redraws_a_dropped_on
     trained = before + after
     assert len(trained) == len(set(trained)) == 5 * 4  # each kept prompt once
     dropped_after = _dropped(resumed_trainer, resumed)
-    left = set(resumed_trainer.scheduler.prompts)
+    left = set(resumed_trainer.scheduler.source.prompts)
     # a prompt dropped before the save stays consumed: never drawn again
     assert not dropped_before & (set(after) | dropped_after | left)
     dropped = dropped_before | dropped_after

@@ -20,7 +20,7 @@ import time
 import pytest
 
 from hybridflow.cli import main
-from hybridflow.runtime.streaming import StreamingScheduler
+from hybridflow.runtime.stream_source import StreamSource
 from tests.support.async_runs import SPLIT
 from tests.support.e2e import graph_file
 
@@ -47,8 +47,7 @@ def _dead(pid: int) -> bool:
 def observed(monkeypatch):
     """Per run: the uids each trained step took (in order), the pid killed."""
     seen = {"trained": [], "killed": None, "step": 0, "killed_at": None}
-    top_up, poll, trained = (StreamingScheduler._top_up, StreamingScheduler._poll,
-                             StreamingScheduler._trained)
+    top_up, poll, trained = StreamSource._top_up, StreamSource._poll, StreamSource.trained
 
     def note_step(self, step, last_step):
         seen["step"] = step
@@ -59,7 +58,7 @@ def observed(monkeypatch):
         cannot fill it, and once after its pass): this poll is the next call to reach
         the rollout worker."""
         if seen["step"] >= ARMED and seen["killed"] is None:
-            assert self.background and self.groups.expected  # requests in flight
+            assert self.background and self.ledger.expected  # requests in flight
             (info,) = self.runtime.worker_info("gen")
             seen["killed"], seen["killed_at"] = info["pid"], seen["step"]
             os.kill(info["pid"], signal.SIGKILL)
@@ -68,13 +67,13 @@ def observed(monkeypatch):
                 time.sleep(0.05)
         return poll(self, *args, **kwargs)
 
-    def record(self, uids):
-        seen["trained"].append(list(uids))
-        trained(self, uids)
+    def record(self, step, last_step, taken):
+        seen["trained"].append([uid for uid, _ in taken])
+        trained(self, step, last_step, taken)
 
-    monkeypatch.setattr(StreamingScheduler, "_top_up", note_step)
-    monkeypatch.setattr(StreamingScheduler, "_poll", kill_mid_stream)
-    monkeypatch.setattr(StreamingScheduler, "_trained", record)
+    monkeypatch.setattr(StreamSource, "_top_up", note_step)
+    monkeypatch.setattr(StreamSource, "_poll", kill_mid_stream)
+    monkeypatch.setattr(StreamSource, "trained", record)
     return seen
 
 

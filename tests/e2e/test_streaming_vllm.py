@@ -63,7 +63,7 @@ def test_vllm_streams_on_ray_in_the_rollout_workers_thread(tmp_path):
     trainer, seen = run_recording(tmp_path, *STREAM, *RUN, *SPLIT, "trainer.steps=4",
                                   "trainer.staleness=1", "runtime.name=ray",
                                   "runtime.torch_threads=1")
-    assert trainer.scheduler.background
+    assert trainer.scheduler.source.background
     metrics = _check(trainer, seen, 1, 4)
     assert metrics[-1]["engine/weight_sync_bytes"] > 0
 

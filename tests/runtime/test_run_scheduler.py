@@ -12,6 +12,7 @@ from hybridflow.plan.async_split import BUFFER_PREFIX, sides_of
 from hybridflow.program.assemble import prepare
 from hybridflow.runtime.common import StepResult
 from hybridflow.runtime.outputs import NodeOutput
+from hybridflow.runtime.pass_source import batch_stats
 from hybridflow.runtime.run_scheduler import RunScheduler, StaleBatchError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -103,7 +104,7 @@ def test_synchronous_is_one_pass_a_step_with_every_node():
     scheduler = RunScheduler(runtime, plan, loader)
     for step in (1, 2, 3):
         result = scheduler.step(step, 3)
-        assert result.metrics == {} and not scheduler.held  # the pass's own result
+        assert result.metrics == {} and not scheduler.source.held  # the pass's own result
     assert [p["ran"] for p in runtime.passes] == [[n.name for n in plan.nodes]] * 3
 
 
@@ -113,10 +114,11 @@ def test_a_checkpoint_gets_the_loader_before_the_oldest_held_batch():
     scheduler = RunScheduler(runtime, plan, loader)
     scheduler.step(1, 6)
     scheduler.step(2, 6)
-    assert [b.step for b in scheduler.held] == [3, 4] and loader.drawn == 4
-    assert scheduler.state_dict() == {"loader": {"drawn": 2}}  # batches 3, 4 re-drawn
+    assert [b.step for b in scheduler.source.held.values()] == [3, 4] and loader.drawn == 4
+    # batches 3, 4 re-drawn; a pipeline consumes in order: nothing to skip
+    assert scheduler.state_dict() == {"loader": {"drawn": 2}, "stream_skip": []}
     scheduler.load_state_dict(scheduler.state_dict(), step=2)
-    assert not scheduler.held and scheduler.drawn == 2 and loader.drawn == 2
+    assert not scheduler.source.held and scheduler.source.drawn == 2 and loader.drawn == 2
     scheduler.step(3, 6)  # refills: batches 3 and 4 again, then trains 3 with 5 drawn
     assert [p["feeds"].get("prompts") for p in runtime.passes[-3:]] == [3, 4, 5]
 
@@ -127,8 +129,10 @@ def test_a_batch_older_than_the_bound_is_refused_naming_the_buffer():
     scheduler = RunScheduler(runtime, plan, loader)
     scheduler.step(1, 5)
     scheduler.step(2, 5)
-    assert scheduler.held[0].versions == {1: 8}  # batch 3, after update 1: admissible
-    scheduler.held[0].versions = {0: 6, 1: 2}  # as if some rows were sampled earlier
+    (unit, held), = scheduler.source.held.items()
+    assert held.versions == {1: 8}  # batch 3, after update 1: admissible
+    held.versions = {0: 6, 1: 2}  # as if some rows were sampled earlier
+    scheduler.ledger.whole[unit] = batch_stats(held.versions)
     with pytest.raises(StaleBatchError, match=r"buffer 'buffer/rollout.generate'.*step 3 "
                                               r"holds rows of policy_version 0, more than 1"):
         scheduler.step(3, 5)

@@ -71,7 +71,7 @@ def test_the_streaming_scheduler_puts_the_stream_side_in_each_steps_timeline():
     one after the pass are on record, with every decode step the engine counted."""
     from stream_fakes import STEPS, FakeStream, Loader, plan_for
 
-    from hybridflow.runtime.streaming import StreamingScheduler
+    from hybridflow.runtime.run_scheduler import RunScheduler
 
     class Threaded(FakeStream):
         polls = 0
@@ -86,7 +86,7 @@ def test_the_streaming_scheduler_puts_the_stream_side_in_each_steps_timeline():
             return out
 
     engine = Threaded(3)
-    sched = StreamingScheduler(engine, plan_for(1), Loader(), background=True)
+    sched = RunScheduler(engine, plan_for(1), Loader(), background=True)
     timelines = [sched.step(step, STEPS).timeline for step in range(1, STEPS + 1)]
     stream = [r for t in timelines for r in t if r.get("stream")]
     assert stream and all(r["node"] == "rollout.generate" and r["rank"] == 0 for r in stream)

@@ -12,7 +12,7 @@ import os
 import pytest
 
 from hybridflow.runtime.common import StepResult
-from hybridflow.runtime.streaming import StreamingScheduler
+from hybridflow.runtime.run_scheduler import RunScheduler
 from stream_fakes import N, REPO, SIZE, STEPS, FakeStream, Loader
 from hybridflow.program.assemble import prepare
 
@@ -83,14 +83,14 @@ class Shards:
 
 def run(k, seed, every=3, max_rounds=100, steps=range(1, STEPS + 1), state=None):
     engine = FilteringStream(seed, every, version=steps[0] - 1)
-    sched = StreamingScheduler(engine, dapo_plan(k, max_rounds), Loader(), background=False)
+    sched = RunScheduler(engine, dapo_plan(k, max_rounds), Loader(), background=False)
     if state is not None:
         sched.load_state_dict(state, steps[0] - 1)
     results, states, filtered = {}, {}, {}
     for step in steps:
         results[step] = sched.step(step, STEPS)
         states[step] = sched.state_dict()
-        filtered[step] = list(sched.last_filtered)
+        filtered[step] = list(sched.source.last_filtered)
     return engine, sched, results, states, filtered
 
 
@@ -111,21 +111,24 @@ def test_dropped_groups_are_never_trained_nor_drawn_again_and_batches_fill(k, se
     assert all(len(uids) == SIZE for uids in engine.trained)  # each batch filled
     assert len(trained) == len(set(trained)) == STEPS * SIZE
     assert not set(drops) & set(trained) and all(not dropped(u, 3) for u in trained)
-    assert len(drops) == len(set(drops)) == sched.filtered > 0
+    assert len(drops) == len(set(drops)) == sched.source.filtered > 0
     _no_submit_after_drop(engine.log)
-    assert results[STEPS].metrics["async/filtered_groups"] == sched.filtered
+    # the gather's metrics, named as the pipelined gather names them: batches' worth
+    # of groups dropped for the step, rows short of the batch
+    assert sum(r.metrics["gather/extra_rounds"] for r in results.values()) * SIZE \
+        == sched.source.filtered
     assert sum(r.metrics["dapo/dropped_groups_total"] for r in results.values()) \
-        == sched.filtered  # the filter's own count, step by step
+        == sched.source.filtered  # the filter's own count, step by step
     assert sched.loader.served > STEPS * SIZE * 2  # more drawn in the dropped ones' place
-    assert all(r.metrics["async/short_groups"] == 0 for r in results.values())
+    assert all(r.metrics["gather/short_rows"] == 0 for r in results.values())
 
 
 def test_max_rounds_bounds_the_wait_with_a_short_batch_of_kept_groups():
     engine, sched, results, _, _ = run(1, 0, every=4, max_rounds=0)
     sizes = [len(uids) for uids in engine.trained]
     assert min(sizes) >= 1 and min(sizes) < SIZE, sizes
-    shorts = [r.metrics["async/short_groups"] for r in results.values()]
-    assert shorts == [SIZE - n for n in sizes]
+    shorts = [r.metrics["gather/short_rows"] for r in results.values()]
+    assert shorts == [(SIZE - n) * N for n in sizes]
     trained = [u for uids in engine.trained for u in uids]
     assert len(trained) == len(set(trained)) and all(not dropped(u, 4) for u in trained)
 
@@ -144,4 +147,4 @@ def test_resume_with_filtering_trains_each_kept_prompt_once_and_never_redraws_a_
     drops = dropped_before | {u for uids in filtered_after.values() for u in uids}
     assert not drops & set(trained)
     drawn = {f"u{i}" for i in range(sched.loader.served)}
-    assert set(trained) | drops | set(sched.prompts) == drawn  # nothing drawn is lost
+    assert set(trained) | drops | set(sched.source.prompts) == drawn  # nothing drawn is lost

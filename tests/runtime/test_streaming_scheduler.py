@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import pytest
 
-from hybridflow.runtime.streaming import StreamingScheduler
+from hybridflow.runtime.run_scheduler import RunScheduler
 from stream_fakes import STEPS, SIZE, FakeStream, Loader, plan_for
 
 def run(k, seed, steps=range(1, STEPS + 1), state=None, slow=4):
     engine = FakeStream(seed, version=steps[0] - 1, slow=slow)
-    sched = StreamingScheduler(engine, plan_for(k), Loader(), background=False)
+    sched = RunScheduler(engine, plan_for(k), Loader(), background=False)
     if state is not None:
         sched.load_state_dict(state, steps[0] - 1)
     results, states = {}, {}
     for step in steps:
         results[step] = sched.step(step, STEPS)
-        states[step] = (sched.state_dict(), set(sched.prompts))
+        states[step] = (sched.state_dict(), set(sched.source.prompts))
     return engine, sched, results, states
 
 
@@ -33,12 +33,12 @@ def test_whole_admitted_groups_and_a_bounded_lead(k, seed):
         assert results[step].metrics["async/staleness/max"] <= k
     flat = [u for uids in engine.trained for u in uids]
     assert len(flat) == len(set(flat)) == STEPS * SIZE
-    assert sched.loader.served <= (STEPS + k) * SIZE + SIZE * sched.requeued
+    assert sched.loader.served <= (STEPS + k) * SIZE + SIZE * sched.source.requeued
 
 
 def test_stale_groups_are_generated_again_not_trained():
     engine, sched, results, _ = run(1, 0, slow=12)
-    assert sched.requeued > 0
+    assert sched.source.requeued > 0
     assert max(r.metrics["async/staleness/max"] for r in results.values()) <= 1
 
 
@@ -52,6 +52,6 @@ def test_resume_after_any_step_loses_and_repeats_no_prompt(k, save):
     after = [u for uids in resumed.trained for u in uids]
     trained = before + after
     assert len(trained) == len(set(trained)) == STEPS * SIZE
-    assert at_save <= set(after) | set(sched.prompts)  # re-drawn, once
+    assert at_save <= set(after) | set(sched.source.prompts)  # re-drawn, once
     drawn = {f"u{i}" for i in range(sched.loader.served)}
-    assert set(trained) | set(sched.prompts) == drawn  # nothing drawn is lost
+    assert set(trained) | set(sched.source.prompts) == drawn  # nothing drawn is lost

@@ -70,7 +70,7 @@ def run_recording(tmp_path, *overrides, graph="grpo", resume=None, stop_after=No
     def record(step, metrics):
         trainer.timelines[step] = list(trainer.last_result.timeline)
         rows = trainer.runtime.fetch(trainer.last_result, name, keys)
-        pending = set(trainer.scheduler.prompts) if streaming else set()
+        pending = set(trainer.scheduler.source.prompts) if streaming else set()
         seen[step] = Recorded(rows, metrics, pending)
         if streaming:
             trainer.filtered[step] = list(trainer.scheduler.last_filtered)

@@ -1,5 +1,5 @@
 """The rollout role's streaming calls (`trainer.async_mode=streaming`), driven by the
-run's streaming scheduler (runtime/streaming.py), not graph methods: no plan node runs
+run scheduler's stream source (runtime/stream_source.py), not graph methods: no plan node runs
 them. Finished samples stay here (`stream_store.StreamStore`) until the train side
 pulls them: the driver sees per-group numbers, never rows.
 

@@ -1,7 +1,8 @@
-"""The run-long scheduler of a streaming plan (`trainer.async_mode=streaming`,
-plan/streaming_split.py): the rollout engine generates continuously, samples enter the
-buffer as they finish, and a step trains as soon as the buffer holds `data.batch_size`
-admissible whole groups. No pass waits for a batch's generation to end.
+"""The run scheduler's source of samples for a streaming plan (`trainer.async_mode=
+streaming`, plan/streaming_split.py; run_scheduler.py has the step loop): the rollout
+engine generates continuously, samples wait on the rollout workers as they finish,
+and a step trains as soon as the buffer holds `data.batch_size` admissible whole
+groups. No pass waits for a batch's generation to end.
 
 A step, "submit what is ready":
 1. top up: while the prompts drawn and not consumed (in flight or buffered) leave
@@ -21,7 +22,7 @@ A step, "submit what is ready":
    (workers/rollout/stream_store.py). With an entrance filter (a gather: DAPO's
    dynamic sampling, plan/stream_filter.py) the groups that became whole run through
    it (stream_entrance.py): the kept ones enter the buffer, the dropped ones are
-   counted (`async/filtered_groups`) and their prompts consumed, so step 1 draws more
+   counted (`<gather>/extra_rounds`) and their prompts consumed, so step 1 draws more
    in their place — then back to 1 (a step that saw more than `max_rounds` batches'
    worth of groups dropped takes the kept groups it holds: DAPO's bound; holding none
    once the groups in flight at the step's start and `max_rounds + 1` batches' worth
@@ -34,22 +35,18 @@ A step, "submit what is ready":
    own weights loads them between two decode steps): `rollout.partial` says whether
    those continue or restart.
 
-Nothing lost, nothing twice: `state_dict()` saves the loader as it was before the
-oldest draw holding a prompt not yet consumed, and the prompts of that draw and later
-ones that were consumed — trained, or dropped by the entrance filter (`skip`);
-`load_state_dict` restores both and empties the buffer, so a resume re-draws exactly
+Nothing lost, nothing twice: each draw is recorded in the run scheduler's `Draws`
+(draws.py: the one checkpoint state) with its prompts' uids; a prompt is consumed when
+its group is trained or dropped by the entrance filter, so a resume re-draws exactly
 the in-flight and buffered prompts, once, and never a dropped one.
 
-State (only its methods change it): `groups` (the buffer's ledger: which groups are
-whole, with their numbers), `client` (where each group is held, the bytes the
-stream's calls moved through the driver), `prompts`
-(uid -> the prompt row, for each prompt drawn and not consumed), `draws` ((loader
-state before, uids) of each draw still holding a prompt not consumed), `consumed` uids
-of those draws, `skip` (uids a resumed run must not draw again), the engine's
-counters, the groups requeued and filtered, `record` (the stream side's timeline
-records of the step, stream_record.py: with the engine on its own thread, one more
-poll after the pass records what it did meanwhile); the entrance filter's metrics
-since the last step (its own state).
+State (only its methods change it): `ledger` (the buffer: which groups are whole,
+with their numbers), `client` (where each group is held, the bytes the stream's calls
+moved through the driver), `prompts` (uid -> the prompt row, for each prompt drawn
+and not consumed), the engine's counters, the groups requeued and filtered, `record`
+(the stream side's timeline records of the step, stream_record.py: with the engine on
+its own thread, one more poll after the pass records what it did meanwhile); the
+entrance filter's metrics since the last step (its own state).
 """
 from __future__ import annotations
 
@@ -62,35 +59,38 @@ from hybridflow.plan.async_split import sides_of
 from hybridflow.plan.compiler import ExecutionPlan
 from hybridflow.plan.stream_filter import groups_per_step
 from hybridflow.plan.streaming_split import stream_buffer
-from hybridflow.runtime.common import StepResult
+from hybridflow.runtime.draws import Draws
 from hybridflow.runtime.progress import no_rows_kept
-from hybridflow.runtime.stream_buffer import GroupBuffer, GroupStats
+from hybridflow.runtime.stream_buffer import GroupBuffer
 from hybridflow.runtime.stream_client import StreamClient
 from hybridflow.runtime.stream_entrance import StreamEntrance
 from hybridflow.runtime.stream_record import StreamRecorder
 
-__all__ = ["StreamingScheduler", "POLL_WAIT_S"]
+__all__ = ["StreamSource", "POLL_WAIT_S"]
 
 POLL_WAIT_S = 0.25  # a background poll waits up to this long on the worker for a whole group
 
 
-class StreamingScheduler:
-    def __init__(self, runtime, plan: ExecutionPlan, loader, background: bool | None = None):
-        self.runtime, self.plan, self.loader = runtime, plan, loader
+class StreamSource:
+    synchronous = False
+
+    def __init__(self, runtime, plan: ExecutionPlan, loader, draws: Draws,
+                 background: bool | None = None):
+        self.runtime, self.plan, self.loader, self.draws = runtime, plan, loader, draws
         self.buffer = stream_buffer(plan)
         spec = self.buffer.buffer
-        self.stream_side = frozenset(sides_of(plan).rollout)
-        self.gen = next(n for n in plan.nodes if n.name in self.stream_side
+        self.rollout_side = frozenset(sides_of(plan).rollout)
+        self.gen = next(n for n in plan.nodes if n.name in self.rollout_side
                         and n.kind is NodeKind.GENERATE)
         self.k, self.size = spec.max_staleness, loader.batch_size
-        gather = plan.node(spec.producer) if plan.node(spec.producer).op is Op.GATHER \
-            else None
+        producer = plan.node(spec.producer)
+        self.gather = producer if producer.op is Op.GATHER else None
         self.entrance = None  # DAPO's filter at the buffer's entrance (stream_entrance.py)
-        if gather is not None:
-            self.size = groups_per_step(self.gen, gather)
-            self.max_rounds = int(gather.kwargs["max_rounds"])
+        if self.gather is not None:
+            self.size = groups_per_step(self.gen, self.gather)
+            self.max_rounds = int(self.gather.kwargs["max_rounds"])
             if spec.screened_by:
-                self.entrance = StreamEntrance(runtime, plan, self.gen, gather, self.k,
+                self.entrance = StreamEntrance(runtime, plan, self.gen, self.gather, self.k,
                                                spec.unit or "uid")
         self.options = {k: v for k, v in self.gen.kwargs.items() if v is not None}
         self.client = StreamClient(runtime, plan, self.gen)
@@ -103,97 +103,94 @@ class StreamingScheduler:
         self.background, self.started = background, False
         self.record = StreamRecorder(self.gen.name, self.gen.role,
                                      plan.placement.roles.get(self.gen.role), background)
-        self.groups = GroupBuffer(spec.unit or "uid", screened=self.entrance is not None)
+        self.ledger = GroupBuffer(spec.unit or "uid", screened=self.entrance is not None)
         self.prompts: dict[str, Batch] = {}
-        self.draws: list[tuple[dict, list[str]]] = []
-        self.consumed: set[str] = set()
-        self.skip: set[str] = set()
         self.counts: dict = {}
         self.requeued = self.filtered = self.drawn = 0  # drawn: batches drawn, ever
         self.last_filtered: list[str] = []  # the uids the entrance dropped in the last step
 
-    # ------------------------------------------------------------ checkpoints
-    def state_dict(self) -> dict:
-        """The loader before the oldest draw with a prompt not consumed, and the prompts
-        of that draw and later ones already consumed (trained, or dropped by the
-        entrance filter): not to be drawn again."""
-        if not self.draws:
-            return {"loader": self.loader.state_dict(), "stream_skip": []}
-        uids = [u for _, drawn in self.draws for u in drawn if u in self.consumed]
-        return {"loader": self.draws[0][0], "stream_skip": sorted(uids)}
-
-    def load_state_dict(self, state: dict, step: int) -> None:
-        self.loader.load_state_dict(state["loader"])
-        self.skip = set(state.get("stream_skip", []))
-        self.groups.clear()
+    def resumed(self, step: int) -> None:
+        self.ledger.clear()
         self.client.forget()
         self.prompts.clear()
-        self.draws.clear()
-        self.consumed.clear()
 
     # ------------------------------------------------------------------ steps
-    def step(self, step: int, last_step: int) -> StepResult:
-        """Stream until `batch_size` groups are admissible for step `step`, then train."""
-        trained = step - 1  # the version the update starts from
+    def begin(self, step: int) -> None:
         self.record.begin_step()
         if self.background and not self.started:
             self.client.start()
         self.started = True
-        start, taken, filtered, drawn = time.perf_counter(), [], self.filtered, self.drawn
-        bound = (self.max_rounds + 1) * self.size + len(self.prompts) if self.entrance \
-            else None  # the progress rule: at most this many groups dropped, none kept
+        self.began, self.filtered_at, self.drawn_at = time.perf_counter(), self.filtered, \
+            self.drawn
+        # the progress rule: at most this many groups dropped, none kept
+        self.bound = (self.max_rounds + 1) * self.size + len(self.prompts) \
+            if self.entrance else None
         self.last_filtered = []
-        while True:
-            self._top_up(step, last_step)
-            # DAPO's bound on the extra draws: past it, train the kept groups held
-            short = self.entrance is not None and \
-                self.filtered - filtered > self.max_rounds * self.size
-            taken, stale = self.groups.take(self.size, trained, self.k, short=short)
-            self._resubmit(stale)
-            if taken:
-                break
-            self._check_progress(step, self.filtered - filtered, bound, self.drawn - drawn)
-            self._poll(POLL_WAIT_S if self.background else 0.0)
-        wait_s = time.perf_counter() - start
+
+    def ready(self, step: int, last_step: int, trained: int) -> list | None:
+        """Top up the prompts in flight; the first `size` whole groups the ledger admits
+        for `step`'s update (stale ones are generated again), or None."""
+        self._top_up(step, last_step)
+        # DAPO's bound on the extra draws: past it, train the kept groups held
+        short = self.entrance is not None and \
+            self.filtered - self.filtered_at > self.max_rounds * self.size
+        taken, stale = self.ledger.take(self.size, trained, self.k, short=short)
+        self._resubmit(stale)
+        if not taken:
+            return None
+        self.wait_s = time.perf_counter() - self.began
+        return taken
+
+    def generates(self, step: int, last_step: int) -> bool:
+        return False  # the engine generates between and during passes, not in them
+
+    def wait(self, step: int) -> None:
+        """Nothing to train yet: poll (on Ray, blocking on the worker up to
+        POLL_WAIT_S), after checking that the step can still train at all."""
+        self._check_progress(step, self.filtered - self.filtered_at, self.bound,
+                             self.drawn - self.drawn_at)
+        self._poll(POLL_WAIT_S if self.background else 0.0)
+
+    def feeds(self, taken, generate: bool) -> tuple[dict, frozenset, None]:
         uids = [uid for uid, _ in taken]
-        result = self.runtime.run_step({self.buffer.name: self.client.take(uids)},
-                                       plan=self.plan, skip=self.stream_side)
+        return {self.buffer.name: self.client.take(uids)}, self.rollout_side, None
+
+    def after_pass(self, result, generate: bool) -> None:
         if self.background:  # what the engine's thread did during the pass, on record
             self._poll(0.0, strict=False)
-        self._trained(uids)
+
+    def trained(self, step: int, last_step: int, taken: list) -> None:
+        self._consumed([uid for uid, _ in taken])
         if step >= last_step:
             self.client.abort()
-        return self._result(result, [stats for _, stats in taken], trained, wait_s)
 
     def _check_progress(self, step: int, dropped: int, bound: int | None,
                         draws: int) -> None:
         """The progress rule (progress.py): the groups in flight when the step began
         and those of `max_rounds + 1` batches more all dropped by the entrance filter,
         none kept: the step cannot train."""
-        if bound is None or self.groups.held() or dropped < bound:
+        if bound is None or self.ledger.held() or dropped < bound:
             return
         raise no_rows_kept(step, self.entrance.out.where(), dropped, dropped, draws,
-                           self.max_rounds, "groups",
-                           self.entrance.out.name)
+                           self.max_rounds, "groups", self.entrance.out.name)
 
     def _top_up(self, step: int, last_step: int) -> None:
         needed = (last_step - step + 1) * self.size  # groups the run still trains
         while len(self.prompts) <= self.k * self.size and len(self.prompts) < needed:
             state = self.loader.state_dict()
             batch = self.loader.next_batch()
-            keep = [i for i, u in enumerate(batch["uid"]) if str(u) not in self.skip]
-            self.skip -= {str(u) for u in batch["uid"]}
+            keep = self.draws.skipped(batch["uid"])
             if not keep:
                 continue
             batch = batch.take(keep)
             uids = [str(u) for u in batch["uid"]]
-            self.draws.append((state, uids))
+            self.draws.record(state, uids)
             self.drawn += 1
             self.prompts.update({u: batch.take(i) for i, u in enumerate(uids)})
             self._submit(batch)
 
     def _submit(self, batch: Batch) -> None:
-        self.groups.expect(self.client.submit(batch, **self.options))
+        self.ledger.expect(self.client.submit(batch, **self.options))
 
     def _resubmit(self, stale: list[str]) -> None:
         """Stale groups: their prompts are generated again (never trained stale)."""
@@ -212,15 +209,15 @@ class StreamingScheduler:
             busy = busy or reply["busy"]
             counts = _summed(counts, reply["counts"])
             if reply["groups"]:
-                self.groups.add(reply["groups"])
+                self.ledger.add(reply["groups"])
                 arrived = True
         self.counts = counts
-        if self.entrance is not None and self.groups.arrived:
+        if self.entrance is not None and self.ledger.arrived:
             self._screen()
         # (a poll reads the store and `busy` under one lock)
         if strict and not arrived and not busy:
             raise RuntimeError(
-                f"streaming: the buffer holds {self.groups.held()} whole group(s) of the "
+                f"streaming: the buffer holds {self.ledger.held()} whole group(s) of the "
                 f"{self.size} a step needs and the rollout has nothing in flight "
                 f"({len(self.prompts)} prompt(s) drawn and not trained)")
         return arrived
@@ -229,58 +226,47 @@ class StreamingScheduler:
         """The whole groups that arrived, through the entrance filter: the kept ones
         join the buffer, the dropped ones are counted and their prompts consumed
         (more are drawn in their place, none drawn again)."""
-        kept, dropped = self.entrance.screen(self.groups.arrivals())
-        self.groups.settle(kept, dropped)
+        kept, dropped = self.entrance.screen(self.ledger.arrivals())
+        self.ledger.settle(kept, dropped)
         self.filtered += len(dropped)
         self.last_filtered += dropped
         self._consumed(dropped)
-
-    def _trained(self, uids: list[str]) -> None:
-        self._consumed(uids)
 
     def _consumed(self, uids: list[str]) -> None:
         """Trained or dropped: no longer drawn and not trained, never drawn again."""
         for uid in uids:
             self.prompts.pop(uid, None)
-        self.consumed.update(uids)
-        while self.draws and all(u in self.consumed for u in self.draws[0][1]):
-            _, drawn = self.draws.pop(0)
-            self.consumed.difference_update(drawn)
+        self.draws.consume(uids)
 
     # ---------------------------------------------------------------- results
-    def _result(self, result: StepResult, taken: list[GroupStats], trained: int,
-                wait_s: float) -> StepResult:
-        """The pass's result, with the generate node's metrics for the rows trained and
-        the stream's: per-sample and per-token staleness, groups ahead, restarts — all
-        from the groups' numbers the workers reported (the rows never came here)."""
-        rows = sum(g.rows for g in taken)
-        versions = sum(g.version_sum for g in taken) / rows
-        tokens = sum(g.tokens for g in taken)
-        token_versions = sum(g.token_version_sum for g in taken) / max(1, tokens)
-        oldest = min(g.min_version for g in taken)
-        gen = {"response_length/mean": sum(g.length_sum for g in taken) / rows,
-               SAMPLED_VERSION: float(oldest),
-               "rollout/stream_wait_s": wait_s}
-        stream = {"async/staleness/mean": float(trained - versions),
-                  "async/staleness/max": float(trained - oldest),
-                  "async/staleness/token_mean": float(trained - token_versions),
-                  "async/mixed_version_rows": sum(g.mixed_rows for g in taken) / rows,
-                  "async/ahead": float(len(self.prompts)) / self.size,
-                  "async/requeued_groups": float(self.requeued),
-                  **{f"async/stream/{k}": float(v) for k, v in self.counts.items()}}
-        entrance, entrance_metrics, screens, driver_bytes = {}, {}, [], 0
+    def rollout_parts(self, taken: list) -> tuple[dict, dict, dict, list, int]:
+        """(stream-side node -> its metrics, rows, the stream's own metrics, the stream
+        side's timeline, driver bytes) for the groups trained — all from the numbers
+        the workers reported (the rows never came here)."""
+        groups = [stats for _, stats in taken]
+        rows = sum(g.rows for g in groups)
+        gen = {"response_length/mean": sum(g.length_sum for g in groups) / rows,
+               SAMPLED_VERSION: float(min(g.min_version for g in groups)),
+               "rollout/stream_wait_s": self.wait_s}
+        extra = {"async/requeued_groups": float(self.requeued),
+                 **{f"async/stream/{k}": float(v) for k, v in self.counts.items()}}
+        node_metrics, timeline, driver_bytes = {self.gen.name: gen}, [], 0
         if self.entrance is not None:
-            entrance, entrance_metrics, screens, driver_bytes = self.entrance.drain()
-            stream["async/filtered_groups"] = float(self.filtered)
-            stream["async/short_groups"] = float(self.size - len(taken))
-        node_metrics = {**entrance, self.gen.name: gen, **result.node_metrics}
-        timeline = sorted(result.timeline + self.record.records + screens,
-                          key=lambda e: e["start"])
-        metrics = {**entrance_metrics, **result.metrics, **gen, **stream}
-        driver_bytes += result.driver_bytes + self.client.drain()
-        return StepResult(outputs=result.outputs, metrics=metrics, node_metrics=node_metrics,
-                          rows={**result.rows, self.gen.name: rows},
-                          timeline=timeline, driver_bytes=driver_bytes)
+            entrance, timing, timeline, driver_bytes = self.entrance.drain()
+            node_metrics.update(entrance)
+            extra.update(timing)
+        if self.gather is not None:  # DAPO's names, as the pipelined gather reports them
+            dropped = self.filtered - self.filtered_at
+            node_metrics[self.gather.name] = {
+                f"{self.gather.name}/extra_rounds": dropped / self.size,
+                f"{self.gather.name}/short_rows": float((self.size - len(groups))
+                                                        * groups[0].rows)}
+        return (node_metrics, {self.gen.name: rows}, extra,
+                timeline + self.record.records, driver_bytes + self.client.drain())
+
+    def ahead(self) -> int:
+        """Prompts drawn and not trained (groups in flight or buffered)."""
+        return len(self.prompts)
 
 
 def _summed(a: dict, b: dict) -> dict:
