@@ -6,10 +6,10 @@ goes to share i mod (world / tp) and stays there (a stale group is generated aga
 the share that holds it), so a prompt is sent to the ranks that generate it and no
 other. Only a share's first rank reports and holds rows
 (workers/rollout/stream_worker.py). A poll asks every rank (a tp group steps in
-lockstep) and receives per-group numbers (`GroupStats` tuples); the rows stay on the workers until a pass
-takes them (`take`: a `StreamTake` feed, tasks on the holding workers) or an entrance
-filter's verdict is sent back to them (`keep`: the filter's output shards go worker to
-worker).
+lockstep) and receives per-group numbers (`GroupStats` tuples); the rows stay on the
+workers until a pass takes them (`take`: a `StreamTake` feed, tasks on the holding
+workers) or an entrance filter's verdict is sent back to them (`keep`: the filter's
+output shards go worker to worker).
 
 Every byte these calls move through the driver (prompts sent, replies, uids) is
 counted in `bytes` (the runtime's `value_bytes`: 0 on the local runtime, where nothing

@@ -73,7 +73,7 @@ def run_recording(tmp_path, *overrides, graph="grpo", resume=None, stop_after=No
         pending = set(trainer.scheduler.source.prompts) if streaming else set()
         seen[step] = Recorded(rows, metrics, pending)
         if streaming:
-            trainer.filtered[step] = list(trainer.scheduler.last_filtered)
+            trainer.filtered[step] = list(trainer.scheduler.source.last_filtered)
     fit_recording(trainer, record, stop_after)
     return trainer, seen
 
