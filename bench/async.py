@@ -1,15 +1,19 @@
-"""Async training (issue 15): steps per second and time to 0.9 held-out greedy
-accuracy of `trainer.staleness = 1` and `2` against the synchronous run (`0`).
+"""Async training (issues 15 and 31): steps per second, time to 0.9 held-out greedy
+accuracy, busy fractions and driver bytes of the synchronous run (`0`), the one-step
+pipelined one (`1`) and streaming at k = 2 (`s2`), alternated in one Ray session.
 
 Every variant is the embedded GRPO (graphs/grpo.py: the shipped toy base model, the
 toy arithmetic task, the KL loss on) on the Ray runtime with the rollout on a pool
 of its own (`placement.pools.gen.devices_per_node=1 placement.roles.rollout=gen`),
 and by default the rest of the rollout side (reference, reward) beside it: one
 worker process generates, another (the actor) trains, `runtime.torch_threads` torch
-threads each. Only the load changes from the embedded default: `--prompts` x `--n`
-rows a step and `--max-new-tokens`, chosen so that the two pools work about as long
-(the base model rarely stops after its answer, so its responses run to
-`max_new_tokens` until RL teaches it to stop).
+threads each. With `--pin` (the default where this process may use two cores) each
+pool's worker is pinned to a core of its own (`placement.pools.<name>.cores`: main on
+the first core, gen on the second), so the two sides overlap on the hardware's cores,
+not on the OS scheduler's choice; the driver is not pinned. Only the load changes
+from the embedded default: `--prompts` x `--n` rows a step and `--max-new-tokens`,
+chosen so that the two pools work about as long (the base model rarely stops after
+its answer, so its responses run to `max_new_tokens` until RL teaches it to stop).
 
 One alternated run: each repetition starts a fresh trainer per variant from the base
 model (seed = repetition + 1, the same for every variant) in one Ray session, then
@@ -24,21 +28,27 @@ step in every variant). Per repetition and variant:
   - `async/staleness/mean|max`, `async/ahead`, `perf/busy/<pool>`, each pool's
     seconds of work, its worker's CPU seconds per busy second (below 1: waiting
     for a core), the driver's CPU a step, and how many cores two processes got at
-    once around the repetition (bench/cpu.py).
+    once around the repetition (bench/cpu.py);
+  - driver bytes a step (`engine/driver_bytes`: every byte the driver sent or
+    received for the step) against the samples' bytes a step (the synchronous run's
+    `rollout.generate` output, dumped at its last learning step by
+    `trainer.dump_batches`: tensor bytes plus the pickled other columns).
+The overlap bound of the placement (issue 31): the synchronous step over its busier
+side, 1 / max(busy gen, busy main) of the synchronous run -- the speed-up if the
+lighter side hid entirely behind the busier one, both keeping their synchronous
+speed (the driver's own time between tasks hides too, so the bound is generous).
 Ratios are taken within a repetition (same seed, same minutes of machine load), then
 the median over repetitions is reported (bench/async_report.py).
 
 `--streaming 2` adds the variant `s2`: `trainer.staleness=2 trainer.async_mode=streaming`
-(the rollout engine generating continuously on its own thread, docs/async.md),
-alternated in the same repetitions with synchronous and pipelined ones; its ratio
-over staleness 0 is reported under "s2".
+(the rollout engine generating continuously on its own thread, docs/async.md).
 
 Async runs need an off-policy choice: `actor.off_policy=tis` when this tree has it,
 else `trainer.allow_uncorrected_async=true` (`--off-policy` forces one).
 
     python bench/async.py [--reps 5] [--steps 30] [--fixed-steps 12] [--prompts 16]
                           [--n 8] [--max-new-tokens 32] [--staleness 0 1 2]
-                          [--streaming 1 2]
+                          [--streaming 1 2] [--pin auto|on|off]
                           [--rollout-side-on gen|main] [--out PATH]
 """
 from __future__ import annotations
@@ -52,7 +62,8 @@ import time
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
-from bench.async_report import rep_table, report, targets  # noqa: E402 - path
+from bench.async_report import (median_row, ratios, rep_table, report,  # noqa: E402
+                                targets)
 from bench.cpu import machine_parallelism, process_cpu_s  # noqa: E402
 from bench.harness import machine, median, quiet_logs, set_threads, write_results  # noqa: E402
 
@@ -60,8 +71,7 @@ GRPO = os.path.join(ROOT, "graphs", "grpo.py")
 VAL_KEY = "val/toy_arith/greedy"
 TRAIN_NODES = ("actor.logprob", "actor.update")
 ROLLOUT_SIDE_NODES = ("ref.logprob", "reward.score")  # on --rollout-side-on
-
-
+SAMPLES_NODE = "rollout.generate"  # its output is what a step's samples weigh
 
 
 def off_policy_override(choice: str) -> tuple[str, str]:
@@ -90,8 +100,10 @@ def overrides(args, key, seed: int, correction: str, fixed: bool) -> list[str]:
     mode = ["trainer.async_mode=streaming"] if isinstance(key, str) else []
     val_every, steps = (0, args.fixed_steps) if fixed else (args.val_every, args.steps)
     rollout = ["placement.roles.rollout=gen"] if args.rollout_on == "gen" else []
+    pins = [f"placement.pools.{pool}.cores=[{core}]" for pool, core in args.cores.items()]
+    dump = [f"trainer.dump_batches=[{steps}]"] if k == 0 and not fixed else []
     out = ["runtime.name=ray", "placement.pools.gen.devices_per_node=1",
-           *rollout, *side_roles(args.rollout_side_on),
+           *rollout, *side_roles(args.rollout_side_on), *pins, *dump,
            f"runtime.torch_threads={args.threads}",
            f"trainer.staleness={k}", f"trainer.steps={steps}", f"trainer.seed={seed}",
            f"trainer.val_every={val_every}", "trainer.val_samples=1",
@@ -124,7 +136,8 @@ class Variant:
         self.key, self.k = key, staleness_of(key)
         self.name = f"streaming {self.k}" if isinstance(key, str) else f"staleness {key}"
         loaded = prepare(GRPO, overrides(args, key, seed, correction, fixed))
-        self.trainer = Trainer(loaded, RunDir(tempfile.mkdtemp(prefix=f"bench-async-{key}-")))
+        self.run_dir = RunDir(tempfile.mkdtemp(prefix=f"bench-async-{key}-"))
+        self.trainer = Trainer(loaded, self.run_dir)
         self.steps: list[dict] = []           # train_step metrics, one per step
         self.accuracy: list[tuple[int, float]] = []  # (step, greedy accuracy)
         self.val_every = 0 if fixed else args.val_every
@@ -152,6 +165,20 @@ class Variant:
         runtime = self.trainer.runtime
         return {pool: [info["pid"] for info in runtime.worker_info(pool)]
                 for pool in ("main", "gen")}
+
+    def sample_bytes(self) -> int | None:
+        """The bytes of the samples of the step dumped (`trainer.dump_batches`), if any."""
+        import glob
+        import pickle
+
+        from hybridflow.run.batch_dump import load_batch
+        found = sorted(glob.glob(os.path.join(self.run_dir.path, "batches", "step_*",
+                                              f"{SAMPLES_NODE}.pt")))
+        if not found:
+            return None
+        record = load_batch(found[-1])
+        return (sum(t.numel() * t.element_size() for t in record["tensors"].values())
+                + len(pickle.dumps(record["columns"], protocol=5)))
 
     def close(self) -> None:
         self.trainer.close()
@@ -198,6 +225,9 @@ def summarize(v: Variant, window: range, target: float, side_on: str) -> dict:
         "response_length": med("response_length/mean"),
         "busy_main": med("perf/busy/main"), "busy_gen": med("perf/busy/gen"),
         "ahead": med("async/ahead"),
+        "driver_bytes": med("engine/driver_bytes"),
+        "busy_gen_s": (med("perf/busy/gen") or 0.0) * step_s,
+        "busy_main_s": (med("perf/busy/main") or 0.0) * step_s,
         "cpu_share_gen": cpu_share(steady, "gen"), "cpu_share_main": cpu_share(steady, "main"),
         "driver_cpu_s": sum(m["cpu_s/driver"] for m in steady) / len(steady),
         "staleness_mean": (sum(m["async/staleness/mean"] for m in stale) / len(stale)
@@ -229,8 +259,10 @@ def repetition(args, rep: int, correction: str, fixed: bool) -> dict[int, dict]:
             v.close()
     window = range(args.warmup, steps - max(map(staleness_of, args.variants)))
     parallelism.append(machine_parallelism())
+    samples = variants[0].sample_bytes()  # the synchronous run's, learning phase only
     return {v.key: {**summarize(v, window, args.target_accuracy, args.rollout_side_on),
-                  "machine_parallelism": sum(parallelism) / 2} for v in variants}
+                    "machine_parallelism": sum(parallelism) / 2, "sample_bytes": samples}
+            for v in variants}
 
 
 def phase(args, correction: str, fixed: bool) -> dict:
@@ -243,23 +275,6 @@ def phase(args, correction: str, fixed: bool) -> dict:
     return {"reps": [{str(k): r for k, r in rep.items()} for rep in reps],
             "rows": [median_row(reps, key) for key in args.variants],
             "ratios": {str(key): ratios(reps, key) for key in args.variants if key != 0}}
-
-
-def ratios(reps: list[dict[int, dict]], k: int) -> dict:
-    """k over staleness 0, per repetition, and their medians. `overlap_bound`: the
-    ratio if the lighter pool's work hid entirely behind the busier one's, both
-    pools keeping their synchronous speed (no contention for the cores) and the
-    step its other costs: synchronous step / (step - lighter pool's seconds)."""
-    speed = [r[k]["steps_per_s"] / r[0]["steps_per_s"] for r in reps]
-    bound = [r[0]["step_s"] / (r[0]["step_s"] - min(r[0]["gen_pool_s"], r[0]["main_pool_s"]))
-             for r in reps]
-    times = [r[k]["time_to_accuracy_s"] / r[0]["time_to_accuracy_s"] for r in reps
-             if r[k]["time_to_accuracy_s"] and r[0]["time_to_accuracy_s"]]
-    return {"steps_per_s": speed, "steps_per_s_median": median(speed),
-            "overlap_bound": bound, "overlap_bound_median": median(bound),
-            "time_to_accuracy": times,
-            "time_to_accuracy_median": median(times) if times else None,
-            "time_to_accuracy_reached": f"{len(times)}/{len(reps)}"}
 
 
 def run(args) -> dict:
@@ -293,7 +308,7 @@ def run(args) -> dict:
                   "steps": args.steps, "warmup": args.warmup, "val_every": args.val_every,
                   "fixed_policy_steps": args.fixed_steps,
                   "reps": args.reps, "torch_threads": args.threads,
-                  "worker_niceness": args.worker_niceness,
+                  "worker_niceness": args.worker_niceness, "pinned_cores": args.cores,
                   "staleness": args.staleness, "streaming": args.streaming,
                   "target_accuracy": args.target_accuracy,
                   "off_policy": correction, "off_policy_override": correction_override},
@@ -307,18 +322,6 @@ def run(args) -> dict:
         print(report(payload))
         print(f"-> {path}")
     return payload
-
-
-def median_row(reps: list[dict[int, dict]], k: int) -> dict:
-    keys = ["step_s", "steps_per_s", "generate_s", "gen_pool_s", "main_pool_s",
-            "response_length", "busy_main", "busy_gen", "ahead", "cpu_share_gen",
-            "cpu_share_main", "driver_cpu_s", "machine_parallelism", "staleness_mean",
-            "staleness_max", "step_reached", "time_to_accuracy_s"]
-    row = {"staleness": k}
-    for key in keys:
-        values = [r[k][key] for r in reps if r[k][key] is not None]
-        row[key] = median(values) if values else None
-    return row
 
 
 def parse(argv=None):
@@ -350,8 +353,15 @@ def parse(argv=None):
                              "(generation and training cannot overlap)")
     parser.add_argument("--worker-niceness", type=int, default=0,
                         help="nice level of the Ray workers (Ray's default is 15)")
+    parser.add_argument("--pin", default="auto", choices=["auto", "on", "off"],
+                        help="pin pool main to the first core this process may use and "
+                             "gen to the second (auto: when there are two)")
     parser.add_argument("--extra", nargs="*", default=[], help="more key=value overrides")
     args = parser.parse_args(argv)
+    args.cores = pool_cores(args.pin)
+    if args.pin == "on" and not args.cores:
+        parser.error("--pin on needs two cores this process may use "
+                     f"(os.sched_getaffinity: {sorted(os.sched_getaffinity(0))})")
     if 0 not in args.staleness:
         parser.error("--staleness must include 0 (the ratios are against it)")
     args.staleness = sorted(set(args.staleness))
@@ -363,6 +373,14 @@ def parse(argv=None):
             parser.error("--steps and --fixed-steps must exceed --warmup plus the "
                          "largest staleness")
     return args
+
+
+def pool_cores(pin: str) -> dict[str, int]:
+    """pool -> the core its worker is pinned to; {} when not pinned."""
+    cores = sorted(os.sched_getaffinity(0))
+    if pin == "off" or len(cores) < 2:
+        return {}
+    return {"main": cores[0], "gen": cores[1]}
 
 
 def main(argv=None) -> None:

@@ -1,40 +1,102 @@
-"""bench/async.py's verdicts, tables and printed report (its JSON payload in, text
-out). Stateless."""
+"""bench/async.py's ratios, verdicts, tables and printed report (its repetitions'
+summaries or its JSON payload in, numbers and text out). Stateless."""
 from __future__ import annotations
 
-from bench.harness import table
+from bench.harness import median, table
 
-TARGET_STEPS_PER_S = 1.6      # staleness 1 over staleness 0, at least
-TARGET_TIME_TO_ACCURACY = 0.75  # staleness 1 over staleness 0, at most
-TARGET_STREAMING = 1.55       # streaming at k = 2 over staleness 0, at least (issue 25)
-TARGET_STREAMING_OVER_K1 = 1.1  # streaming at k = 2 over pipelined k = 1, at least
+TARGET_STEPS_PER_S = 1.6      # staleness 1 over staleness 0, at least (issue 15)
+TARGET_TIME_TO_ACCURACY = 0.75  # staleness 1 over staleness 0, at most (issue 15)
+TARGET_OF_BOUND = 0.95        # streaming at k = 2 over the placement's overlap bound (31)
+TARGET_STREAMING_OVER_K1 = 1.1  # streaming at k = 2 over pipelined k = 1, at least (31)
+TARGET_DRIVER_SHARE = 0.01    # driver bytes a step over the samples' bytes, at most (31)
 
-__all__ = ["targets", "rep_table", "report", "TARGET_STEPS_PER_S", "TARGET_TIME_TO_ACCURACY"]
+__all__ = ["targets", "rep_table", "report", "ratios", "median_row", "TARGET_STEPS_PER_S",
+           "TARGET_TIME_TO_ACCURACY", "TARGET_OF_BOUND", "TARGET_STREAMING_OVER_K1",
+           "TARGET_DRIVER_SHARE"]
+
+ROW_KEYS = ["step_s", "steps_per_s", "generate_s", "gen_pool_s", "main_pool_s",
+            "response_length", "busy_main", "busy_gen", "busy_gen_s", "busy_main_s", "ahead",
+            "cpu_share_gen", "cpu_share_main", "driver_cpu_s", "machine_parallelism",
+            "driver_bytes", "sample_bytes", "staleness_mean", "staleness_max",
+            "step_reached", "time_to_accuracy_s"]
+
+
+def median_row(reps: list[dict], k) -> dict:
+    """Variant `k`'s figures, each the median over the repetitions that have it."""
+    row = {"staleness": k}
+    for key in ROW_KEYS:
+        values = [r[k][key] for r in reps if r[k].get(key) is not None]
+        row[key] = median(values) if values else None
+    return row
+
+
+def overlap_bound(sync: dict) -> float | None:
+    """The placement's overlap bound over the synchronous run (issue 31): its step over
+    its busier side's seconds, 1 / max(busy gen, busy main)."""
+    busiest = max(sync["busy_gen"] or 0.0, sync["busy_main"] or 0.0)
+    return 1.0 / busiest if busiest else None
+
+
+def ratios(reps: list[dict], k) -> dict:
+    """k over staleness 0, per repetition, and their medians. `overlap_bound`: 1 / the
+    synchronous run's busier side's busy fraction; `of_bound`: the speed-up as a
+    fraction of it. `overlap_bound_nodes` (issue 15's): from the node timings, the
+    synchronous step / (step - the lighter pool's seconds)."""
+    speed = [r[k]["steps_per_s"] / r[0]["steps_per_s"] for r in reps]
+    bound = [overlap_bound(r[0]) for r in reps]
+    of_bound = [s / b for s, b in zip(speed, bound) if b]
+    nodes = [r[0]["step_s"] / (r[0]["step_s"] - min(r[0]["gen_pool_s"], r[0]["main_pool_s"]))
+             for r in reps]
+    times = [r[k]["time_to_accuracy_s"] / r[0]["time_to_accuracy_s"] for r in reps
+             if r[k]["time_to_accuracy_s"] and r[0]["time_to_accuracy_s"]]
+    return {"steps_per_s": speed, "steps_per_s_median": median(speed),
+            "overlap_bound": bound, "overlap_bound_median": median([b for b in bound if b]),
+            "of_bound": of_bound, "of_bound_median": median(of_bound) if of_bound else None,
+            "overlap_bound_nodes": nodes, "overlap_bound_nodes_median": median(nodes),
+            "time_to_accuracy": times,
+            "time_to_accuracy_median": median(times) if times else None,
+            "time_to_accuracy_reached": f"{len(times)}/{len(reps)}"}
+
+
+def _over(reps: list[dict], a: str, b: str) -> float | None:
+    """Median over repetitions of variant a's steps/s over variant b's."""
+    values = [r[a]["steps_per_s"] / r[b]["steps_per_s"] for r in reps if a in r and b in r]
+    return median(values) if values else None
 
 
 def _streaming_targets(p: dict) -> dict:
-    """Streaming at k = 2 ("s2") over synchronous, and over pipelined k = 1 (within each
-    repetition, then the median), when the run has those variants."""
+    """Streaming at k = 2 ("s2") against its placement's overlap bound and the one-step
+    mode (issue 31), when the run has those variants."""
     s2 = p["ratios"].get("s2")
     if not s2:
         return {}
-    speed = s2["steps_per_s_median"]
-    out = {"steps_per_s_streaming_k2": _verdict(speed, f">= {TARGET_STREAMING}",
-                                                speed >= TARGET_STREAMING)}
-    over = sorted(r["s2"]["steps_per_s"] / r["1"]["steps_per_s"] for r in p["reps"]
-                  if "1" in r and "s2" in r)
-    if over:
-        mid = over[len(over) // 2] if len(over) % 2 else \
-            (over[len(over) // 2 - 1] + over[len(over) // 2]) / 2
+    of = s2["of_bound_median"]
+    out = {"streaming_k2_of_overlap_bound": _verdict(
+        of, f">= {TARGET_OF_BOUND}", of is not None and of >= TARGET_OF_BOUND)}
+    over = _over(p["reps"], "s2", "1")
+    if over is not None:
         out["steps_per_s_streaming_k2_over_k1"] = _verdict(
-            mid, f">= {TARGET_STREAMING_OVER_K1}", mid >= TARGET_STREAMING_OVER_K1)
+            over, f">= {TARGET_STREAMING_OVER_K1}", over >= TARGET_STREAMING_OVER_K1)
+    return out
+
+
+def _driver_targets(p: dict) -> dict:
+    """Each variant's driver bytes a step over the samples' bytes a step."""
+    out = {}
+    for row in p["rows"]:
+        driver, samples = row.get("driver_bytes"), row.get("sample_bytes")
+        if driver is None or not samples:
+            continue
+        share = driver / samples
+        out[f"driver_bytes_share_{row['staleness']}"] = _verdict(
+            share, f"<= {TARGET_DRIVER_SHARE}", share <= TARGET_DRIVER_SHARE)
     return out
 
 
 def targets(p: dict) -> dict:
     one = p["ratios"].get("1")
     if not one:
-        return _streaming_targets(p)
+        return {**_streaming_targets(p), **_driver_targets(p)}
     speed, tta = one["steps_per_s_median"], one["time_to_accuracy_median"]
     out = {"steps_per_s_k1": _verdict(speed, f">= {TARGET_STEPS_PER_S}",
                                       speed >= TARGET_STEPS_PER_S),
@@ -45,7 +107,7 @@ def targets(p: dict) -> dict:
         speed = fixed["steps_per_s_median"]
         out["steps_per_s_k1_fixed_policy"] = _verdict(speed, f">= {TARGET_STEPS_PER_S}",
                                                       speed >= TARGET_STEPS_PER_S)
-    return {**out, **_streaming_targets(p)}
+    return {**out, **_streaming_targets(p), **_driver_targets(p)}
 
 
 def _verdict(value, target: str, met: bool) -> dict:
@@ -54,13 +116,14 @@ def _verdict(value, target: str, met: bool) -> dict:
 
 HEADERS = ["staleness", "step s", "steps/s", "gen pool s", "main pool s", "resp len",
            "busy gen", "busy main", "cpu/busy gen", "cpu/busy main", "driver cpu s", "cores free",
-           "stale mean", "stale max", "0.9 at step", "0.9 after s"]
+           "driver B", "samples B", "stale mean", "stale max", "0.9 at step", "0.9 after s"]
 
 
 def _cells(r: dict) -> list:
     return [r["staleness"], r["step_s"], r["steps_per_s"], r["gen_pool_s"], r["main_pool_s"],
             r["response_length"], r["busy_gen"], r["busy_main"], r["cpu_share_gen"],
             r["cpu_share_main"], r["driver_cpu_s"], r.get("machine_parallelism"),
+            r.get("driver_bytes"), r.get("sample_bytes"),
             r["staleness_mean"], r["staleness_max"], r["step_reached"], r["time_to_accuracy_s"]]
 
 
@@ -77,9 +140,12 @@ def phase_lines(ph: dict, fixed: bool, target_accuracy: float) -> list[str]:
     lines = [f"{_title(fixed)}: medians over repetitions",
              table(HEADERS, [_cells(r) for r in ph["rows"]])]
     for k, r in ph["ratios"].items():
+        of = r.get("of_bound_median")
         line = (f"staleness {k} / 0: steps/s {r['steps_per_s_median']:.2f}x "
                 f"(per rep {[round(x, 2) for x in r['steps_per_s']]}; overlap bound "
-                f"{r['overlap_bound_median']:.2f}x)")
+                f"{r['overlap_bound_median']:.2f}x, "
+                + (f"{of:.0%} of it" if of is not None else "-")
+                + f"; issue 15's node-timing bound {r['overlap_bound_nodes_median']:.2f}x)")
         if not fixed:
             tta = r["time_to_accuracy_median"]
             line += (f", time to {target_accuracy}: "
@@ -87,6 +153,9 @@ def phase_lines(ph: dict, fixed: bool, target_accuracy: float) -> list[str]:
                      + f" (per rep {[round(x, 2) for x in r['time_to_accuracy']]}, "
                        f"both reached in {r['time_to_accuracy_reached']})")
         lines.append(line)
+    over = _over(ph["reps"], "s2", "1")
+    if over is not None:
+        lines.append(f"streaming 2 / staleness 1: steps/s {over:.2f}x")
     return lines
 
 
