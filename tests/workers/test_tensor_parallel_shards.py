@@ -3,7 +3,8 @@
 entropy and weights, the reference's log-probs and a critic's values (its value head new
 to the causal-LM checkpoint) equal one unsharded rank's built by `from_pretrained`, for a
 tied Llama saved as an index of several files and a Qwen2 (q/k/v biases) over a
-vocabulary 2 does not divide; the rotary buffers are recomputed; a directory whose
+vocabulary 2 does not divide; the rotary buffers are recomputed; a shard built in bf16
+trains on float32 master weights; a directory whose
 tensors do not match its config is refused naming them; and building a tp=2 shard
 raises a rank's memory high-water mark by well under what building the whole model
 does (VmHWM, reset by /proc/self/clear_refs, in fresh processes)."""
@@ -73,6 +74,17 @@ def _run(folder: str, batch, ctx=None) -> dict:
     return out
 
 
+def _bf16_update(folder: str, batch, ctx=None) -> dict:
+    """One update of an actor built in bf16: float32 master weights (a DTensor's local
+    shard upcast too, not only its outer dtype), bf16 forwards."""
+    cfg = _cfg(folder)
+    cfg["model"]["dtype"] = "bf16"
+    actor = ActorWorker(cfg, ctx)
+    q = actor.module.model.layers[0].self_attn.q_proj.weight
+    local = q.to_local() if hasattr(q, "to_local") else q
+    return {"dtype": local.dtype, "metrics": actor.update(batch).meta["metrics"]}
+
+
 def _refusal(folder: str, ctx) -> str:
     try:
         ActorWorker(_cfg(folder), ctx)
@@ -87,6 +99,7 @@ def _rank_main(rank: int, world: int, port: int, root: str, batches: dict):
     ctx = WorkerContext(rank=rank, world_size=world, local_rank=rank, device="cpu", tp=world)
     results = {name: _run(os.path.join(root, name), batches[name], ctx) for name in MODELS}
     results["refusal"] = _refusal(os.path.join(root, "mismatched"), ctx)
+    results["bf16"] = _bf16_update(os.path.join(root, "tied_llama"), batches["tied_llama"], ctx)
     torch.save(results, os.path.join(root, f"rank{rank}.pt"))
     leave_process_group(rank, root)
 
@@ -104,6 +117,7 @@ def built(tmp_path_factory):
     batches = {name: rollout_for_update(ActorWorker(_cfg(str(root / name))), n=2)
                for name in MODELS}
     single = {name: _run(str(root / name), batches[name]) for name in MODELS}
+    single["bf16"] = _bf16_update(str(root / "tied_llama"), batches["tied_llama"])
     mp.spawn(_rank_main, args=(2, _free_port(), str(root), batches), nprocs=2, join=True)
     ranks = [torch.load(root / f"rank{r}.pt", weights_only=False) for r in range(2)]
     return root, single, ranks
@@ -145,6 +159,16 @@ def test_a_directory_that_does_not_match_its_config_is_refused_naming_tensors(bu
         assert "mismatched" in rank["refusal"]
         assert "mlp.gate_proj.weight" in rank["refusal"]
         assert "tensor(s) of another shape" in rank["refusal"]
+
+
+def test_a_bf16_shard_trains_on_float32_master_weights(built):
+    """bf16 forwards: the losses agree with one rank's to bf16's precision, not 1e-5."""
+    _, single, ranks = built
+    for rank in ranks:
+        assert rank["bf16"]["dtype"] == torch.float32
+        for key in ("actor/pg_loss", "actor/grad_norm"):
+            assert rank["bf16"]["metrics"][key] == pytest.approx(
+                single["bf16"]["metrics"][key], rel=2e-2), key
 
 
 # ------------------------------------------------------------------ memory
