@@ -2,16 +2,20 @@
 holds a whole copy of the model (issue 30).
 
 `empty_shards` makes the model on the meta device (shapes, no storage), shards it there
-by the tensor-parallel plan (`backends/tensor_parallel.parallelize`: meta DTensors), gives
-each rank storage for its own shards only (`to_empty`), then fills them from the
-directory's safetensors files one tensor at a time, each rank reading only its rows or
-columns of each tensor (`safe_open(...).get_slice`); a tied weight is one parameter and
-is read once. What the files do not hold is initialised as `from_pretrained` does it:
-every loaded tensor is marked `_is_hf_initialized`, and `initialize_weights()` under the
-build seed then initialises the rest: a head new to the checkpoint (a critic's value
-head) and the non-persistent buffers (the rotary `inv_freq`, which `to_empty` leaves as
-garbage). The same-rank high-water mark of a build is this rank's shards plus the
-largest slice read at once.
+by the tensor-parallel plan (`backends/tensor_parallel.parallelize`: meta DTensors) and
+gives each rank storage for its own shards only (`to_empty`); `read_shards` fills them
+from the directory's safetensors files one tensor at a time, each rank reading only its
+rows or columns of each tensor (`safe_open(...).get_slice`; a tied weight is one
+parameter, read once); `init_missing` initialises what the files do not hold as
+`from_pretrained` does: every loaded tensor is marked `_is_hf_initialized`, then
+`initialize_weights()` under the build seed sets the rest, a head new to the checkpoint
+(a critic's value head) and the non-persistent buffers (the rotary `inv_freq`, which
+`to_empty` leaves as garbage). A rank's high-water mark while building is its shards
+plus one slice in flight (the slice's copy and its mapped file pages). FSDP2 over "dp"
+is applied afterwards by the backend, to the materialised tp shard. Checkpoint names
+must be the model's own (or differ by the base model's prefix): transformers' key
+renaming for legacy checkpoints is not applied, and a name that does not match is
+reported as missing / unexpected by `models.check_loading_info`.
 
 A model built from a config (seeded random init: tests and the toy task) is not built
 here: its values are the seeded stream of a whole-model construction (nn.Linear's own
