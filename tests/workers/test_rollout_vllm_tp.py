@@ -140,6 +140,9 @@ class _GroupEngine:
     def poll(self, steps):
         return prompt_batch_of(self.submitted)
 
+    def stream_counts(self):
+        return {}
+
     def abort(self):
         return 0
 
