@@ -10,9 +10,10 @@ State (all owned by `LocalRuntime`, changed only by its own methods):
 - `ranks[pool]`: one dict per simulated rank, role -> worker instance; the roles of a
   pool share that dict (colocation: the same objects, so weights move in memory).
 - `workers_of[pool]`: the in-process FusedWorker of each rank, over that dict.
+- `role_pool`: role -> the pool it runs on (this plan's and the extra plans' roles).
 - `plans`: the scheduler's per-plan analysis (`executor.PlanCache`).
-- `_node_keys`: (plan id, node name) -> the key a task names its node by; each
-  worker keeps the node object itself under it (nothing is pickled).
+A task names its node by (plan id, node name); each in-process worker keeps the node
+object itself under that key (`node_id`: nothing is pickled).
 
 Ranks of a pool are simulated in turn. Trained roles need a real process group to
 stay in sync across ranks, so the local runtime refuses a trained role on more than
@@ -28,6 +29,7 @@ from typing import Any, Callable
 import torch
 
 from hybridflow.core.batch import Batch
+from hybridflow.core.modes import RuntimeName
 from hybridflow.plan.compiler import ExecutionPlan, PlanNode
 from hybridflow.core.runtime_section import RuntimeConfig
 from hybridflow.core.deadline import call_with_deadline, handler_held
@@ -129,7 +131,7 @@ def available_cores() -> int:
 
 
 class LocalRuntime:
-    name = "local"
+    name = RuntimeName.LOCAL
 
     def __init__(self, plan: ExecutionPlan, cfg, seed: int = 0,
                  make_context: Callable = _make_context, extra_plans=()):

@@ -31,6 +31,7 @@ from typing import Callable
 import ray
 
 from hybridflow.core.batch import Batch
+from hybridflow.core.modes import RuntimeName
 from hybridflow.plan.compiler import ExecutionPlan, PlanNode
 from hybridflow.core.kinds import NodeKind, Op
 from hybridflow.runtime.common import NodeFailure, StepResult
@@ -49,7 +50,7 @@ INLINE_BYTES = 64 * 1024  # driver-held shards up to this size travel inside the
 
 
 class RayRuntime:
-    name = "ray"
+    name = RuntimeName.RAY
 
     def __init__(self, plan: ExecutionPlan, cfg, seed: int = 0,
                  make_context: Callable = default_context, extra_plans=()):
