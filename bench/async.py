@@ -106,7 +106,7 @@ def overrides(args, key, seed: int, correction: str, fixed: bool) -> list[str]:
            *rollout, *side_roles(args.rollout_side_on), *pins, *dump,
            f"runtime.torch_threads={args.threads}",
            f"trainer.staleness={k}", f"trainer.steps={steps}", f"trainer.seed={seed}",
-           f"trainer.val_every={val_every}", "trainer.val_samples=1",
+           f"trainer.val_every={val_every}", *(["trainer.val_samples=1"] if val_every else []),
            "trainer.progress=false", f"data.batch_size={args.prompts}", f"rollout.n={args.n}",
            f"rollout.max_new_tokens={args.max_new_tokens}",
            f"rollout.micro_batch_size={args.prompts * args.n}"]
@@ -290,7 +290,7 @@ def run(args) -> dict:
     if started:  # two logical GPUs (pools main and gen) a variant
         ray.init(num_cpus=8, num_gpus=2 * len(args.variants), include_dashboard=False,
                  log_to_driver=False)
-    start = time.perf_counter()
+    start, at_start = time.perf_counter(), machine()  # the load when the run began
     try:
         learning = phase(args, correction_override, fixed=False)
         fixed = phase(args, correction_override, fixed=True) if args.fixed_steps else None
@@ -298,7 +298,7 @@ def run(args) -> dict:
         if started:
             ray.shutdown()
     payload = {
-        "machine": machine(),
+        "machine": at_start,
         "setup": {"graph": "graphs/grpo.py (embedded default model and task)",
                   "placement": f"pools main (actor) and gen, 1 worker each; rollout on "
                                f"{args.rollout_on} ({_rollout_words(args.rollout_on)}); "

@@ -141,7 +141,8 @@ def phase_lines(ph: dict, fixed: bool, target_accuracy: float) -> list[str]:
              table(HEADERS, [_cells(r) for r in ph["rows"]])]
     for k, r in ph["ratios"].items():
         of = r.get("of_bound_median")
-        line = (f"staleness {k} / 0: steps/s {r['steps_per_s_median']:.2f}x "
+        name = f"streaming {k[1:]}" if str(k).startswith("s") else f"staleness {k}"
+        line = (f"{name} / 0: steps/s {r['steps_per_s_median']:.2f}x "
                 f"(per rep {[round(x, 2) for x in r['steps_per_s']]}; overlap bound "
                 f"{r['overlap_bound_median']:.2f}x, "
                 + (f"{of:.0%} of it" if of is not None else "-")
@@ -167,7 +168,7 @@ def report(p: dict) -> str:
     if p.get("fixed_policy"):
         lines += phase_lines(p["fixed_policy"], True, p["setup"]["target_accuracy"])
     for name, t in p["targets"].items():
-        value = "-" if t["value"] is None else f"{t['value']:.2f}"
+        value = "-" if t["value"] is None else f"{t['value']:.3g}"
         lines.append(f"target {name}: {value} ({t['target']}): {t['verdict']}")
     lines.append(f"off-policy choice of the async runs: {p['setup']['off_policy']} "
                  f"({p['setup']['off_policy_override']}); wall {p['wall_s']:.0f} s")
