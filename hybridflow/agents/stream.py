@@ -79,15 +79,19 @@ class AgentStreamCalls:
         return {"groups": self._store.report(), "busy": bool(queue), "rows": len(rows),
                 "counts": dict(self._counts)}
 
-    def stream_take(self, uids: list[str], leave: bool = False) -> Batch:
-        """The rows of these whole groups (they leave the store unless `leave`)."""
+    def stream_take(self, uids: list[str], leave: bool = False, producer: str | None = None
+                    ) -> Batch:
+        """`producer`'s rows of these whole groups (None: the episodes; they leave the
+        store unless `leave`)."""
         self._stream_state()
-        return self._store.take(list(uids), leave)
+        return self._store.take(list(uids), leave, producer)
 
-    def stream_keep(self, kept: Batch | None, uids: list[str], dropped: list[str]) -> int:
-        """An entrance filter's verdict on groups held here."""
+    def stream_keep(self, kept: Batch | None, uids: list[str], dropped: list[str],
+                    producer: str | None = None, layout: list | None = None,
+                    drop_samples: bool = False) -> int:
+        """An entrance pass's verdict on groups held here (StreamStore.keep)."""
         self._stream_state()
-        self._store.keep(kept, list(uids), list(dropped))
+        self._store.keep(kept, list(uids), list(dropped), producer, layout, drop_samples)
         return self._store.held()
 
     def _play(self, chunk: Batch) -> Batch:

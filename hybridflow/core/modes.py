@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from hybridflow.core.kinds import _Named
 
-__all__ = ["AsyncMode", "RuntimeName"]
+__all__ = ["AsyncMode", "RuntimeName", "StreamSide"]
 
 
 class _Choice(_Named):
@@ -32,6 +32,17 @@ class AsyncMode(_Choice):
         """Generation runs continuously beside training (the plan's buffer streams; the
         engine must submit / poll / abort; every prompt row has one width)."""
         return self is AsyncMode.STREAMING
+
+
+class StreamSide(_Choice):
+    """`trainer.stream_side`: which nodes a streaming plan runs on the stream side
+    (plan/streaming_split.py)."""
+    AUTO = "auto"                    # the compiler moves the nodes that can (docs/async.md)
+    GENERATE_ONLY = "generate_only"  # the generate node (and a gather's filter) only
+
+    @property
+    def moves(self) -> bool:
+        return self is StreamSide.AUTO
 
 
 class RuntimeName(_Choice):

@@ -101,14 +101,17 @@ def groups_per_step(gen: PlanNode, gather: PlanNode) -> int:
     return gather.kwargs["until"] // gen.kwargs["n"]
 
 
-def entrance_plan(plan: ExecutionPlan, gen: PlanNode, gather: PlanNode,
-                  staleness: int) -> ExecutionPlan | None:
-    """The plan of an entrance pass (None when the gather reads the generate node
-    itself: nothing to screen): the sources and the generate node (skipped), a buffer
-    node fed the whole groups, and the entrance nodes reading it. The stream's
-    columns (`token_versions`, ...) are the generate method's own, so they travel
-    through the nodes that forward their input as any column does."""
-    names = entrance_names(plan, gen, gather)
+def entrance_plan(plan: ExecutionPlan, gen: PlanNode, gather: PlanNode | None,
+                  staleness: int, names: list[str] | None = None) -> ExecutionPlan | None:
+    """The plan of an entrance pass (None when there is nothing to run: a gather that
+    reads the generate node itself): the sources and the generate node (skipped), a
+    buffer node fed the whole groups, and the entrance nodes reading it (`names`:
+    the stream-side nodes of a plan without a gather, plan/streaming_split.py; by
+    default the gather's entrance nodes). The stream's columns (`token_versions`,
+    ...) are the generate method's own, so they travel through the nodes that
+    forward their input as any column does."""
+    if names is None:
+        names = entrance_names(plan, gen, gather)
     if not names:
         return None
     feed = PlanNode(BUFFER_PREFIX + gen.name, NodeKind.BUFFER, Op.BUFFER, (gen.name,),

@@ -8,8 +8,16 @@ hand-off sits right at the generate node. The split:
 - the **stream side**: the data source and the one generate node it feeds (driven by
   the run's streaming scheduler through the engine's submit / poll / abort, not as a
   node of a pass);
-- the **train side**: everything else, rule rewards, reference log-probs and group
-  advantages included: they run on each consumed batch of whole groups.
+- the nodes after the generate node that can run on whole groups as they finish,
+  with no weights the train side changes (`trainer.stream_side=auto`, the default;
+  `stream_side_nodes`): rule-based scorers and other calls of an untrained role on the
+  generate role's pool (a reference colocated with the rollout), and function nodes
+  grouped by the prompt unit or declared row-wise (`grpo_advantages`). They join the
+  stream side and run in the *entrance pass* (runtime/stream_entrance.py) on each
+  batch of whole groups; their rows wait with the samples on the rollout worker, and
+  the train side reads each of them through a buffer of its own (`buffer/<node>`);
+- the **train side**: everything else (`trainer.stream_side=generate_only`: rule
+  rewards, reference log-probs and group advantages included).
 
 A graph with a gather (DAPO's dynamic sampling) streams with the gather as a filter at
 the buffer's entrance (stream_filter.py): the nodes between the generate node and the
@@ -45,7 +53,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from hybridflow.core.columns import STREAM_COLUMNS, TOKEN_VERSIONS
-from hybridflow.core.kinds import NodeKind, Op
+from hybridflow.core.kinds import NodeKind, Op, RowEffect
+from hybridflow.core.modes import StreamSide
 from hybridflow.graph.streams import STREAMS_ATTR, stream_capability
 from hybridflow.plan.async_split import (PROMPT_UNIT, Sides, buffer_nodes,
                                          correction_problems, insert_buffers, split_sides)
@@ -53,7 +62,7 @@ from hybridflow.plan.compiler import ExecutionPlan, GraphError, PlanNode, plan_s
 from hybridflow.plan.stream_filter import entrance_names, filter_problems, stream_gather
 
 __all__ = ["streaming_sides", "attach_streaming", "is_streaming", "stream_buffer",
-           "StreamBackend", "TOKEN_VERSIONS"]
+           "stream_side_nodes", "stream_buffers", "StreamBackend", "TOKEN_VERSIONS"]
 
 
 @dataclass(frozen=True)
@@ -128,11 +137,41 @@ def _problems(plan: ExecutionPlan, sides: Sides,
     return problems, gens
 
 
+def _joins(plan: ExecutionPlan, node: PlanNode, pool: str | None) -> bool:
+    """A node that may run on the stream side once its inputs do: row for row (its
+    rows are kept with the group's samples), on whole groups or any row split, and
+    on no weights the train side changes (split_sides already excludes those)."""
+    if node.row_effect is not RowEffect.KEEPS:
+        return False
+    if node.op is Op.FN:
+        return node.group_by == PROMPT_UNIT or node.rows
+    return node.op is Op.CALL and node.kind is NodeKind.INFERENCE and \
+        plan.placement.roles.get(node.role) == pool
+
+
+def stream_side_nodes(plan: ExecutionPlan, sides: Sides, gen: PlanNode) -> list[str]:
+    """The nodes after the generate node that join the stream side (plan order):
+    every input on the stream side, on the pipelined rollout side (no trained role's
+    weights, no state across steps), and `_joins`."""
+    pool = plan.placement.roles.get(gen.role)
+    stream, moved, ahead = {gen.name}, [], set(sides.rollout)
+    stream |= {n.name for n in plan.nodes if n.op is Op.SOURCE}
+    for node in plan.nodes:
+        if node.name in stream or node.name not in ahead or not node.deps:
+            continue
+        if all(d in stream for d in node.deps) and _joins(plan, node, pool):
+            stream.add(node.name)
+            moved.append(node.name)
+    return moved
+
+
 def streaming_sides(plan: ExecutionPlan, staleness: int,
-                    backend: StreamBackend | None = None) -> Sides:
-    """The stream side (sources + the generate node) and the train side (the rest);
-    `backend`: the engine's declaration (None: no engine is checked, e.g. the planner's
-    and the drawings' reading of a compiled plan)."""
+                    backend: StreamBackend | None = None,
+                    stream_side: str = StreamSide.AUTO.value) -> Sides:
+    """The stream side (sources, the generate node, a gather's entrance nodes, and
+    with `stream_side=auto` the nodes that can run on whole groups: stream_side_nodes)
+    and the train side (the rest); `backend`: the engine's declaration (None: no
+    engine is checked, e.g. the planner's and the drawings' reading of a plan)."""
     sides = split_sides(plan, staleness)  # its refusals hold for streaming too
     problems, gens = _problems(plan, sides, backend)
     if problems:
@@ -141,19 +180,24 @@ def streaming_sides(plan: ExecutionPlan, staleness: int,
     stream = {n.name for n in plan.nodes if n.op is Op.SOURCE} | {gen.name}
     if gather is not None:  # DAPO's filter: at the buffer's entrance (stream_filter.py)
         stream |= set(entrance_names(plan, gen, gather)) | {gather.name}
+    elif StreamSide.of(stream_side, "trainer.stream_side").moves:
+        stream |= set(stream_side_nodes(plan, sides, gen))
     order = [n.name for n in plan.nodes]
-    handoff = (gather or gen).name
-    return Sides(tuple(n for n in order if n in stream),
-                 tuple(n for n in order if n not in stream), (handoff,), staleness)
+    train = tuple(n for n in order if n not in stream)
+    handoff = (gather.name,) if gather is not None else \
+        tuple(n for n in order if n in stream and any(n in plan.node(t).deps for t in train))
+    return Sides(tuple(n for n in order if n in stream), train, handoff, staleness)
 
 
 def attach_streaming(plan: ExecutionPlan, staleness: int, allow_uncorrected: bool = False,
                      default_corrects=lambda node: False,
-                     backend: StreamBackend | None = None) -> ExecutionPlan:
-    """`plan` with its one streaming buffer; GraphError (naming the node) when it cannot
-    stream (its role, columns or `backend`) or an update goes uncorrected without the
-    opt-out. The buffer's rows are the producer's, the stream's columns among them."""
-    sides = streaming_sides(plan, staleness, backend)
+                     backend: StreamBackend | None = None,
+                     stream_side: str = StreamSide.AUTO.value) -> ExecutionPlan:
+    """`plan` with its streaming buffers (one per stream-side node the train side
+    reads); GraphError (naming the node) when it cannot stream (its role, columns or
+    `backend`) or an update goes uncorrected without the opt-out. A buffer's rows are
+    its producer's, the generate node's carrying the stream's columns."""
+    sides = streaming_sides(plan, staleness, backend, stream_side)
     problems = [] if allow_uncorrected else \
         correction_problems(plan, sides, default_corrects)
     if problems:
@@ -171,8 +215,17 @@ def attach_streaming(plan: ExecutionPlan, staleness: int, allow_uncorrected: boo
 
 
 def stream_buffer(plan: ExecutionPlan):
-    """The streaming buffer node of `plan`, or None."""
-    return next((n for n in buffer_nodes(plan) if n.buffer.streaming), None)
+    """The streaming buffer node of `plan` holding the samples (the generate node's or
+    the gather's rows; else the first), or None."""
+    buffers = stream_buffers(plan)
+    samples = [b for b in buffers if plan.node(b.buffer.producer).op is Op.GATHER
+               or plan.node(b.buffer.producer).kind is NodeKind.GENERATE]
+    return (samples or buffers or [None])[0]
+
+
+def stream_buffers(plan: ExecutionPlan) -> list[PlanNode]:
+    """Every streaming buffer node of `plan` (plan order)."""
+    return [n for n in buffer_nodes(plan) if n.buffer.streaming]
 
 
 def is_streaming(plan: ExecutionPlan) -> bool:

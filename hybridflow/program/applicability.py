@@ -96,6 +96,7 @@ APPLIES: dict[str, Applies] = {
     "rollout.enable_sleep_mode": Applies(*_VLLM),
     "rollout.stream_poll_steps": Applies("trainer.async_mode=streaming", streaming),
     "rollout.partial": Applies("trainer.async_mode=streaming", streaming),
+    "trainer.stream_side": Applies("trainer.async_mode=streaming", streaming),
     "trainer.async_mode": Applies("trainer.staleness >= 1", asynchronous),
     "trainer.allow_uncorrected_async": Applies("trainer.staleness >= 1", asynchronous),
     "trainer.dump_batches": Applies("steps 1..trainer.steps", within_steps, "refuse"),

@@ -164,7 +164,7 @@ def _attach_async(cfg: DictConfig, plan):
                           f"trainer.staleness={trainer.staleness}; set trainer.staleness=1 "
                           "or trainer.async_mode=pipeline")
     return attach_streaming(plan, trainer.staleness, trainer.allow_uncorrected_async, corrects,
-                            _stream_backend(str(cfg.rollout.backend)))
+                            _stream_backend(str(cfg.rollout.backend)), trainer.stream_side)
 
 
 def _stream_backend(name: str) -> StreamBackend:

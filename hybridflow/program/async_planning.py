@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hybridflow.plan.async_split import (split_sides, staleness_of, trained_roles,
+from hybridflow.plan.async_split import (sides_of, split_sides, staleness_of, trained_roles,
                                          without_buffers)
 from hybridflow.plan.streaming_split import is_streaming, streaming_sides
 from hybridflow.core.kinds import NodeKind
@@ -28,22 +28,27 @@ from hybridflow.plan.weight_sync import EXPORT_METHOD, LOAD_METHOD, planner_view
 __all__ = ["pipeline_view"]
 
 
-def pipeline_view(plan, staleness: int | None = None, mode: str | None = None):
+def pipeline_view(plan, staleness: int | None = None, mode: str | None = None,
+                  stream_side: str = "auto"):
     """(the graph view the planner plans, its `Pipeline` or None when synchronous).
 
     `staleness` None: the plan's own (its buffers' capacity, set by `program.prepare`);
-    `mode` None: the plan's own (`streaming` when its buffer streams), else
-    `trainer.async_mode` (an `AsyncMode` or its string)."""
+    `mode` None: the plan's own (`streaming` when its buffer streams, its stream side
+    read from its buffers), else `trainer.async_mode` (an `AsyncMode` or its string),
+    with `stream_side` (`trainer.stream_side`)."""
     from hybridflow.planner import Pipeline
 
     buffered = staleness_of(plan)
     staleness = buffered if staleness is None else staleness
     streaming = is_streaming(plan) if mode is None else AsyncMode.of(mode).streams
+    own = sides_of(plan) if mode is None and streaming else None
     plan = without_buffers(plan)  # the planner costs the graph's nodes, not the hand-off
     if staleness < 1:
         return planner_view(plan), None
-    # streaming: the stream side is the source and the generate node (plan/streaming_split.py)
-    sides = streaming_sides(plan, staleness) if streaming else split_sides(plan, staleness)
+    # streaming: the source, the generate node and the nodes the compiler moves there
+    # (plan/streaming_split.py)
+    sides = own or (streaming_sides(plan, staleness, stream_side=stream_side) if streaming
+                    else split_sides(plan, staleness))
     view, movable = _rollouts_folded(plan)
     names = {n.name for n in view.nodes}
     return view, Pipeline(staleness, frozenset(n for n in sides.rollout if n in names), movable,

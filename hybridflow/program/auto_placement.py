@@ -64,7 +64,8 @@ def plan_auto_placement(cfg: DictConfig, plan: ExecutionPlan) -> tuple[dict, str
     from hybridflow.agents.worker import episode_width
     width = episode_width(cfg, plan) or cfg.rollout.max_new_tokens  # an agent's episodes
     compiled = plan  # the planner's view renames a folded rollout's nodes to its host's
-    plan, pipeline = pipeline_view(plan, cfg.trainer.staleness, cfg.trainer.async_mode)
+    plan, pipeline = pipeline_view(plan, cfg.trainer.staleness, cfg.trainer.async_mode,
+                                   cfg.trainer.stream_side)
     try:
         result = plan_placement(
             plan, Cluster(cluster_cfg.nodes, cluster_cfg.devices_per_node, cluster_cfg.device),

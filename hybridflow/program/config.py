@@ -26,7 +26,7 @@ from omegaconf.errors import (ConfigAttributeError, ConfigKeyError,
 from hybridflow.core.constraints import (ConfigError, Rule, above, at_least, check_values,
                                          checked, in_range, one_of, plain_name)
 from hybridflow.core.data import DEFAULT_TOY_MAKER
-from hybridflow.core.modes import AsyncMode
+from hybridflow.core.modes import AsyncMode, StreamSide
 from hybridflow.core.names import named_object
 from hybridflow.core.runtime_section import RuntimeConfig
 from hybridflow.workers.config import (ActorConfig, CriticConfig, ModelConfig, RefConfig,
@@ -65,6 +65,11 @@ class TrainerConfig:
     # finish (docs/async.md)
     async_mode: str = checked(AsyncMode.PIPELINE.value, one_of(*AsyncMode.names(),
                                                                what="trainer.async_mode"))
+    # streaming: "auto" runs the rule-based nodes, group functions and a reference
+    # colocated with the rollout on the stream side; "generate_only" keeps them on
+    # the train side (docs/async.md, "Which nodes go on which side")
+    stream_side: str = checked(StreamSide.AUTO.value, one_of(*StreamSide.names(),
+                                                             what="trainer.stream_side"))
     # reorder each generated batch so data-parallel ranks get equal tokens (plan/balance.py)
     balance_batch: bool = False
     # steps whose batches (every node's output) are written to RUN_DIR/batches/ (run/batch_dump.py)

@@ -39,8 +39,11 @@ class StreamTake:
     holds (`shards`: (rank, uids), one output slot each, in order). The scheduler
     makes each slot a task on that worker (`FusedWorker.stream_take`), so the rows go
     from the rollout worker to the train side without the driver. `leave`: the
-    groups stay in the worker's store (an entrance filter screens them)."""
+    groups stay in the worker's store (an entrance pass reads them). `producer`: whose
+    rows of the groups (None: the samples; else a stream-side node's, kept beside
+    them by the entrance pass: workers/rollout/stream_store.py)."""
     role: str
     pool: str
     shards: tuple
     leave: bool = False
+    producer: str | None = None

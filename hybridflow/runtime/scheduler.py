@@ -260,7 +260,7 @@ class StepScheduler:
             args = TaskArgs(self.ex)
             task = ShardTask(self.ex.node_id(self.plan, node, feed.pool, rank), {},
                              group_keys=self.group_keys.get(node.name, ()))
-            extra = (feed.role, list(uids), feed.leave)
+            extra = (feed.role, list(uids), feed.leave, feed.producer)
             self.result.driver_bytes += self.ex.value_bytes(list(uids))
             refs.append(self._submit(node, "stream_take", feed.pool, rank, task, args, slot,
                                      extra=extra))
@@ -287,7 +287,7 @@ class StepScheduler:
         """A batch from the driver, split for its first consumer; the executor says
         what crossing costs (small shards on Ray travel inside each task)."""
         homes = self.home_slots(node.name)
-        # one home takes the batch as it is (finish_output made it a new Batch)
+        # one home takes the batch as it is (`NodeIO.finish` made it a new Batch)
         shards = batch.split(len(homes)) if len(homes) > 1 else [batch]
         homes = homes or [None]
         refs = []

@@ -7,8 +7,8 @@ the share that holds it), so a prompt is sent to the ranks that generate it and 
 other. Only a share's first rank reports and holds rows
 (workers/rollout/stream_worker.py). A poll asks every rank (a tp group steps in
 lockstep) and receives per-group numbers (`GroupStats` tuples); the rows stay on the
-workers until a pass takes them (`take`: a `StreamTake` feed, tasks on the holding
-workers) or an entrance filter's verdict is sent back to them (`keep`: the filter's
+workers until a pass takes them (`take`: a `StreamTake` feed per buffer, tasks on the
+holding workers) or an entrance pass's verdict is sent back to them (`keep`: a node's
 output shards go worker to worker).
 
 Every byte these calls move through the driver (prompts sent, replies, uids) is
@@ -65,23 +65,32 @@ class StreamClient:
         replies = self._call_each("stream_poll", [(wait_s,)] * self.world)
         return replies
 
-    def take(self, uids: list[str], leave: bool = False) -> StreamTake:
-        """The feed of a buffer node taking these whole groups, in this order per
-        holding rank (a slot per rank, in order of first appearance)."""
+    def take(self, uids: list[str], leave: bool = False,
+             producer: str | None = None) -> StreamTake:
+        """The feed of a buffer node taking `producer`'s rows (None: the samples) of
+        these whole groups, in this order per holding rank (a slot per rank, in order
+        of first appearance)."""
+        return self.takes(uids, [producer], leave)[0]
+
+    def takes(self, uids: list[str], producers: list, leave: bool = False) -> list:
+        """One `StreamTake` per producer of these groups (the buffers of one pass);
+        unless `leave`, the groups are then no longer held (each take empties its
+        producer's rows on the worker; the last one the group)."""
         by_rank: dict[int, list[str]] = {}
         for uid in uids:
             by_rank.setdefault(self.home[uid], []).append(uid)
         if not leave:
             for uid in uids:
                 self.home.pop(uid, None)
-        return StreamTake(self.role, self.pool,
-                          tuple((rank, tuple(us)) for rank, us in by_rank.items()), leave)
+        shards = tuple((rank, tuple(us)) for rank, us in by_rank.items())
+        return [StreamTake(self.role, self.pool, shards, leave, p) for p in producers]
 
     def keep(self, plan: ExecutionPlan, node: PlanNode, shards: list, kept: list[str],
-             dropped: list[str]) -> None:
-        """An entrance filter's verdict to the ranks holding the groups: the filter's
-        output `shards` (handles: worker to worker) replace the kept groups' rows there,
-        the dropped ones are forgotten."""
+             dropped: list[str], **how) -> None:
+        """An entrance pass's verdict to the ranks holding the groups: a node's output
+        `shards` (handles: worker to worker) replace the kept groups' samples there (a
+        filter's) or are held beside them (`how`: producer, layout, drop_samples:
+        StreamStore.keep); the dropped ones are forgotten."""
         ranks: dict[int, tuple[list, list]] = {}
         for uid in kept:
             ranks.setdefault(self.home[uid], ([], []))[0].append(uid)
@@ -90,10 +99,10 @@ class StreamClient:
         metas = []
         for rank, (keep, drop) in ranks.items():
             task = ShardTask(self.runtime.node_id(plan, node, self.pool, rank), {})
-            self.bytes += self.runtime.value_bytes([keep, drop])
+            self.bytes += self.runtime.value_bytes([keep, drop, how])
             try:
                 _, meta = self.runtime.submit(node, "stream_keep", self.pool, rank, 2, task,
-                                              [self.role, keep, drop, *shards])
+                                              [self.role, keep, drop, how, *shards])
             except NodeFailure as err:
                 raise NodeFailure(self.gen, err.rank, f"{self.role}.stream_keep: "
                                                       f"{err.detail}") from None

@@ -1,15 +1,25 @@
-"""The entrance filter of a streaming buffer (plan/stream_filter.py: DAPO's dynamic
-sampling, streaming): each batch of whole groups, as they complete, runs through the
-nodes between the generate node and the gather (the rule reward, the penalty, the
-filter) in one *entrance pass* on the stream side. A group the filter keeps enters
-the buffer with the columns the filter's output carries; a group it drops is
-rejected (the streaming scheduler counts it and consumes its prompt).
+"""The entrance pass of a streaming buffer: each batch of whole groups, as they
+complete, runs on the stream side through the nodes after the generate node, where
+the groups wait (the rollout workers) — one *entrance pass* per batch of arrivals.
+
+- With a filter (a gather: DAPO's dynamic sampling, plan/stream_filter.py) those are
+  the nodes between the generate node and the gather (the rule reward, the penalty,
+  the filter). A group the filter keeps enters the buffer with the columns the
+  filter's output carries (they replace its samples on the worker); a group it drops
+  is rejected (the run scheduler's stream source counts it and consumes its prompt).
+- Without a filter they are the stream-side nodes the compiler moved there
+  (plan/streaming_split.py `stream_side_nodes`: rule rewards, a colocated reference,
+  group advantages). Every group is kept; each node the train side reads (a
+  *handed-over* node, read through its own buffer) has its rows of each group held
+  beside the group's samples on the worker, row-aligned with them (by position: the
+  nodes keep their input's rows one for one), for its buffer to take.
 
 State: the entrance plan (fixed), the scheduler's stream client (`client`: where the
-groups wait; the kept groups' rows are replaced there by the filter's, worker to
-worker), and what the passes since the last `drain()` reported: each entrance
-node's metrics per pass, timings, the timeline and the driver bytes. Only its
-methods change it; the streaming scheduler owns one.
+groups wait; rows go back there worker to worker), what the passes since the last
+`drain()` reported (each entrance node's metrics per pass, timings, the timeline and
+the driver bytes) and, without a filter, `passes`: each pass's metrics with the uids
+it ran that are not yet trained. Only its methods change it; the stream source owns
+one.
 """
 from __future__ import annotations
 
@@ -24,21 +34,31 @@ __all__ = ["StreamEntrance"]
 
 
 class StreamEntrance:
-    def __init__(self, runtime, plan: ExecutionPlan, gen: PlanNode, gather: PlanNode,
-                 staleness: int, unit: str = "uid"):
+    def __init__(self, runtime, plan: ExecutionPlan, gen: PlanNode, gather: PlanNode | None,
+                 staleness: int, unit: str = "uid", names: list[str] | None = None,
+                 handed: tuple[str, ...] = (), samples_read: bool = True):
+        """`gather`: the filter's gather (None: no filter, `names` are the stream-side
+        nodes and `handed` those the train side reads; `samples_read`: whether a
+        train-side buffer takes the samples themselves)."""
         self.runtime, self.unit = runtime, unit
-        self.plan = entrance_plan(plan, gen, gather, staleness)
+        self.plan = entrance_plan(plan, gen, gather, staleness, names)
         if self.plan is None:
             raise ValueError(f"{gather.where()}: it reads '{gen.name}' directly, so "
                              f"there is nothing to screen at the buffer's entrance")
         self.feed = next(n.name for n in self.plan.nodes if n.op is Op.BUFFER)
         self.skip = frozenset(n.name for n in self.plan.nodes
                               if n.op is Op.SOURCE or n.name == gen.name)
-        self.out = self.plan.node(gather.deps[0])
-        self.keys = tuple(self.out.output_keys)
+        self.out = self.plan.node(gather.deps[0]) if gather is not None else None
+        self.handed, self.samples_read = tuple(handed), samples_read
         self.names = [n.name for n in self.plan.nodes if n.name not in self.skip
                       and n.name != self.feed]
         self.client = None  # the scheduler's StreamClient: where the groups wait
+        self.passes: list[tuple[set, dict]] = []  # no filter: (uids not trained, metrics)
+        self._reset()
+
+    def forget(self) -> None:
+        """A resumed run: the groups of earlier passes are drawn again."""
+        self.passes = []
         self._reset()
 
     def _reset(self) -> None:
@@ -48,15 +68,26 @@ class StreamEntrance:
         self.driver_bytes = 0
 
     def screen(self, groups: list[tuple[str, GroupStats]]) -> tuple[list, list[str]]:
-        """(the groups the filter kept, in the order given; the uids it dropped). A
-        filter keeps or drops a group whole. The groups' rows are read where they wait
-        (the rollout workers) and the kept ones are replaced there by the filter's
-        rows: only the kept rows' group ids reach the driver."""
+        """(the groups kept, in the order given; the uids dropped). A filter keeps or
+        drops a group whole; without one every group is kept. The groups' rows are
+        read where they wait (the rollout workers) and the entrance nodes' rows go
+        back there: only the kept rows' group ids reach the driver."""
         uids = [uid for uid, _ in groups]
         feed = self.client.take(uids, leave=True)
         result = self.runtime.run_step({self.feed: feed}, plan=self.plan, skip=self.skip)
+        self._record(result, uids)
+        if self.out is None:
+            self._hand_over(result, feed, dict(groups))
+            return list(groups), []
+        passed, dropped = self._verdict(result, groups)
+        shards = _handle(result, self.out.name).refs
+        self.client.keep(self.plan, self.plan.node(self.feed), shards,
+                         [uid for uid, _ in passed], dropped)
+        return passed, dropped
+
+    def _verdict(self, result, groups: list) -> tuple[list, list[str]]:
+        """The filter's verdict on each group, read from its output's group ids."""
         ids = self.runtime.fetch(result, self.out.name, (self.unit,))
-        self._record(result)
         count: dict[str, int] = {}
         for uid in ids[self.unit]:
             count[str(uid)] = count.get(str(uid), 0) + 1
@@ -72,15 +103,27 @@ class StreamEntrance:
                     f"samples of {self.unit} {uid!r}; keep or drop a group whole (as "
                     f"drop_uniform_groups does) or set trainer.async_mode=pipeline")
             passed.append((uid, stats))
-        shards = _handle(result, self.out.name).refs
-        self.client.keep(self.plan, self.plan.node(self.feed), shards,
-                         [uid for uid, _ in passed], dropped)
         return passed, dropped
 
-    def _record(self, result) -> None:
+    def _hand_over(self, result, feed, stats: dict) -> None:
+        """Each handed-over node's rows of the groups to the workers holding them,
+        beside the samples (laid out as the feed read them: rank by rank, group by
+        group); the samples go when no train-side buffer reads them."""
+        layout = [(uid, stats[uid].rows) for _, uids in feed.shards for uid in uids]
+        uids = [uid for uid, _ in layout]
+        for i, name in enumerate(self.handed):
+            last = i == len(self.handed) - 1
+            self.client.keep(self.plan, self.plan.node(self.feed),
+                             _handle(result, name).refs, uids, [], producer=name,
+                             layout=layout, drop_samples=last and not self.samples_read)
+
+    def _record(self, result, uids: list[str]) -> None:
+        metrics = {n: result.node_metrics[n] for n in self.names if n in result.node_metrics}
+        if self.out is None:  # reported with the step that trains these groups
+            self.passes.append((set(uids), metrics))
+        for name, values in metrics.items():
+            self.node_metrics[name].append(values)
         for name in self.names:
-            if name in result.node_metrics:
-                self.node_metrics[name].append(result.node_metrics[name])
             key = timing_key(name)
             if key in result.metrics:
                 self.timing[key] = self.timing.get(key, 0.0) + result.metrics[key]
@@ -88,10 +131,20 @@ class StreamEntrance:
         self.timeline += [e for e in result.timeline if e["node"] != self.feed]
         self.driver_bytes += result.driver_bytes
 
-    def drain(self) -> tuple[dict, dict, list, int]:
-        """(per entrance node its metrics over the passes since the last drain, the
-        step's metrics of them, their timeline, driver bytes); then forgets them."""
-        node_metrics = {n: sum_round_metrics(m) for n, m in self.node_metrics.items() if m}
+    def drain(self, trained: list[str] = ()) -> tuple[dict, dict, list, int]:
+        """(per entrance node its metrics, the step's metrics of them, the timeline and
+        driver bytes of the passes since the last drain); then forgets them. The node
+        metrics: with a filter, of the passes since the last drain (what it screened
+        meanwhile, as DAPO's gather reports its rounds); without one, of the passes
+        that ran the `trained` groups (a step's reward is its batch's, the mean over
+        those passes)."""
+        rounds = self.node_metrics
+        if self.out is None:
+            trained = set(trained)
+            ran = [m for uids, m in self.passes if uids & trained]
+            rounds = {n: [m[n] for m in ran if n in m] for n in self.names}
+            self.passes = [(uids - trained, m) for uids, m in self.passes if uids - trained]
+        node_metrics = {n: sum_round_metrics(m) for n, m in rounds.items() if m}
         metrics = {k: v for m in node_metrics.values() for k, v in m.items()}
         out = node_metrics, {**metrics, **self.timing}, self.timeline, self.driver_bytes
         self._reset()

@@ -46,7 +46,7 @@ moved through the driver), `prompts` (uid -> the prompt row, for each prompt dra
 and not consumed), the engine's counters, the groups requeued and filtered, `record`
 (the stream side's timeline records of the step, stream_record.py: with the engine on
 its own thread, one more poll after the pass records what it did meanwhile); the
-entrance filter's metrics since the last step (its own state).
+entrance pass's metrics (its own state).
 """
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ from hybridflow.core.metric_names import SAMPLED_VERSION
 from hybridflow.plan.async_split import sides_of
 from hybridflow.plan.compiler import ExecutionPlan
 from hybridflow.plan.stream_filter import groups_per_step
-from hybridflow.plan.streaming_split import stream_buffer
+from hybridflow.plan.streaming_split import stream_buffer, stream_buffers
 from hybridflow.runtime.draws import Draws
 from hybridflow.runtime.progress import no_rows_kept
 from hybridflow.runtime.stream_buffer import GroupBuffer
@@ -85,13 +85,19 @@ class StreamSource:
         self.k, self.size = spec.max_staleness, loader.batch_size
         producer = plan.node(spec.producer)
         self.gather = producer if producer.op is Op.GATHER else None
-        self.entrance = None  # DAPO's filter at the buffer's entrance (stream_entrance.py)
+        # each buffer the train side reads, with whose rows of a group it takes
+        samples = (self.gen.name, self.gather.name if self.gather else self.gen.name)
+        self.buffers = {b.name: None if b.buffer.producer in samples else b.buffer.producer
+                        for b in stream_buffers(plan)}
+        self.entrance = None  # the entrance pass (stream_entrance.py), if any
         if self.gather is not None:
             self.size = groups_per_step(self.gen, self.gather)
             self.max_rounds = int(self.gather.kwargs["max_rounds"])
             if spec.screened_by:
                 self.entrance = StreamEntrance(runtime, plan, self.gen, self.gather, self.k,
                                                spec.unit or "uid")
+        else:
+            self.entrance = self._stream_side(plan, spec.unit or "uid")
         self.options = {k: v for k, v in self.gen.kwargs.items() if v is not None}
         self.client = StreamClient(runtime, plan, self.gen)
         if self.entrance is not None:
@@ -109,9 +115,23 @@ class StreamSource:
         self.requeued = self.filtered = self.drawn = 0  # drawn: batches drawn, ever
         self.last_filtered: list[str] = []  # the uids the entrance dropped in the last step
 
+    def _stream_side(self, plan: ExecutionPlan, unit: str) -> StreamEntrance | None:
+        """The entrance pass of the stream-side nodes after the generate node (no
+        filter: plan/streaming_split.py `stream_side_nodes`), None without any."""
+        names = [n.name for n in plan.nodes if n.name in self.rollout_side
+                 and n.op is not Op.SOURCE and n.name != self.gen.name]
+        if not names:
+            return None
+        handed = tuple(p for p in self.buffers.values() if p is not None)
+        samples_read = None in self.buffers.values()
+        return StreamEntrance(self.runtime, plan, self.gen, None, self.k, unit, names,
+                              handed, samples_read)
+
     def resumed(self, step: int) -> None:
         self.ledger.clear()
         self.client.forget()
+        if self.entrance is not None:
+            self.entrance.forget()
         self.prompts.clear()
 
     # ------------------------------------------------------------------ steps
@@ -124,7 +144,7 @@ class StreamSource:
             self.drawn
         # the progress rule: at most this many groups dropped, none kept
         self.bound = (self.max_rounds + 1) * self.size + len(self.prompts) \
-            if self.entrance else None
+            if self.entrance and self.gather is not None else None
         self.last_filtered = []
 
     def ready(self, step: int, last_step: int, trained: int) -> list | None:
@@ -132,7 +152,7 @@ class StreamSource:
         for `step`'s update (stale ones are generated again), or None."""
         self._top_up(step, last_step)
         # DAPO's bound on the extra draws: past it, train the kept groups held
-        short = self.entrance is not None and \
+        short = self.entrance is not None and self.gather is not None and \
             self.filtered - self.filtered_at > self.max_rounds * self.size
         taken, stale = self.ledger.take(self.size, trained, self.k, short=short)
         self._resubmit(stale)
@@ -152,8 +172,11 @@ class StreamSource:
         self._poll(POLL_WAIT_S if self.background else 0.0)
 
     def feeds(self, taken, generate: bool) -> tuple[dict, frozenset, None]:
+        """Each buffer is fed its producer's rows of the taken groups (worker to
+        worker: a `StreamTake` each)."""
         uids = [uid for uid, _ in taken]
-        return {self.buffer.name: self.client.take(uids)}, self.rollout_side, None
+        takes = self.client.takes(uids, list(self.buffers.values()))
+        return dict(zip(self.buffers, takes)), self.rollout_side, None
 
     def after_pass(self, result, generate: bool) -> None:
         if self.background:  # what the engine's thread did during the pass, on record
@@ -252,7 +275,8 @@ class StreamSource:
                  **{f"async/stream/{k}": float(v) for k, v in self.counts.items()}}
         node_metrics, timeline, driver_bytes = {self.gen.name: gen}, [], 0
         if self.entrance is not None:
-            entrance, timing, timeline, driver_bytes = self.entrance.drain()
+            entrance, timing, timeline, driver_bytes = self.entrance.drain(
+                [uid for uid, _ in taken])
             node_metrics.update(entrance)
             extra.update(timing)
         if self.gather is not None:  # DAPO's names, as the pipelined gather reports them

@@ -270,14 +270,16 @@ class FusedWorker:
             raise WorkerError(traceback.format_exc()) from None
         return out, self._meta(task, out, start)
 
-    def stream_take(self, task: ShardTask, role: str, uids: list, leave: bool = False):
-        """A streaming buffer node's shard: the whole groups `uids` that the role's
-        stream holds here (workers/rollout/stream_store.py), with the buffer's columns;
-        the rows go from here to the train side worker to worker."""
+    def stream_take(self, task: ShardTask, role: str, uids: list, leave: bool = False,
+                    producer: str | None = None):
+        """A streaming buffer node's shard: `producer`'s rows (None: the samples) of the
+        whole groups `uids` that the role's stream holds here (workers/rollout/
+        stream_store.py), with the buffer's columns; the rows go from here to the train
+        side worker to worker."""
         start = time.time()
         try:
             node = self._node(task.node)
-            rows = self._role(role).stream_take(uids, leave)
+            rows = self._role(role).stream_take(uids, leave, producer)
             keys = node.output_keys
             out = rows.select(*[k for k in rows.keys() if k in keys])
             out.meta = {"metrics": {}, "_writers": {k: keys[k] for k in out.keys()}}
@@ -285,15 +287,17 @@ class FusedWorker:
             raise WorkerError(traceback.format_exc()) from None
         return out, self._meta(task, out, start)
 
-    def stream_keep(self, task: ShardTask, role: str, uids: list, dropped: list, *shards):
-        """An entrance filter's verdict, sent to the worker holding the groups: the
-        filter's output shards (worker to worker) replace the kept groups' rows."""
+    def stream_keep(self, task: ShardTask, role: str, uids: list, dropped: list,
+                    how: dict, *shards):
+        """An entrance pass's verdict, sent to the worker holding the groups: a node's
+        output shards (worker to worker) replace the kept groups' samples (a filter's)
+        or are held beside them (`how`: producer, layout, drop_samples: StreamStore.keep)."""
         start = time.time()
         try:
             self._node(task.node)
             parts = [s for s in shards if s is not None and len(s)]
             kept = Batch.concat(parts) if len(parts) > 1 else (parts[0] if parts else None)
-            held = self._role(role).stream_keep(kept, uids, dropped)
+            held = self._role(role).stream_keep(kept, uids, dropped, **how)
         except Exception:  # noqa: BLE001
             raise WorkerError(traceback.format_exc()) from None
         return held, {**self._meta(task, None, start), "held": held}

@@ -23,6 +23,7 @@ import torch
 
 from tests.support.async_runs import (SPLIT, STREAM, STREAM_KEYS, check_rows, run_recording,
                                       trained_uids)
+from hybridflow.plan.async_split import sides_of
 from tests.support.e2e import series, train
 
 CORRECTED = ("actor.off_policy=decoupled",)
@@ -53,11 +54,34 @@ def test_each_sample_and_token_carries_an_admitted_version(tmp_path, runtime_nam
         _check_the_background_loop(trainer, seen, tmp_path)
         return
     assert max(m["async/staleness/max"] for m in metrics) >= 1  # it did run ahead
+    _check_the_stream_side_nodes(trainer, seen, metrics)
     mixed = sum(m["async/mixed_version_rows"] for m in metrics)
     if partial:
         assert mixed > 0  # some responses continued across a weight update
     else:
         assert mixed == 0 and metrics[-1]["async/stream/restarts"] > 0
+
+
+def _check_the_stream_side_nodes(trainer, seen, metrics) -> None:
+    """GRPO's reward, reference and advantages ran on the stream side (the default
+    trainer.stream_side=auto), in entrance passes: each step reports its batch's
+    reward, and the update read each handed-over node through a buffer of its own,
+    its rows aligned with the samples (the last step: each group's advantages are its
+    own, centred on the group: they sum to 0 per uid)."""
+    plan = trainer.scheduler.source.plan
+    assert {"reward.score", "grpo_advantages", "ref.logprob"} <= \
+        set(sides_of(plan).rollout)
+    assert {"buffer/grpo_advantages", "buffer/ref.logprob"} <= {n.name for n in plan.nodes}
+    assert all("critic/score/mean" in m for m in metrics)
+    adv = trainer.runtime.fetch(trainer.last_result, "buffer/grpo_advantages",
+                                ("advantages",))["advantages"]
+    uids = seen[max(seen)].rows["uid"]
+    mask = seen[max(seen)].rows["response_mask"].float()
+    assert len(adv) == len(uids) == 16
+    per_row = (adv * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    for uid in set(uids):
+        rows = [i for i, u in enumerate(uids) if u == uid]
+        assert len(rows) == 4 and abs(float(per_row[rows].sum())) < 1e-3, uid
 
 
 def _check_the_background_loop(trainer, seen, tmp_path) -> None:

@@ -1,8 +1,9 @@
 """The streaming split (plan/streaming_split.py, `trainer.async_mode=streaming`): the
-stream side is the source and the one generate node, one streaming buffer hands whole
-`uid` groups to everything else (with a gather, DAPO's filter screens each group at
-the buffer's entrance), and what cannot stream is refused before launch naming the
-node or the keys."""
+stream side is the source, the one generate node and (trainer.stream_side=auto) the
+nodes that can run on whole groups on the rollout's pool; a streaming buffer per
+handed-over node hands whole `uid` groups to everything else (with a gather, DAPO's
+filter screens each group at the buffer's entrance), and what cannot stream is
+refused before launch naming the node or the keys."""
 from __future__ import annotations
 
 import os
@@ -14,7 +15,8 @@ from hybridflow.core.constraints import ConfigError
 from hybridflow.plan.async_split import buffer_nodes, buffer_summary, sides_of
 from hybridflow.plan.compiler import GraphError
 from hybridflow.plan.stream_filter import entrance_names, entrance_plan, groups_per_step
-from hybridflow.plan.streaming_split import TOKEN_VERSIONS, is_streaming, stream_buffer
+from hybridflow.plan.streaming_split import (TOKEN_VERSIONS, is_streaming, stream_buffer,
+                                             stream_buffers)
 from hybridflow.program.assemble import prepare
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -30,7 +32,7 @@ def plan_of(name: str, *overrides: str):
 @pytest.mark.parametrize("k", [1, 2])
 def test_grpo_streams_its_generation_into_one_buffer(k):
     plan = plan_of("grpo", f"trainer.staleness={k}", "trainer.async_mode=streaming",
-                   "actor.off_policy=decoupled")
+                   "actor.off_policy=decoupled", "trainer.stream_side=generate_only")
     sides = sides_of(plan)
     assert sides.rollout == ("prompts", "rollout.generate")
     assert set(sides.train) == {"actor.logprob", "reward.score", "grpo_advantages",
@@ -43,6 +45,54 @@ def test_grpo_streams_its_generation_into_one_buffer(k):
     assert TOKEN_VERSIONS in buffer.output_keys
     assert "trainer.async_mode=streaming" in buffer_summary(plan)
     assert "streams samples as they finish" in buffer_summary(plan)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_grpo_runs_its_reward_reference_and_advantages_on_the_stream_side(k):
+    """The default (trainer.stream_side=auto): the rule reward, the reference (its
+    role on the rollout's pool) and the group advantages (grouped by uid) join the
+    stream side; the train side reads the samples and each handed-over node through
+    a streaming buffer of its own."""
+    plan = plan_of("grpo", f"trainer.staleness={k}", "trainer.async_mode=streaming",
+                   "actor.off_policy=decoupled")
+    sides = sides_of(plan)
+    assert sides.rollout == ("prompts", "rollout.generate", "reward.score",
+                             "grpo_advantages", "ref.logprob")
+    assert sides.train == ("actor.logprob", "actor.update")
+    assert [b.name for b in stream_buffers(plan)] == [
+        "buffer/rollout.generate", "buffer/grpo_advantages", "buffer/ref.logprob"]
+    assert stream_buffer(plan).name == "buffer/rollout.generate"
+    assert all(b.buffer.capacity == k for b in stream_buffers(plan))
+    update = plan.node("actor.update")
+    assert set(update.deps) == {"buffer/rollout.generate", "actor.logprob",
+                                "buffer/grpo_advantages", "buffer/ref.logprob"}
+    assert "buffer/grpo_advantages -> actor.update" in buffer_summary(plan)
+
+
+def test_a_node_off_the_rollouts_pool_stays_on_the_train_side_and_what_reads_it():
+    """The rollout on a pool of its own: the reward and the reference run on the main
+    pool, so they stay on the train side, and so do the advantages, which read the
+    reward; the reference on the rollout's pool moves alone."""
+    split = ("placement.pools.gen.devices_per_node=1", "placement.roles.rollout=gen")
+    plan = plan_of("grpo", *STREAM, "actor.off_policy=decoupled", *split)
+    assert sides_of(plan).rollout == ("prompts", "rollout.generate")
+    plan = plan_of("grpo", *STREAM, "actor.off_policy=decoupled", *split,
+                   "placement.roles.ref=gen")
+    assert sides_of(plan).rollout == ("prompts", "rollout.generate", "ref.logprob")
+
+
+def test_a_batch_level_function_stays_on_the_train_side():
+    """reinforce_pp's advantages whiten over the batch (not grouped, not row-wise):
+    they need the step's whole batch, which the stream side never has."""
+    plan = plan_of("reinforce_pp", *STREAM, *UNCORRECTED)
+    sides = sides_of(plan)
+    assert "reinforce_pp_advantages" in sides.train
+    assert {"reward.score", "ref.logprob"} <= set(sides.rollout)
+
+
+def test_a_bad_stream_side_is_refused_naming_the_key():
+    with pytest.raises(ConfigError, match=r"trainer.stream_side"):
+        plan_of("grpo", *STREAM, "actor.off_policy=decoupled", "trainer.stream_side=all")
 
 
 def test_the_pipelined_mode_is_the_default_and_not_streaming():
@@ -178,7 +228,7 @@ def test_the_streaming_buffer_carries_the_columns_the_generate_method_declares()
 
 def test_agent_episodes_stream_into_one_buffer(monkeypatch):
     plan = plan_of("agent_grpo", *STREAM, "actor.off_policy=decoupled")
-    assert sides_of(plan).rollout == ("prompts", "agent.play")
+    assert sides_of(plan).rollout == ("prompts", "agent.play", "grpo_advantages")
     assert stream_buffer(plan).name == "buffer/agent.play"
     # whole episodes stream on the engine's plain generate: any engine will do
     from hybridflow.workers.rollout import engine
@@ -192,5 +242,5 @@ def test_agent_episodes_stream_into_one_buffer(monkeypatch):
 
 @pytest.mark.parametrize("name", ["ppo", "rloo", "reinforce_pp"])
 def test_the_other_single_generation_graphs_stream(name):
-    plan = plan_of(name, *STREAM, *UNCORRECTED)
+    plan = plan_of(name, *STREAM, *UNCORRECTED, "trainer.stream_side=generate_only")
     assert sides_of(plan).rollout == ("prompts", "rollout.generate")

@@ -21,6 +21,7 @@ VALUES = {
     "rollout.enforce_eager": "true", "rollout.max_model_len": "64",
     "rollout.max_num_seqs": "8", "rollout.enable_sleep_mode": "false",
     "rollout.stream_poll_steps": "2", "rollout.partial": "false",
+    "trainer.stream_side": "generate_only",
     "trainer.async_mode": "streaming", "trainer.allow_uncorrected_async": "true",
     "trainer.dump_batches": "[99]", "trainer.val_samples": "2",
     "trainer.log_val_generations": "1", "data.val_files": "val.jsonl",

@@ -52,13 +52,17 @@ STREAMING = ["trainer.staleness=2", "trainer.async_mode=streaming", "actor.off_p
 
 
 def test_streaming_plans_give_the_planner_the_stream_side_and_say_they_stream():
-    """The stream side is the source and the generate node (streaming_split.py): rewards
-    and the reference are the train side's, unlike the pipelined split."""
+    """The stream side is the source, the generate node and (trainer.stream_side=auto,
+    all roles on one pool) the reward, reference and advantages (streaming_split.py);
+    with generate_only the rewards and the reference are the train side's."""
     plan = load_plan(GRPO, STREAMING)
     _, pipeline = pipeline_view(plan)
     assert pipeline.streaming and pipeline.staleness == 2
-    assert pipeline.rollout_side == frozenset({"prompts", "rollout.generate"})
+    assert pipeline.rollout_side == frozenset({"prompts", "rollout.generate", "reward.score",
+                                               "grpo_advantages", "ref.logprob"})
     assert pipeline.movable == {"rollout.generate": "rollout"}
+    only = pipeline_view(load_plan(GRPO, STREAMING + ["trainer.stream_side=generate_only"]))[1]
+    assert only.rollout_side == frozenset({"prompts", "rollout.generate"})
     pipelined = pipeline_view(load_plan(GRPO, ["trainer.staleness=2"] + STREAMING[2:]))[1]
     assert not pipelined.streaming and "ref.logprob" in pipelined.rollout_side
     # placement=auto plans before the buffers exist: the mode is passed with k

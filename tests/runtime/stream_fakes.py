@@ -20,12 +20,14 @@ N, SIZE, STEPS = 2, 3, 8
 
 
 @functools.lru_cache(maxsize=None)
-def plan_for(k: int):
+def plan_for(k: int, side: str = "auto"):
+    """GRPO streaming; `side=auto`: its reward, reference and advantages on the stream
+    side (an entrance pass without a filter), `generate_only`: on the train side."""
     return prepare(os.path.join(REPO, "graphs", "grpo.py"),
                    [f"trainer.staleness={k}", "trainer.async_mode=streaming",
                     "trainer.allow_uncorrected_async=true", f"rollout.n={N}",
-                    f"data.batch_size={SIZE}", f"actor.mini_batch_size={SIZE * N}"],
-                   preflight=False).plan
+                    f"data.batch_size={SIZE}", f"actor.mini_batch_size={SIZE * N}",
+                    f"trainer.stream_side={side}"], preflight=False).plan
 
 
 class Loader:
@@ -58,6 +60,7 @@ class FakeStream:
         self.flight: list[list] = []  # [uid, polls left, version it started with]
         self.trained: list[list[str]] = []
         self.store = StreamStore()
+        self.handed: list[list[str]] = []  # per pass, the stream-side producers taken
 
     # the executor surface the streaming scheduler's StreamClient uses
     def pool_size(self, pool) -> int:
@@ -97,14 +100,58 @@ class FakeStream:
         assert isinstance(feed, StreamTake), feed
         ((rank, uids),) = feed.shards
         assert rank == 0
-        return self.store.take(list(uids), feed.leave)
+        return self.store.take(list(uids), feed.leave, feed.producer)
 
     def run_step(self, feeds, plan=None, skip=frozenset(), draw=None):
-        (feed,) = feeds.values()
-        batch = self.taken(feed)
+        """An entrance pass (its feed reads the groups and leaves them: GRPO's
+        stream-side nodes, `entrance`), or a training pass: each buffer takes its
+        producer's rows, which must be row-aligned with the samples."""
+        if any(f.leave for f in feeds.values()):
+            return self.entrance(feeds)
+        rows = {f.producer: self.taken(f) for f in feeds.values()}
+        batch = rows.pop(None)
+        for producer, handed in rows.items():  # each row is its sample's: see entrance
+            assert handed[producer].tolist() == _tags(batch), producer
         self.trained.append(list(dict.fromkeys(batch["uid"])))
+        self.handed.append(sorted(rows))
         self.version += 1
         return StepResult(outputs={})
+
+    def entrance(self, feeds) -> StepResult:
+        """GRPO's stream-side nodes on whole groups: each handed-over node's output is
+        one column named after it, a tag of its sample's row (uid and version)."""
+        (feed,) = feeds.values()
+        batch = self.taken(feed)
+        tags = torch.tensor(_tags(batch))
+        outputs = {name: _Shards([Batch({name: tags.clone()})])
+                   for name in ("grpo_advantages", "ref.logprob")}
+        return StepResult(outputs=outputs, node_metrics={
+            "reward.score": {"reward/score/mean": float(len(batch))}})
+
+    # an entrance pass's rows go back to the store holding the groups
+    def node_id(self, plan, node, pool, rank):
+        return node.name
+
+    def submit(self, node, method, pool, rank, returns, task, args):
+        assert method == "stream_keep"
+        role, keep, drop, how, *shards = args
+        self.store.keep(shards[0], keep, drop, **how)
+        return [None, {}]
+
+    def resolve(self, handles):
+        return handles, 0
+
+
+class _Shards:
+    """A node output's handles, as the scheduler's NodeOutput holds them."""
+
+    def __init__(self, refs):
+        self.refs = refs
+
+
+def _tags(batch: Batch) -> list[float]:
+    return [int(u[1:]) * 100.0 + float(v) for u, v in
+            zip(batch["uid"], batch["policy_version"].tolist())]
 
 
 def _rows(done: list) -> Batch:

@@ -66,8 +66,8 @@ class FilteringStream(FakeStream):
 
     def submit(self, node, method, pool, rank, returns, task, args):
         assert method == "stream_keep"
-        role, keep, drop, *shards = args
-        self.store.keep(shards[0], keep, drop)
+        role, keep, drop, how, *shards = args
+        self.store.keep(shards[0], keep, drop, **how)
         return [None, {}]
 
     def resolve(self, handles):

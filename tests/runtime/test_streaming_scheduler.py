@@ -12,9 +12,9 @@ import pytest
 from hybridflow.runtime.run_scheduler import RunScheduler
 from stream_fakes import STEPS, SIZE, FakeStream, Loader, plan_for
 
-def run(k, seed, steps=range(1, STEPS + 1), state=None, slow=4):
+def run(k, seed, steps=range(1, STEPS + 1), state=None, slow=4, side="auto"):
     engine = FakeStream(seed, version=steps[0] - 1, slow=slow)
-    sched = RunScheduler(engine, plan_for(k), Loader(), background=False)
+    sched = RunScheduler(engine, plan_for(k, side), Loader(), background=False)
     if state is not None:
         sched.load_state_dict(state, steps[0] - 1)
     results, states = {}, {}
@@ -55,3 +55,28 @@ def test_resume_after_any_step_loses_and_repeats_no_prompt(k, save):
     assert at_save <= set(after) | set(sched.source.prompts)  # re-drawn, once
     drawn = {f"u{i}" for i in range(sched.loader.served)}
     assert set(trained) | set(sched.source.prompts) == drawn  # nothing drawn is lost
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_stream_side_nodes_run_at_the_entrance_and_each_buffer_takes_its_rows(k):
+    """No filter: every whole group runs through GRPO's stream-side nodes (an entrance
+    pass), each kept; each training pass's buffers take the samples and each
+    handed-over node's rows, row-aligned (FakeStream.run_step checks the tags), and a
+    group leaves the worker's store with its last producer's rows."""
+    engine, sched, results, _ = run(k, 3, slow=6)
+    assert sched.source.entrance is not None and sched.source.filtered == 0
+    assert engine.handed == [["grpo_advantages", "ref.logprob"]] * STEPS
+    flat = [u for uids in engine.trained for u in uids]
+    assert len(flat) == len(set(flat)) == STEPS * SIZE
+    assert all(r.metrics["reward/score/mean"] > 0 for r in results.values())
+    held = set(engine.store.whole)
+    assert held <= set(sched.source.prompts)  # only groups drawn and not trained
+    assert all(set(g) == {None, "grpo_advantages", "ref.logprob"}
+               for g in engine.store.whole.values())
+
+
+def test_generate_only_keeps_them_on_the_train_side():
+    engine, sched, _, _ = run(1, 3, side="generate_only")
+    assert sched.source.entrance is None
+    assert engine.handed == [[]] * STEPS
+    assert len({u for uids in engine.trained for u in uids}) == STEPS * SIZE

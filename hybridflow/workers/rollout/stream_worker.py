@@ -14,9 +14,11 @@ pulls them: the driver sees per-group numbers, never rows.
   the engine loop, running on its own thread, to finish a group (no busy-wait on the
   driver). Either way the finished rows go into the store and the reply says which
   groups became whole, with their `GroupStats`.
-- `stream_take(uids, leave)`: those groups' rows (a task of the streaming buffer
-  node, runtime/scheduler.py: the rows go worker to worker); `stream_keep(kept, uids,
-  dropped)`: an entrance filter's verdict (its rows replace the kept groups').
+- `stream_take(uids, leave, producer)`: those groups' rows of one producer (a task of
+  a streaming buffer node, runtime/scheduler.py: the rows go worker to worker);
+  `stream_keep(kept, uids, dropped, producer, layout)`: an entrance pass's verdict (a
+  filter's rows replace the kept groups' samples; a stream-side node's rows are held
+  beside them under its name).
 - `stream_abort()`: drop what is not finished (the end of a run).
 
 A tp group steps inline only (`stream_start` starts no thread for it): its ranks must
@@ -66,7 +68,7 @@ class StreamCalls:
     def _stream_reports(self) -> bool:
         """Whether this rank reports (and keeps rows): the first rank of its engine's tp
         group (`engine.tp`, 1 for a one-rank engine)."""
-        tp = max(1, int(getattr(self._stream_engine(), "tp", 1)))
+        tp = max(1, int(self._stream_engine().tp))
         return int(self.ctx.rank) % tp == 0
 
     def stream_submit(self, batch: Batch, **options) -> dict:
@@ -85,7 +87,7 @@ class StreamCalls:
     def stream_start(self) -> bool:
         """Run the engine loop on a thread of its own until `stream_abort`."""
         lock = self.stream_lock
-        if int(getattr(self._stream_engine(), "tp", 1)) > 1:
+        if int(self._stream_engine().tp) > 1:
             return False  # a tp group steps inline, in the driver's order (see above)
         if self._stream_thread is None:
             self._stream_stop.clear()
@@ -132,21 +134,26 @@ class StreamCalls:
             groups = store.report()
             rows = sum(g[0] for g in groups.values()) if self._stream_thread is not None \
                 else _rows_in(store) - before
-            counts = engine.stream_counts() if hasattr(engine, "stream_counts") else {}
+            counts = engine.stream_counts()
             if not self._stream_reports():  # a replica of its group's first rank
                 groups, counts, rows = {}, {}, 0
             return {"groups": groups, "busy": bool(engine.stream_busy), "rows": rows,
                     "counts": counts}
 
-    def stream_take(self, uids: list[str], leave: bool = False) -> Batch:
-        """The rows of these whole groups (they leave the store unless `leave`)."""
+    def stream_take(self, uids: list[str], leave: bool = False, producer: str | None = None
+                    ) -> Batch:
+        """`producer`'s rows of these whole groups (None: the samples; they leave the
+        store unless `leave`)."""
         with self.stream_lock:
-            return self._stream_store.take(list(uids), leave)
+            return self._stream_store.take(list(uids), leave, producer)
 
-    def stream_keep(self, kept: Batch | None, uids: list[str], dropped: list[str]) -> int:
-        """An entrance filter's verdict on groups held here."""
+    def stream_keep(self, kept: Batch | None, uids: list[str], dropped: list[str],
+                    producer: str | None = None, layout: list | None = None,
+                    drop_samples: bool = False) -> int:
+        """An entrance pass's verdict on groups held here (StreamStore.keep)."""
         with self.stream_lock:
-            self._stream_store.keep(kept, list(uids), list(dropped))
+            self._stream_store.keep(kept, list(uids), list(dropped), producer, layout,
+                                    drop_samples)
             return self._stream_store.held()
 
     def _refresh(self, engine) -> None:
@@ -170,5 +177,4 @@ class StreamCalls:
 
 def _rows_in(store: StreamStore) -> int:
     """Finished rows the store holds (whole or partial groups)."""
-    return sum(len(b) for b in store.whole.values()) + \
-        sum(len(p) for parts in store.partial.values() for p in parts)
+    return store.rows()
