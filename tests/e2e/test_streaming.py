@@ -30,7 +30,9 @@ CORRECTED = ("actor.off_policy=decoupled",)
 RAY = ("runtime.name=ray", "runtime.torch_threads=1")
 ON_RAY = [pytest.mark.ray, pytest.mark.slow]  # what the `runtime_name` fixture marks it
 # Per runtime: the steps of a run and its overrides (GRPO's rollout on Ray: its own pool)
-GRPO = {"local": (5, ()), "ray": (4, (*RAY, *SPLIT))}
+# (on Ray the rule reward is placed with the rollout, so it and the advantages run on
+# the stream side, in entrance passes on the rollout's pool)
+GRPO = {"local": (5, ()), "ray": (4, (*RAY, *SPLIT, "placement.roles.reward=gen"))}
 DAPO = {"local": (4, ()), "ray": (3, (*RAY, *SPLIT))}
 AGENT = {"local": (4, ()), "ray": (3, RAY)}
 
@@ -90,6 +92,10 @@ def _check_the_background_loop(trainer, seen, tmp_path) -> None:
     record (runtime/stream_record.py): the engine's work between polls on the rollout's
     pool, every decode step it counted, for the timeline."""
     assert trainer.scheduler.source.background
+    plan = trainer.scheduler.source.plan
+    assert {"reward.score", "grpo_advantages"} <= set(sides_of(plan).rollout)
+    assert "ref.logprob" in sides_of(plan).train  # the reference is on the main pool
+    assert all("critic/score/mean" in m for _, m, _ in seen.values())
     pairs = {(u, v) for rows, _, _ in seen.values()
              for u, v in zip(rows["uid"], rows["policy_version"].tolist())}
     assert {u for u, _ in pairs} == set(trained_uids(seen))
