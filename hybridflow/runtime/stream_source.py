@@ -19,7 +19,11 @@ A step, "submit what is ready":
    own thread (`stream_start`) while train calls go to the other workers, and a poll
    waits on the worker (up to `POLL_WAIT_S`) until a group is whole: the driver does
    not spin. A poll reports groups, not rows: the samples stay on the rollout workers
-   (workers/rollout/stream_store.py). With an entrance filter (a gather: DAPO's
+   (workers/rollout/stream_store.py). With stream-side nodes after the generate
+   node (plan/streaming_split.py: rewards, a colocated reference, group advantages)
+   the groups that became whole run through them in an entrance pass
+   (stream_entrance.py), all kept, their rows held beside the samples on the
+   workers. With an entrance filter (a gather: DAPO's
    dynamic sampling, plan/stream_filter.py) the groups that became whole run through
    it (stream_entrance.py): the kept ones enter the buffer, the dropped ones are
    counted (`<gather>/extra_rounds`) and their prompts consumed, so step 1 draws more
@@ -27,13 +31,14 @@ A step, "submit what is ready":
    worth of groups dropped takes the kept groups it holds: DAPO's bound; holding none
    once the groups in flight at the step's start and `max_rounds + 1` batches' worth
    more were dropped, the run stops: progress.py);
-4. one pass of the plan with the stream side (source, generate node) skipped and the
-   buffer fed the taken groups (a `StreamTake`: the pass takes their rows from the
-   rollout workers, worker to worker): rewards, reference, advantages, log-probs, updates
-   and the weight sync run on them. New weights reach the engine while its requests
-   are in flight (the colocated engine's module is the actor's; a rollout with its
-   own weights loads them between two decode steps): `rollout.partial` says whether
-   those continue or restart.
+4. one pass of the plan with the stream side skipped and each buffer fed its
+   producer's rows of the taken groups (a `StreamTake` each: the pass takes them from
+   the rollout workers, worker to worker): the train side's nodes (log-probs, the
+   updates, the weight sync, and whatever did not move to the stream side) run on
+   them. New weights reach the engine while its requests are in flight (the
+   colocated engine's module is the actor's; a rollout with its own weights loads
+   them between two decode steps): `rollout.partial` says whether those continue or
+   restart.
 
 Nothing lost, nothing twice: each draw is recorded in the run scheduler's `Draws`
 (draws.py: the one checkpoint state) with its prompts' uids; a prompt is consumed when
