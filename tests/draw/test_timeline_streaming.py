@@ -78,7 +78,9 @@ def test_the_command_draws_a_recorded_streaming_run_on_one_axis(tmp_path, capsys
                "actor:\n  off_policy: decoupled\n")
     sides, note = timeline_sides(str(tmp_path))
     assert note is None and sides.streaming
-    assert sides.rollout == frozenset({"prompts", "rollout.generate"})
+    # trainer.stream_side=auto: GRPO's reward, advantages and reference are stream-side
+    assert sides.rollout == frozenset({"prompts", "rollout.generate", "reward.score",
+                                       "grpo_advantages", "ref.logprob"})
     command, args = parse(["render", "--timeline", str(tmp_path), "-o",
                            str(tmp_path / "t.svg"), "--steps", "1-3"])
     assert command.run(args) == 0, capsys.readouterr().err
