@@ -41,7 +41,10 @@ Ratios are taken within a repetition (same seed, same minutes of machine load), 
 the median over repetitions is reported (bench/async_report.py).
 
 `--streaming 2` adds the variant `s2`: `trainer.staleness=2 trainer.async_mode=streaming`
-(the rollout engine generating continuously on its own thread, docs/async.md).
+(the rollout engine generating continuously on its own thread, docs/async.md; the
+nodes that can run on whole groups on the rollout's pool join the stream side,
+`trainer.stream_side=auto`); `--generate-only` adds `s2g`, the same with
+`trainer.stream_side=generate_only` (only generation on the stream side).
 
 Async runs need an off-policy choice: `actor.off_policy=tis` when this tree has it,
 else `trainer.allow_uncorrected_async=true` (`--off-policy` forces one).
@@ -63,7 +66,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
 from bench.async_report import (median_row, ratios, rep_table, report,  # noqa: E402
-                                targets)
+                                targets, variant_name)
 from bench.cpu import machine_parallelism, process_cpu_s  # noqa: E402
 from bench.harness import machine, median, quiet_logs, set_threads, write_results  # noqa: E402
 
@@ -90,7 +93,7 @@ def off_policy_override(choice: str) -> tuple[str, str]:
 
 def staleness_of(key) -> int:
     """A variant's staleness: its key (pipelined, int) or "s<k>" (streaming)."""
-    return int(key[1:]) if isinstance(key, str) else int(key)
+    return int(key[1:].rstrip("g")) if isinstance(key, str) else int(key)
 
 
 def overrides(args, key, seed: int, correction: str, fixed: bool) -> list[str]:
@@ -98,6 +101,8 @@ def overrides(args, key, seed: int, correction: str, fixed: bool) -> list[str]:
     policy, hence every step's work, stays the base model's)."""
     k = staleness_of(key)
     mode = ["trainer.async_mode=streaming"] if isinstance(key, str) else []
+    if isinstance(key, str) and key.endswith("g"):  # the stream side: generation only
+        mode.append("trainer.stream_side=generate_only")
     val_every, steps = (0, args.fixed_steps) if fixed else (args.val_every, args.steps)
     rollout = ["placement.roles.rollout=gen"] if args.rollout_on == "gen" else []
     pins = [f"placement.pools.{pool}.cores=[{core}]" for pool, core in args.cores.items()]
@@ -134,7 +139,7 @@ class Variant:
         from hybridflow.program.assemble import prepare
         from hybridflow.run.tracking import RunDir
         self.key, self.k = key, staleness_of(key)
-        self.name = f"streaming {self.k}" if isinstance(key, str) else f"staleness {key}"
+        self.name = variant_name(key)
         loaded = prepare(GRPO, overrides(args, key, seed, correction, fixed))
         self.run_dir = RunDir(tempfile.mkdtemp(prefix=f"bench-async-{key}-"))
         self.trainer = Trainer(loaded, self.run_dir)
@@ -353,6 +358,9 @@ def parse(argv=None):
                              "(generation and training cannot overlap)")
     parser.add_argument("--worker-niceness", type=int, default=0,
                         help="nice level of the Ray workers (Ray's default is 15)")
+    parser.add_argument("--generate-only", action="store_true",
+                        help="also run each --streaming k with trainer.stream_side="
+                             "generate_only (variants s<k>g)")
     parser.add_argument("--pin", default="auto", choices=["auto", "on", "off"],
                         help="pin pool main to the first core this process may use and "
                              "gen to the second (auto: when there are two)")
@@ -367,7 +375,8 @@ def parse(argv=None):
     args.staleness = sorted(set(args.staleness))
     if any(k < 1 for k in args.streaming):
         parser.error("--streaming values must be >= 1 (streaming needs a staleness bound)")
-    args.variants = args.staleness + [f"s{k}" for k in sorted(set(args.streaming))]
+    args.variants = args.staleness + [f"s{k}{g}" for g in ("", "g")[:1 + args.generate_only]
+                                      for k in sorted(set(args.streaming))]
     for steps in (args.steps, args.fixed_steps or args.steps):
         if steps <= args.warmup + max(map(staleness_of, args.variants)):
             parser.error("--steps and --fixed-steps must exceed --warmup plus the "

@@ -10,9 +10,9 @@ TARGET_OF_BOUND = 0.95        # streaming at k = 2 over the placement's overlap 
 TARGET_STREAMING_OVER_K1 = 1.1  # streaming at k = 2 over pipelined k = 1, at least (31)
 TARGET_DRIVER_SHARE = 0.01    # driver bytes a step over the samples' bytes, at most (31)
 
-__all__ = ["targets", "rep_table", "report", "ratios", "median_row", "TARGET_STEPS_PER_S",
-           "TARGET_TIME_TO_ACCURACY", "TARGET_OF_BOUND", "TARGET_STREAMING_OVER_K1",
-           "TARGET_DRIVER_SHARE"]
+__all__ = ["targets", "rep_table", "report", "ratios", "median_row", "variant_name",
+           "TARGET_STEPS_PER_S", "TARGET_TIME_TO_ACCURACY", "TARGET_OF_BOUND",
+           "TARGET_STREAMING_OVER_K1", "TARGET_DRIVER_SHARE"]
 
 ROW_KEYS = ["step_s", "steps_per_s", "generate_s", "gen_pool_s", "main_pool_s",
             "response_length", "busy_main", "busy_gen", "busy_gen_s", "busy_main_s", "ahead",
@@ -58,6 +58,15 @@ def ratios(reps: list[dict], k) -> dict:
             "time_to_accuracy_reached": f"{len(times)}/{len(reps)}"}
 
 
+def variant_name(key) -> str:
+    """'staleness 1', 'streaming 2', 'streaming 2 (generate only)' for 1, 's2', 's2g'."""
+    key = str(key)
+    if not key.startswith("s"):
+        return f"staleness {key}"
+    only = " (generate only)" if key.endswith("g") else ""
+    return f"streaming {key[1:].rstrip('g')}{only}"
+
+
 def _over(reps: list[dict], a: str, b: str) -> float | None:
     """Median over repetitions of variant a's steps/s over variant b's."""
     values = [r[a]["steps_per_s"] / r[b]["steps_per_s"] for r in reps if a in r and b in r]
@@ -67,16 +76,18 @@ def _over(reps: list[dict], a: str, b: str) -> float | None:
 def _streaming_targets(p: dict) -> dict:
     """Streaming at k = 2 ("s2") against its placement's overlap bound and the one-step
     mode (issue 31), when the run has those variants."""
-    s2 = p["ratios"].get("s2")
-    if not s2:
-        return {}
-    of = s2["of_bound_median"]
-    out = {"streaming_k2_of_overlap_bound": _verdict(
-        of, f">= {TARGET_OF_BOUND}", of is not None and of >= TARGET_OF_BOUND)}
-    over = _over(p["reps"], "s2", "1")
-    if over is not None:
-        out["steps_per_s_streaming_k2_over_k1"] = _verdict(
-            over, f">= {TARGET_STREAMING_OVER_K1}", over >= TARGET_STREAMING_OVER_K1)
+    out = {}
+    for key, tail in (("s2", ""), ("s2g", "_generate_only")):
+        s2 = p["ratios"].get(key)
+        if not s2:
+            continue
+        of = s2["of_bound_median"]
+        out[f"streaming_k2{tail}_of_overlap_bound"] = _verdict(
+            of, f">= {TARGET_OF_BOUND}", of is not None and of >= TARGET_OF_BOUND)
+        over = _over(p["reps"], key, "1")
+        if over is not None:
+            out[f"steps_per_s_streaming_k2{tail}_over_k1"] = _verdict(
+                over, f">= {TARGET_STREAMING_OVER_K1}", over >= TARGET_STREAMING_OVER_K1)
     return out
 
 
@@ -141,8 +152,7 @@ def phase_lines(ph: dict, fixed: bool, target_accuracy: float) -> list[str]:
              table(HEADERS, [_cells(r) for r in ph["rows"]])]
     for k, r in ph["ratios"].items():
         of = r.get("of_bound_median")
-        name = f"streaming {k[1:]}" if str(k).startswith("s") else f"staleness {k}"
-        line = (f"{name} / 0: steps/s {r['steps_per_s_median']:.2f}x "
+        line = (f"{variant_name(k)} / 0: steps/s {r['steps_per_s_median']:.2f}x "
                 f"(per rep {[round(x, 2) for x in r['steps_per_s']]}; overlap bound "
                 f"{r['overlap_bound_median']:.2f}x, "
                 + (f"{of:.0%} of it" if of is not None else "-")
@@ -154,9 +164,10 @@ def phase_lines(ph: dict, fixed: bool, target_accuracy: float) -> list[str]:
                      + f" (per rep {[round(x, 2) for x in r['time_to_accuracy']]}, "
                        f"both reached in {r['time_to_accuracy_reached']})")
         lines.append(line)
-    over = _over(ph["reps"], "s2", "1")
-    if over is not None:
-        lines.append(f"streaming 2 / staleness 1: steps/s {over:.2f}x")
+    for key in ("s2", "s2g"):
+        over = _over(ph["reps"], key, "1")
+        if over is not None:
+            lines.append(f"{variant_name(key)} / staleness 1: steps/s {over:.2f}x")
     return lines
 
 
