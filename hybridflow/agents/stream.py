@@ -63,10 +63,10 @@ class AgentStreamCalls:
         self._store.expect(counts)
         return counts
 
-    def stream_poll(self, wait_s: float = 0.0) -> dict:
+    def stream_poll(self, wait_s: float = 0.0, want: int = 1) -> dict:
         """{"groups": {uid: GroupStats tuple} of the groups this poll's episodes made
         whole, "busy": episodes queued, "rows": episodes played, "counts": the
-        counters}. Inline: `wait_s` is not needed (the poll plays)."""
+        counters}. Inline: `wait_s` and `want` are not needed (the poll plays)."""
         queue = self._stream_state()
         if not queue:
             return {"groups": {}, "busy": False, "rows": 0, "counts": dict(self._counts)}

@@ -60,10 +60,11 @@ class StreamClient:
                 counts.update(reply)
         return counts
 
-    def poll(self, wait_s: float = 0.0) -> list[dict]:
-        """Every rank's reply (groups that became whole, busy, rows, counters)."""
-        replies = self._call_each("stream_poll", [(wait_s,)] * self.world)
-        return replies
+    def poll(self, wait_s: float = 0.0, want: int = 1) -> list[dict]:
+        """Every rank's reply (groups that became whole, busy, rows, counters); a
+        background rank waits up to `wait_s` for its share of the `want` groups."""
+        share = -(-max(1, want) // self.shares)  # ceil: groups each engine is asked for
+        return self._call_each("stream_poll", [(wait_s, share)] * self.world)
 
     def take(self, uids: list[str], leave: bool = False,
              producer: str | None = None) -> StreamTake:

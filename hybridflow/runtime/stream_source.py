@@ -73,7 +73,10 @@ from hybridflow.runtime.stream_record import StreamRecorder
 
 __all__ = ["StreamSource", "POLL_WAIT_S"]
 
-POLL_WAIT_S = 0.25  # a background poll waits up to this long on the worker for a whole group
+# A background poll waits on the worker up to this long; it returns as soon as a group
+# is whole or the engine goes idle, so the bound only caps how often an idle-looking
+# wait reports (each reply crosses the driver: fewer, longer waits move fewer bytes).
+POLL_WAIT_S = 1.0
 
 
 class StreamSource:
@@ -174,7 +177,8 @@ class StreamSource:
         POLL_WAIT_S), after checking that the step can still train at all."""
         self._check_progress(step, self.filtered - self.filtered_at, self.bound,
                              self.drawn - self.drawn_at)
-        self._poll(POLL_WAIT_S if self.background else 0.0)
+        self._poll(POLL_WAIT_S if self.background else 0.0,
+                   want=self.size - self.ledger.held())
 
     def feeds(self, taken, generate: bool) -> tuple[dict, frozenset, None]:
         """Each buffer is fed its producer's rows of the taken groups (worker to
@@ -226,12 +230,12 @@ class StreamSource:
             self.requeued += len(stale)
             self._submit(Batch.concat([self.prompts[u] for u in stale]))
 
-    def _poll(self, wait_s: float, strict: bool = True) -> bool:
+    def _poll(self, wait_s: float, strict: bool = True, want: int = 1) -> bool:
         """The groups that became whole into the ledger; False when none did. Raises
         when nothing is in flight and the buffer cannot fill (a defect, not a wait)."""
         arrived, busy, counts = False, False, {}
         began = time.time()
-        replies = self.client.poll(wait_s)
+        replies = self.client.poll(wait_s, want)
         self.record.polled(began, replies)  # the stream side's timeline (stream_record.py)
         for reply in replies:
             busy = busy or reply["busy"]

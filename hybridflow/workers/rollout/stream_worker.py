@@ -38,6 +38,7 @@ whole), the store, the background thread and its stop flag, the error it died of
 from __future__ import annotations
 
 import threading
+import time
 
 from hybridflow.core.batch import Batch
 from hybridflow.workers.rollout.engine import check_streaming
@@ -103,9 +104,9 @@ class StreamCalls:
                     engine = self._stream_engine()
                     out = engine.poll(1) if engine.stream_busy else None
                     self._stream_store.add(out)
-                    if self._stream_store.reported:
-                        self._stream_done.notify_all()
                     idle = not engine.stream_busy
+                    if self._stream_store.reported or idle:  # a waiting poll returns
+                        self._stream_done.notify_all()
                 if idle:
                     self._stream_stop.wait(0.002)
         except BaseException as err:  # noqa: BLE001 - re-raised by the next poll
@@ -113,10 +114,11 @@ class StreamCalls:
             with lock:
                 self._stream_done.notify_all()
 
-    def stream_poll(self, wait_s: float = 0.0) -> dict:
+    def stream_poll(self, wait_s: float = 0.0, want: int = 1) -> dict:
         """{"groups": {uid: GroupStats tuple} of the groups that became whole here,
         "busy": requests left, "rows": samples that finished, "counts": the engine's
-        counters}. Background mode waits up to `wait_s` for a group to become whole."""
+        counters}. Background mode waits up to `wait_s` until `want` groups are whole
+        (or the engine is idle): one reply for what the step needs, not one a group."""
         with self.stream_lock:
             engine = self._stream_engine()
             store = self._stream_store
@@ -125,10 +127,10 @@ class StreamCalls:
                 before = _rows_in(store)
                 store.add(engine.poll(self.rollout_cfg.stream_poll_steps))
             else:
-                before = 0
-                if not store.reported and self._stream_error is None and wait_s > 0 \
-                        and engine.stream_busy:
-                    self._stream_done.wait(timeout=wait_s)
+                before, deadline = 0, time.monotonic() + wait_s
+                while len(store.reported) < max(1, want) and self._stream_error is None \
+                        and engine.stream_busy and time.monotonic() < deadline:
+                    self._stream_done.wait(timeout=deadline - time.monotonic())
             if self._stream_error is not None:
                 raise RuntimeError("the streaming rollout loop failed") from self._stream_error
             groups = store.report()
