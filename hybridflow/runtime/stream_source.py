@@ -277,7 +277,8 @@ class StreamSource:
         the workers reported (the rows never came here)."""
         groups = [stats for _, stats in taken]
         rows = sum(g.rows for g in groups)
-        gen = {"response_length/mean": sum(g.length_sum for g in groups) / rows,
+        gen = {**self._engine_time(),
+               "response_length/mean": sum(g.length_sum for g in groups) / rows,
                SAMPLED_VERSION: float(min(g.min_version for g in groups)),
                "rollout/stream_wait_s": self.wait_s}
         extra = {"async/requeued_groups": float(self.requeued),
@@ -296,6 +297,20 @@ class StreamSource:
                                                         * groups[0].rows)}
         return (node_metrics, {self.gen.name: rows}, extra,
                 timeline + self.record.records, driver_bytes + self.client.drain())
+
+    def _engine_time(self) -> dict:
+        """The generate node's metrics a synchronous step reports, for the stream's
+        work since the last step (the engines' counters are cumulative, summed over
+        ranks): seconds decoding and refreshing weights, response tokens a second."""
+        now = {k: float(self.counts.get(k, 0.0)) for k in ("gen_s", "sync_s", "tokens")}
+        last = getattr(self, "_timed", None) or {k: 0.0 for k in now}
+        self._timed = now
+        if "gen_s" not in self.counts:  # a stream that does not time itself (agents)
+            return {}
+        gen_s, tokens = now["gen_s"] - last["gen_s"], now["tokens"] - last["tokens"]
+        return {"rollout/weight_sync_s": now["sync_s"] - last["sync_s"],
+                "rollout/gen_s": gen_s,
+                "rollout/tokens_per_s": tokens / gen_s if gen_s > 0 else 0.0}
 
     def ahead(self) -> int:
         """Prompts drawn and not trained (groups in flight or buffered)."""

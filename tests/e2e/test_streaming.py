@@ -28,6 +28,8 @@ from tests.support.e2e import series, train
 
 CORRECTED = ("actor.off_policy=decoupled",)
 RAY = ("runtime.name=ray", "runtime.torch_threads=1")
+SYNC_GENERATE_METRICS = {"rollout/weight_sync_s", "rollout/gen_s", "rollout/tokens_per_s",
+                         "response_length/mean", "rollout/sampled_version"}
 ON_RAY = [pytest.mark.ray, pytest.mark.slow]  # what the `runtime_name` fixture marks it
 # Per runtime: the steps of a run and its overrides (GRPO's rollout on Ray: its own pool)
 # (on Ray the rule reward is placed with the rollout, so it and the advantages run on
@@ -52,6 +54,10 @@ def test_each_sample_and_token_carries_an_admitted_version(tmp_path, runtime_nam
     uids = trained_uids(seen)
     assert len(uids) == len(set(uids)) == steps * 4  # 4 whole groups a step, each once
     metrics = [m for _, m, _ in seen.values()]
+    # the generate node reports what it reports synchronously (seconds, tokens a second)
+    assert all(SYNC_GENERATE_METRICS <= set(m) for m in metrics)
+    assert sum(m["rollout/gen_s"] for m in metrics) > 0  # (a step may find its groups done)
+    assert sum(m["rollout/tokens_per_s"] for m in metrics) > 0
     if runtime_name == "ray":
         _check_the_background_loop(trainer, seen, tmp_path)
         return

@@ -58,6 +58,9 @@ class StreamCalls:
             self._stream_lock = threading.Lock()
             self._stream_done = threading.Condition(self._stream_lock)
             self._stream_store, self._stream_error = StreamStore(), None
+            # seconds decoding and refreshing weights, response tokens made: the
+            # generate node's metrics in every mode (the driver takes differences)
+            self._stream_time = {"gen_s": 0.0, "sync_s": 0.0, "tokens": 0}
             self._stream_thread, self._stream_stop = None, threading.Event()
         return self._stream_lock
 
@@ -102,7 +105,7 @@ class StreamCalls:
             while not self._stream_stop.is_set():
                 with lock:
                     engine = self._stream_engine()
-                    out = engine.poll(1) if engine.stream_busy else None
+                    out = self._timed_poll(engine, 1) if engine.stream_busy else None
                     self._stream_store.add(out)
                     idle = not engine.stream_busy
                     if self._stream_store.reported or idle:  # a waiting poll returns
@@ -123,9 +126,11 @@ class StreamCalls:
             engine = self._stream_engine()
             store = self._stream_store
             if self._stream_thread is None:
+                began = time.perf_counter()
                 self._refresh(engine)
+                self._stream_time["sync_s"] += time.perf_counter() - began
                 before = _rows_in(store)
-                store.add(engine.poll(self.rollout_cfg.stream_poll_steps))
+                store.add(self._timed_poll(engine, self.rollout_cfg.stream_poll_steps))
             else:
                 before, deadline = 0, time.monotonic() + wait_s
                 while len(store.reported) < max(1, want) and self._stream_error is None \
@@ -136,11 +141,21 @@ class StreamCalls:
             groups = store.report()
             rows = sum(g[0] for g in groups.values()) if self._stream_thread is not None \
                 else _rows_in(store) - before
-            counts = engine.stream_counts()
+            counts = {**engine.stream_counts(), **self._stream_time}
             if not self._stream_reports():  # a replica of its group's first rank
                 groups, counts, rows = {}, {}, 0
             return {"groups": groups, "busy": bool(engine.stream_busy), "rows": rows,
                     "counts": counts}
+
+    def _timed_poll(self, engine, steps: int):
+        """`engine.poll(steps)`, its seconds and the response tokens it finished
+        counted (under the stream lock)."""
+        began = time.perf_counter()
+        out = engine.poll(steps)
+        self._stream_time["gen_s"] += time.perf_counter() - began
+        if out is not None and "response_mask" in out:
+            self._stream_time["tokens"] += int(out["response_mask"].sum())
+        return out
 
     def stream_take(self, uids: list[str], leave: bool = False, producer: str | None = None
                     ) -> Batch:
