@@ -1,6 +1,7 @@
 """The agent role's streaming calls (`trainer.async_mode=streaming` over agent
-episodes), called by the run scheduler's stream source (runtime/stream_source.py) as it calls
-the rollout role's (workers/rollout/stream_worker.py).
+episodes), called by the run scheduler's stream source
+(runtime/run_long/stream_source.py) as it calls the rollout role's
+(workers/rollout/stream_worker.py).
 
 Episodes stream **whole**: `stream_submit(batch, **options)` queues the prompts the
 driver sent this rank (a group stays on one rank), n episodes each; `stream_poll()`

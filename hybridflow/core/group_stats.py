@@ -2,7 +2,7 @@
 sums, so a batch's means are exact whichever groups form it, and the oldest version,
 which the buffer's admission rule reads. Computed where the rows wait (the rollout
 worker, workers/rollout/stream_store.py); read by the run scheduler's ledger
-(runtime/stream_buffer.py). Stateless."""
+(runtime/run_long/stream_buffer.py). Stateless."""
 from __future__ import annotations
 
 from dataclasses import astuple, dataclass

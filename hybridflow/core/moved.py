@@ -44,6 +44,11 @@ MOVED = {f"hybridflow.{old}": f"hybridflow.{new}" for old, new in {
     "runtime.ray_tasks": "runtime.ray.tasks", "runtime.ray_worker": "runtime.worker_shell",
     "runtime.ray_outputs": "runtime.outputs", "runtime.ray_reshard": "runtime.reshard",
     "workers.rollout_hf": "workers.rollout.hf", "workers.rollout_vllm": "workers.rollout.vllm",
+    # the run-long scheduler's modules, into one folder (issue 31)
+    **{f"runtime.{m}": f"runtime.run_long.{m}" for m in (
+        "run_scheduler", "stream_buffer", "stream_client", "stream_entrance",
+        "stream_record")},
+    "runtime.streaming": "runtime.run_long.stream_source",
 }.items()}
 # old modules whose path is a package now: their names, looked up by the package's
 # __getattr__ (graph/__init__.py, program/__init__.py, runtime/ray/__init__.py)

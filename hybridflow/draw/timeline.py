@@ -20,7 +20,7 @@ A streaming run (`trainer.async_mode=streaming`, `TimelineSides.streaming`) has 
 barrier between its steps: the chart lays every record of the chosen steps on one
 continuous time axis (each record's `origin`, the wall-clock time of its step's first
 record, plus its own seconds), no step lines. The stream side's records
-(runtime/stream_record.py: the engine's work between two polls, or an inline poll's
+(runtime/run_long/stream_record.py: the engine's work between two polls, or an inline poll's
 decode steps, with their counts) are outlined in dashed blue and named with the decode
 steps and rows; each train-side bar names its step. The blank between two steps' records
 is not recorded (the stream side's records start with their step).
@@ -142,7 +142,8 @@ def _lanes(bars: list[dict]) -> list[int]:
 
 
 def _bar_text(bar: dict) -> str:
-    if bar.get("stream"):  # the stream side's work between polls (runtime/stream_record.py)
+    # the stream side's work between polls (runtime/run_long/stream_record.py)
+    if bar.get("stream"):
         return (f"{bar['node']}: {bar.get('decode_steps', 0)} decode steps, "
                 f"{bar.get('rows', 0)} rows done")
     if bar.get("streamed"):  # a train-side bar of a streaming run: its step

@@ -18,7 +18,7 @@ loss reads `rollout_log_probs`) unless the user opts out: `correction_problems`.
 `attach_staleness` then gives ONE plan: every edge from a rollout-side node to the
 train side goes through a `BUFFER` node (`buffer/<producer>`, a `BufferSpec`: its
 capacity k, the group key it admits whole, and its admission rule on the rows'
-`policy_version`). The run-long scheduler (runtime/run_scheduler.py) keeps the
+`policy_version`). The run-long scheduler (runtime/run_long/run_scheduler.py) keeps the
 buffers' contents across steps. A train-side node that changes the weights the
 rollout samples with (the colocated update of the generating host, or the weight
 sync into a rollout's own copy) lists the samplers in `PlanNode.after`: when both

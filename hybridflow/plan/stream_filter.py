@@ -17,7 +17,7 @@ anyway, so the gather becomes the buffer's entrance instead:
 - a step takes `until / n` kept groups (the gather's rows, in groups of the generate
   node's `n`); `max_rounds` bounds the wait as DAPO bounds its extra draws: a step
   that saw more than `max_rounds` batches' worth of groups rejected while it waited
-  trains the kept groups it holds (runtime/stream_source.py).
+  trains the kept groups it holds (runtime/run_long/stream_source.py).
 
 Refused, naming the node: more than one gather; a gather not fed by the generate node
 (through entrance nodes), or whose input does not forward the samples' columns;

@@ -13,7 +13,7 @@ hand-off sits right at the generate node. The split:
   `stream_side_nodes`): rule-based scorers and other calls of an untrained role on the
   generate role's pool (a reference colocated with the rollout), and function nodes
   grouped by the prompt unit or declared row-wise (`grpo_advantages`). They join the
-  stream side and run in the *entrance pass* (runtime/stream_entrance.py) on each
+  stream side and run in the *entrance pass* (runtime/run_long/stream_entrance.py) on each
   batch of whole groups; their rows wait with the samples on the rollout worker, and
   the train side reads each of them through a buffer of its own (`buffer/<node>`);
 - the **train side**: everything else (`trainer.stream_side=generate_only`: rule

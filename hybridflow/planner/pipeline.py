@@ -1,6 +1,6 @@
 """The pipelined step of an async run (`trainer.staleness >= 1`), and the rollout placed apart.
 
-With staleness k the runtime (hybridflow/runtime/run_scheduler.py) runs, in one pass, the
+With staleness k the runtime (hybridflow/runtime/run_long/run_scheduler.py) runs, in one pass, the
 train side of step t and the rollout side of step t + k: the two sides overlap,
 and only a pool's own nodes run one after another. So a step lasts
 

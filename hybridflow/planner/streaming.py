@@ -1,6 +1,6 @@
 """The streaming step of an async run (`trainer.async_mode=streaming`): producer and consumer.
 
-With streaming (hybridflow/runtime/stream_source.py) the rollout engine generates
+With streaming (hybridflow/runtime/run_long/stream_source.py) the rollout engine generates
 continuously and a step trains as soon as the buffer holds its batch of whole groups:
 no pass waits for a batch's generation to end, so a step has no barrier between the
 two sides. In steady state the run is a producer and a consumer:

@@ -36,7 +36,7 @@ from hybridflow.graph.dispatch import merge_metrics
 from hybridflow.run.signals import Interrupted, NoSignals
 from hybridflow.run.trainer_state import check_against_run, check_trainer_state
 from hybridflow.runtime.progress import empty_training_inputs
-from hybridflow.runtime.run_scheduler import make_run_scheduler
+from hybridflow.runtime.run_long.run_scheduler import make_run_scheduler
 from hybridflow.run.tracking import MetricSinks, RunDir
 from hybridflow.run.generations import GENERATIONS_FILE, GenerationLog, train_nodes
 

@@ -2,7 +2,7 @@
 
 Every wait of a step is bounded by draws, not by time: a gather re-draws at most
 `max_rounds` extra times (gather_rounds.py), a streaming step waits for at most the
-groups of `max_rounds + 1` batches to be dropped by its entrance filter (stream_source.py),
+groups of `max_rounds + 1` batches to be dropped by its entrance filter (run_long/stream_source.py),
 and a pipelined batch is one gather's output. When the bound is reached with no row
 kept, training would run on 0 rows (an update that changes nothing, with no metric)
 or wait forever; instead the run stops with `NoProgressError`, naming the filter, what

@@ -8,7 +8,7 @@ role and rank (`NodeFailure`), metrics and the timeline. The runtimes are only
 *executors* behind it (the pattern of Dask's `get_async`): `LocalRuntime` runs each
 task inline when it is submitted, `RayRuntime` submits it to an actor and tracks it.
 Both run the same worker code (`worker_shell.FusedWorker`). What outlives a pass (an
-async plan's buffers) is the run scheduler's (run_scheduler.py): it feeds each pass
+async plan's buffers) is the run scheduler's (run_long/run_scheduler.py): it feeds each pass
 its buffered batches and says which side to skip.
 
 State (one `StepScheduler` per `run_step`; only its own methods change it; workers

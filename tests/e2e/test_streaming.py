@@ -95,7 +95,7 @@ def _check_the_stream_side_nodes(trainer, seen, metrics) -> None:
 def _check_the_background_loop(trainer, seen, tmp_path) -> None:
     """On Ray, with the rollout on its own pool: the engine loop ran on its worker's
     thread, the weights reached the rollout's own copy, and the stream side is on
-    record (runtime/stream_record.py): the engine's work between polls on the rollout's
+    record (runtime/run_long/stream_record.py): the engine's work between polls on the rollout's
     pool, every decode step it counted, for the timeline."""
     assert trainer.scheduler.source.background
     plan = trainer.scheduler.source.plan

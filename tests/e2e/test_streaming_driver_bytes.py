@@ -1,4 +1,4 @@
-"""Streamed samples never pass through the driver (runtime/stream_client.py): on Ray,
+"""Streamed samples never pass through the driver (runtime/run_long/stream_client.py): on Ray,
 with the rollout on a pool of its own, what a streaming step moves through the driver
 (prompts to the ranks that generate them, poll replies with per-group numbers, the
 uids a pass takes, group hashes) does not grow with the responses. Two runs whose

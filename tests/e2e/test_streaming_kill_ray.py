@@ -20,7 +20,7 @@ import time
 import pytest
 
 from hybridflow.cli import main
-from hybridflow.runtime.stream_source import StreamSource
+from hybridflow.runtime.run_long.stream_source import StreamSource
 from tests.support.async_runs import SPLIT
 from tests.support.e2e import graph_file
 

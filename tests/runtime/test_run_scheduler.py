@@ -1,4 +1,4 @@
-"""The run-long scheduler (hybridflow/runtime/run_scheduler.py) without workers: which
+"""The run-long scheduler (hybridflow/runtime/run_long/run_scheduler.py) without workers: which
 passes a step runs (the sides skipped, the buffers fed), what it holds between steps,
 its admission rule, and the state a checkpoint gets. A recording runtime stands in for
 the executors; the plan is the compiled async GRPO."""
@@ -12,8 +12,8 @@ from hybridflow.plan.async_split import BUFFER_PREFIX, sides_of
 from hybridflow.program.assemble import prepare
 from hybridflow.runtime.common import StepResult
 from hybridflow.runtime.outputs import NodeOutput
-from hybridflow.runtime.pass_source import batch_stats
-from hybridflow.runtime.run_scheduler import RunScheduler, StaleBatchError
+from hybridflow.runtime.run_long.pass_source import batch_stats
+from hybridflow.runtime.run_long.run_scheduler import RunScheduler, StaleBatchError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GENERATE = "rollout.generate"

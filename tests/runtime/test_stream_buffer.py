@@ -1,6 +1,6 @@
 """The streaming buffer, both halves: the rows wait on the rollout worker that made them
 (workers/rollout/stream_store.py) and the driver keeps a ledger of whole groups and
-their numbers (runtime/stream_buffer.py). A group becomes whole once all its samples
+their numbers (runtime/run_long/stream_buffer.py). A group becomes whole once all its samples
 finished and leaves whole, in the order groups completed; a group with a sample older
 than the admission bound is handed back (regenerated), never trained; the driver's
 ledger never holds a row."""
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hybridflow.core.batch import Batch
-from hybridflow.runtime.stream_buffer import GroupBuffer, GroupStats
+from hybridflow.runtime.run_long.stream_buffer import GroupBuffer, GroupStats
 from hybridflow.workers.rollout.stream_store import StreamStore, group_stats
 
 

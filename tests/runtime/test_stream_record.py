@@ -1,11 +1,11 @@
-"""The stream side's timeline records of a streaming run (runtime/stream_record.py), and
+"""The stream side's timeline records of a streaming run (runtime/run_long/stream_record.py), and
 the streaming scheduler writing them into each step's timeline (runtime/streaming.py)."""
 from __future__ import annotations
 
 import pytest
 
-from hybridflow.runtime import stream_record
-from hybridflow.runtime.stream_record import StreamRecorder
+from hybridflow.runtime.run_long import stream_record
+from hybridflow.runtime.run_long.stream_record import StreamRecorder
 
 
 class Clock:
@@ -71,7 +71,7 @@ def test_the_streaming_scheduler_puts_the_stream_side_in_each_steps_timeline():
     one after the pass are on record, with every decode step the engine counted."""
     from stream_fakes import STEPS, FakeStream, Loader, plan_for
 
-    from hybridflow.runtime.run_scheduler import RunScheduler
+    from hybridflow.runtime.run_long.run_scheduler import RunScheduler
 
     class Threaded(FakeStream):
         polls = 0

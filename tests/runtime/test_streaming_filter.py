@@ -1,4 +1,4 @@
-"""DAPO's dynamic sampling streaming (runtime/stream_entrance.py, the streaming
+"""DAPO's dynamic sampling streaming (runtime/run_long/stream_entrance.py, the streaming
 scheduler's entrance filter) against a fake engine whose requests finish in a seeded
 random order and a fake filter that drops a fixed set of groups: a dropped group is
 never trained and its prompt never drawn again (also after a resume at any step),
@@ -12,7 +12,7 @@ import os
 import pytest
 
 from hybridflow.runtime.common import StepResult
-from hybridflow.runtime.run_scheduler import RunScheduler
+from hybridflow.runtime.run_long.run_scheduler import RunScheduler
 from stream_fakes import N, REPO, SIZE, STEPS, FakeStream, Loader
 from hybridflow.program.assemble import prepare
 

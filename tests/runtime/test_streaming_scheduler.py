@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from hybridflow.runtime.run_scheduler import RunScheduler
+from hybridflow.runtime.run_long.run_scheduler import RunScheduler
 from stream_fakes import STEPS, SIZE, FakeStream, Loader, plan_for
 
 def run(k, seed, steps=range(1, STEPS + 1), state=None, slow=4, side="auto"):

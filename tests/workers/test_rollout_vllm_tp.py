@@ -156,10 +156,10 @@ def prompt_batch_of(uids):
 
 @pytest.mark.parametrize("rank", [0, 1, 2, 3])
 def test_streaming_calls_give_a_tp_group_one_share_and_one_report(rank):
-    """The driver sends each tp group its share (runtime/stream_client.py: prompt i to
+    """The driver sends each tp group its share (runtime/run_long/stream_client.py: prompt i to
     group i mod 2); every rank of the group queues it, only the first reports and
     keeps the rows."""
-    from hybridflow.runtime.stream_client import StreamClient
+    from hybridflow.runtime.run_long.stream_client import StreamClient
     from hybridflow.workers import RolloutWorker
     worker = RolloutWorker(make_cfg(rollout={"backend": "vllm"}),
                            WorkerContext(rank=rank, world_size=4, local_rank=rank))

@@ -19,7 +19,7 @@ The runtime is an *executor*: a step's semantics and state live in
 costs. The driver holds object references and small metas, never tensors, except
 for the feeds it sends, stateful function nodes it runs itself and columns it
 `fetch`es, all counted in `StepResult.driver_bytes`. A streaming rollout's samples
-stay on its workers too (runtime/stream_client.py): the driver sends prompts to the
+stay on its workers too (runtime/run_long/stream_client.py): the driver sends prompts to the
 rank that generates them and receives per-group numbers; those bytes are counted.
 """
 from __future__ import annotations

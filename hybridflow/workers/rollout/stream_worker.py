@@ -1,7 +1,8 @@
 """The rollout role's streaming calls (`trainer.async_mode=streaming`), driven by the
-run scheduler's stream source (runtime/stream_source.py), not graph methods: no plan node runs
-them. Finished samples stay here (`stream_store.StreamStore`) until the train side
-pulls them: the driver sees per-group numbers, never rows.
+run scheduler's stream source (runtime/run_long/stream_source.py), not graph
+methods: no plan node runs them. Finished samples stay here
+(`stream_store.StreamStore`) until the train side pulls them: the driver sees
+per-group numbers, never rows.
 
 - `stream_submit(batch, **options)`: the prompts the driver sent to this rank (its
   share: a prompt's n samples stay on one engine), repeated n times, queued in the

@@ -64,12 +64,12 @@ from hybridflow.plan.async_split import sides_of
 from hybridflow.plan.compiler import ExecutionPlan
 from hybridflow.plan.stream_filter import groups_per_step
 from hybridflow.plan.streaming_split import stream_buffer, stream_buffers
-from hybridflow.runtime.draws import Draws
+from hybridflow.runtime.run_long.draws import Draws
 from hybridflow.runtime.progress import no_rows_kept
-from hybridflow.runtime.stream_buffer import GroupBuffer
-from hybridflow.runtime.stream_client import StreamClient
-from hybridflow.runtime.stream_entrance import StreamEntrance
-from hybridflow.runtime.stream_record import StreamRecorder
+from hybridflow.runtime.run_long.stream_buffer import GroupBuffer
+from hybridflow.runtime.run_long.stream_client import StreamClient
+from hybridflow.runtime.run_long.stream_entrance import StreamEntrance
+from hybridflow.runtime.run_long.stream_record import StreamRecorder
 
 __all__ = ["StreamSource", "POLL_WAIT_S"]
 

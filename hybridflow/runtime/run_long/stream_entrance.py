@@ -28,7 +28,7 @@ from hybridflow.core.metric_names import timing_key
 from hybridflow.plan.compiler import ExecutionPlan, PlanNode
 from hybridflow.plan.stream_filter import entrance_plan
 from hybridflow.runtime.common import sum_round_metrics
-from hybridflow.runtime.stream_buffer import GroupStats
+from hybridflow.runtime.run_long.stream_buffer import GroupStats
 
 __all__ = ["StreamEntrance"]
 

@@ -44,9 +44,9 @@ from hybridflow.plan.async_split import staleness_of
 from hybridflow.plan.compiler import ExecutionPlan
 from hybridflow.plan.streaming_split import is_streaming
 from hybridflow.runtime.common import StepResult
-from hybridflow.runtime.draws import Draws
-from hybridflow.runtime.pass_source import HeldBatch, PassSource, StaleBatchError
-from hybridflow.runtime.stream_source import StreamSource
+from hybridflow.runtime.run_long.draws import Draws
+from hybridflow.runtime.run_long.pass_source import HeldBatch, PassSource, StaleBatchError
+from hybridflow.runtime.run_long.stream_source import StreamSource
 
 __all__ = ["RunScheduler", "HeldBatch", "StaleBatchError", "make_run_scheduler"]
 

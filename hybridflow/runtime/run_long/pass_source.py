@@ -35,8 +35,8 @@ from hybridflow.core.kinds import Op
 from hybridflow.plan.async_split import buffer_nodes, sides_of, staleness_of
 from hybridflow.plan.compiler import ExecutionPlan
 from hybridflow.runtime.common import StepResult
-from hybridflow.runtime.draws import Draws
-from hybridflow.runtime.stream_buffer import GroupBuffer, GroupStats
+from hybridflow.runtime.run_long.draws import Draws
+from hybridflow.runtime.run_long.stream_buffer import GroupBuffer, GroupStats
 
 __all__ = ["PassSource", "HeldBatch", "StaleBatchError", "batch_stats"]
 
