@@ -280,6 +280,9 @@ class Trainer:
     def validate(self) -> dict:
         """Scores from the nodes the validation graph marks (program/validation.py);
         every node's own metrics too, as `val/<metric>`, merged over the batches."""
+        if self.validation is None:
+            raise RuntimeError("this run has no validation plan (trainer.val_every=0 and "
+                               "trainer.val_only=false): set trainer.val_every=N to validate")
         per_source: dict[str, list] = defaultdict(lambda: [[], defaultdict(list)])
         node_metrics, rows = [], []
         marks = self.validation
