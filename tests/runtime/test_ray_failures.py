@@ -95,8 +95,24 @@ def test_a_worker_process_that_exits_fails_fast(runtime):
     assert "call_timeout_s" not in str(err)  # seen as a death, not waited out
 
 
+def killed(actor) -> None:
+    """`ray.kill` returns before the process is gone: under load a step sent at once
+    could still run on it. Wait until the actor answers as dead."""
+    ray.kill(actor, no_restart=True)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=5)
+        except ray.exceptions.RayActorError:
+            return
+        except ray.exceptions.GetTimeoutError:
+            continue
+        time.sleep(0.05)
+    raise AssertionError("the killed actor still answers after 30 s")
+
+
 def test_a_killed_actor_fails_the_next_step_fast(runtime):
-    ray.kill(runtime.actors("wide")[1], no_restart=True)
+    killed(runtime.actors("wide")[1])
     err, _ = failure(runtime, "dp")
     assert (err.node, err.rank) == ("echo.dp", 1)
     assert "died" in str(err) and "call_timeout_s" not in str(err)
