@@ -123,7 +123,7 @@ class FakeStream:
         (feed,) = feeds.values()
         batch = self.taken(feed)
         tags = torch.tensor(_tags(batch))
-        outputs = {name: _Shards([Batch({name: tags.clone()})])
+        outputs = {name: Shards([Batch({name: tags.clone()})])
                    for name in ("grpo_advantages", "ref.logprob")}
         return StepResult(outputs=outputs, node_metrics={
             "reward.score": {"reward/score/mean": float(len(batch))}})
@@ -142,7 +142,7 @@ class FakeStream:
         return handles, 0
 
 
-class _Shards:
+class Shards:
     """A node output's handles, as the scheduler's NodeOutput holds them."""
 
     def __init__(self, refs):

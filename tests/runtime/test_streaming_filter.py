@@ -13,7 +13,7 @@ import pytest
 
 from hybridflow.runtime.common import StepResult
 from hybridflow.runtime.run_long.run_scheduler import RunScheduler
-from stream_fakes import N, REPO, SIZE, STEPS, FakeStream, Loader
+from stream_fakes import N, REPO, SIZE, STEPS, FakeStream, Loader, Shards
 from hybridflow.program.assemble import prepare
 
 FEED = "buffer/rollout.generate"  # the entrance pass's feed (plan/stream_filter.py)
@@ -60,25 +60,6 @@ class FilteringStream(FakeStream):
     def fetch(self, result, node, keys):
         return result.outputs[node].refs[0].select(*keys)
 
-    # the entrance's verdict goes back to the store holding the groups
-    def node_id(self, plan, node, pool, rank):
-        return node.name
-
-    def submit(self, node, method, pool, rank, returns, task, args):
-        assert method == "stream_keep"
-        role, keep, drop, how, *shards = args
-        self.store.keep(shards[0], keep, drop, **how)
-        return [None, {}]
-
-    def resolve(self, handles):
-        return handles, 0
-
-
-class Shards:
-    """A node output's handles, as the scheduler's NodeOutput holds them."""
-
-    def __init__(self, refs):
-        self.refs = refs
 
 
 def run(k, seed, every=3, max_rounds=100, steps=range(1, STEPS + 1), state=None):
