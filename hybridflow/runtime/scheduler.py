@@ -54,6 +54,7 @@ from hybridflow.core.kinds import Op
 from hybridflow.core.metric_names import timing_key
 from hybridflow.runtime.common import NodeFailure, NodeIO, StepResult, run_fn_node
 from hybridflow.runtime.gather_rounds import submit_gather
+from hybridflow.runtime.stream_take import submit_stream_take
 from hybridflow.runtime.executor import Executor, TaskArgs, check_roles
 from hybridflow.runtime.layouts import home_slots, slot_layout
 from hybridflow.runtime.outputs import NodeOutput, StreamTake
@@ -235,7 +236,7 @@ class StepScheduler:
         pass's output once done (capacity 0: passes through)."""
         feed = self.feeds.get(node.name)
         if isinstance(feed, StreamTake):  # streamed groups, taken where they wait
-            return self._submit_stream_take(node, feed)
+            return submit_stream_take(self, node, feed)
         if isinstance(feed, Batch):  # rows the driver holds (tests, a fed batch)
             start = time.time()
             keys = node.output_keys  # the columns its producer's rows carry, and writers
@@ -251,21 +252,6 @@ class StepScheduler:
                 return False
             feed = produced
         self.outputs[node.name] = replace(feed, node=node.name)
-        return True
-
-    def _submit_stream_take(self, node: PlanNode, feed: StreamTake) -> bool:
-        """One task per rollout worker holding taken groups; only the uids cross."""
-        refs, homes = [], []
-        for slot, (rank, uids) in enumerate(feed.shards):
-            args = TaskArgs(self.ex)
-            task = ShardTask(self.ex.node_id(self.plan, node, feed.pool, rank), {},
-                             group_keys=self.group_keys.get(node.name, ()))
-            extra = (feed.role, list(uids), feed.leave, feed.producer)
-            self.result.driver_bytes += self.ex.value_bytes(list(uids))
-            refs.append(self._submit(node, "stream_take", feed.pool, rank, task, args, slot,
-                                     extra=extra))
-            homes.append((feed.pool, rank))
-        self.outputs[node.name] = NodeOutput(node.name, refs, homes, node.name)
         return True
 
     def _record_driver_node(self, node: PlanNode, start: float) -> None:
