@@ -1,14 +1,17 @@
 """The one boundary where a user's file is read: data (JSONL, parquet), YAML configs,
 a model's `config.json`, safetensors, tokenizer and model directories, graph files,
 and a run directory's records (status.json, graph.json, plan.json, lock.json,
-metrics.jsonl, timeline.jsonl, checkpoint manifests).
+metrics.jsonl, timeline.jsonl, checkpoint manifests), and every `torch.save` file
+(`read_torch`: `weights_only=True`, whose refusal is said in the project's words).
 
 Every failure -- a missing path, a directory or a FIFO where a file is expected, a
 byte that is not UTF-8, truncated or garbage content, JSON of the wrong type, a
 library's own error while parsing -- becomes one `UserFileError` whose one-line
 message names the file (and the line where known) and what to do. Libraries name no
 file in their errors ("'utf-8' codec can't decode byte 0xff in position 976"), so
-nothing user-given is opened anywhere else. Stateless.
+nothing user-given is opened anywhere else. A file that holds a Python object other
+than tensors and plain values is a `RefusedFileError`: nothing in it ran, and the
+message never advises loading it unsafely (as torch's own text does). Stateless.
 """
 from __future__ import annotations
 
@@ -16,10 +19,12 @@ import contextlib
 import json
 import os
 import stat
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["UserFileError", "check_file", "check_dir", "read_bytes", "read_text", "read_json",
+__all__ = ["UserFileError", "RefusedFileError", "refused", "read_torch", "torch_refusal",
+           "check_file", "check_dir", "read_bytes", "read_text", "read_json",
            "read_jsonl", "parse_json", "read_yaml", "read_safetensors", "check_safetensors",
            "library_read", "yaml_problem",
            "describe_path"]
@@ -32,6 +37,61 @@ class UserFileError(ValueError):
     def __init__(self, message: str, path: str | None = None):
         super().__init__(" ".join(str(message).split()))  # one line, whatever a library said
         self.path = path
+
+
+class RefusedFileError(UserFileError):
+    """A file holding a Python object it should not (a global outside what its reader
+    admits): refused before anything in it ran."""
+
+
+def refused(what: str, path: str, expected: str, name: str, fix: str = "") -> RefusedFileError:
+    """The one message of a refused load: the file, what it should hold, the global."""
+    fix = fix or "the file is damaged or was tampered with: restore it or save it again"
+    return RefusedFileError(f"{what} {path!r} holds a Python object that is not "
+                            f"{expected} ({name}): refused, nothing from it was run; {fix}",
+                            path)
+
+
+_TORCH_REFUSAL = "Weights only load failed"
+
+
+def torch_refusal(err: BaseException) -> str | None:
+    """What `torch.load(weights_only=True)` refused (a global's dotted name, or the
+    operation), or None when `err` is not such a refusal."""
+    import re
+    if _TORCH_REFUSAL not in str(err):
+        return None
+    found = re.search(r"GLOBAL (\S+) was not an allowed global", str(err))
+    if found:
+        return found.group(1) if "." in found.group(1) else f"builtins.{found.group(1)}"
+    found = re.search(r"WeightsUnpickler error: \s*([^\n]+)", str(err))  # an operation
+    return found.group(1).strip()[:80] if found else "an operation it refuses"
+
+
+def read_torch(source, what: str, path: str | None = None, fix: str = ""):
+    """`torch.load(source, weights_only=True)` on the CPU: tensors and plain values only.
+    `source` is a path or a binary stream (then `path` names the file it came from).
+    torch's refusal (which advises weights_only=False) becomes a `RefusedFileError`;
+    any other failure a UserFileError naming the file."""
+    import pickle
+    import torch
+    path = str(source) if path is None else path
+    fix = fix or "the file is damaged: restore it or save it again"
+    if isinstance(source, (str, os.PathLike)):
+        check_file(str(source), what, fix)
+    try:
+        with warnings.catch_warnings():  # its protocol note on a foreign pickle: refused anyway
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            return torch.load(source, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as err:
+        name = torch_refusal(err)
+        if name is None:
+            raise _fail(what, path, f"is not a torch.save file ({str(err)[:80]})", fix) from None
+        raise refused(what, path, "tensors and plain values", name, fix) from None
+    except Exception as err:  # noqa: BLE001 - torch raises RuntimeError, EOFError, ...
+        lines = str(err).strip().splitlines()
+        detail = f"{type(err).__name__}: {lines[0][:160]}" if lines else type(err).__name__
+        raise _fail(what, path, f"cannot be read ({detail})", fix) from None
 
 
 def _where(what: str, path: str, line: int | None = None) -> str:

@@ -50,4 +50,5 @@ def dump_step(run_path: str, step: int, plan, runtime, result) -> str:
 
 def load_batch(path: str) -> dict:
     """A dumped batch (`dump_step`), read without unpickling any code."""
-    return torch.load(path, weights_only=True)
+    from hybridflow.core.loading import read_torch
+    return read_torch(path, "batch dump")

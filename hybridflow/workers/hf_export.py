@@ -75,11 +75,12 @@ def write_hf_shards(tensors: Iterable[tuple[str, torch.Tensor]], out: str,
 def dcp_tensors(dcp_dir: str, bucket_bytes: int, prefix: str = "model."
                 ) -> Iterator[tuple[str, torch.Tensor]]:
     """The tensors saved under `prefix` in a DCP checkpoint, read bucket by bucket in
-    one process (DCP assembles each from every rank's chunks), under plain names."""
-    import torch.distributed.checkpoint as dcp
+    one process (DCP assembles each from every rank's chunks), under plain names; read
+    through `safe_dcp`, so nothing in the checkpoint is unpickled unsafely."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
     from hybridflow.workers.gather import plain_weight_name
-    meta = dcp.FileSystemReader(dcp_dir).read_metadata().state_dict_metadata
+    from hybridflow.workers.safe_dcp import load_dcp, read_metadata
+    meta = read_metadata(os.path.join(dcp_dir, ".metadata")).state_dict_metadata
     wanted = [(k, v) for k, v in meta.items()
               if k.startswith(prefix) and isinstance(v, TensorStorageMetadata)]
     bucket, size = {}, 0
@@ -87,7 +88,7 @@ def dcp_tensors(dcp_dir: str, bucket_bytes: int, prefix: str = "model."
         nbytes = 0 if key is None else info.size.numel() * \
             torch.empty((), dtype=info.properties.dtype).element_size()
         if bucket and (key is None or size + nbytes > bucket_bytes):
-            dcp.load(bucket, checkpoint_id=dcp_dir, no_dist=True)
+            load_dcp(bucket, dcp_dir, no_dist=True)
             for k, tensor in bucket.items():
                 name = plain_weight_name(k[len(prefix):])
                 if name is not None:

@@ -109,27 +109,42 @@ def load_trainer(trainer, directory: str, rank: int, world: int) -> None:
         _check_old_layout(directory, world, trainer.world // max(1, trainer.dp))
         trainer.load(directory, rank)
         return
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import set_state_dict
-    state = _state(trainer)  # this layout's (sharded) tensors, filled in place
-    try:
-        with _one_process_quiet():
-            dcp.load(state, checkpoint_id=os.path.join(directory, DCP_DIR),
-                     no_dist=trainer.world == 1)
-    except (CheckpointException, RuntimeError, KeyError, ValueError) as err:  # name keys only
-        raise ValueError(f"checkpoint {directory!r} ({DCP_DIR}/) does not fit this role's "
-                         f"model and optimizer (another model, or LoRA on one side only?): "
-                         f"{str(err)[:400]}") from None
-    set_state_dict(trainer.module, trainer.optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optim"], options=_options(trainer.module))
+    from hybridflow.core.loading import UserFileError, read_torch
+    from hybridflow.workers.safe_dcp import FIX, load_dcp
     path = os.path.join(directory, SCHEDULER_FILE)
-    if not os.path.isfile(path):
+    if not os.path.isfile(path):  # before the shards: nothing is loaded from a damaged one
         raise FileNotFoundError(f"checkpoint {directory!r} has {DCP_DIR}/ but no "
                                 f"{SCHEDULER_FILE}: it is damaged; resume from the one "
                                 f"before it")
-    trainer.scheduler.load_state_dict(
-        torch.load(path, weights_only=True, map_location="cpu")["scheduler"])
+    state = _state(trainer)  # this layout's (sharded) tensors, filled in place
+    try:
+        with _one_process_quiet():
+            load_dcp(state, os.path.join(directory, DCP_DIR), no_dist=trainer.world == 1)
+    except UserFileError:  # a file missing, short or refused: named by safe_dcp
+        raise
+    except (CheckpointException, RuntimeError, KeyError, ValueError) as err:  # keys, shapes
+        raise ValueError(
+            f"checkpoint {directory!r} ({DCP_DIR}/) does not fit this role's model and "
+            f"optimizer (another model, or LoRA on one side only?): "
+            f"{_first_line(err)}") from None
+    set_state_dict(trainer.module, trainer.optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"], options=_options(trainer.module))
+    schedule = read_torch(path, "checkpoint schedule", fix=FIX)
+    if not isinstance(schedule, dict) or "scheduler" not in schedule:
+        raise ValueError(f"checkpoint schedule {path!r} lacks its 'scheduler' entry; {FIX}")
+    trainer.scheduler.load_state_dict(schedule["scheduler"])
+
+
+def _first_line(err: BaseException) -> str:
+    """The cause DCP reports, without its tracebacks (a CheckpointException's text is
+    every rank's traceback)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+    if isinstance(err, CheckpointException):
+        err = next(iter(err.failures.values()))[0]
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0][:300]}" if lines else type(err).__name__
 
 
 def _check_old_layout(directory: str, world: int, tp: int) -> None:

@@ -227,6 +227,12 @@ class Trainer:
             raise FileNotFoundError(f"checkpoint {directory!r} has no optimizer state for rank "
                                     f"{rank} ({os.path.basename(path)}); was it saved with the "
                                     "same number of ranks?")
-        state = torch.load(path, weights_only=True, map_location="cpu")
+        from hybridflow.core.loading import read_torch
+        state = read_torch(path, "checkpoint optimizer state",
+                           fix="the checkpoint is damaged or was tampered with: resume from "
+                               "the checkpoint before it")
+        if not isinstance(state, dict) or not {"optimizer", "scheduler"} <= set(state):
+            raise ValueError(f"checkpoint optimizer state {path!r} lacks its 'optimizer' "
+                             f"and 'scheduler' entries: the checkpoint is damaged")
         self.backend.load_optimizer_state(self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
