@@ -29,7 +29,7 @@ are not comparable with tp=1; memory is.
     python bench/parallel.py                    # -> bench/results/parallel.json
     python bench/parallel.py --layers 8 --reps 2
     python bench/parallel.py --hidden 64 --intermediate 128 --heads 4 --kv-heads 2 \\
-        --layers 2 --vocab 512 --tp 2 --reps 1 --out /tmp/parallel.json
+        --layers 2 --vocab 512 --tp 2 --reps 1 --out parallel.json
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 real pretrained model (SmolLM2-135M-Instruct) with the shipped config
 (graphs/configs/smollm2_arith.yaml) and with larger micro-batches.
 
-    python bench/real_model_memory.py --model /work/cache/smollm2-hf --data /work/cache/word_arith
+    python bench/real_model_memory.py --model $HYBRIDFLOW_SMOLLM2_DIR --data data/word_arith
     # development: --configs tiny
 
 Prediction: `hybridflow.memory.report.plan_memory` on the compiled plan, the very

@@ -2,16 +2,19 @@
 (SmolLM2-135M-Instruct) and the word_arith task, alternated round by round in one
 process, at matched settings.
 
-TRL lives in a venv of its own that reuses the engine venv's torch and transformers
-(bench/scale_trl.py; `torch` must stay 2.13.0+cpu):
+TRL lives in a venv of its own (`$TRL_VENV`, a folder you choose) that reuses the
+engine venv's torch and transformers through a `.pth` file (bench/scale_trl.py; `torch`
+must stay 2.13.0+cpu). From the checkout, with the model made into
+`$HYBRIDFLOW_SMOLLM2_DIR` and the data into data/word_arith (docs/real_model.md):
 
-    python -m venv /work/venvs/trl
-    echo /work/main/.venv/lib/python3.11/site-packages \\
-        > /work/venvs/trl/lib/python3.11/site-packages/main.pth
-    /work/venvs/trl/bin/pip install trl==1.16.0 datasets
+    python -m venv $TRL_VENV
+    ENGINE_SITE=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_path('purelib'))")
+    TRL_SITE=$($TRL_VENV/bin/python -c "import sysconfig; print(sysconfig.get_path('purelib'))")
+    echo "$ENGINE_SITE" > "$TRL_SITE/main.pth"
+    $TRL_VENV/bin/pip install trl==1.16.0 datasets
     # the measurement (quiet machine; ~25 min at ~30 s a step each side):
-    PYTHONPATH=. /work/venvs/trl/bin/python bench/real_model_trl.py \\
-        --model /work/cache/smollm2-hf --data /work/cache/word_arith --reps 5 --threads 2
+    PYTHONPATH=. $TRL_VENV/bin/python bench/real_model_trl.py \\
+        --model $HYBRIDFLOW_SMOLLM2_DIR --data data/word_arith --reps 5 --threads 2
     # development: --reps 1 --warmup 0 --prompts 2 --n 2 --max-new-tokens 8
 
 One round = one engine step (`graphs/grpo.py --config graphs/configs/smollm2_arith.yaml`:

@@ -3,10 +3,13 @@
 TRL is not a dependency of the engine's venv; install it beside it (torch and
 transformers are reused, not reinstalled):
 
-    python -m venv /work/trlvenv        # then put the engine venv's site-packages on
-    echo $ENGINE_SITE_PACKAGES > /work/trlvenv/lib/python3.11/site-packages/main.pth
-    /work/trlvenv/bin/pip install trl==1.16.0 datasets
-    PYTHONPATH=. /work/trlvenv/bin/python bench/scale.py --trl
+    python -m venv $TRL_VENV            # a folder you choose
+    # the engine venv's site-packages on the TRL venv's path, from the checkout:
+    ENGINE_SITE=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_path('purelib'))")
+    TRL_SITE=$($TRL_VENV/bin/python -c "import sysconfig; print(sysconfig.get_path('purelib'))")
+    echo "$ENGINE_SITE" > "$TRL_SITE/main.pth"
+    $TRL_VENV/bin/pip install trl==1.16.0 datasets
+    PYTHONPATH=. $TRL_VENV/bin/python bench/scale.py --trl
 
 Matched settings: the same Qwen2 model built from the workload config (same seed),
 the same prompts (char tokenizer), `num_generations = n`, one generation of

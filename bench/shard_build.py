@@ -19,7 +19,7 @@ reset to VmRSS (`/proc/self/clear_refs`):
   tp=1's (vocab-parallel at tp>1).
 
     python bench/shard_build.py       # 8 layers, tp 3 -> bench/results/shard_build.json
-    python bench/shard_build.py --layers 2 --tp 2 --out /tmp/shard_build.json
+    python bench/shard_build.py --layers 2 --tp 2 --out shard_build.json
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ sync per step, and the project's overhead over a bare `vllm.LLM.generate` on the
 prompts. Needs vLLM (the CPU build here: run it in the environment .ci/vllm.sh makes).
 
 Models: the toy base (graphs/assets/toy_base) on the toy prompts and, when present,
-a real pretrained model (`--real`, default /work/cache/smollm2-hf, SmolLM2-135M-
+a real pretrained model (`--real`, default `$HYBRIDFLOW_SMOLLM2_DIR`, SmolLM2-135M-
 Instruct as a HF directory) on chat-formatted toy prompts. Per model, `--repeats`
 rounds alternate the three ways (project vLLM, bare vLLM, project HF) on the same
 prompt rows; each reports generated tokens / wall seconds. The weight sync is timed
@@ -34,7 +34,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--toy", default=None, help="the toy model directory (default: "
                         "graphs/assets/toy_base)")
-    parser.add_argument("--real", default="/work/cache/smollm2-hf")
+    parser.add_argument("--real", default=os.environ.get("HYBRIDFLOW_SMOLLM2_DIR", ""))
     parser.add_argument("--skip-real", action="store_true")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)

@@ -25,7 +25,7 @@ download), tied embeddings (the flat pack wrote them twice).
 
     python bench/weight_sync.py                 # -> bench/results/weight_sync.json
     python bench/weight_sync.py --ray           # -> bench/results/weight_sync_ray.json
-    python bench/weight_sync.py --layers 4 --reps 1 --out /tmp/ws.json
+    python bench/weight_sync.py --layers 4 --reps 1 --out ws.json
 """
 from __future__ import annotations
 
