@@ -34,13 +34,22 @@ class SFTExamples(SeededDraws):
     over the answer and EOS. Holds the tokenizer, so it runs on the driver."""
 
     def __init__(self, tokenizer_spec: str, stop_fraction: float = 1.0, seed: int = 0):
-        from hybridflow import load_tokenizer
-        self.tok = load_tokenizer(tokenizer_spec)
+        self.tokenizer_spec, self._tok = tokenizer_spec, None
         self.stop_fraction, self.rng = stop_fraction, random.Random(seed)
         self.__name__ = "sft_examples"
         node_fn(reads=("raw_prompt", "ground_truth"),
                 writes=("input_ids", "attention_mask", "position_ids", "loss_mask"),
                 overwrites=("input_ids", "attention_mask", "position_ids"))(self)
+
+    @property
+    def tok(self):
+        """Loaded on first use, not when the graph is built: `check` and `render` build
+        it without running it, and the tokenizer imports transformers (a second). A bad
+        `model.tokenizer` is still caught before the run, by the config's pre-flight."""
+        if self._tok is None:
+            from hybridflow import load_tokenizer
+            self._tok = load_tokenizer(self.tokenizer_spec)
+        return self._tok
 
     def _answer(self, answer: str) -> list[int]:
         """The answer, then EOS, or (the habit) a run-on into another problem."""

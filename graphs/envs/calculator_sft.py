@@ -50,9 +50,7 @@ class ToolSFTExamples(SeededDraws):
 
     def __init__(self, tokenizer_spec: str, call_probability: float = 0.7,
                  malformed_probability: float = 0.1, seed: int = 0):
-        from hybridflow import load_tokenizer
-        tok = load_tokenizer(tokenizer_spec)
-        self.fmt = make_chat_format(tok)  # plain for the toy tokenizer, else its template
+        self.tokenizer_spec, self._fmt = tokenizer_spec, None
         self.call_probability, self.malformed_probability = call_probability, \
             malformed_probability
         self.rng = random.Random(seed)
@@ -60,6 +58,17 @@ class ToolSFTExamples(SeededDraws):
         node_fn(reads=("raw_prompt", "ground_truth"),
                 writes=("input_ids", "attention_mask", "position_ids", "loss_mask"),
                 overwrites=("input_ids", "attention_mask", "position_ids"))(self)
+
+    @property
+    def fmt(self):
+        """The chat format (plain for the toy tokenizer, else its template), made on first
+        use, not when the graph is built: `check` and `render` build it without running
+        it, and the tokenizer imports transformers (a second). A bad `model.tokenizer` is
+        still caught before the run, by the config's pre-flight."""
+        if self._fmt is None:
+            from hybridflow import load_tokenizer
+            self._fmt = make_chat_format(load_tokenizer(self.tokenizer_spec))
+        return self._fmt
 
     def __call__(self, batch: Batch) -> Batch:
         trajs = []

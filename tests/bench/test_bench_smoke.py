@@ -64,8 +64,11 @@ def test_check_bench_reports_cpu_seconds_against_the_budget(tmp_path):
     from bench import check
     out = tmp_path / "check.json"
     payload = check.run(graphs=("grpo",), reps=1, out=str(out), quiet=True)
-    (row,) = payload["rows"]
+    torch_row, row = payload["rows"]
+    assert torch_row["graph"] == check.TORCH and torch_row["cpu_ratio_to_torch"] == 1.0
     assert row["graph"] == "grpo" and row["cpu_s_median"] > 0
+    assert row["cpu_ratio_to_torch"] == row["cpu_s_median"] / torch_row["cpu_s_median"]
+    assert payload["targets"]["worst_cpu_ratio"] == row["cpu_ratio_to_torch"]
     assert payload["targets"]["verdict"] in ("within budget", "over budget")
     assert json.loads(out.read_text())["targets"]["cpu_budget_s"] == check.CPU_BUDGET_S
     assert "budget" in check.report(payload)
