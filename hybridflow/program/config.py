@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import (ConfigAttributeError, ConfigKeyError,
                               InterpolationResolutionError, ValidationError)
 
-from hybridflow.core.constraints import (ConfigError, Rule, above, at_least, check_values,
+from hybridflow.core.constraints import (ConfigError, Rule, at_least, check_values,
                                          checked, in_range, one_of, plain_name)
 from hybridflow.core.data import DEFAULT_TOY_MAKER
 from hybridflow.core.modes import AsyncMode, StreamSide
@@ -34,6 +34,8 @@ from hybridflow.workers.config import (ActorConfig, CriticConfig, ModelConfig, R
 
 __all__ = ["ConfigError", "RunConfig", "build_config", "parse_overrides", "run_values",
            "RUN_SECTIONS"]
+
+MAX_STOP_TIMEOUT_S = 7 * 24 * 3600  # trainer.stop_timeout_s: a week is past any scheduler's grace
 
 
 @dataclass
@@ -75,7 +77,8 @@ class TrainerConfig:
     # steps whose batches (every node's output) are written to RUN_DIR/batches/ (run/batch_dump.py)
     dump_batches: list[int] = field(default_factory=list)
     # the first SIGTERM/SIGINT lets the step end and saves; past this, it stops at once
-    stop_timeout_s: float = checked(60.0, above(0))
+    # (at most a week: a timer's wait cannot be longer than the platform's time_t allows)
+    stop_timeout_s: float = checked(60.0, in_range(0, MAX_STOP_TIMEOUT_S, open_low=True))
     # validate once (the checkpoint of --resume RUN_DIR, or model.path), train nothing
     val_only: bool = False
 

@@ -110,7 +110,9 @@ class SignalGuard:
         def fire() -> None:
             self.expired = True
             signal.pthread_kill(main, signum)
-        self._timer = threading.Timer(self.grace_s, fire)
+        # a longer wait than the platform's time_t holds kills the timer's thread
+        # (OverflowError) and with it the bound: a grace past it waits the longest it can
+        self._timer = threading.Timer(min(self.grace_s, threading.TIMEOUT_MAX / 2), fire)
         self._timer.daemon = True
         self._timer.start()
 

@@ -149,3 +149,12 @@ def test_placement_gives_unplaced_roles_the_first_pool():
     placement = placement_from_config(cfg, g)
     assert placement.roles == {"reward": "rm", "actor": "main"}
     assert placement.pools["main"].world_size == 2 and placement.tp_size("actor") == 2
+
+
+def test_a_stop_timeout_past_a_week_is_refused_naming_the_key_and_the_most():
+    """trainer.stop_timeout_s=1e12 was accepted and, on SIGTERM, the timer enforcing it
+    died with OverflowError (issue 36): the bound is a week."""
+    with pytest.raises(ConfigError, match=r"trainer.stop_timeout_s must be in \(0, 604800\]"):
+        build_config(overrides=["trainer.stop_timeout_s=1e12"])
+    assert build_config(overrides=["trainer.stop_timeout_s=604800"]).trainer.stop_timeout_s \
+        == 604800

@@ -36,3 +36,15 @@ def test_handlers_are_restored_and_taken_back_from_a_library():
         guard.reclaim()
         assert signal.getsignal(signal.SIGTERM) == guard._handle
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_a_grace_longer_than_a_timer_can_wait_still_arms_the_bound():
+    """A grace past the platform's time_t (a guard built without the config's bound)
+    must not kill the timer's thread with OverflowError: the bound stays armed."""
+    with SignalGuard(say=lambda text: None, grace_s=1e12) as guard:
+        with guard.deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert guard.pending == signal.SIGTERM
+            guard._timer.join(0.2)
+            assert guard._timer.is_alive()  # still waiting, not dead of OverflowError
+        guard.disarm()
