@@ -127,8 +127,12 @@ def merged_state_dict(module, weights: dict | None = None) -> dict[str, torch.Te
 
 
 def merge_into_base(base: torch.nn.Module, adapter_dir: str) -> torch.nn.Module:
-    """`base` with the adapter saved in `adapter_dir` merged in: a plain HF model."""
+    """`base` with the adapter saved in `adapter_dir` merged in: a plain HF model. Its
+    safetensors file is checked first: peft would otherwise fall back to a `.bin`
+    (a pickle) beside it."""
     from peft import PeftModel
+    from hybridflow.core.loading import check_safetensors
+    check_safetensors(os.path.join(adapter_dir, ADAPTER_FILE), "checkpoint adapter")
     return PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
 
 

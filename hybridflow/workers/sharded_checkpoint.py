@@ -32,15 +32,24 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["DCP_DIR", "SCHEDULER_FILE", "is_sharded_checkpoint", "save_trainer",
-           "load_trainer"]
+__all__ = ["DCP_DIR", "SCHEDULER_FILE", "CheckpointSaveError", "is_sharded_checkpoint",
+           "save_trainer", "load_trainer"]
 
 DCP_DIR = "dcp"
 SCHEDULER_FILE = "scheduler.pt"
 
 
 def is_sharded_checkpoint(directory: str) -> bool:
-    return os.path.isfile(os.path.join(directory, DCP_DIR, ".metadata"))
+    """A DCP checkpoint: its index is there. A `dcp/` folder without it is a damaged
+    one (refused by name), not the old format."""
+    index = os.path.join(directory, DCP_DIR, ".metadata")
+    if os.path.isdir(os.path.join(directory, DCP_DIR)) and not os.path.lexists(index):
+        from hybridflow.workers.safe_dcp import CheckpointFileError
+        raise CheckpointFileError(f"checkpoint file {index!r} is missing: the shards "
+                                  f"beside it cannot be read without their index; resume "
+                                  f"from the checkpoint before it, or save this one again",
+                                  index)
+    return os.path.lexists(index)
 
 
 def _options(module):
@@ -67,8 +76,57 @@ def _one_process_quiet():
         yield
 
 
+class CheckpointSaveError(RuntimeError):
+    """A save that failed (a full disk, a lost directory): one line naming the
+    directory and the cause, instead of DCP's per-rank tracebacks."""
+
+
 def save_trainer(trainer, directory: str, rank: int, tokenizer=None) -> None:
-    """Every rank writes its shards; rank 0 also the schedule, config and tokenizer."""
+    """Every rank writes its shards; rank 0 also the schedule, config and tokenizer.
+    A failure is a CheckpointSaveError; the run's checkpoint (run/checkpoint.py) then
+    removes its temporary directory, so nothing half-written looks complete."""
+    try:
+        _save(trainer, directory, rank, tokenizer)
+    except CheckpointSaveError:
+        raise
+    except BaseException as err:  # DCP wraps every rank's failure (a BaseException)
+        from torch.distributed.checkpoint.api import CheckpointException
+        if not isinstance(err, (Exception, CheckpointException)):
+            raise  # KeyboardInterrupt, SystemExit: not a failed write
+        raise CheckpointSaveError(f"could not save checkpoint {directory!r}: "
+                                  f"{_save_cause(err, directory)}; free space there (or "
+                                  f"point trainer.runs_dir elsewhere) and resume from the "
+                                  f"checkpoint before it") from None
+
+
+def _save_cause(err: BaseException, directory: str) -> str:
+    """What made a write fail, in a few words: the OSError behind it, or, for torch's
+    zip writer cut short by a full disk ('enforce fail ... unexpected pos'), the space."""
+    import shutil
+    from torch.distributed.checkpoint.api import CheckpointException
+    causes = [e for e, _ in err.failures.values()] if isinstance(err, CheckpointException) \
+        else [err]
+    chain = []
+    for exc in causes:
+        while exc is not None and exc not in chain:
+            chain.append(exc)
+            exc = exc.__cause__ or exc.__context__
+    for exc in chain:
+        if isinstance(exc, OSError) and exc.strerror:
+            where = f" ({exc.filename})" if exc.filename else ""
+            return f"OSError: {exc.strerror}{where}"
+    try:
+        free = shutil.disk_usage(directory if os.path.isdir(directory) else
+                                 os.path.dirname(directory) or ".").free
+    except OSError:
+        free = None
+    if free is not None and free < (1 << 20):
+        return f"OSError: No space left on device ({free} bytes free there)"
+    lines = str(causes[0]).strip().splitlines()
+    return f"{type(causes[0]).__name__}: {lines[0][:200]}" if lines else type(causes[0]).__name__
+
+
+def _save(trainer, directory: str, rank: int, tokenizer=None) -> None:
     import torch.distributed.checkpoint as dcp
     from hybridflow.workers.lora import is_lora
     os.makedirs(directory, exist_ok=True)
