@@ -33,6 +33,10 @@ class Applies:
     when: str
     why_not: Callable[[DictConfig, Any], str | None]
     action: str = "warn"  # "warn" | "refuse"
+    # the key that turns the key's feature off (trainer.val_every=0: no validation). Set,
+    # the feature is off by the user's choice and its keys are moot, not mistaken: a
+    # shipped config's trainer.val_samples=1 under trainer.val_every=0 is not warned of
+    switch: str | None = None
 
 
 def _select(cfg: DictConfig, key: str):
@@ -100,8 +104,9 @@ APPLIES: dict[str, Applies] = {
     "trainer.async_mode": Applies("trainer.staleness >= 1", asynchronous),
     "trainer.allow_uncorrected_async": Applies("trainer.staleness >= 1", asynchronous),
     "trainer.dump_batches": Applies("steps 1..trainer.steps", within_steps, "refuse"),
-    "trainer.val_samples": Applies("trainer.val_every > 0", validating),
-    "trainer.log_val_generations": Applies("trainer.val_every > 0", validating),
+    **{f"trainer.{key}": Applies("trainer.val_every > 0", validating,
+                                 switch="trainer.val_every")
+       for key in ("val_samples", "log_val_generations")},
     "data.val_files": Applies("with data.train_files (else the toy task validates)",
                               needs("data.train_files"), "refuse"),
     **{f"data.toy.{key}": Applies("without data.train_files (the toy task)",
@@ -163,11 +168,11 @@ def _plain(value):
 def check_applicable(cfg: DictConfig) -> list[str]:
     """Refuse (ConfigError) a set key whose declaration says `refuse` when it does not
     apply; warn on stderr for the others; returns the warnings' text."""
-    said = []
-    for key, value in set_keys(cfg).items():
+    said, chosen = [], set_keys(cfg)
+    for key, value in chosen.items():
         rule = rule_of(key)
         why = rule.why_not(cfg, value)
-        if why is None:
+        if why is None or (rule.action == "warn" and _switched_off(rule, cfg)):
             continue
         text = (f"{key}={value!r} has no effect in this run: it applies {rule.when}, "
                 f"and here {why}")
@@ -176,6 +181,12 @@ def check_applicable(cfg: DictConfig) -> list[str]:
         said.append(f"{text}; it is ignored")
         say(f"hybridflow: warning: {said[-1]}")
     return said
+
+
+def _switched_off(rule: Applies, cfg: DictConfig) -> bool:
+    """Whether the user turned the rule's feature off (its switch differs from the
+    schema default)."""
+    return rule.switch is not None and bool(set_keys(cfg, [rule.switch]))
 
 
 def say(text: str) -> None:

@@ -62,7 +62,10 @@ def _one(key: str) -> str:
     return key.replace("*", "main")
 
 
-@pytest.mark.parametrize("key", sorted(APPLIES))
+SWITCHED = sorted(k for k, rule in APPLIES.items() if rule.switch)
+
+
+@pytest.mark.parametrize("key", sorted(set(APPLIES) - set(SWITCHED)))
 def test_a_set_key_that_does_not_apply_is_refused_or_warned_naming_it(key, capsys):
     rule = APPLIES[key]
     off, on = CONTEXTS[rule.when]
@@ -82,6 +85,27 @@ def test_a_set_key_that_does_not_apply_is_refused_or_warned_naming_it(key, capsy
         assert text.endswith("it is ignored")
     assert text.startswith(start) and f"has no effect in this run: it applies {rule.when}, " \
         f"and here " in text
+
+
+@pytest.mark.parametrize("key", SWITCHED)
+def test_a_key_of_a_feature_the_user_turned_off_is_moot_not_warned(key, capsys):
+    """trainer.val_every=0 turns validation off by the user's choice: the validation
+    keys, set by a shipped config (smollm2_arith.yaml: trainer.val_samples=1) or by the
+    user, are moot (issue 36: the shipped config warned)."""
+    rule = APPLIES[key]
+    off, _ = CONTEXTS[rule.when]
+    cfg = _cfg(key, *off)
+    assert _one(key) in set_keys(cfg) and rule.why_not(cfg, VALUES[key]) is not None
+    assert check_applicable(cfg) == [] and capsys.readouterr().err == ""
+
+
+def test_the_shipped_real_model_config_without_validation_is_said_nothing(capsys):
+    import os
+    config = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))), "graphs", "configs", "smollm2_arith.yaml")
+    cfg = build_config(None, config, ["trainer.val_every=0"])
+    assert cfg.trainer.val_samples == 1  # the shipped file's, not the schema's
+    assert check_applicable(cfg) == [] and capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize("key", sorted(APPLIES))
