@@ -45,15 +45,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench import workload
+from bench.workload import QWEN2_05B  # the model this bench builds
 
 GIB = 1024 ** 3
-# Qwen2.5-0.5B's shapes (494M parameters with tied embeddings)
-QWEN2_05B = {"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
-             "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
-             "vocab_size": 151936, "tie_word_embeddings": True,
-             "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
-             "pad_token_id": workload.PAD_ID, "eos_token_id": workload.EOS_ID,
-             "bos_token_id": 2}
 
 
 def parse_args(argv=None):

@@ -23,8 +23,8 @@ FORWARDED = ("device", "n", "model", "new_tokens", "prompt_copies", "bucket_mb",
 
 def _model_args(args) -> None:
     """The shape fields `parallel_workers.worker_cfg` reads: `--shapes` (JSON, tests) or
-    Qwen2.5-0.5B's (bench/gpu.QWEN2_05B); a `--model` directory's own heads."""
-    from bench.gpu import QWEN2_05B
+    Qwen2.5-0.5B's (bench/workload.py's QWEN2_05B); a `--model` directory's own heads."""
+    from bench.workload import QWEN2_05B
     shapes = json.loads(args.shapes) if args.shapes else QWEN2_05B
     args.model_type = shapes.get("model_type", "llama")
     args.hidden, args.layers = shapes["hidden_size"], shapes["num_hidden_layers"]

@@ -17,7 +17,8 @@ from typing import Callable
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 __all__ = ["machine", "set_threads", "alternate", "median", "table", "write_results",
-           "peak_rss_bytes", "rss_bytes", "reset_peak_rss", "need_real_model", "RESULTS"]
+           "peak_rss_bytes", "rss_bytes", "reset_peak_rss", "need_real_model", "RESULTS",
+           "free_port", "leave_group"]
 
 
 def set_threads(n: int) -> int:
@@ -173,3 +174,27 @@ def need_real_model(parser, model: str | None, data: str | None = None,
                if not os.path.isfile(os.path.join(data, f))]
     if missing:
         parser.error(f"--data {data}: no {' or '.join(missing)} there: {_MAKE_DATA}")
+
+
+def free_port() -> int:
+    """A TCP port free now on 127.0.0.1, for a spawned process group's store."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def leave_group(rank: int, world: int, out_dir: str, timeout_s: float = 60.0) -> None:
+    """Leave the default process group, rank 0 (the TCP store's host) last: the others
+    mark `out_dir/left<rank>` once gone, and rank 0 waits for them (up to `timeout_s`)."""
+    import torch.distributed as dist
+    dist.barrier()
+    if rank:
+        dist.destroy_process_group()
+        open(os.path.join(out_dir, f"left{rank}"), "w").close()
+        return
+    deadline = time.monotonic() + timeout_s
+    others = [os.path.join(out_dir, f"left{r}") for r in range(1, world)]
+    while time.monotonic() < deadline and not all(os.path.exists(p) for p in others):
+        time.sleep(0.05)
+    dist.destroy_process_group()

@@ -36,14 +36,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.harness import machine, median, peak_rss_bytes, rss_bytes, table, write_results
+from bench.harness import (free_port, leave_group, machine, median, peak_rss_bytes,
+                           rss_bytes, table, write_results)
 
 MIB = 2**20
 TARGET = 0.4  # issue 30: per-rank resident weights at tp=3 <= 0.4x tp=1's
@@ -128,34 +128,13 @@ def _rank(rank: int, world: int, port: int, args, out_dir: str) -> None:
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
         json.dump(out, fh)
     if mesh is not None:
-        _leave(rank, world, out_dir)
-
-
-def _leave(rank: int, world: int, out_dir: str, timeout_s: float = 60.0) -> None:
-    """Rank 0 (the TCP store's host) leaves the group last."""
-    import torch.distributed as dist
-    dist.barrier()
-    if rank:
-        dist.destroy_process_group()
-        open(os.path.join(out_dir, f"left{rank}"), "w").close()
-        return
-    deadline = time.monotonic() + timeout_s
-    others = [os.path.join(out_dir, f"left{r}") for r in range(1, world)]
-    while time.monotonic() < deadline and not all(os.path.exists(p) for p in others):
-        time.sleep(0.05)
-    dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        leave_group(rank, world, out_dir)
 
 
 def _run(args, tp: int, target=_rank) -> list[dict]:
     import torch.multiprocessing as mp
     with tempfile.TemporaryDirectory() as out_dir:
-        mp.spawn(target, args=(tp, _free_port(), args, out_dir), nprocs=tp, join=True)
+        mp.spawn(target, args=(tp, free_port(), args, out_dir), nprocs=tp, join=True)
         ranks = []
         for r in range(tp):
             with open(os.path.join(out_dir, f"rank{r}.json")) as fh:

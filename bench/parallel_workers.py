@@ -175,8 +175,8 @@ def rank_main(rank: int, world: int, port: int, args, out_dir: str) -> None:
         json.dump(record, fh)
     import torch.distributed as dist
     if dist.is_initialized():
-        from bench.parallel import _leave
-        _leave(rank, world, out_dir)
+        from bench.harness import leave_group
+        leave_group(rank, world, out_dir)
 
 
 def run_phases(ctx, args, out_dir: str, meter) -> dict:

@@ -27,14 +27,13 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.harness import machine, table, write_results
+from bench.harness import free_port, machine, table, write_results
 
 MIB = 2**20
 VARIANTS = ("tp1 from_pretrained", "whole then shard", "shard by shard")
@@ -114,16 +113,10 @@ def _rank(rank: int, world: int, port: int, variant: str, folder: str, args, out
         torch.distributed.barrier()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run(variant: str, world: int, folder: str, args) -> list[dict]:
     import torch.multiprocessing as mp
     with tempfile.TemporaryDirectory() as out:
-        mp.spawn(_rank, args=(world, _free_port(), variant, folder, args, out), nprocs=world,
+        mp.spawn(_rank, args=(world, free_port(), variant, folder, args, out), nprocs=world,
                  join=True)
         records = []
         for r in range(world):

@@ -27,8 +27,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["SIZES", "VOCAB", "PAD_ID", "EOS_ID", "hf_config", "engine_overrides", "make_model",
-           "response_lengths", "make_prompts", "make_rollout", "LengthSampler", "left_pad"]
+__all__ = ["SIZES", "VOCAB", "PAD_ID", "EOS_ID", "QWEN2_05B", "hf_config", "engine_overrides",
+           "make_model", "response_lengths", "make_prompts", "make_rollout", "LengthSampler",
+           "left_pad"]
 
 VOCAB = 16384
 PAD_ID, EOS_ID, BOS_ID = 0, 1, 2
@@ -37,6 +38,14 @@ _QWEN2 = {"model_type": "qwen2", "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
           "max_position_embeddings": 1024, "tie_word_embeddings": True,
           "vocab_size": VOCAB, "pad_token_id": PAD_ID, "eos_token_id": EOS_ID,
           "bos_token_id": BOS_ID}
+
+# Qwen2.5-0.5B's shapes (494M parameters with tied embeddings): bench/gpu.py's model,
+# and its --tp children's (bench/gpu_tp.py)
+QWEN2_05B = {"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
+             "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+             "vocab_size": 151936, "tie_word_embeddings": True,
+             "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
+             "pad_token_id": PAD_ID, "eos_token_id": EOS_ID, "bos_token_id": BOS_ID}
 
 # name -> (hidden, layers, heads, kv heads, intermediate); head_dim = hidden / heads
 SIZES: dict[str, tuple[int, int, int, int, int]] = {
