@@ -57,3 +57,16 @@ def test_a_bad_shard_size_is_one_line(capsys, tmp_path, size):
     folder = fabricate_run(tmp_path / "run")
     assert main(["export", folder, str(tmp_path / "hf"), f"--max-shard-size={size}"]) == 1
     assert "--max-shard-size" in capsys.readouterr().err
+
+
+def test_export_of_a_sharded_checkpoint_prints_no_single_process_warning(tmp_path, capsys):
+    """DCP warns on a load without a process group that it 'assumes the intent is' one
+    process; export reads in one process by design, so it says nothing (issue 36)."""
+    import warnings
+    run, _ = _run_with_sharded_checkpoint(tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(["export", run, str(tmp_path / "hf"), "--max-shard-size", "30KB"]) == 0
+    said = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    assert not [s for s in said if "assuming the intent" in s], said
+    assert "assuming the intent" not in capsys.readouterr().err
