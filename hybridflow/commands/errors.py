@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 
+from hybridflow.core.failure_text import cause_line, strip_ansi
 from hybridflow.core.origin import user_origin as exit_origin
 from hybridflow.core.printable import echo
 
@@ -55,11 +56,12 @@ def failure_reason(err: BaseException) -> str:
         return summary
     if isinstance(err, (SystemExit, OSError)):
         return one_line(err)
-    lines = str(err).strip().splitlines()
-    text = lines[0] if lines else ""
+    lines = strip_ansi(str(err)).strip().splitlines()
+    text = lines[0].strip() if lines else ""
     ours = type(err).__module__.split(".")[0] in ("hybridflow", "algorithms")
     known = ours or isinstance(err, (FileNotFoundError, ValueError))
-    return text if known and text else f"{type(err).__name__}: {text}".rstrip(": ")
+    # a library's error (Ray's, torch's wrappers): its root cause's `Type: message`
+    return text if known and text else cause_line(err)
 
 
 def report(command: str, err: BaseException) -> int:

@@ -16,6 +16,7 @@ import traceback
 from omegaconf import OmegaConf
 
 from hybridflow.commands.errors import failure_reason
+from hybridflow.core.failure_text import cause_line
 from hybridflow.plan.compiler import GraphError
 from hybridflow.program.config import ConfigError
 from hybridflow.core.data import DataError
@@ -130,6 +131,8 @@ def run(args) -> int:
         lock.acquire(say=_say)  # before anything in the directory is read for a resume
         try:
             return _locked_run(args, loaded, run_dir, signals)
+        except BaseException as err:  # noqa: BLE001 - the net: see _unrecorded
+            return _unrecorded(run_dir, err, signals)
         finally:
             lock.release()
 
@@ -185,7 +188,7 @@ def _locked_run(args, loaded, run_dir: RunDir, signals) -> int:
         run_dir.set_status("starting", step=0, steps=loaded.cfg.trainer.steps)
     try:  # datasets are read, then the workers start (and a resume loads its checkpoint)
         trainer = Trainer(loaded, run_dir, resume_from=run_dir.path if args.resume else None)
-    except (Exception, SystemExit, KeyboardInterrupt) as err:  # noqa: BLE001 - recorded
+    except BaseException as err:  # noqa: BLE001 - torch's DCP raises one: recorded
         if raised_by_code(err, signals):
             err = contain(err, "user code")
         return _start_failed(run_dir, err, resumed=bool(args.resume))
@@ -208,16 +211,55 @@ def _locked_run(args, loaded, run_dir: RunDir, signals) -> int:
             return _failed(run_dir, f"stopped at step {trainer.step}",
                            contain(err, "user code"), step=trainer.step)
         return _interrupted(run_dir, trainer, err, args.graph)
-    except (Exception, SystemExit) as err:  # noqa: BLE001 - recorded, then reported
+    except BaseException as err:  # noqa: BLE001 - recorded, then reported
         progress.close()
         if signals.pending is not None:  # the step failed because the signal hit workers too
             return _interrupted(run_dir, trainer, Interrupted(signals.pending), args.graph, err)
         return _failed(run_dir, f"stopped at step {trainer.step}", err, step=trainer.step)
     finally:
         progress.close()
-        trainer.close()
+        _shut_down(trainer)
     _print_summary(final)
     return 0
+
+
+def _shut_down(trainer) -> None:
+    """Stop the workers; a shutdown that fails is said, and never replaces how the run
+    ended (already recorded)."""
+    try:
+        trainer.close()
+    except Exception as err:  # noqa: BLE001 - the run's outcome stands
+        _say(f"note: stopping the workers failed: {cause_line(err)}")
+
+
+def _unrecorded(run_dir: RunDir, err: BaseException, signals) -> int:
+    """The one net under a locked run: an exception that no path above recorded (a
+    write to a full disk, a resume's own checks, anything new) still ends as one line,
+    with its traceback in error.log and, when this process had marked the run as
+    going (status.json `starting`/`running` with its pid), status.json final."""
+    try:
+        status = run_dir.status()
+    except Exception:  # noqa: BLE001 - a damaged status.json is replaced below
+        status = {"pid": os.getpid(), "state": "running"}
+    ours = status.get("pid") == os.getpid() and status.get("state") in ("starting", "running")
+    step = int(status.get("step") or 0)
+    if isinstance(err, KeyboardInterrupt) and not raised_by_code(err, signals):
+        name = getattr(err, "signal_name", "SIGINT")
+        notes = record_end(run_dir, "interrupted", step, signal=name) if ours else []
+        echo(f"\nhybridflow run: {name}: stopped at step {step}", file=sys.stderr)
+        for note in notes:
+            _say(note)
+        return getattr(err, "exit_code", 130)
+    err = contain(err, "user code") if isinstance(err, KeyboardInterrupt) else err
+    if ours:
+        return _failed(run_dir, f"stopped at step {step}", err, step=step)
+    try:
+        run_dir.log_error("".join(traceback.format_exception(err)))
+    except OSError:
+        pass
+    echo(f"hybridflow run: {failure_reason(err)}\n(details: {run_dir.file('error.log')})",
+         file=sys.stderr)
+    return 1
 
 
 def _start_failed(run_dir: RunDir, err: BaseException, resumed: bool) -> int:

@@ -4,11 +4,11 @@ metrics, the record of one step and the failure that names node, role and rank.
 No state."""
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from hybridflow.core.batch import Batch, as_object_array
+from hybridflow.core.failure_text import traceback_cause
 from hybridflow.plan.compiler import ExecutionPlan, PlanNode
 from hybridflow.core.kinds import Op
 
@@ -18,10 +18,13 @@ __all__ = ["NodeFailure", "StepResult", "run_fn_node",
 
 class NodeFailure(RuntimeError):
     """A node failed while running; names the node, its role (or, for a function
-    node run on a worker, the pool) and the rank; `rank` None: the driver."""
+    node run on a worker, the pool) and the rank; `rank` None: the driver. `detail`
+    is the whole story (a traceback: error.log's); `cause` the one line of it a
+    console shows (`Type: message` of the root cause: core/failure_text.py), worked
+    out where the exception was raised when it can be."""
 
     def __init__(self, node: PlanNode, rank: int | None, detail: str,
-                 pool: str | None = None):
+                 pool: str | None = None, cause: str | None = None):
         self.node, self.rank, self.detail = node.name, rank, detail
         if node.role:
             who = f"role '{node.role}' rank {rank}"
@@ -30,18 +33,13 @@ class NodeFailure(RuntimeError):
         else:
             who = "the driver"
         self.headline = f"{node.where()} failed on {who}"
+        self.cause = cause or traceback_cause(detail)
         super().__init__(f"{self.headline}:\n{detail}")
 
     @property
     def summary(self) -> str:
-        """One line: where it failed and why (a traceback's last line, the exception)."""
-        lines = [line.strip() for line in self.detail.strip().splitlines() if line.strip()]
-        if not lines:
-            return self.headline
-        traceback = any(line.startswith("Traceback") for line in lines)
-        reason = lines[-1] if traceback else lines[0]
-        reason = re.sub(r"^(?:\w+\.)+(\w+: )", r"\1", reason)  # a.b.ScoringError: -> ScoringError:
-        return f"{self.headline}: {reason}"
+        """One line: where it failed and why (the root cause's `Type: message`)."""
+        return f"{self.headline}: {self.cause}" if self.cause else self.headline
 
 
 @dataclass

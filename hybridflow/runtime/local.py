@@ -29,6 +29,7 @@ from typing import Any, Callable
 import torch
 
 from hybridflow.core.batch import Batch
+from hybridflow.core.kinds import NodeKind, Op
 from hybridflow.core.modes import RuntimeName
 from hybridflow.plan.compiler import ExecutionPlan, PlanNode
 from hybridflow.core.runtime_section import RuntimeConfig
@@ -203,7 +204,7 @@ class LocalRuntime:
             out = call_with_deadline(lambda: run(task, *values), self.call_timeout_s,
                                      node.where(), "runtime.call_timeout_s")
         except WorkerError as err:  # in plan order, so this is the first failure
-            raise NodeFailure(node, rank, err.detail, pool) from None
+            raise NodeFailure(node, rank, err.detail, pool, err.cause) from None
         return [Held(v) for v in out]
 
     def put(self, batch: Batch):
@@ -239,13 +240,23 @@ class LocalRuntime:
 
     def call_role(self, role: str, method: str, *args, **kwargs) -> list:
         """Call a method on every rank of a role (checkpointing, weight bytes)."""
-        return [getattr(w, method)(*args, **kwargs) for w in self.workers(role)]
+        return self.call_each(role, method, [args] * len(self.workers(role)), **kwargs)
 
     def call_each(self, role: str, method: str, args_by_rank: list, **kwargs) -> list:
         """`method(*args_by_rank[r], **kwargs)` on each rank r of a role (None: rank r
-        is not called; its reply is None)."""
-        return [None if a is None else getattr(w, method)(*a, **kwargs)
-                for w, a in zip(self.workers(role), args_by_rank)]
+        is not called; its reply is None). A failure is a NodeFailure naming
+        `role.method` and the rank, as on Ray (the worker shell's `call`)."""
+        pool = self.role_pool[role]
+        node = PlanNode(f"{role}.{method}", NodeKind.INFERENCE, Op.CALL, (), "call_role",
+                        role=role, method=method, pool=pool)
+        replies = []
+        for rank, (worker, args) in enumerate(zip(self.workers_of[pool], args_by_rank)):
+            try:
+                replies.append(None if args is None else
+                               worker.call(role, method, tuple(args), kwargs))
+            except WorkerError as err:
+                raise NodeFailure(node, rank, err.detail, pool, err.cause) from None
+        return replies
 
     def shutdown(self) -> None:
         self.ranks.clear()

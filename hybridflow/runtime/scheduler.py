@@ -49,6 +49,7 @@ from typing import Callable
 from hybridflow.core.batch import Batch
 from hybridflow.plan.compiler import ExecutionPlan, PlanNode
 from hybridflow.core.deadline import call_with_deadline
+from hybridflow.core.failure_text import cause_line
 from hybridflow.graph.dispatch import DispatchMode, Layout, SlotLayout, merge_metrics
 from hybridflow.core.kinds import Op
 from hybridflow.core.metric_names import timing_key
@@ -308,7 +309,7 @@ class StepScheduler:
                                      node.where(), "runtime.call_timeout_s")
             out = io.finish(out)
         except Exception as err:  # re-raised with the node named
-            raise NodeFailure(node, None, traceback.format_exc()) from err
+            raise NodeFailure(node, None, traceback.format_exc(), cause=cause_line(err)) from err
         self._put(node, out)
         self._record_driver_node(node, start)
         return True

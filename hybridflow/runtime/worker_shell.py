@@ -34,32 +34,17 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from hybridflow.core.batch import Batch
-from hybridflow.core.origin import construct_role, describe_exit
+from hybridflow.core.failure_text import cause_line
+from hybridflow.core.origin import construct_role
 from hybridflow.plan.compiler import PlanNode
 from hybridflow.core.kinds import Op
 from hybridflow.runtime.common import NodeIO, finish_gather, metrics_of, run_fn_node
+from hybridflow.runtime.worker_errors import (WorkerError, failure_cause, failure_detail,
+                                              shipped)
 
 __all__ = ["FusedWorker", "ShardTask", "ShippedNode", "DepInput", "Piece", "WorkerError",
            "payload_bytes", "estimated_bytes", "group_hashes", "default_context",
-           "failure_detail"]
-
-
-class WorkerError(RuntimeError):
-    """An exception raised inside a worker task; `detail` is the worker's traceback."""
-
-    def __init__(self, detail: str):
-        super().__init__(detail)
-        self.detail = detail
-
-
-def failure_detail(err: BaseException) -> str:
-    """The worker's traceback for a task error; Ray's own message otherwise."""
-    cause = getattr(err, "cause", None)
-    if isinstance(cause, WorkerError):
-        return cause.detail
-    if isinstance(err, WorkerError):
-        return err.detail
-    return f"{type(err).__name__}: {err}"
+           "failure_detail", "failure_cause"]
 
 
 class Piece(NamedTuple):  # tuples: several are made for every task
@@ -207,7 +192,7 @@ class FusedWorker:
         try:
             return pin_process(cores, key, torch_threads)
         except ValueError as err:  # the driver's headline is the message, no traceback
-            raise WorkerError(str(err)) from None
+            raise WorkerError(str(err), f"{type(err).__name__}: {err}") from None
 
     def start(self, env: dict[str, str], cfg, roles: list[str], bindings: dict[str, type],
               seed: int, make_context: Callable, tp: dict[str, int] | None = None) -> int:
@@ -216,15 +201,16 @@ class FusedWorker:
         os.environ.update(env)
         import torch
         device = f"cuda:{self.local_rank}" if torch.cuda.is_available() else "cpu"
-        try:
-            for role in roles:
-                ctx = make_context(self.rank, self.world_size, self.local_rank, device, seed,
-                                   self.roles)
-                ctx.tp = (tp or {}).get(role, 1)
-                self.roles[role] = construct_role(role, bindings[role], cfg, ctx)
-        except Exception as err:  # noqa: BLE001 - shipped to the driver with the traceback
-            # the one-line cause first: the driver's headline is the detail's first line
-            raise WorkerError(f"{err}\n{traceback.format_exc()}") from None
+        with shipped():
+            try:
+                for role in roles:
+                    ctx = make_context(self.rank, self.world_size, self.local_rank, device,
+                                       seed, self.roles)
+                    ctx.tp = (tp or {}).get(role, 1)
+                    self.roles[role] = construct_role(role, bindings[role], cfg, ctx)
+            except Exception as err:  # noqa: BLE001 - its message first, then the traceback
+                raise WorkerError(f"{err}\n{traceback.format_exc()}", cause_line(err)) \
+                    from None
         # sampling follows trainer.seed, a stream per data-parallel rank: the ranks of a
         # tp group generate the same rows in lockstep and must draw the same tokens
         seed_process(seed + self.rank // max([1, *((tp or {}).get(r, 1) for r in roles)]))
@@ -245,29 +231,18 @@ class FusedWorker:
     def run(self, task: ShardTask, *args):
         """Assemble this rank's input, run the node's method (or fn), finish it."""
         start = time.time()
-        try:
+        with shipped():
             node, io, call = self._prepare(task.node)
             batch = self._assemble(io, task, args)
             out = run_fn_node(node, batch) if call is None else call(batch, **node.kwargs)
             out = io.finish(out)
-        except Exception:  # noqa: BLE001 - shipped to the driver with the traceback
-            raise WorkerError(traceback.format_exc()) from None
-        except BaseException as err:  # sys.exit / KeyboardInterrupt raised by user code
-            if getattr(err, "signum", None) is not None:  # a signal's (run/signals.py)
-                raise
-            # contained: it would end a Ray actor, or be taken for Ctrl-C; the last
-            # line is what the driver's one-line summary shows
-            raise WorkerError(traceback.format_exc() + describe_exit(err, "user code")) \
-                from None
         return out, self._meta(task, out, start)
 
     def gather(self, task: ShardTask, rounds: int, *shards):
         """A gather node: the rounds' shards concatenated, the first `until` rows kept."""
         start = time.time()
-        try:
+        with shipped():
             out = finish_gather(self._node(task.node), list(shards), rounds)
-        except Exception:  # noqa: BLE001
-            raise WorkerError(traceback.format_exc()) from None
         return out, self._meta(task, out, start)
 
     def stream_take(self, task: ShardTask, role: str, uids: list, leave: bool = False,
@@ -277,14 +252,12 @@ class FusedWorker:
         stream_store.py), with the buffer's columns; the rows go from here to the train
         side worker to worker."""
         start = time.time()
-        try:
+        with shipped():
             node = self._node(task.node)
             rows = self._role(role).stream_take(uids, leave, producer)
             keys = node.output_keys
             out = rows.select(*[k for k in rows.keys() if k in keys])
             out.meta = {"metrics": {}, "_writers": {k: keys[k] for k in out.keys()}}
-        except Exception:  # noqa: BLE001
-            raise WorkerError(traceback.format_exc()) from None
         return out, self._meta(task, out, start)
 
     def stream_keep(self, task: ShardTask, role: str, uids: list, dropped: list,
@@ -293,23 +266,19 @@ class FusedWorker:
         output shards (worker to worker) replace the kept groups' samples (a filter's)
         or are held beside them (`how`: producer, layout, drop_samples: StreamStore.keep)."""
         start = time.time()
-        try:
+        with shipped():
             self._node(task.node)
             parts = [s for s in shards if s is not None and len(s)]
             kept = Batch.concat(parts) if len(parts) > 1 else (parts[0] if parts else None)
             held = self._role(role).stream_keep(kept, uids, dropped, **how)
-        except Exception:  # noqa: BLE001
-            raise WorkerError(traceback.format_exc()) from None
         return held, {**self._meta(task, None, start), "held": held}
 
     def select(self, keys: tuple[str, ...], shard: Batch) -> Batch:
         return shard.select(*keys)
 
     def call(self, role: str, method: str, args: tuple, kwargs: dict):
-        try:
+        with shipped():
             return getattr(self._role(role), method)(*args, **kwargs)
-        except Exception:  # noqa: BLE001
-            raise WorkerError(traceback.format_exc()) from None
 
     def pid(self) -> int:
         return os.getpid()

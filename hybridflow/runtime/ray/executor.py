@@ -39,8 +39,8 @@ from hybridflow.runtime.outputs import NodeOutput
 from hybridflow.runtime.ray.pools import (RuntimeSettings, WorkerGroup, connect, launch_group,
                                           start_groups, stop_group)
 from hybridflow.runtime.ray.tasks import InFlight, resolve
-from hybridflow.runtime.worker_shell import (ShippedNode, default_context, failure_detail,
-                                             payload_bytes)
+from hybridflow.runtime.worker_shell import (ShippedNode, default_context, failure_cause,
+                                             failure_detail, payload_bytes)
 from hybridflow.runtime.executor import PlanCache
 from hybridflow.runtime.scheduler import run_step
 
@@ -168,7 +168,7 @@ class RayRuntime:
             shards, _ = resolve(refs, self.settings.call_timeout_s)
         except ray.exceptions.RayError as err:
             raise NodeFailure(PlanNode(node, NodeKind.INFERENCE, Op.CALL, (), "fetch"), None,
-                              failure_detail(err)) from None
+                              failure_detail(err), cause=failure_cause(err)) from None
         shards = [s.select(*keys) for s in shards]
         batch = shards[0] if len(shards) == 1 else Batch.concat(shards)
         batch.meta = {**batch.meta, "metrics": dict(out.metrics)}
@@ -203,7 +203,8 @@ class RayRuntime:
                 raise NodeFailure(node, rank, f"no result within runtime.call_timeout_s="
                                               f"{self.settings.call_timeout_s:g}s") from None
             except ray.exceptions.RayError as err:
-                raise NodeFailure(node, rank, failure_detail(err)) from None
+                raise NodeFailure(node, rank, failure_detail(err),
+                                  cause=failure_cause(err)) from None
         return values
 
     def worker_info(self, pool: str) -> list[dict]:

@@ -23,7 +23,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hybridflow.core.runtime_section import RuntimeConfig
 from hybridflow.plan.placement import Placement, PoolSpec
-from hybridflow.runtime.worker_shell import FusedWorker, failure_detail
+from hybridflow.runtime.worker_shell import FusedWorker, failure_cause, failure_detail
 from hybridflow.core.sections import read_section
 
 __all__ = ["RayConnectError", "RuntimeSettings", "WorkerGroup", "connect", "launch_group",
@@ -212,9 +212,8 @@ def _get_all(refs: list, timeout: float, what: str, doing: str) -> list[Any]:
             ray.get(ready[0])
         except ray.exceptions.RayError as err:
             rank, detail = refs.index(ready[0]), failure_detail(err)
-            first = detail.strip().splitlines()[0] if detail.strip() else ""
-            raise RuntimeError(f"{what}: {doing} failed on rank {rank}: {first}\n"
-                               f"{detail}") from None
+            raise RuntimeError(f"{what}: {doing} failed on rank {rank}: "
+                               f"{failure_cause(err)}\n{detail}") from None
     return ray.get(refs)
 
 

@@ -26,7 +26,7 @@ from hybridflow.core.batch import Batch
 from hybridflow.plan.compiler import ExecutionPlan
 from hybridflow.runtime.common import NodeFailure
 from hybridflow.runtime.executor import TaskRecord
-from hybridflow.runtime.worker_shell import failure_detail, payload_bytes
+from hybridflow.runtime.worker_shell import failure_cause, failure_detail, payload_bytes
 
 __all__ = ["TaskRecord", "InFlight", "resolve", "POLL_S"]
 
@@ -104,16 +104,18 @@ class InFlight:
 
     def raise_first(self, failures: list) -> None:
         _, rank, record, err = min(failures, key=lambda f: (f[0], f[1]))
-        detail = failure_detail(err)
+        detail, cause = failure_detail(err), failure_cause(err)
         if isinstance(err, (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError)):
             # every task queued on a dead actor fails at once, in any order: name the
             # one it was running (an actor runs its tasks in submission order)
             record = next((r for r in self.queues[(record.pool, record.rank)]
                            if r.done is None), record)
             self.rt.broken = f"the worker of pool '{record.pool}' rank {rank} died"
-            detail = (f"the worker process of pool '{record.pool}' rank {rank} died; the "
-                      f"runtime must be restarted.\n{detail}")
-        raise NodeFailure(self.plan.node(record.node), rank, detail, record.pool) from None
+            cause = (f"the worker process of pool '{record.pool}' rank {rank} died; the "
+                     f"runtime must be restarted ({cause})")
+            detail = f"{cause}\n{detail}"
+        raise NodeFailure(self.plan.node(record.node), rank, detail, record.pool,
+                          cause) from None
 
     def _timed_out(self, head: TaskRecord | None) -> None:
         if head is None:  # no task could start: name the first one still running

@@ -21,6 +21,7 @@ Only its methods change them; the streaming scheduler owns one.
 from __future__ import annotations
 
 from hybridflow.core.batch import Batch
+from hybridflow.core.failure_text import cause_line
 from hybridflow.plan.compiler import ExecutionPlan, PlanNode
 from hybridflow.runtime.common import NodeFailure
 from hybridflow.runtime.outputs import StreamTake
@@ -106,12 +107,14 @@ class StreamClient:
                                               [self.role, keep, drop, how, *shards])
             except NodeFailure as err:
                 raise NodeFailure(self.gen, err.rank, f"{self.role}.stream_keep: "
-                                                      f"{err.detail}") from None
+                                                      f"{err.detail}",
+                                  cause=f"{self.role}.stream_keep: {err.cause}") from None
             metas.append(meta)
         try:
             self.bytes += self.runtime.resolve(metas)[1]
         except Exception as err:  # noqa: BLE001 - named by the generate node
-            raise NodeFailure(self.gen, None, f"{self.role}.stream_keep: {err}") from None
+            raise NodeFailure(self.gen, None, f"{self.role}.stream_keep: {err}",
+                              cause=f"{self.role}.stream_keep: {cause_line(err)}") from None
 
     def start(self) -> list:
         return self._call_each("stream_start", [()] * self.world)
@@ -136,7 +139,7 @@ class StreamClient:
         try:
             replies = self.runtime.call_each(self.role, method, args, **kwargs)
         except NodeFailure as err:
-            raise NodeFailure(self.gen, err.rank,
-                              f"{self.role}.{method}: {err.detail}") from None
+            raise NodeFailure(self.gen, err.rank, f"{self.role}.{method}: {err.detail}",
+                              cause=f"{self.role}.{method}: {err.cause}") from None
         self.bytes += sum(self.runtime.value_bytes(r) for r in replies if r is not None)
         return replies
