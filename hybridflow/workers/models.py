@@ -15,6 +15,7 @@ and then sharded (`backends/tensor_parallel.parallelize`). State: none.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 import torch
 
@@ -143,6 +144,21 @@ def _hf_config(model_cfg: ModelConfig, tokenizer, path: str | None, **overrides)
     return config
 
 
+@contextmanager
+def no_loading_bars():
+    """transformers' `Loading weights` / `Loading checkpoint shards` progress bars off
+    while a model loads: every rank of every role draws one, which Ray prints through
+    its log prefixes on every run (and a local run over the step's own progress)."""
+    from transformers.utils import logging as hf_logging
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
 def _build(auto_cls, model_cfg: ModelConfig, tokenizer, device, seed: int,
            path: str | None = None, may_miss: tuple[str, ...] = (),
            may_leave: tuple[str, ...] = (), tp_mesh=None, **overrides):
@@ -150,11 +166,12 @@ def _build(auto_cls, model_cfg: ModelConfig, tokenizer, device, seed: int,
     config = _hf_config(model_cfg, tokenizer, path, **overrides)
     dtype = resolve_dtype(model_cfg.dtype)
     files = _shard_files(path) if tp_mesh is not None else None
-    if files is not None:  # each rank reads only its shards (shard_build.py)
-        model = _build_shards(auto_cls, config, dtype, device, seed, path, tp_mesh, files,
-                              may_miss, may_leave)
-    else:
-        model = _build_whole(auto_cls, config, dtype, seed, path, may_miss, may_leave)
+    with no_loading_bars():
+        if files is not None:  # each rank reads only its shards (shard_build.py)
+            model = _build_shards(auto_cls, config, dtype, device, seed, path, tp_mesh,
+                                  files, may_miss, may_leave)
+        else:
+            model = _build_whole(auto_cls, config, dtype, seed, path, may_miss, may_leave)
     if model_cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     if model_cfg.use_remove_padding:  # packed forwards: attention per sequence

@@ -94,3 +94,14 @@ def test_auto_dtype_is_bf16_only_where_bf16_is_native(monkeypatch):
     assert models.resolve_dtype("bf16") == torch.bfloat16  # explicit names are kept
     with pytest.raises(ValueError, match="'auto'"):
         models.resolve_dtype("f8")  # the error lists auto among the names
+
+
+def test_loading_a_model_draws_no_progress_bar_and_leaves_the_setting_as_it_was(capfd):
+    """transformers draws a `Loading weights` bar per load: on Ray, every rank of every
+    role printed it through the log prefixes on every run (issue 36)."""
+    from transformers.utils import logging as hf_logging
+    assert hf_logging.is_progress_bar_enabled()
+    _load(build_causal_lm, TOY_BASE)
+    err = capfd.readouterr().err
+    assert "Loading weights" not in err and "Loading checkpoint" not in err, err
+    assert hf_logging.is_progress_bar_enabled()  # a user's own loads keep theirs
