@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)  # argparse exits 2 itself on bad arguments
     try:
         code = int(handlers[args.command](args) or 0)
-    except (KeyboardInterrupt, SystemExit, Exception) as err:  # noqa: BLE001 - sorted below
+    except BaseException as err:  # noqa: BLE001 - sorted below (a library's BaseException too)
         from hybridflow.commands.errors import report
         code = report(args.command, err)
     if argv is None:

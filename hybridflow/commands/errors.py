@@ -71,6 +71,10 @@ def report(command: str, err: BaseException) -> int:
         name = getattr(err, "signal_name", "SIGINT")
         echo(f"\nhybridflow {command}: interrupted ({name})", file=sys.stderr)
         return getattr(err, "exit_code", 130)
+    if not isinstance(err, Exception) and not isinstance(err, SystemExit):
+        # a library's BaseException (torch's DCP raises one): its root cause, no traceback
+        echo(f"hybridflow {command}: {cause_line(err)}", file=sys.stderr)
+        return 1
     if not isinstance(err, (SystemExit, *user_errors())):
         raise err
     echo(f"hybridflow {command}: {one_line(err)}", file=sys.stderr)

@@ -9,18 +9,28 @@ written as safetensors shards of at most --max-shard-size with their index
 the whole model (`hybridflow/workers/hf_export.py`); an old checkpoint's single
 `model.safetensors` is copied, or resharded the same way when it is past the limit.
 A LoRA checkpoint (adapters only) is merged into the run's base model, unless
-`--adapter-only` copies peft's adapter files as they are."""
+`--adapter-only` copies peft's adapter files as they are.
+
+Nothing half-written: the export is made in a hidden sibling folder of OUT and
+renamed to OUT once complete; an export that fails, or that finds no weights to
+write (a damaged checkpoint), removes it and exits 1. OUT must not exist, or be an
+empty directory. Writing into a non-empty OUT is deprecated (a warning; refused from
+the next release): the finished files are moved in over what is there."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
+import tempfile
+import warnings
 
 from hybridflow.core.printable import echo
 from hybridflow.run.checkpoint import CheckpointError, latest_checkpoint, verify_checkpoint
 
-__all__ = ["add_parser", "run", "export_role", "is_model_file", "parse_size"]
+__all__ = ["add_parser", "run", "export_role", "is_model_file", "parse_size",
+           "ExportIntoExistingWarning"]
 
 _TRAINING_STATE = ("optim_", "rng_", "scheduler_", "scheduler.")  # a run's, not the model's
 _READ_BUCKET_BYTES = 256 * 2**20  # a sharded checkpoint is read this much at a time
@@ -104,13 +114,71 @@ def export_role(run_dir: str, out: str, role: str = "actor", merge: bool = True,
     if _inside(os.path.join(run_dir, "checkpoints"), out):  # would copy files onto themselves
         raise CheckpointError(f"OUT {out!r} is inside the run's checkpoints; export to a "
                               f"directory outside {os.path.join(run_dir, 'checkpoints')}")
-    os.makedirs(out, exist_ok=True)
+    with _staged(out) as stage:
+        _write_export(run_dir, ckpt, role, source, stage, merge, max_shard_bytes)
+        if not any(_is_weights(name) for name in os.listdir(stage)):
+            raise CheckpointError(f"checkpoint {ckpt}: role '{role}' holds no weights to "
+                                  f"export (no {role}/dcp/.metadata, no "
+                                  f"{role}/model.safetensors); nothing was written")
+    return ckpt
+
+
+class ExportIntoExistingWarning(DeprecationWarning):
+    """`hybridflow export` into a directory that already holds files."""
+
+
+warnings.filterwarnings("default", category=ExportIntoExistingWarning)  # a CLI's users
+
+
+def _is_weights(name: str) -> bool:
+    return name.endswith((".safetensors", ".bin")) or name.endswith(".index.json")
+
+
+@contextlib.contextmanager
+def _staged(out: str):
+    """A hidden folder beside OUT to write into; renamed to OUT when the block ends
+    well, removed (with any parent folder made for it) when it does not."""
+    out = os.path.abspath(out)
+    parent, made = os.path.dirname(out), None
+    if not os.path.isdir(parent):
+        made = parent
+        while not os.path.isdir(os.path.dirname(made)):
+            made = os.path.dirname(made)
+        os.makedirs(parent)
+    stage = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.export-", dir=parent)
+    try:
+        yield stage
+        _publish(stage, out)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        if made:
+            shutil.rmtree(made, ignore_errors=True)
+        raise
+
+
+def _publish(stage: str, out: str) -> None:
+    if not os.path.isdir(out) or not os.listdir(out):
+        os.replace(stage, out)  # an empty directory is replaced whole
+        return
+    warnings.warn(f"OUT {out!r} already holds files: exporting into it is deprecated and "
+                  f"refused from the next release; give a new directory",
+                  ExportIntoExistingWarning, stacklevel=4)
+    for name in os.listdir(stage):
+        target = os.path.join(out, name)
+        if os.path.isdir(target) and not os.path.islink(target):
+            shutil.rmtree(target)
+        os.replace(os.path.join(stage, name), target)
+    os.rmdir(stage)
+
+
+def _write_export(run_dir: str, ckpt: str, role: str, source: str, out: str, merge: bool,
+                  max_shard_bytes: int) -> None:
     if merge and os.path.isfile(os.path.join(source, "adapter_config.json")):
         from hybridflow.program.run_record import read_run_config
         from hybridflow.workers.lora import merge_checkpoint
         cfg = read_run_config(run_dir)
         merge_checkpoint(source, cfg, int(cfg.trainer.seed), out)
-        return ckpt
+        return
     adapters = os.path.isfile(os.path.join(source, "adapter_config.json"))
     for name in os.listdir(source):
         path = os.path.join(source, name)
@@ -126,7 +194,6 @@ def export_role(run_dir: str, out: str, role: str = "actor", merge: bool = True,
         from hybridflow.workers.hf_export import write_checkpoint_weights
         write_checkpoint_weights(source, out, min(_READ_BUCKET_BYTES, max_shard_bytes),
                                  max_shard_bytes)
-    return ckpt
 
 
 def _needs_rewrite(source: str, max_shard_bytes: int) -> bool:
