@@ -12,20 +12,31 @@ A marked node's output must hold `scores`, and `data_source` and `uid` must reac
 (they come with the prompts); every other node's metrics are logged as `val/<name>`.
 `compile_validation` checks all that before launch (`hybridflow check` and the
 Trainer), naming the node and its file:line. Before issue 26 the loop read nodes by
-name (`greedy`, `greedy_score`, `sampled_score`): an unmarked graph that still has a
-`greedy_score` node is refused with the line to add. Stateless.
+name (`greedy_score`, `sampled_score`): for one release an unmarked graph that still
+has them is read the old way, with a `NamedValidationWarning` (a DeprecationWarning,
+shown) naming the line to add; the release after refuses it. Stateless.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 from hybridflow.graph.builder import Graph
 from hybridflow.plan.compiler import ExecutionPlan, GraphError
 
 __all__ = ["ScoreSource", "ValidationPlan", "compile_validation", "default_validation_graph",
-           "validation_runs", "check_val_only", "VALIDATION_MARKS"]
+           "validation_runs", "check_val_only", "VALIDATION_MARKS", "NamedValidationWarning"]
 
 VALIDATION_MARKS = ("greedy", "sampled")
+# the names the loop read before the marks (issue 26): kept for one release, then refused
+OLD_NAMES = {"greedy": "greedy_score", "sampled": "sampled_score"}
+
+
+class NamedValidationWarning(DeprecationWarning):
+    """A validation graph whose score nodes are found by their old names."""
+
+
+warnings.filterwarnings("default", category=NamedValidationWarning)  # a graph's author reads it
 ROW_KEYS = ("data_source", "uid")
 
 
@@ -105,6 +116,7 @@ def _marked(graph: Graph, plan: ExecutionPlan) -> tuple[dict[str, ScoreSource], 
                             f"{list(VALIDATION_MARKS)}")
             continue
         marks[mark].append(name)
+    _read_old_names(graph, marks)
     if not marks["greedy"]:
         problems.append(_no_greedy(graph))
     for mark, names in marks.items():
@@ -143,13 +155,24 @@ def _nearest_holding(key: str, name: str, nodes: dict) -> str | None:
     return None
 
 
+def _read_old_names(graph: Graph, marks: dict[str, list[str]]) -> None:
+    """A graph that marks nothing but has the nodes the loop read by name before the
+    marks: those nodes, with a warning naming the line to add (one release)."""
+    if any(marks.values()) or OLD_NAMES["greedy"] not in graph.nodes:
+        return
+    for mark, name in OLD_NAMES.items():
+        node = graph.nodes.get(name)
+        if node is None:
+            continue
+        marks[mark].append(name)
+        warnings.warn(f"{node.where()}: validation graph '{graph.name}' marks no node; its "
+                      f"'{name}' is read by its name as before, for this release only: add "
+                      f"validation={mark!r} to it (the next release refuses an unmarked "
+                      f"graph; docs/graphs.md#validation)", NamedValidationWarning,
+                      stacklevel=2)
+
+
 def _no_greedy(graph: Graph) -> str:
-    old = graph.nodes.get("greedy_score")
-    if old is not None:
-        return (f"{old.where()}: no node is marked validation='greedy'; the step loop no "
-                f"longer reads a node by its name 'greedy_score': add validation='greedy' to "
-                f"it (and validation='sampled' to 'sampled_score'), see "
-                f"docs/graphs.md#validation")
     return (f"validation graph '{graph.name}': no node is marked validation='greedy'; mark "
             f"the node whose 'scores' give held-out accuracy, e.g. g.call('reward.score', "
             f"greedy, validation='greedy') (docs/graphs.md#validation)")

@@ -45,10 +45,6 @@ def validation(cfg):
 '''
 
 BROKEN = {  # body of validation() after HEAD -> what the one line names
-    "old_name_unmarked": ('g.call("reward.score", answers, name="greedy_score")',
-                          r"node 'greedy_score' \(g.py:\d+\): no node is marked "
-                          r"validation='greedy'; the step loop no longer reads a node by its "
-                          r"name 'greedy_score': add validation='greedy'"),
     "renamed_unmarked": ('g.call("reward.score", answers, name="accuracy")',
                          r"validation graph 'my_validation': no node is marked "
                          r"validation='greedy'"),
@@ -102,11 +98,46 @@ def test_check_does_not_look_at_validation_when_it_is_off(tmp_path):
 
 
 def test_the_trainer_refuses_before_any_worker_starts(tmp_path):
-    body, _ = BROKEN["old_name_unmarked"]
+    body, _ = BROKEN["renamed_unmarked"]
     loaded = prepare(_graph_file(tmp_path, body), [f"trainer.runs_dir={tmp_path}"])
     from hybridflow.plan.compiler import GraphError
-    with pytest.raises(GraphError, match="add validation='greedy'"):
+    with pytest.raises(GraphError, match="no node is marked validation='greedy'"):
         Trainer(loaded, new_run_dir(str(tmp_path), "x"))
+
+
+OLD_NAMES = ('g.call("reward.score", answers, name="greedy_score")\n'
+             '    many = g.call("actor.generate", prompts, n=2, name="sampled")\n'
+             '    g.call("reward.score", many, name="sampled_score")')
+
+
+def test_nodes_found_by_their_old_names_still_validate_for_a_release_with_a_warning(
+        tmp_path):
+    """Before issue 26 the docs taught a validation graph whose nodes the loop found by
+    name; the marks replaced that, and such a graph keeps working for one release,
+    warned with the line to add (issue 36)."""
+    from hybridflow.program.validation import NamedValidationWarning
+    loaded = prepare(_graph_file(tmp_path, OLD_NAMES), [])
+    with pytest.warns(NamedValidationWarning) as said:
+        plan = compile_validation(loaded.module, loaded.cfg, compile_program)
+    assert plan.greedy.node == "greedy_score" and plan.sampled.node == "sampled_score"
+    text = [str(w.message) for w in said]
+    assert re.search(r"node 'greedy_score' \(g.py:\d+\).*add validation='greedy'", text[0])
+    assert "add validation='sampled'" in text[1] and "next release refuses" in text[1]
+    assert issubclass(NamedValidationWarning, DeprecationWarning)
+
+
+def test_check_accepts_the_old_names_with_the_warning(tmp_path):
+    from hybridflow.program.validation import NamedValidationWarning
+    with pytest.warns(NamedValidationWarning, match="add validation='greedy'"):
+        assert main(["check", _graph_file(tmp_path, OLD_NAMES)]) == 0
+
+
+def test_a_graph_that_marks_one_node_is_not_read_by_old_names(tmp_path, capsys):
+    body = ('g.call("reward.score", answers, name="greedy_score")\n'
+            '    many = g.call("actor.generate", prompts, n=2, name="sampled")\n'
+            '    g.call("reward.score", many, name="spread", validation="sampled")')
+    assert main(["check", _graph_file(tmp_path, body)]) == 1
+    assert "no node is marked validation='greedy'" in capsys.readouterr().err
 
 
 def test_the_default_and_the_agent_validation_graphs_are_marked():
