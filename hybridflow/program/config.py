@@ -295,6 +295,8 @@ def parse_overrides(items: list[str]) -> list[str]:
             raise ConfigError(f"override {item!r} is not of the form key=value "
                               f"(e.g. trainer.steps=100)")
     return list(items)
+    from hybridflow.program.config_text import check_override_text
+    check_override_text(items)  # before YAML's reader sees a control character
 
 
 def _merge(base: DictConfig, other, source: str) -> DictConfig:
@@ -320,7 +322,10 @@ def _sources(graph_defaults, yaml_file, overrides) -> list[tuple[str, DictConfig
     if graph_defaults:
         sources.append(("graph defaults()", OmegaConf.create(graph_defaults)))
     if yaml_file:
-        sources.append((yaml_file, _load_yaml(yaml_file)))
+        from hybridflow.program.config_text import check_config_text
+        loaded = _load_yaml(yaml_file)
+        check_config_text(loaded, yaml_file)
+        sources.append((yaml_file, loaded))
     if overrides:
         sources.append(("override", OmegaConf.from_dotlist(parse_overrides(overrides))))
     return sources
