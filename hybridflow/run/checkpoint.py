@@ -15,9 +15,12 @@ checkpoints/step_000040/
   rng/<role>/          each rank's RNG of a process that hosts no trained role
                        (a rollout on a pool of its own samples from it)
 
-A checkpoint is written under a temporary name and renamed into place, so a crash
-mid-write leaves the previous checkpoint untouched; a write that fails (a full disk)
-removes its temporary directory. Loading never unpickles
+A checkpoint is written under a temporary name (.tmp-step_*) and renamed into place,
+so a crash mid-write leaves the previous checkpoint untouched; a write that fails (a
+full disk) removes its temporary directory. One that is deleted (retention, a re-save)
+is renamed out of the step_* names first (.old-step_*). So every step_* directory is
+complete, and a resume verifies the newest and refuses it, by name, when it is not:
+it never falls back to an older one, or to none, without being told. Loading never unpickles
 arbitrary objects: JSON, safetensors, and `torch.load(weights_only=True)` only.
 """
 from __future__ import annotations
@@ -35,10 +38,13 @@ from safetensors.torch import save_file
 
 from hybridflow.core.loading import UserFileError, read_json, read_safetensors
 
-__all__ = ["CheckpointError", "save_checkpoint", "latest_checkpoint", "load_trainer_state",
-           "verify_checkpoint", "capture_rng", "restore_rng"]
+__all__ = ["CheckpointError", "save_checkpoint", "latest_checkpoint", "newest_verified",
+           "checkpoint_dirs", "interrupted_writes", "load_trainer_state", "verify_checkpoint",
+           "capture_rng", "restore_rng"]
 
 _PREFIX = "step_"
+_TMP = ".tmp-"  # a checkpoint being written
+_OLD = ".old-"  # a checkpoint being deleted
 
 
 class CheckpointError(RuntimeError):
@@ -92,12 +98,12 @@ def save_checkpoint(ckpt_root: str, step: int, save_roles, trainer_state: dict,
     workers to save into dir/<role>/. Returns the final path."""
     os.makedirs(ckpt_root, exist_ok=True)
     final = os.path.join(ckpt_root, f"{_PREFIX}{step:06d}")
-    tmp = os.path.join(ckpt_root, f".tmp-{_PREFIX}{step:06d}")
+    tmp = os.path.join(ckpt_root, f"{_TMP}{_PREFIX}{step:06d}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         _write(tmp, step, save_roles, trainer_state)
         if os.path.exists(final):  # re-saving a step (e.g. the final save): replace it
-            shutil.rmtree(final)
+            _discard(final)
         os.rename(tmp, final)
     except BaseException:  # a full disk, a signal: leave no half-written directory
         shutil.rmtree(tmp, ignore_errors=True)
@@ -117,53 +123,111 @@ def _write(tmp: str, step: int, save_roles, trainer_state: dict) -> None:
         json.dump(manifest, fh, indent=1)
 
 
-def _complete(ckpt_root: str) -> list[str]:
+def _discard(path: str) -> None:
+    """Delete a checkpoint: renamed out of the step_* names first, so a delete cut
+    short leaves no step_* directory without its files (one a resume would refuse)."""
+    trash = os.path.join(os.path.dirname(path), f"{_OLD}{os.path.basename(path)}")
+    shutil.rmtree(trash, ignore_errors=True)
+    os.rename(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def checkpoint_dirs(ckpt_root: str) -> list[str]:
+    """Every step_* directory, oldest first, complete or not (a write in progress has
+    another name, .tmp-step_*, and is never one of them)."""
     if not os.path.isdir(ckpt_root):
         return []
     names = sorted(n for n in os.listdir(ckpt_root) if n.startswith(_PREFIX)
-                   and os.path.lexists(os.path.join(ckpt_root, n, "manifest.json")))
+                   and os.path.isdir(os.path.join(ckpt_root, n)))
     return [os.path.join(ckpt_root, n) for n in names]
+
+
+def interrupted_writes(ckpt_root: str) -> list[str]:
+    """The .tmp-step_* directories a save cut short (a crash, SIGKILL) left behind."""
+    if not os.path.isdir(ckpt_root):
+        return []
+    return sorted(n for n in os.listdir(ckpt_root) if n.startswith(_TMP + _PREFIX))
 
 
 def _retain(ckpt_root: str, keep: int) -> None:
     if keep <= 0:
         return
-    for old in _complete(ckpt_root)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    for old in checkpoint_dirs(ckpt_root)[:-keep]:
+        _discard(old)
 
 
 def latest_checkpoint(ckpt_root: str) -> str | None:
-    done = _complete(ckpt_root)
-    return done[-1] if done else None
+    """The newest step_* directory, not yet verified: a reader verifies it and names
+    what is wrong, rather than silently taking an older one."""
+    found = checkpoint_dirs(ckpt_root)
+    return found[-1] if found else None
 
 
-def verify_checkpoint(path: str) -> dict:
-    """Check every file the manifest lists (size, then sha256 where recorded: older
-    checkpoints have sizes only); returns the manifest. Raises CheckpointError
-    naming the first damaged file."""
+def newest_verified(ckpt_root: str) -> str | None:
+    """The checkpoint a resume loads: the newest, every file verified against its
+    manifest. None when the run has none; CheckpointError naming it, what is wrong
+    with it, and the checkpoint a resume would take once it is deleted."""
+    found = checkpoint_dirs(ckpt_root)
+    if not found:
+        return None
+    fix = (f"delete {found[-1]} to resume from {os.path.basename(found[-2])}"
+           if len(found) > 1 else "it is the run's only checkpoint: restore it from a "
+           "copy, or start a new run (the run directory is left as it is)")
+    verify_checkpoint(found[-1], fix)
+    return found[-1]
+
+
+def verify_checkpoint(path: str, fix: str = "") -> dict:
+    """Check the manifest and every file it lists (size, then sha256 where recorded:
+    older checkpoints have sizes only); returns the manifest. CheckpointError naming
+    the checkpoint and the first thing wrong with it."""
+    fix = fix or f"delete {path} to resume from the checkpoint before it"
+    record, problem = _read_manifest(path)
+    if problem is None:
+        problem = _first_damaged(path, record)
+    if problem is not None:
+        raise CheckpointError(f"checkpoint {path} is damaged: {problem}; {fix}")
+    return record
+
+
+_NEEDED = ("trainer_state.json", "rng_torch.safetensors")
+
+
+def _read_manifest(path: str) -> tuple[dict | None, str | None]:
+    """(the manifest, None), or (None, what is wrong with it)."""
     manifest = os.path.join(path, "manifest.json")
     if not os.path.lexists(manifest):
-        raise CheckpointError(f"{path} is not a complete checkpoint (no manifest.json)")
-    fix = f"the checkpoint is damaged: delete {path} to resume from the checkpoint before it"
-    record = read_json(manifest, "checkpoint manifest", dict, fix)
+        return None, ("it has no manifest.json (written last: the checkpoint is incomplete, "
+                      "or the manifest was deleted)")
+    try:
+        record = read_json(manifest, "manifest.json", dict)
+    except UserFileError as err:
+        return None, str(err).replace(f" {manifest!r}", "", 1)
     files, digests = record.get("files"), record.get("sha256", {})
     if not isinstance(files, dict) or not isinstance(digests, dict):
-        raise UserFileError(f"checkpoint manifest {manifest!r} lacks its 'files' and "
-                            f"'sha256' tables; {fix}", manifest)
-    for rel, size in files.items():
+        return None, "manifest.json lacks its 'files' and 'sha256' tables"
+    step = os.path.basename(path).removeprefix(_PREFIX)
+    if step.isdigit() and record.get("step") != int(step):
+        return None, f"manifest.json is of step {record.get('step')!r}, not {int(step)}"
+    missing = [name for name in _NEEDED if name not in files]
+    if missing:
+        return None, f"manifest.json does not list {', '.join(missing)}"
+    return record, None
+
+
+def _first_damaged(path: str, record: dict) -> str | None:
+    """The first file the manifest lists that is not as it was saved."""
+    digests = record.get("sha256", {})
+    for rel, size in record["files"].items():
         full = os.path.join(path, str(rel))
         if not _inside(path, full):  # a manifest never names a file outside its checkpoint
-            raise UserFileError(f"checkpoint manifest {manifest!r} names {rel!r}, outside "
-                                f"the checkpoint; {fix}", manifest)
+            return f"manifest.json names {rel!r}, outside the checkpoint"
         if not os.path.isfile(full) or os.path.getsize(full) != size:
-            problem = "is missing or has the wrong size"
-        elif rel in digests and file_sha256(full) != digests[rel]:
-            problem = "does not match its sha256 in manifest.json (changed since it was saved)"
-        else:
-            continue
-        raise CheckpointError(f"checkpoint {path} is damaged: {rel} {problem}; delete "
-                              f"{path} to resume from the checkpoint before it")
-    return record
+            return f"{rel} is missing or has the wrong size"
+        if rel in digests and file_sha256(full) != digests[rel]:
+            return (f"{rel} does not match its sha256 in manifest.json (changed since it "
+                    f"was saved)")
+    return None
 
 
 def _inside(root: str, path: str) -> bool:
@@ -171,8 +235,11 @@ def _inside(root: str, path: str) -> bool:
     return os.path.commonpath([root, os.path.realpath(path)]) == root
 
 
-def load_trainer_state(path: str) -> tuple[dict, torch.Tensor]:
-    verify_checkpoint(path)
+def load_trainer_state(path: str, verified: bool = False) -> tuple[dict, torch.Tensor]:
+    """The driver's state of a checkpoint; `verified`: the caller has just verified
+    every file (`newest_verified`), so the sha256 of each is not computed twice."""
+    if not verified:
+        verify_checkpoint(path)
     fix = f"the checkpoint is damaged: delete {path} to resume from the checkpoint before it"
     state = read_json(os.path.join(path, "trainer_state.json"), "checkpoint state", dict, fix)
     rng = read_safetensors(os.path.join(path, "rng_torch.safetensors"), "checkpoint RNG state",

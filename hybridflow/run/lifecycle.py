@@ -6,7 +6,9 @@ Stateless: everything it knows it reads from, or writes to, the run directory
 A resume is validated before anything in the directory is written: the graph must
 be the one the run was made with (by name; a changed file is a warning, by its
 sha256), and the configuration must equal the saved one except for the keys the
-user sets on purpose on the resume's command line (overrides, --config file).
+user sets on purpose on the resume's command line (overrides, --config file), and
+the checkpoint must be usable (`resume_checkpoint`): a run that has written history
+and has no usable checkpoint is refused, never started again at step 0 over it.
 """
 from __future__ import annotations
 
@@ -17,10 +19,12 @@ import traceback
 from omegaconf import DictConfig, OmegaConf
 
 from hybridflow.core.loading import read_yaml
-from hybridflow.run.tracking import RunDir
+from hybridflow.run.checkpoint import CheckpointError, interrupted_writes, newest_verified
+from hybridflow.run.tracking import RECORD_FILES, RunDir
 
 __all__ = ["ResumeError", "graph_identity", "check_same_graph", "config_changes",
-           "check_resumed_config", "explicit_keys", "record_end"]
+           "check_resumed_config", "explicit_keys", "record_end", "resume_checkpoint",
+           "run_history"]
 
 
 class ResumeError(ValueError):
@@ -100,6 +104,57 @@ def check_resumed_config(run: RunDir, saved: DictConfig, now: DictConfig,
                           f"set a key on the command line (key=value) to change it on "
                           f"purpose")
     return [f"changed on resume: {key}: {old!r} -> {new!r}" for key, old, new in changes]
+
+
+_UNCHANGED = "nothing in the run directory was changed"
+
+
+def resume_checkpoint(run: RunDir) -> str | None:
+    """The checkpoint a resume loads, every file verified; None for a run that has
+    written nothing yet (it starts at step 0, and nothing is lost). ResumeError when
+    the newest checkpoint is damaged or partial (naming it and what is wrong), and
+    when there is none but the run has history a start at step 0 would overwrite."""
+    try:
+        path = newest_verified(run.checkpoints)
+    except CheckpointError as err:
+        raise ResumeError(f"--resume {run.path}: {err}; {_UNCHANGED}") from None
+    if path is not None:
+        return path
+    history = run_history(run)
+    if history:
+        raise ResumeError(f"--resume {run.path}: no checkpoint to resume from "
+                          f"({_no_checkpoint(run.checkpoints)}), but the run has written "
+                          f"{', '.join(history)}, which a start at step 0 would overwrite; "
+                          f"{_UNCHANGED}: restore the checkpoint, or start a new run "
+                          f"(without --resume)")
+    return None
+
+
+def _no_checkpoint(root: str) -> str:
+    """Why a run's checkpoints folder holds no checkpoint."""
+    if not os.path.lexists(root):
+        return f"{root} does not exist"
+    if not os.path.isdir(root):
+        return f"{root} is not a directory"
+    cut = interrupted_writes(root)
+    if cut:
+        return f"{root} holds only a write cut short, {cut[-1]}, which is never loaded"
+    entries = sorted(os.listdir(root))
+    return (f"{root} has no step_* directory (it holds {', '.join(entries[:3])})"
+            if entries else f"{root} is empty")
+
+
+def run_history(run: RunDir) -> list[str]:
+    """What a run has written that a start from step 0 would overwrite: records
+    with content, a status past step 0, anything in its checkpoints folder."""
+    found = [name for name in RECORD_FILES
+             if os.path.isfile(run.file(name)) and os.path.getsize(run.file(name)) > 0]
+    step = run.status().get("step")
+    if isinstance(step, int) and step > 0:
+        found.append(f"status.json at step {step}")
+    if os.path.isdir(run.checkpoints) and os.listdir(run.checkpoints):
+        found.append("checkpoints/")
+    return found
 
 
 def record_end(run: RunDir, state: str, step: int, err: BaseException | None = None,

@@ -23,6 +23,7 @@ from hybridflow.run.batch_dump import dump_step
 from hybridflow.run.busy import busy_fractions
 from hybridflow.run.checkpoint import (latest_checkpoint, load_trainer_state, restore_rng,
                                        save_checkpoint)
+from hybridflow.run.lifecycle import resume_checkpoint
 from hybridflow.plan.compiler import ExecutionPlan
 from hybridflow.core.data import PromptDataset, PromptLoader, row_checker, toy_rows
 from hybridflow.core.kinds import NodeKind, Op, RowEffect
@@ -78,7 +79,10 @@ def check_finite(step: int, node_metrics: dict[str, dict]) -> None:
 
 
 class Trainer:
-    def __init__(self, loaded: LoadedGraph, run: RunDir, resume_from: str | None = None):
+    def __init__(self, loaded: LoadedGraph, run: RunDir, resume_from: str | None = None,
+                 checkpoint: str | None = None):
+        """`resume_from`: the run directory to resume (its newest checkpoint, verified,
+        or `checkpoint` when the caller has just verified it: lifecycle.py)."""
         self.cfg, self.plan, self.run = loaded.cfg, loaded.plan, run
         self.module = loaded.module
         cfg = self.cfg
@@ -100,7 +104,7 @@ class Trainer:
         self.scheduler = make_run_scheduler(self.runtime, self.plan, self.train_loader)
         try:  # the caller gets no trainer to close on failure: stop the workers here
             if resume_from:
-                self._resume(resume_from)
+                self._resume(checkpoint or resume_checkpoint(self.run))
             self.sinks = MetricSinks(run, cfg.trainer.tensorboard, cfg.trainer.wandb, run.path)
             self.generations = GenerationLog(run.file(GENERATIONS_FILE), self.tokenizer,
                                              self.sinks)
@@ -358,12 +362,12 @@ class Trainer:
     def last_saved(self) -> str | None:
         return latest_checkpoint(self.run.checkpoints)
 
-    def _resume(self, run_path: str) -> None:
-        path = latest_checkpoint(self.run.checkpoints)
-        if path is None:  # nothing saved yet: start from the beginning
-            self.notes += self.run.truncate_metrics(-1)
+    def _resume(self, path: str | None) -> None:
+        """Load checkpoint `path` (verified); None: the run wrote nothing yet, and
+        starts at step 0. Nothing the run wrote is lost: see RunDir.truncate_metrics."""
+        if path is None:
             return
-        state, torch_rng = load_trainer_state(path)  # verifies every file's sha256
+        state, torch_rng = load_trainer_state(path, verified=True)
         where = f"{path}/trainer_state.json"  # ... and its contents: run/trainer_state.py
         check_trainer_state(state, where)
         check_against_run(state, where, len(self.train_loader.dataset),
@@ -383,7 +387,9 @@ class Trainer:
             self.runtime.run_step({}, plan=sync)            # gets the restored actor's
         self.step = self.saved_step = self.completed = int(state["step"])
         self.resumed_from = path
-        self.notes += self.run.truncate_metrics(self.step)
+        # a validation-only look appends its line: the steps after the checkpoint stay
+        self.notes += self.run.truncate_metrics(None if self.cfg.trainer.val_only
+                                                else self.step)
 
     def close(self) -> None:
         if self.sinks is not None:

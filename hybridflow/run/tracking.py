@@ -5,7 +5,9 @@ runs/<graph>-<time>/
   graph.json        the graph's name, file and the file's sha256 (checked on resume)
   plan.json         the compiled graph as data, for the commands that read a run
                     (program/run_record.py)
-  metrics.jsonl     one line per step (appended to on resume)
+  metrics.jsonl     one line per step (appended to on resume; the lines of steps after
+                    the checkpoint, redone, move to metrics.superseded.jsonl, as do
+                    timeline.jsonl's and generations.jsonl's)
   timeline.jsonl    per-node start/end of each step, for `hybridflow render --timeline`
   generations.jsonl sample prompts, responses and scores (generations.py)
   status.json       starting / running (with the current step) / finished / failed /
@@ -36,7 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 from hybridflow.core.files import write_atomic
 
 __all__ = ["RunDir", "RunDirError", "new_run_dir", "newest_run_dir", "MetricSinks",
-           "write_atomic", "read_jsonl"]
+           "write_atomic", "read_jsonl", "RECORD_FILES"]
 
 
 class RunDirError(ValueError):
@@ -79,7 +81,7 @@ class RunDir:
         return self.file("checkpoints")
 
     def save_config(self, cfg: DictConfig) -> None:
-        write_atomic(self.file("config.yaml"), OmegaConf.to_yaml(cfg))
+        _write_changed(self.file("config.yaml"), OmegaConf.to_yaml(cfg))
 
     def set_status(self, state: str, **info) -> None:
         """Replace status.json atomically: the state, the current step, who writes it."""
@@ -105,7 +107,7 @@ class RunDir:
 
     def save_json(self, name: str, record: dict) -> None:
         """Write a record of the run (e.g. plan.json) atomically."""
-        write_atomic(self.file(name), json.dumps(record, indent=1))
+        _write_changed(self.file(name), json.dumps(record, indent=1))
 
     def save_graph_identity(self, identity: dict) -> None:
         write_atomic(self.file("graph.json"), json.dumps(identity, indent=1))
@@ -121,20 +123,55 @@ class RunDir:
     def read_metrics(self) -> list[dict]:
         return read_jsonl(self.file("metrics.jsonl"))[0]
 
-    def truncate_metrics(self, last_step: int) -> list[str]:
-        """On resume, drop the metric and timeline lines of steps after the checkpoint
-        (they will be redone); -1 drops them all, step 0's validation included.
-        Returns a note for each file whose torn last line was dropped."""
+    def truncate_metrics(self, last_step: int | None) -> list[str]:
+        """On resume, set aside the metric, timeline and sample lines of steps after the
+        checkpoint (they will be redone): they move to `<name>.superseded.jsonl`, never
+        lost; None keeps every record (a validation-only look appends). A torn last line
+        (what a crash leaves) is dropped. A file with nothing to change is not written.
+        Returns a note for each torn line dropped and each file whose lines moved."""
         notes = []
-        for name in ("metrics.jsonl", "timeline.jsonl", "generations.jsonl"):
+        for name in RECORD_FILES:
             if not os.path.exists(self.file(name)):
                 continue
             records, note = read_jsonl(self.file(name))
             notes += [note] if note else []
-            kept = "".join(json.dumps(m) + "\n" for m in records
-                           if m.get("step", 0) <= last_step)
-            write_atomic(self.file(name), kept)
+            kept = records if last_step is None else \
+                [m for m in records if m.get("step", 0) <= last_step]
+            late = [m for m in records if last_step is not None
+                    and m.get("step", 0) > last_step]
+            if not late and note is None:
+                continue
+            if late:
+                aside = self.file(name.replace(".jsonl", ".superseded.jsonl"))
+                _append_lines(aside, late)
+                steps = sorted({m.get("step", 0) for m in late})
+                notes.append(f"{self.file(name)}: moved the {len(late)} line(s) of step(s) "
+                             f"{steps[0]}-{steps[-1]}, to be redone, to {aside}")
+            write_atomic(self.file(name), "".join(json.dumps(m) + "\n" for m in kept))
         return notes
+
+
+RECORD_FILES = ("metrics.jsonl", "timeline.jsonl", "generations.jsonl")
+
+
+def _write_changed(path: str, text: str) -> None:
+    """Write `text` atomically unless the file holds it already (a resume that changes
+    no key leaves config.yaml as it was, bytes and time)."""
+    try:
+        with open(path) as fh:
+            if fh.read() == text:
+                return
+    except (OSError, UnicodeDecodeError):
+        pass
+    write_atomic(path, text)
+
+
+def _append_lines(path: str, records: list[dict]) -> None:
+    """Append records, on disk before the caller rewrites the file they came from."""
+    with open(path, "a") as fh:
+        fh.write("".join(json.dumps(m) + "\n" for m in records))
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 def new_run_dir(runs_dir: str, graph_name: str, run_name: str | None = None) -> RunDir:

@@ -117,3 +117,41 @@ def test_a_damaged_shard_of_a_sharded_checkpoint_is_named(tmp_path):
     open(shard, "wb").write(bytes(data))
     with pytest.raises(CheckpointError, match=r"actor/dcp/__0_0.distcp does not match its sha256"):
         load_trainer_state(path)
+
+
+def test_the_newest_checkpoint_is_verified_and_never_passed_over(tmp_path):
+    """A resume takes the newest step_* directory; one that is damaged or partial is
+    refused by name, with the one before it named as what deleting it gives."""
+    from hybridflow.run.checkpoint import newest_verified
+    root = str(tmp_path)
+    assert newest_verified(root) is None  # no folder: nothing saved
+    first = save_checkpoint(root, 1, _save_roles, {}, keep=0)
+    assert newest_verified(root) == first
+    os.makedirs(os.path.join(root, "step_000002", "actor"))  # a partial copy
+    with pytest.raises(CheckpointError, match=r"step_000002 is damaged: it has no manifest"
+                                              r".json .*; delete .*step_000002 to resume "
+                                              r"from step_000001"):
+        newest_verified(root)
+
+
+def test_the_only_checkpoint_damaged_says_there_is_none_before_it(tmp_path):
+    from hybridflow.run.checkpoint import newest_verified
+    path = save_checkpoint(str(tmp_path), 2, _save_roles, {})
+    manifest = os.path.join(path, "manifest.json")
+    record = json.load(open(manifest))
+    record["step"] = 5
+    json.dump(record, open(manifest, "w"))
+    with pytest.raises(CheckpointError, match=r"manifest.json is of step 5, not 2; it is the "
+                                              r"run's only checkpoint"):
+        newest_verified(str(tmp_path))
+
+
+def test_retention_and_a_re_save_leave_only_complete_step_directories(tmp_path):
+    """A checkpoint being deleted leaves the step_* names first (.old-step_*), so a
+    delete cut short never leaves a partial step_* directory for a resume to refuse."""
+    root = str(tmp_path)
+    for step in (1, 2, 3, 3):  # the last: the final save of a step already saved
+        save_checkpoint(root, step, _save_roles, {}, keep=2)
+    assert sorted(os.listdir(root)) == ["step_000002", "step_000003"]
+    for name in os.listdir(root):
+        assert os.path.exists(os.path.join(root, name, "manifest.json"))

@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from hybridflow.run.tracking import MetricSinks, RunDir
+from hybridflow.run.tracking import MetricSinks, RunDir, read_jsonl
 
 
 def test_wandb_sink_logs_offline_with_the_step(tmp_path, monkeypatch):
@@ -88,3 +88,29 @@ def test_new_run_dirs_never_share_a_directory(tmp_path):
     first = new_run_dir(str(tmp_path), "g", "exp")
     second = new_run_dir(str(tmp_path), "g", "exp")
     assert first.path != second.path and second.path.endswith("exp-2")
+
+
+def test_a_resume_moves_the_lines_of_steps_it_redoes_aside_never_drops_them(tmp_path):
+    """Append only: the lines after the checkpoint go to metrics.superseded.jsonl (and
+    timeline's to timeline.superseded.jsonl); None (a validation-only look) keeps all."""
+    run = RunDir(str(tmp_path))
+    for name in ("metrics.jsonl", "timeline.jsonl"):
+        with open(run.file(name), "w") as fh:
+            fh.write("".join(f'{{"step": {s}}}\n' for s in (1, 2, 3, 4)))
+    before = open(run.file("metrics.jsonl")).read()
+    assert run.truncate_metrics(None) == []  # nothing to change: not written
+    assert open(run.file("metrics.jsonl")).read() == before
+    notes = run.truncate_metrics(2)
+    assert any("metrics.jsonl: moved the 2 line(s) of step(s) 3-4" in n for n in notes)
+    for name in ("metrics", "timeline"):
+        assert [m["step"] for m in read_jsonl(run.file(f"{name}.jsonl"))[0]] == [1, 2]
+        assert [m["step"] for m in read_jsonl(run.file(f"{name}.superseded.jsonl"))[0]] == [3, 4]
+
+
+def test_a_config_written_again_unchanged_keeps_its_file(tmp_path):
+    from omegaconf import OmegaConf
+    run = RunDir(str(tmp_path))
+    run.save_config(OmegaConf.create({"trainer": {"steps": 2}}))
+    stat = os.stat(run.file("config.yaml"))
+    run.save_config(OmegaConf.create({"trainer": {"steps": 2}}))
+    assert os.stat(run.file("config.yaml")).st_ino == stat.st_ino  # not replaced
