@@ -7,7 +7,10 @@ from __future__ import annotations
 import argparse
 import math
 
-__all__ = ["SafeParser", "IntermixedParser", "count", "number"]
+__all__ = ["SafeParser", "IntermixedParser", "count", "number", "add_run_arguments",
+           "resume_word", "run_overrides", "NEWEST"]
+
+NEWEST = "__newest__"  # `--resume` without a directory: the newest run of the graph
 
 
 def count(low: int, high: int, why: str = ""):
@@ -69,3 +72,44 @@ class IntermixedParser(SafeParser):
             return self.parse_known_intermixed_args(args, namespace)
         finally:
             self._intermixing = False
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of `run`, which `check` takes too (issue 36: `check` is `run`
+    without the workers): the same command line is checked, then run."""
+    from hybridflow.core.modes import RuntimeName
+    parser.add_argument("graph", help="a graph file exporting build(cfg), e.g. graphs/grpo.py")
+    parser.add_argument("overrides", nargs="*", metavar="key=value")
+    parser.add_argument("-c", "--config", help="YAML config file, merged before overrides")
+    parser.add_argument("--runtime", choices=RuntimeName.names(), help="default: runtime.name")
+    parser.add_argument("--address", help="join this Ray cluster (implies --runtime ray)")
+    parser.add_argument("--resume", nargs="?", const=NEWEST, metavar="RUN_DIR",
+                        help="continue a run from its last checkpoint (default: the newest "
+                             "run of this graph)")
+
+
+def resume_word(args) -> None:
+    """`--resume key=value`: the optional RUN_DIR of --resume took an override (argparse
+    binds the next word); a key=value that is not a directory is an override, and
+    --resume means the newest run."""
+    import os
+    word = args.resume
+    if word not in (None, NEWEST) and "=" in word and not os.path.isdir(word):
+        args.overrides = [*args.overrides, word]
+        args.resume = NEWEST
+
+
+def run_overrides(args) -> list[str]:
+    """The overrides plus what --runtime and --address set (ConfigError when they
+    contradict each other)."""
+    from hybridflow.core.constraints import ConfigError
+    from hybridflow.core.modes import RuntimeName
+    extra = list(args.overrides)
+    if args.address and not RuntimeName.of(args.runtime or RuntimeName.RAY).joins_cluster:
+        raise ConfigError(f"--runtime local and --address {args.address} contradict each "
+                          f"other: --address joins a Ray cluster; drop one of them")
+    if args.runtime:
+        extra.append(f"runtime.name={args.runtime}")
+    if args.address:
+        extra += [f"runtime.name={RuntimeName.RAY}", f"runtime.address={args.address}"]
+    return extra

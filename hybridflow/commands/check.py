@@ -12,15 +12,17 @@ from hybridflow.plan.compiler import GraphError
 from hybridflow.program.config import ConfigError
 from hybridflow.program.provenance import provenance_lines
 from hybridflow.core.printable import echo
+from hybridflow.core.data import DataError
+from hybridflow.core.loading import UserFileError
+from hybridflow.commands.args import add_run_arguments, resume_word, run_overrides
+from hybridflow.program.run_record import plan_record
 
 __all__ = ["add_parser", "run"]
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("check", help="validate a graph file; starts no workers")
-    parser.add_argument("graph", help="a graph file exporting build(cfg)")
-    parser.add_argument("overrides", nargs="*", metavar="key=value")
-    parser.add_argument("-c", "--config", help="YAML config file, merged before overrides")
+    add_run_arguments(parser)  # `run`'s arguments: the command line `run` would take
     parser.add_argument("--print-config", action="store_true",
                         help="also print the merged configuration as YAML")
     parser.add_argument("--memory", action="store_true",
@@ -30,11 +32,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
+    resume_word(args)
     try:
-        loaded = prepare(args.graph, args.overrides, args.config)
+        loaded = prepare(args.graph, run_overrides(args), args.config)
         if validation_runs(loaded.cfg):  # the loop's contract with the validation graph
             compile_validation(loaded.module, loaded.cfg, compile_program)
-    except (GraphError, ConfigError, GraphFileError) as err:
+        plan_record(loaded.plan, loaded.cfg)  # what `run` reads before launch (model shapes)
+    except (GraphError, ConfigError, GraphFileError, DataError, UserFileError) as err:
         echo(f"hybridflow check: {err}", file=sys.stderr)
         return 1
     if args.print_config:
@@ -42,6 +46,8 @@ def run(args) -> int:
         echo(OmegaConf.to_yaml(loaded.cfg))
     echo(loaded.plan.summary())
     echo("\n".join(provenance_lines(loaded.cfg, loaded.plan)))
+    for note in _not_checked(args, loaded):
+        echo(f"note: {note}")
     if args.memory:
         from hybridflow.memory.report import format_report, plan_memory
         report = plan_memory(loaded.cfg, loaded.plan)
@@ -52,3 +58,19 @@ def run(args) -> int:
             return 1
     echo("ok")
     return 0
+
+
+def _not_checked(args, loaded) -> list[str]:
+    """What `run` would also check that needs more than this process: said, not skipped
+    silently."""
+    notes = []
+    if args.resume:
+        notes.append("--resume: the run directory's checkpoint is read by the workers; "
+                     "checked here: this config (the resumed run's own config is merged "
+                     "in by `run`)")
+    if args.address:
+        notes.append(f"--address {args.address}: the cluster is not contacted by `check`")
+    if not args.memory and loaded.cfg.trainer.check_memory:
+        notes.append("memory not predicted (add --memory: `run` refuses a CPU run whose "
+                     "prediction does not fit this machine)")
+    return notes

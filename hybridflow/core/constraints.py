@@ -78,6 +78,9 @@ def one_of(*names: str, what: str | None = None) -> Rule:
     def message(key: str, value: Any) -> str:
         close = difflib.get_close_matches(str(value), names, n=1, cutoff=0.5)
         hint = f"; did you mean {close[0]!r}?" if close else ""
+        if str(value) in ("True", "False"):  # YAML 1.1 reads on/off/yes/no as booleans
+            hint = (f"; YAML read the word as the boolean {value} (as it reads on, off, yes "
+                    f"and no): quote a name, e.g. {key}='{names[0]}'")
         return f"{key}={value!r} is not a known {what}{hint} (valid: {', '.join(names)})"
     return Rule(lambda v: v in names, "be " + " or ".join(repr(n) for n in names),
                 message if what else None)

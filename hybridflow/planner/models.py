@@ -78,11 +78,15 @@ class ModelSpec:
 
     @classmethod
     def from_hf_config(cls, config: dict, name: str | None = None) -> ModelSpec:
-        """Shapes from a Hugging Face causal-LM config dict (Llama, Qwen2, Mistral, ...)."""
+        """Shapes from a Hugging Face causal-LM config dict (Llama, Qwen2, Mistral, ...;
+        GPT-2's names too: core/model_config.py)."""
+        from hybridflow.core.model_config import ALIASES, standard_shapes
+        config = standard_shapes(config)
         required = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
-        missing = [k for k in required if k not in config]
+        missing = [k for k in required if config.get(k) is None]
         if missing:
-            raise ValueError(f"model config lacks {', '.join(missing)}; "
+            names = [f"{k} ({' or '.join(ALIASES[k])})" if k in ALIASES else k for k in missing]
+            raise ValueError(f"model config lacks {', '.join(names)}; "
                              "is it a decoder-only causal LM config?")
         hidden = int(config["hidden_size"])
         heads = int(config["num_attention_heads"])

@@ -33,6 +33,7 @@ from hybridflow.core.kinds import Op
 from hybridflow.core.worker_hooks import config_schema, served_by
 from hybridflow.plan.placement import Placement
 from hybridflow.program.user_files import (GraphFileError, call_graph_file, import_object,
+from hybridflow.program.placement_checks import check_placement_names, check_pool_cores
                                            load_graph_module)
 
 __all__ = ["GraphFileError", "LoadedGraph", "load_graph_module", "load_plan", "prepare",
@@ -101,9 +102,11 @@ def placement_from_config(cfg: DictConfig, graph: Graph,
         raise ConfigError("placement.pools is empty: define at least one pool")
     first = next(iter(section["pools"]))
     roles = dict(section.get("roles") or {})
-    folded = folded_roles(cfg, role_bindings(cfg) if bindings is None else bindings)
+    bound = role_bindings(cfg) if bindings is None else bindings
+    folded = folded_roles(cfg, bound)
     used = [n.role for n in graph.nodes.values() if n.op is Op.CALL]
     for role in sorted(dict.fromkeys(used), key=lambda r: r in folded):  # hosts first
+    check_placement_names(section, set(used) | set(bound))  # before defaults fill it
         if role not in roles:
             roles[role] = roles.get(folded.get(role), first)
     section["roles"] = roles
@@ -113,6 +116,7 @@ def placement_from_config(cfg: DictConfig, graph: Graph,
         raise ConfigError(str(err)) from None
     placement.folded = {r: h for r, h in folded.items() if r in used}
     return placement
+    check_pool_cores(placement.pools, local=not cfg.runtime.address)
 
 
 def compile_program(cfg: DictConfig, graph: Graph,

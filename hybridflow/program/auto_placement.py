@@ -49,7 +49,11 @@ def _hf_config(cfg: DictConfig) -> dict:
 def run_models(cfg: DictConfig, plan: ExecutionPlan) -> dict:
     """{role: ModelSpec} of the roles that hold a model (a rule reward holds none)."""
     from hybridflow.planner import ModelSpec
-    spec = ModelSpec.from_hf_config(_hf_config(cfg), name="model")
+    try:
+        spec = ModelSpec.from_hf_config(_hf_config(cfg), name="model")
+    except (ValueError, TypeError) as err:  # shapes the planner cannot read
+        key = f"model.path {cfg.model.path!r}" if cfg.model.path else "model.hf_config"
+        raise ConfigError(f"{key}: {err}") from None
     roles = {"actor", "ref", "critic"} | ({"reward"} if cfg.reward.model_path else set())
     return {role: spec for role in plan.roles if role in roles}
 

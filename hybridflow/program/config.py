@@ -245,6 +245,8 @@ def _explain(err: Exception, cfg: DictConfig, source: str) -> ConfigError:
         return ConfigError(f"{source}: bad value for '{key}': {detail}")
     known = [k for k in _known_keys(cfg) if not str(key).startswith(k + ".")]  # not parents
     close = _closest(str(key), known)
+        if "is not a ListConfig" in detail:  # omegaconf's words for a scalar given a list key
+            detail = f"it takes a list, e.g. {key}=[0,1] (a YAML list in a file)"
     hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     section = str(key).split(".")[0]
     if not close and section not in cfg:  # perhaps the section of a role not bound yet

@@ -13,7 +13,10 @@ groups of tp ranks (rank r: dp r // tp, tp r % tp). With tp > 1:
   a 'module:factory' engine whose factory says `tensor_parallel = True`);
 - the runtime runs each rank as a process (`RuntimeName.process_per_rank`: `ray`); the
   local runtime simulates ranks in one process, where no collective can run;
-- a tensor-parallel actor trains no LoRA adapters (no plan shards them).
+- a tensor-parallel actor trains no LoRA adapters (no plan shards them);
+- `trainer.async_mode=streaming` through an engine that cannot stream on a model
+  sharded over ranks (the `hf` engine declares `streams_sharded = False`): its model
+  is tensor-parallel, or an FSDP actor sharded over dp > 1 ranks serves it.
 Each failure is a ConfigError naming the role, the key and the numbers. Stateless.
 """
 from __future__ import annotations
@@ -24,10 +27,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from hybridflow.core.constraints import ConfigError
 from hybridflow.core.kinds import NodeKind
+from hybridflow.core.model_config import standard_shapes
 from hybridflow.core.modes import RuntimeName
 from hybridflow.plan.compiler import ExecutionPlan
 
-__all__ = ["check_parallel_layouts", "role_layout", "role_model_config"]
+__all__ = ["check_parallel_layouts", "role_layout", "role_model_config",
+           "check_streaming_layout"]
 
 # the section holding a role's own model directory; a role without one (or whose key
 # is unset) runs the policy's model (`model.path` / `model.hf_config`)
@@ -87,12 +92,14 @@ def check_parallel_layouts(cfg: DictConfig, plan: ExecutionPlan) -> None:
                     raise ConfigError(str(err)) from None
         if NodeKind.GENERATE in kinds:
             _check_engine(cfg, role, tp)
+    check_streaming_layout(cfg, plan)
 
 
 def _check_heads(cfg: DictConfig, role: str, tp: int) -> None:
     config = role_model_config(cfg, role)
     if not config:
         return
+    config = standard_shapes(config)  # GPT-2's n_head is its num_attention_heads
     heads = config.get("num_attention_heads")
     kv = config.get("num_key_value_heads") or heads
     for name, count in (("num_attention_heads", heads), ("num_key_value_heads", kv)):
@@ -128,3 +135,45 @@ def _check_engine(cfg: DictConfig, role: str, tp: int) -> None:
             f"placement.parallel.{role}.tp={tp}: rollout engine rollout.backend={name!r} "
             f"does not generate tensor-parallel; use one that does ({', '.join(able) or 'none'})"
             f" or tp=1 for role '{role}'")
+
+
+def check_streaming_layout(cfg: DictConfig, plan: ExecutionPlan) -> None:
+    """Streaming needs each rank to decode on its own; an engine whose factory says
+    `streams_sharded = False` (the `hf` engine: its ranks decode in lockstep over a
+    sharded model) is refused where the model that generates is sharded."""
+    from hybridflow.core.modes import AsyncMode
+    from hybridflow.workers.rollout.engine import _ENGINES, check_engine_name
+    if not AsyncMode.of(cfg.trainer.async_mode).streams:
+        return
+    name = str(cfg.rollout.backend)
+    check_engine_name(name)
+    if getattr(_ENGINES.get(name), "streams_sharded", True):
+        return
+    able = [n for n, f in sorted(_ENGINES.items()) if getattr(f, "streams_sharded", True)]
+    where = f"trainer.async_mode=streaming with rollout.backend={name!r}"
+    for role in sorted({n.role for n in plan.nodes if n.kind is NodeKind.GENERATE}):
+        host = plan.placement.folded.get(role, role)  # whose model generates
+        tp = plan.placement.tp_size(host)
+        if tp > 1:
+            raise ConfigError(
+                f"{where}: role '{role}' generates on the tensor-parallel model of role "
+                f"'{host}' (placement.parallel.{host}.tp={tp}), whose ranks decode in "
+                f"lockstep and cannot stream; use trainer.async_mode=pipeline, tp=1, or an "
+                f"engine that streams on sharded models ({', '.join(able) or 'none'})")
+        if host != role and RuntimeName.of(cfg.runtime.name).process_per_rank:
+            _refuse_fsdp_host(cfg, plan, role, host, where)
+
+
+def _refuse_fsdp_host(cfg: DictConfig, plan: ExecutionPlan, role: str, host: str,
+                      where: str) -> None:
+    from hybridflow.workers.backends import BACKENDS
+    section = cfg.get(host) if host in cfg else None
+    strategy = section.get("strategy") if isinstance(section, DictConfig) else None
+    dp, _ = role_layout(plan, host)
+    if strategy is None or dp < 2 or not getattr(BACKENDS.get(str(strategy)), "shards", False):
+        return
+    raise ConfigError(
+        f"{where}: role '{role}' is served by role '{host}', whose FSDP model "
+        f"({host}.strategy={strategy!r} over {dp} data-parallel ranks) decodes in lockstep "
+        f"over its ranks and cannot stream; place '{role}' on a pool of its own "
+        f"(placement.roles.{role}=<pool>), or use trainer.async_mode=pipeline")

@@ -26,6 +26,9 @@ register_engine("vllm", make_vllm_engine, replace=True, streams=True,
 # registered factory declares it
 make_hf_engine.requires = ("transformers",)
 make_vllm_engine.requires = ("vllm",)
+# the hf engine's ranks decode in lockstep over a sharded model (tp, or FSDP's
+# synced_gpus): it cannot stream there (program/parallel_checks.py refuses it)
+make_hf_engine.streams_sharded = False
 # what each holds on a device, for the memory model (engine_memory.py)
 declare_engine_memory("hf", EngineMemory(records_log_probs=True))
 declare_engine_memory("vllm", EngineMemory(reserves_device=True))

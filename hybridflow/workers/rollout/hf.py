@@ -142,7 +142,7 @@ class HFEngine:
             raise RuntimeError("trainer.async_mode=streaming: the 'hf' engine of a "
                                "tensor-parallel actor (placement.parallel.actor.tp > 1) "
                                "decodes in lockstep over its tp group and cannot stream; use "
-                               "trainer.async_mode=off, or tp=1")
+                               "trainer.async_mode=pipeline, or tp=1")
         if self._stream is None:
             from hybridflow.workers.rollout.stream import StreamLoop
             self._stream = StreamLoop(self.module, self.tokenizer, self.device, opts, self.seed,

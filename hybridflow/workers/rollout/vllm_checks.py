@@ -38,7 +38,8 @@ def _model_values(model_cfg) -> tuple[dict, str]:
 
 def head_size(values: dict) -> int:
     """A causal LM config's attention head size (`head_dim`, else hidden / heads)."""
-    text = values.get("text_config") or values
+    from hybridflow.core.model_config import standard_shapes
+    text = standard_shapes(values)
     if text.get("head_dim"):
         return int(text["head_dim"])
     hidden = int(text.get("hidden_size", 4096))
@@ -76,7 +77,8 @@ def check_vllm_model(model_cfg, where: str = "rollout.backend='vllm'") -> None:
 
 def head_counts(values: dict) -> tuple[int, int]:
     """(attention heads, key/value heads) of a causal LM config."""
-    text = values.get("text_config") or values
+    from hybridflow.core.model_config import standard_shapes
+    text = standard_shapes(values)
     heads = int(text.get("num_attention_heads", 32))
     return heads, int(text.get("num_key_value_heads") or heads)
 

@@ -1,0 +1,145 @@
+"""Issue 36, item 3: `check` is `run` without the workers. One table of what `run`
+refuses before any worker starts; every row is driven through both commands, which
+must refuse it with the same line (only the command's name differs) and exit 1, and
+`run` must have started nothing (no run directory, no Trainer). Rows `run` accepts
+reach the Trainer, which the test replaces by one that says so."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from hybridflow.cli import main
+from tests.support.recorded_runs import graph_path
+
+GRPO = graph_path("grpo.py")
+RAY_TWO = ("runtime.name=ray", "placement.pools.main.devices_per_node=2",
+           "actor.strategy=fsdp2")
+STREAM = ("trainer.async_mode=streaming", "trainer.staleness=1", "actor.off_policy=tis")
+
+
+class Launched(Exception):
+    """Raised where `run` would start its workers."""
+
+
+class _NoTrainer:
+    def __init__(self, *args, **kwargs):
+        raise Launched("launched")
+
+
+@pytest.fixture
+def gpt2_dirs(tmp_path):
+    """GPT-2 model directories (GPT-2's config names: n_embd, n_layer, n_head), one
+    with 4 heads and one with 3, and a directory whose config names no shapes."""
+    from safetensors.torch import save_file
+    import torch
+    dirs = {}
+    for name, config in {
+        "gpt2": {"model_type": "gpt2", "n_embd": 32, "n_layer": 2, "n_head": 4,
+                 "vocab_size": 64, "n_positions": 128},
+        "gpt2_3heads": {"model_type": "gpt2", "n_embd": 24, "n_layer": 2, "n_head": 3,
+                        "vocab_size": 64, "n_positions": 128},
+        "shapeless": {"model_type": "mystery", "vocab_size": 64, "n_positions": 128},
+    }.items():
+        path = tmp_path / name
+        path.mkdir()
+        (path / "config.json").write_text(json.dumps(config))
+        save_file({"w": torch.zeros(1)}, str(path / "model.safetensors"))
+        dirs[name] = str(path)
+    return dirs
+
+
+# (id, argv after the graph, words the one line holds); `{gpt2}`-style fields name
+# the fixture's model directories
+REFUSED = [
+    ("gpt2 heads", ("model.path={gpt2_3heads}", "model.tokenizer=char",
+                    "placement.parallel.actor.tp=2", *RAY_TWO),
+     ["placement.parallel.actor.tp=2", "num_attention_heads=3"]),
+    ("shapeless model", ("model.path={shapeless}", "model.tokenizer=char"),
+     ["model.path", "lacks hidden_size (n_embd", "num_attention_heads (n_head"]),
+    ("misspelt parallel role", ("placement.parallel.actr.tp=2", *RAY_TWO),
+     ["placement.parallel.actr", "no role 'actr'", "did you mean 'actor'"]),
+    ("misspelt placed role", ("placement.roles.refr=main",),
+     ["placement.roles.refr", "no role 'refr'", "did you mean 'ref'"]),
+    ("misspelt pool", ("placement.roles.critic=mian",),
+     ["placement.roles.critic='mian'", "no pool 'mian'", "did you mean 'main'"]),
+    ("streaming hf tp", (*STREAM, "placement.parallel.actor.tp=2", *RAY_TWO),
+     ["trainer.async_mode=streaming", "placement.parallel.actor.tp=2",
+      "trainer.async_mode=pipeline"]),
+    ("streaming hf fsdp", (*STREAM, *RAY_TWO),
+     ["trainer.async_mode=streaming", "actor.strategy='fsdp2' over 2", "placement.roles.rollout"]),
+    ("async_mode off", ("trainer.async_mode=off",),
+     ["trainer.async_mode='False'", "boolean", "trainer.async_mode='pipeline'"]),
+    ("dp x tp", ("placement.parallel.actor.tp=2", "placement.parallel.actor.dp=2", *RAY_TWO),
+     ["placement.parallel.actor", "dp=2 x tp=2"]),
+    ("local tp", ("placement.pools.main.devices_per_node=2", "placement.parallel.actor.tp=2"),
+     ["local runtime", "role 'actor'", "--runtime ray"]),
+    ("runtime flags", ("--runtime", "local", "--address", "10.0.0.1:6379"),
+     ["--runtime local and --address 10.0.0.1:6379 contradict"]),
+    ("cores overlap", ("placement.pools.main.cores=[0]", "placement.pools.gen.cores=[0]",
+                       "placement.roles.reward=gen", "runtime.name=ray"),
+     ["placement.pools.gen.cores=[0]", "placement.pools.main.cores=[0]", "core(s) [0]"]),
+    ("cores absent", ("placement.pools.main.cores=[4095]", "runtime.name=ray"),
+     ["placement.pools.main.cores=[4095]", "[4095] are not among the cores"]),
+    ("cores not a list", ("placement.pools.main.cores=abc",),
+     ["placement.pools.main.cores", "takes a list"]),
+    ("control character", ("trainer.run_name=x\x1b[2J",),
+     ["override trainer.run_name: control character U+001B"]),
+]
+
+
+def _argv(row: tuple, dirs: dict) -> list[str]:
+    return [a.format(**dirs) if "{" in a else a for a in row]
+
+
+def _one(command: str, argv: list[str], capsys) -> tuple[int, list[str]]:
+    code = main([command, GRPO, *argv])
+    err = capsys.readouterr().err
+    # notes (`run`'s "note: model.path=... is your model") are not refusals
+    return code, [line for line in err.splitlines()
+                  if line.strip() and not line.startswith(f"hybridflow {command}: note:")]
+
+
+@pytest.mark.parametrize("argv, words", [r[1:] for r in REFUSED], ids=[r[0] for r in REFUSED])
+def test_what_run_refuses_before_launch_check_refuses_in_the_same_words(
+        argv, words, gpt2_dirs, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("hybridflow.run.loop.Trainer", _NoTrainer)
+    runs = tmp_path / "runs"
+    argv = _argv(argv, gpt2_dirs)
+    check_code, check_lines = _one("check", argv, capsys)
+    run_code, run_lines = _one("run", [*argv, f"trainer.runs_dir={runs}"], capsys)
+    assert (check_code, run_code) == (1, 1), (check_lines, run_lines)
+    assert len(check_lines) == 1 and len(run_lines) == 1, (check_lines, run_lines)
+    said = check_lines[0].removeprefix("hybridflow check: ")
+    assert run_lines[0] == f"hybridflow run: {said}"
+    for word in words:
+        assert word in said, (word, said)
+    assert "Traceback" not in said and "\x1b" not in said
+    assert not runs.exists() or not os.listdir(runs)  # run started nothing
+
+
+@pytest.mark.parametrize("argv", [
+    ("model.path={gpt2}", "model.tokenizer=char"),
+    ("--runtime", "local", "placement.pools.main.cores=[0]"),
+    ("placement.parallel.actor.tp=1", "placement.roles.critic=main"),  # known, unused role
+], ids=["gpt2 names", "runtime flag", "unused role"])
+def test_what_check_accepts_run_takes_to_its_workers(argv, gpt2_dirs, tmp_path, capsys,
+                                                     monkeypatch):
+    monkeypatch.setattr("hybridflow.run.loop.Trainer", _NoTrainer)
+    argv = _argv(argv, gpt2_dirs)
+    check_code, check_lines = _one("check", argv, capsys)
+    assert check_code == 0, check_lines
+    run_code, run_lines = _one("run", [*argv, f"trainer.runs_dir={tmp_path / 'runs'}"], capsys)
+    assert run_code == 1, run_lines
+    assert "hybridflow run: could not start: Launched: launched" in run_lines, run_lines
+
+
+def test_check_takes_runs_arguments(capsys):
+    """The same command line: `check` takes --runtime, --address and --resume, and says
+    what it cannot check without the workers."""
+    code = main(["check", GRPO, "--runtime", "ray", "--address", "10.0.0.1:6379",
+                 "--resume", "trainer.steps=3"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "note: --resume" in out and "note: --address 10.0.0.1:6379" in out
