@@ -10,27 +10,26 @@ import argparse
 import os
 import signal
 import sys
-import tempfile
 import traceback
 
-from omegaconf import OmegaConf
 
 from hybridflow.commands.args import NEWEST, add_run_arguments, resume_word, run_overrides
-from hybridflow.commands.errors import failure_reason
+from hybridflow.commands.errors import failure_reason, report, user_errors
+from hybridflow.commands.resume import graph_and_trainer, resume_dir, resumed_program
 from hybridflow.core.failure_text import cause_line
 from hybridflow.plan.compiler import GraphError
 from hybridflow.program.config import ConfigError
 from hybridflow.core.data import DataError
 from hybridflow.core.origin import contain
 from hybridflow.core.metric_names import OPTIMISED_REWARD_KEYS
-from hybridflow.core.loading import UserFileError, read_yaml
+from hybridflow.core.loading import UserFileError
 from hybridflow.program.assemble import GraphFileError, prepare
-from hybridflow.program.run_record import PLAN_FILE, plan_record, read_run_config
-from hybridflow.run.lifecycle import (check_resumed_config, check_same_graph, explicit_keys,
-                                      graph_identity, record_end)
+from hybridflow.program.run_record import PLAN_FILE, plan_record
+from hybridflow.run.lifecycle import (explicit_keys, graph_identity, record_end,
+                                      resume_checkpoint)
 from hybridflow.run.lock import RunLock
 from hybridflow.run.signals import Interrupted, SignalGuard
-from hybridflow.run.tracking import RunDir, RunDirError, new_run_dir, newest_run_dir
+from hybridflow.run.tracking import RunDir, RunDirError, new_run_dir
 from hybridflow.core.printable import echo, printable
 
 __all__ = ["add_parser", "run"]
@@ -47,20 +46,8 @@ _overrides = run_overrides
 
 
 def _run_dir(args, loaded) -> RunDir:
+    """A new run's directory (a resume's: commands/resume.py)."""
     trainer = loaded.cfg.trainer
-    if args.resume == _NEWEST and trainer.run_name:  # the run of that name
-        path = os.path.join(trainer.runs_dir, trainer.run_name)
-        if not os.path.lexists(os.path.join(path, "config.yaml")):
-            raise FileNotFoundError(f"--resume: no run named {trainer.run_name!r} in "
-                                    f"{trainer.runs_dir!r}")
-        return RunDir(path, create=False)
-    if args.resume == _NEWEST:
-        return newest_run_dir(trainer.runs_dir, loaded.graph.name)
-    if args.resume:
-        if not os.path.lexists(os.path.join(args.resume, "config.yaml")):
-            raise FileNotFoundError(f"--resume {args.resume}: not a run directory "
-                                    f"(no config.yaml)")
-        return RunDir(args.resume, create=False)
     try:
         return new_run_dir(trainer.runs_dir, loaded.graph.name, trainer.run_name)
     except OSError as err:
@@ -93,11 +80,16 @@ def run(args) -> int:
     resume_word(args)
     with SignalGuard() as signals:  # SIGTERM and SIGHUP stop a run like Ctrl-C
         try:  # everything that can be checked before a worker starts
-            loaded = prepare(args.graph, _overrides(args), args.config)
-            refuse_untrained(loaded.plan, args.graph)
-            _before_launch(args, loaded)
-            record = plan_record(loaded.plan, loaded.cfg)  # reads the models' shapes
-            run_dir = _run_dir(args, loaded)
+            if args.resume:  # checked against the run's own config, once found: resume.py
+                name, trainer = graph_and_trainer(args.graph, _overrides(args), args.config)
+                loaded, record = name, None
+                run_dir = resume_dir(args.resume, args.resume == _NEWEST, name, trainer)
+            else:
+                loaded = prepare(args.graph, _overrides(args), args.config)
+                refuse_untrained(loaded.plan, args.graph)
+                _before_launch(args, loaded)
+                record = plan_record(loaded.plan, loaded.cfg)  # reads the models' shapes
+                run_dir = _run_dir(args, loaded)
         except (GraphError, ConfigError, GraphFileError, DataError, UserFileError,
                 FileNotFoundError) as err:
             echo(f"hybridflow run: {err}", file=sys.stderr)
@@ -134,27 +126,30 @@ def _say(text: str) -> None:
     echo(f"hybridflow run: {text}", file=sys.stderr)
 
 
-def _resumed_config(args, loaded, run_dir: RunDir):
-    """The run's own config plus this command line's keys, checked against the run
-    before anything is written; returns the loaded graph to resume with."""
-    for note in check_same_graph(run_dir, graph_identity(loaded.graph.name, args.graph)):
+def _resumed(args, graph_name: str, run_dir: RunDir):
+    """(the program, its checkpoint) of a resume: the run's config plus this command
+    line, through every check of a fresh run; the checkpoint verified (None: the run
+    wrote nothing yet). A refusal is one line, and nothing in the run is written."""
+    loaded, notes = resumed_program(args.graph, graph_name, _overrides(args), args.config,
+                                    run_dir, _say)
+    refuse_untrained(loaded.plan, args.graph)
+    checkpoint = resume_checkpoint(run_dir)
+    for note in notes:  # said once the resume goes ahead: a refusal is one line
         _say(note)
-    saved = read_run_config(run_dir.path, typed=False)
-    with tempfile.TemporaryDirectory() as scratch:  # never written into the run
-        base = os.path.join(scratch, "config.yaml")  # the run's config, then --config's
-        OmegaConf.save(OmegaConf.merge(saved, read_yaml(args.config, "config file"))
-                       if args.config else saved, base)
-        resumed = prepare(args.graph, _overrides(args), base)
-    for note in check_resumed_config(run_dir, saved, resumed.cfg,
-                                     explicit_keys(_overrides(args), args.config)):
-        _say(note)
-    return resumed
+    _before_launch(args, loaded)
+    return loaded, checkpoint
 
 
 def _locked_run(args, loaded, run_dir: RunDir, signals, record: dict) -> int:
+    """`loaded`: a new run's program; a resume's graph name (its program is made here,
+    under the lock, from the run's own config)."""
     from hybridflow.run.loop import Trainer  # imports torch: keep `check` fast
+    checkpoint = None
     if args.resume:
-        loaded = _resumed_config(args, loaded, run_dir)
+        try:
+            loaded, checkpoint = _resumed(args, loaded, run_dir)
+        except user_errors() as err:
+            return report("run", err)
     else:
         run_dir.save_graph_identity(graph_identity(loaded.graph.name, args.graph))
         run_dir.save_config(loaded.cfg)
@@ -162,7 +157,8 @@ def _locked_run(args, loaded, run_dir: RunDir, signals, record: dict) -> int:
         run_dir.save_json(PLAN_FILE, record)
         run_dir.set_status("starting", step=0, steps=loaded.cfg.trainer.steps)
     try:  # datasets are read, then the workers start (and a resume loads its checkpoint)
-        trainer = Trainer(loaded, run_dir, resume_from=run_dir.path if args.resume else None)
+        trainer = Trainer(loaded, run_dir, resume_from=run_dir.path if args.resume else None,
+                          checkpoint=checkpoint)
     except BaseException as err:  # noqa: BLE001 - torch's DCP raises one: recorded
         if raised_by_code(err, signals):
             err = contain(err, "user code")
@@ -175,7 +171,8 @@ def _locked_run(args, loaded, run_dir: RunDir, signals, record: dict) -> int:
         run_dir.save_json(PLAN_FILE, plan_record(loaded.plan, loaded.cfg))
     if args.resume:
         _say(f"resumed from {trainer.resumed_from} (step {trainer.step})"
-             if trainer.resumed_from else f"no checkpoint in {run_dir.path}: starting at step 0")
+             if trainer.resumed_from else f"{run_dir.path} wrote no step and no checkpoint "
+             f"yet: starting at step 0")
     echo(f"run directory: {run_dir.path}")
     progress = _Progress(loaded.cfg.trainer.steps, trainer.step, loaded.cfg.trainer.progress)
     try:
