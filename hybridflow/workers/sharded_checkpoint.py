@@ -21,10 +21,11 @@ manifest with their sha256 and writes them under a temporary name first, so a da
 shard is named on resume. Every read goes through `workers/safe_dcp.py` (nothing in a
 checkpoint is unpickled beyond DCP's metadata classes, tensors and plain values; a
 missing or short shard is named), `scheduler.pt` through `core/loading.read_torch`;
-a save that fails is one `CheckpointSaveError` naming the directory and the cause. Checkpoints from before (`model.safetensors` or adapter
-files, plus `optim_rank<r>.pt` per rank) still load, at the world size they were saved
-at and tp=1 (the format predates tensor parallelism). Every rank of the role calls
-save and load (collectives). Stateless.
+a save that fails is one `CheckpointSaveError` naming the directory and the cause.
+Checkpoints from before (`model.safetensors` or adapter files, plus `optim_rank<r>.pt`
+per rank) still load, at the world size they were saved at and tp=1 (the format
+predates tensor parallelism). Every rank of the role calls save and load
+(collectives). Stateless.
 """
 from __future__ import annotations
 
