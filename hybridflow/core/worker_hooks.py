@@ -1,7 +1,7 @@
 """The optional members of a worker class that the engine reads, declared in one place.
 
 A role is any class built as `cls(cfg, ctx)` whose methods carry `@method`
-declarations; it inherits nothing. Beyond its methods the engine looks for five
+declarations; it inherits nothing. Beyond its methods the engine looks for six
 optional members, each with a default that means "this role does nothing special".
 `WorkerHooks` declares them with those defaults (`hybridflow.workers.Worker` derives
 from it; a user's class may too, or declare only what it needs), and the engine reads
@@ -18,15 +18,19 @@ not declare it. A new hook is added here, with its default and its reader.
   role's own check of its section before launch, raising `ConfigError`.
 - `held_tensors()` (default None: not asked), read by `run/loop.py`: the storages a
   worker holds, for `engine/weight_bytes` and `engine/optimizer_bytes`.
+- `optimizer_steps(cfg, method, kwargs, rows)` (default None: not known), read by
+  `plan/unneeded.py` through `program/assemble.py`: how many optimizer steps a call
+  of the training `method` with `kwargs` makes on a batch of at most `rows` rows.
 """
 from __future__ import annotations
 
 from typing import Any, Callable, ClassVar
 
 __all__ = ["WorkerHooks", "HOOKS", "host_role", "served_by", "config_schema",
-           "check_section", "reports_held_tensors"]
+           "check_section", "reports_held_tensors", "optimizer_steps"]
 
-HOOKS = ("HOST_ROLE", "served_by", "config_schema", "check_section", "held_tensors")
+HOOKS = ("HOST_ROLE", "served_by", "config_schema", "check_section", "held_tensors",
+         "optimizer_steps")
 
 
 class WorkerHooks:
@@ -47,6 +51,12 @@ class WorkerHooks:
     @classmethod
     def check_section(cls, section) -> None:
         """Check the role's config section before launch; raise ConfigError to refuse."""
+        return None
+
+    @classmethod
+    def optimizer_steps(cls, cfg, method: str, kwargs: dict, rows: int) -> int | None:
+        """Optimizer steps a call of `method` (with `kwargs`) makes on at most `rows`
+        rows under the run config `cfg`; None: not known (nothing is assumed)."""
         return None
 
 
@@ -71,3 +81,8 @@ def check_section(cls: type, section) -> None:
 
 def reports_held_tensors(cls: type) -> bool:
     return callable(getattr(cls, "held_tensors", None))
+
+
+def optimizer_steps(cls: type, cfg, method: str, kwargs: dict, rows: int) -> int | None:
+    hook = getattr(cls, "optimizer_steps", None)
+    return hook(cfg, method, kwargs, rows) if callable(hook) else None

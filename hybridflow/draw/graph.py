@@ -17,6 +17,11 @@ a "rollout side (runs k steps ahead)" cluster beside a "train side" one), and th
 edges through a buffer drawn in orange, the one into it labelled "waits ≤k steps":
 there a batch waits while training catches up.
 
+A node the compiler removed because the algorithm does not need it (plan/unneeded.py,
+e.g. the old log-probs when the update makes one optimizer step per batch) is drawn
+dashed and grey, outside every pool, labelled "removed" with the reason, its edges
+dotted: it does not run.
+
 Timelines (`render_timeline`, `timeline_svg`) are drawn by draw/timeline.py.
 
 Formats come from the file extension: .svg, .png, .pdf need Graphviz's `dot`
@@ -258,6 +263,42 @@ def _edges(dot: graphviz.Digraph, plan: ExecutionPlan) -> None:
                      constraint="false")
 
 
+REMOVED_COLOR = "#999999"
+
+
+def _wrapped(text: str, width: int = 44) -> list[str]:
+    lines, line = [], ""
+    for word in text.split():
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}".strip()
+    return lines + ([line] if line else [])
+
+
+def _removed_nodes(dot: graphviz.Digraph, plan: ExecutionPlan) -> None:
+    """The nodes the compiler removed (plan/unneeded.py): dashed, grey, with why."""
+    present = {n.name for n in plan.nodes}
+    for record in (r for r in plan.unneeded if r.removed):
+        node = record.node
+        rows = [f'<B>{html.escape(node.name)}</B>',
+                f'<FONT POINT-SIZE="10">{html.escape(f"{node.role}.{node.method}")}</FONT>',
+                '<FONT POINT-SIZE="9"><I>removed by the compiler</I></FONT>']
+        rows += [f'<FONT POINT-SIZE="8">{html.escape(t)}</FONT>' for t in _wrapped(record.reason)]
+        shape = KIND_SHAPES.get(node.kind, ("box", ""))
+        dot.node(node.name, "<" + "<BR/>".join(rows) + ">", shape=shape[0],
+                 style=",".join(s for s in (shape[1], "dashed", "filled") if s),
+                 fillcolor="#eeeeee", color=REMOVED_COLOR, fontcolor="#777777",
+                 tooltip=f"removed: {record.reason}")
+        for dep in (d for d in node.deps if d in present):
+            dot.edge(dep, node.name, style="dotted", color=REMOVED_COLOR)
+        if record.consumer in present:
+            dot.edge(node.name, record.consumer, label=f"{', '.join(record.keys)}: from "
+                     f"its own forward\\l", style="dotted", color=REMOVED_COLOR,
+                     fontcolor="#777777")
+
+
 def plan_to_dot(plan: ExecutionPlan, show_plan: bool = False) -> graphviz.Digraph:
     """The diagram as a graphviz.Digraph (no `dot` program needed to build it)."""
     colors = role_colors(n.role for n in plan.nodes if n.role)
@@ -282,6 +323,7 @@ def plan_to_dot(plan: ExecutionPlan, show_plan: bool = False) -> graphviz.Digrap
         for node in outside:
             dot.node(node.name, **_node_attrs(node, colors, ahead=node.name in ahead))
     _pool_boxes(dot, plan, by_pool, colors, ahead)
+    _removed_nodes(dot, plan)
     _edges(dot, plan)
     folded = plan.placement.folded if show_plan else {}
     _legend(dot, plan, {r: c for r, c in colors.items() if r not in folded})

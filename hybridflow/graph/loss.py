@@ -28,7 +28,8 @@ from typing import Any, Callable
 
 from hybridflow.graph.dispatch import keys_of
 
-__all__ = ["LossSpec", "loss_fn", "loss_spec", "takes_loss", "call_keys",
+__all__ = ["LossSpec", "LossSlot", "loss_fn", "loss_spec", "takes_loss", "loss_slot",
+           "current_keys", "call_keys",
            "register_default_loss", "default_loss", "DEFAULT_LOSS_PROVIDERS"]
 
 _LOSS_ATTR = "__hybridflow_loss__"
@@ -64,18 +65,49 @@ def loss_spec(loss) -> LossSpec | None:
 @dataclass(frozen=True)
 class LossSlot:
     """A training method's loss argument: its name and the keys the method itself
-    reads whatever the loss (the model's inputs)."""
+    reads whatever the loss (the model's inputs).
+
+    `current` maps a key the loss reads to the model output (an attribute of the
+    loss's `out`) that equals it, detached, while the method's weights are still
+    those the key was computed with: before its first optimizer step. The method's
+    `current_param` argument names the keys to take that way (the compiler's
+    plan/unneeded.py passes it when it removes the node that wrote them)."""
     param: str
     model_reads: tuple[str, ...]
+    current: tuple[tuple[str, str], ...] = ()
+    current_param: str = "from_current"
 
 
-def takes_loss(*, model_reads, param: str = "loss"):
+def takes_loss(*, model_reads, param: str = "loss", current: dict | None = None,
+               current_param: str = "from_current"):
     """Mark a worker method whose `param` argument is a loss; stack with `@method`,
-    whose reads/optional stay the keys of the method's default loss."""
+    whose reads/optional stay the keys of the method's default loss. `current`:
+    key -> model output it may be taken from (see `LossSlot`)."""
     def wrap(fn):
-        setattr(fn, _SLOT_ATTR, LossSlot(param, keys_of(model_reads)))
+        setattr(fn, _SLOT_ATTR, LossSlot(param, keys_of(model_reads),
+                                         tuple((current or {}).items()), current_param))
         return fn
     return wrap
+
+
+def loss_slot(method_fn) -> LossSlot | None:
+    """The loss argument a training method declares (`takes_loss`), or None."""
+    return getattr(method_fn, _SLOT_ATTR, None)
+
+
+def current_keys(slot: LossSlot | None, kwargs: dict) -> tuple[str, ...]:
+    """The keys a call's `kwargs` ask its method to take from its own forward.
+    ValueError naming a key the method cannot take that way."""
+    if slot is None or not kwargs.get(slot.current_param):
+        return ()
+    keys = keys_of(kwargs[slot.current_param])
+    known = dict(slot.current)
+    unknown = [k for k in keys if k not in known]
+    if unknown:
+        raise ValueError(f"argument {slot.current_param}={list(keys)}: the method can take "
+                         f"only {sorted(known) or 'no keys'} from its own forward, not "
+                         f"{unknown}")
+    return keys
 
 
 def call_keys(method_fn, reads: tuple[str, ...], optional: tuple[str, ...],
@@ -84,14 +116,15 @@ def call_keys(method_fn, reads: tuple[str, ...], optional: tuple[str, ...],
     passes a loss, the method's model inputs plus the loss's declared keys.
     ValueError when the argument is not a declared loss."""
     slot: LossSlot | None = getattr(method_fn, _SLOT_ATTR, None)
+    own = current_keys(slot, kwargs)  # the method computes these: not read from upstream
     if slot is None or kwargs.get(slot.param) is None:
-        return reads, optional
+        return tuple(k for k in reads if k not in own), optional
     loss = kwargs[slot.param]
     spec = loss_spec(loss)
     if spec is None:
         raise ValueError(f"argument {slot.param}={loss!r} is not a declared loss: decorate it "
                          "with @loss_fn(reads=...) from hybridflow (see docs/algorithms.md)")
-    merged = tuple(dict.fromkeys(slot.model_reads + spec.reads))
+    merged = tuple(k for k in dict.fromkeys(slot.model_reads + spec.reads) if k not in own)
     return merged, tuple(k for k in spec.optional if k not in merged)
 
 

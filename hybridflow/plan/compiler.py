@@ -78,6 +78,7 @@ class ExecutionPlan:
     bindings: dict[str, type]
     stages: list[list[str]]        # nodes in one stage may run at the same time
     warnings: list[str] = field(default_factory=list)
+    unneeded: list = field(default_factory=list)  # plan/unneeded.py: removed or kept, why
 
     @property
     def sides(self):

@@ -24,16 +24,17 @@ from hybridflow.program.auto_placement import expand_auto, plan_auto_placement
 from hybridflow.plan.async_split import attach_staleness
 from hybridflow.plan.streaming_split import StreamBackend, attach_streaming
 from hybridflow.plan.balance import insert_token_balance
+from hybridflow.plan.unneeded import drop_unneeded, rows_bound
 from hybridflow.plan.compiler import ExecutionPlan, compile_graph
 from hybridflow.program.config import (ConfigError, ParallelConfig, PoolConfig, RunConfig,
                                        build_config, run_values)
 from hybridflow.graph.builder import Graph
 from hybridflow.core.modes import AsyncMode
 from hybridflow.core.kinds import Op
-from hybridflow.core.worker_hooks import config_schema, served_by
+from hybridflow.core.worker_hooks import config_schema, optimizer_steps, served_by
 from hybridflow.plan.placement import Placement
-from hybridflow.program.user_files import (GraphFileError, call_graph_file, import_object,
 from hybridflow.program.placement_checks import check_placement_names, check_pool_cores
+from hybridflow.program.user_files import (GraphFileError, call_graph_file, import_object,
                                            load_graph_module)
 
 __all__ = ["GraphFileError", "LoadedGraph", "load_graph_module", "load_plan", "prepare",
@@ -105,8 +106,8 @@ def placement_from_config(cfg: DictConfig, graph: Graph,
     bound = role_bindings(cfg) if bindings is None else bindings
     folded = folded_roles(cfg, bound)
     used = [n.role for n in graph.nodes.values() if n.op is Op.CALL]
-    for role in sorted(dict.fromkeys(used), key=lambda r: r in folded):  # hosts first
     check_placement_names(section, set(used) | set(bound))  # before defaults fill it
+    for role in sorted(dict.fromkeys(used), key=lambda r: r in folded):  # hosts first
         if role not in roles:
             roles[role] = roles.get(folded.get(role), first)
     section["roles"] = roles
@@ -115,15 +116,36 @@ def placement_from_config(cfg: DictConfig, graph: Graph,
     except (TypeError, ValueError) as err:
         raise ConfigError(str(err)) from None
     placement.folded = {r: h for r, h in folded.items() if r in used}
-    return placement
     check_pool_cores(placement.pools, local=not cfg.runtime.address)
+    return placement
 
 
 def compile_program(cfg: DictConfig, graph: Graph,
                     bindings: dict[str, type] | None = None) -> ExecutionPlan:
-    """Bind, place (from the config) and compile one graph, e.g. the validation graph."""
+    """Bind, place (from the config) and compile one graph, e.g. the validation graph;
+    without the nodes it does not need unless `trainer.keep_unneeded_passes`."""
     bindings = role_bindings(cfg) if bindings is None else bindings
-    return compile_graph(graph, bindings, placement_from_config(cfg, graph, bindings))
+    plan = compile_graph(graph, bindings, placement_from_config(cfg, graph, bindings))
+    if cfg.trainer.get("keep_unneeded_passes", False):
+        return plan
+    return drop_unneeded(plan, _steps_per_batch(cfg, plan))
+
+
+def _steps_per_batch(cfg: DictConfig, plan: ExecutionPlan):
+    """steps(node) -> (optimizer steps a training node makes per batch, the most rows
+    it can receive): the rows from `data.batch_size` and each generate node's `n`
+    (its argument, else `rollout.n`), the steps from the worker's `optimizer_steps`."""
+    def repeats(node) -> int | None:
+        n = node.kwargs.get("n", cfg.rollout.n)
+        return int(n) if isinstance(n, int) else None
+
+    def steps(node):
+        rows = rows_bound(plan, node.name, int(cfg.data.batch_size), repeats)
+        if rows is None:
+            return None, None
+        return optimizer_steps(plan.bindings[node.role], cfg, node.method, node.kwargs,
+                               rows), rows
+    return steps
 
 
 def prepare(graph_path: str, overrides: list[str] | None = None,

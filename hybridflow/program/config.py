@@ -74,6 +74,9 @@ class TrainerConfig:
                                                              what="trainer.stream_side"))
     # reorder each generated batch so data-parallel ranks get equal tokens (plan/balance.py)
     balance_batch: bool = False
+    # keep the nodes the compiler finds unneeded (plan/unneeded.py: old log-probs when
+    # the update makes one optimizer step per batch); `check` says which and why
+    keep_unneeded_passes: bool = False
     # steps whose batches (every node's output) are written to RUN_DIR/batches/ (run/batch_dump.py)
     dump_batches: list[int] = field(default_factory=list)
     # the first SIGTERM/SIGINT lets the step end and saves; past this, it stops at once
@@ -242,11 +245,11 @@ def _explain(err: Exception, cfg: DictConfig, source: str) -> ConfigError:
     key = getattr(err, "full_key", None) or str(err)
     if isinstance(err, ValidationError):
         detail = str(getattr(err, "msg", err)).splitlines()[0]  # omegaconf appends its internals
+        if "is not a ListConfig" in detail:  # omegaconf's words for a scalar given a list key
+            detail = f"it takes a list, e.g. {key}=[0,1] (a YAML list in a file)"
         return ConfigError(f"{source}: bad value for '{key}': {detail}")
     known = [k for k in _known_keys(cfg) if not str(key).startswith(k + ".")]  # not parents
     close = _closest(str(key), known)
-        if "is not a ListConfig" in detail:  # omegaconf's words for a scalar given a list key
-            detail = f"it takes a list, e.g. {key}=[0,1] (a YAML list in a file)"
     hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     section = str(key).split(".")[0]
     if not close and section not in cfg:  # perhaps the section of a role not bound yet
@@ -292,13 +295,13 @@ def _check_sections(base: DictConfig, other, source: str, prefix: str = "") -> N
 
 
 def parse_overrides(items: list[str]) -> list[str]:
+    from hybridflow.program.config_text import check_override_text
+    check_override_text(items)  # before YAML's reader sees a control character
     for item in items:
         if "=" not in item or item.startswith("="):
             raise ConfigError(f"override {item!r} is not of the form key=value "
                               f"(e.g. trainer.steps=100)")
     return list(items)
-    from hybridflow.program.config_text import check_override_text
-    check_override_text(items)  # before YAML's reader sees a control character
 
 
 def _merge(base: DictConfig, other, source: str) -> DictConfig:

@@ -25,7 +25,7 @@ import os
 from hybridflow.core.batch import Batch
 from hybridflow.core.metric_names import TRAINED_VERSION
 from hybridflow.graph.dispatch import BROADCAST, DP, method
-from hybridflow.graph.loss import takes_loss
+from hybridflow.graph.loss import current_keys, loss_slot, takes_loss
 from hybridflow.workers.base import Worker, metrics_batch
 from hybridflow.workers.config import ActorConfig, ModelConfig, RolloutConfig, read_section
 from hybridflow.workers.lora import adapters_disabled, apply_lora, is_lora
@@ -176,34 +176,53 @@ class ActorWorker(Worker):
         return metrics_batch(Batch({"old_log_probs": logp}), _logprob_metrics(batch, logp, ent))
 
     # ----------------------------------------------------------------- update
-    @takes_loss(model_reads=POLICY_INPUTS)
+    @classmethod
+    def optimizer_steps(cls, cfg, method: str, kwargs: dict, rows: int) -> int | None:
+        """`update`: epochs x mini-batches (`actor.ppo_epochs` unless the call passes
+        `epochs`; `actor.mini_batch_size` rows each)."""
+        if method != "update":
+            return None
+        actor = read_section(cfg, "actor", ActorConfig)
+        epochs = kwargs.get("epochs") or actor.ppo_epochs
+        return epochs * -(-max(1, rows) // actor.mini_batch_size)
+
+    @takes_loss(model_reads=POLICY_INPUTS, current={"old_log_probs": "log_probs"})
     @method(dispatch=DP, reads=UPDATE_READS, writes=(), kind="train",
             optional=("ref_log_prob", "loss_mask", "rollout_log_probs"))
     def update(self, batch: Batch, temperature: float | None = None, loss=None,
-               epochs: int | None = None) -> Batch:
+               epochs: int | None = None, from_current=()) -> Batch:
         """Epochs over mini-batches (one optimizer step each) of micro-batches, minimising
         `loss(micro, out)` (the graph's; by default the one registered for actor.update,
         chosen from the actor config). `epochs` defaults to `actor.ppo_epochs`.
         The loss's mask (`out.mask`) and token counts are the batch's training mask:
-        `loss_mask` in an agent batch (model tokens only), else `response_mask`."""
+        `loss_mask` in an agent batch (model tokens only), else `response_mask`.
+        `from_current=("old_log_probs",)`: the loss's old log-probs are the detached
+        log-probs of this forward (the compiler's plan/unneeded.py, when the update
+        makes one optimizer step); more than one step is then refused."""
         cfg = self.actor_cfg
         loss = loss if loss is not None else worker_default_loss(self, "actor.update", cfg)
         temp = self.rollout_cfg.temperature if temperature is None else temperature
         mask_key = training_mask_key(batch)
         inputs = POLICY_INPUTS + ((mask_key,) if mask_key not in POLICY_INPUTS else ())
-        data = select_for_loss(batch, inputs, loss, "actor.update")
+        slot = loss_slot(ActorWorker.update)
+        own = current_keys(slot, {slot.current_param: from_current})
+        current = {key: output for key, output in slot.current if key in own}
+        data = select_for_loss(batch, inputs, loss, "actor.update", computed=own)
         packed = self.model_cfg.use_remove_padding
 
         def trainer_loss(model, micro: Batch, tokens, seqs):
             return run_loss(loss, micro, PolicyOutputs(model, micro, tokens, seqs, mask_key,
-                                                       temperature=temp, packed=packed))
+                                                       temperature=temp, packed=packed),
+                            current)
 
-        metrics = self.trainer.train(data, trainer_loss, mask_key=mask_key,
-                                     epochs=cfg.ppo_epochs if epochs is None else epochs,
+        epochs = cfg.ppo_epochs if epochs is None else epochs
+        metrics = self.trainer.train(data, trainer_loss, mask_key=mask_key, epochs=epochs,
                                      mini_batch_size=cfg.mini_batch_size,
                                      micro_batch_size=cfg.micro_batch_size,
                                      max_tokens=cfg.max_tokens_per_micro_batch, packed=packed,
-                                     shuffle=cfg.shuffle, seed=self.ctx.seed)
+                                     shuffle=cfg.shuffle, seed=self.ctx.seed,
+                                     one_step=f"actor.update({', '.join(own)} from its own "
+                                              f"forward)" if own else None)
         # the version these weights had before this update: with the batch's
         # `policy_version`, how stale its samples were (async/staleness/*)
         metrics[TRAINED_VERSION] = float(self.policy_version)

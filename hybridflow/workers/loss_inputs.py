@@ -36,7 +36,7 @@ from hybridflow.workers.sequences import (entropy_from_logits, response_logits, 
 from hybridflow.workers.vocab_parallel import whole
 
 __all__ = ["LossInputs", "PolicyOutputs", "ValueOutputs", "run_loss", "select_for_loss",
-           "worker_default_loss"]
+           "with_current", "worker_default_loss"]
 
 
 class LossInputs:
@@ -114,16 +114,31 @@ LOSS_CONTRACT = ("the loss is a 0-dim float tensor computed from out's outputs (
                  "of name -> float or 0-dim tensor")
 
 
-def run_loss(loss, micro: Batch, out: LossInputs) -> tuple[torch.Tensor, dict]:
+def run_loss(loss, micro: Batch, out: LossInputs,
+             current: dict[str, str] | None = None) -> tuple[torch.Tensor, dict]:
     """Call a graph's loss and check what it returned against the contract, naming
-    the loss and stating the contract on every violation (TypeError/ValueError)."""
-    result = loss(micro, out)
+    the loss and stating the contract on every violation (TypeError/ValueError).
+    `current`: key -> output of `out` (e.g. "old_log_probs" -> "log_probs") that the
+    micro-batch gets, detached, before the loss reads it (`with_current`)."""
+    result = loss(with_current(micro, out, current) if current else micro, out)
     problem = _loss_problem(result)
     if problem:
         name = getattr(loss, "__name__", type(loss).__name__)
         raise TypeError(f"loss {name!r} must return (loss, metrics): it {problem}; "
                         f"{LOSS_CONTRACT} (docs/workers.md#losses)")
     return result
+
+
+def with_current(micro: Batch, out: LossInputs, current: dict[str, str]) -> Batch:
+    """`micro` with each key of `current` set to the named output of `out`, detached:
+    the value a node computing it with these weights would have written. The forward
+    is the one the loss runs anyway (outputs are cached), so it costs no extra pass.
+    Equal to that node's output only before the method's first optimizer step: the
+    caller refuses more than one step (`Trainer.train(one_step=...)`)."""
+    filled = micro.select(*micro.keys())
+    for key, output in current.items():
+        filled[key] = getattr(out, output).detach()
+    return filled
 
 
 def _loss_problem(result) -> str | None:
@@ -152,15 +167,17 @@ def _kind(value) -> str:
     return f"type {type(value).__name__}"
 
 
-def select_for_loss(batch: Batch, model_reads: tuple[str, ...], loss, where: str) -> Batch:
-    """The columns a training call needs: the model's inputs and the loss's keys.
+def select_for_loss(batch: Batch, model_reads: tuple[str, ...], loss, where: str,
+                    computed: tuple[str, ...] = ()) -> Batch:
+    """The columns a training call needs: the model's inputs and the loss's keys
+    (less `computed`: keys the call fills from its own forward, `with_current`).
     KeyError naming the loss and the missing keys (a graph built without the
     compiler's check, or a default loss whose keys depend on config)."""
     from hybridflow.graph.loss import loss_spec
     if not len(batch):
         return batch
     spec = loss_spec(loss)
-    reads = spec.reads if spec else ()
+    reads = tuple(k for k in (spec.reads if spec else ()) if k not in computed)
     missing = [k for k in model_reads + reads if k not in batch]
     if missing:
         name = spec.name if spec else getattr(loss, "__name__", type(loss).__name__)

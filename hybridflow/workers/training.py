@@ -142,9 +142,17 @@ class Trainer:
     def train(self, batch: Batch, loss_fn: Callable, *, epochs: int, mini_batch_size: int,
               micro_batch_size: int, mask_key: str = "response_mask", shuffle: bool = False,
               seed: int = 0, max_tokens: int | None = None,
-              packed: bool = False) -> dict[str, float]:
+              packed: bool = False, one_step: str | None = None) -> dict[str, float]:
         local_mini = max(1, math.ceil(mini_batch_size / self.dp))
         n_minis = self.agreed_max(math.ceil(len(batch) / local_mini))
+        if one_step and epochs * n_minis > 1:  # every rank agrees: all raise together
+            raise ValueError(
+                f"{one_step} is valid for one optimizer step per batch, but this batch of "
+                f"{len(batch)} rows on this rank makes {epochs} epoch(s) x {n_minis} "
+                f"mini-batch(es) of {local_mini} rows per rank; the compiler removed the node "
+                f"that computed those keys assuming one step: set "
+                f"trainer.keep_unneeded_passes=true, or a mini-batch as large as the batch "
+                f"and one epoch (docs/graphs.md#passes-the-compiler-removes)")
         totals: dict[str, float] = {}
         steps = 0
         self.module.train()

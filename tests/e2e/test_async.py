@@ -22,6 +22,10 @@ from tests.support.async_runs import SPLIT, UNCORRECTED, run_recording, worker_o
 from tests.support.e2e import graph_file, train
 from tests.support.runs import FAST, stable
 
+# FAST makes one optimizer step per batch, where the compiler removes actor.logprob
+# (plan/unneeded.py); the tests of the log-probs' place in a pass keep it
+KEEP_LOGPROB = "trainer.keep_unneeded_passes=true"
+
 
 @pytest.mark.parametrize("k", [1, 2])
 def test_each_step_trains_on_the_weights_version_it_promises(tmp_path, k):
@@ -58,7 +62,7 @@ def test_a_pass_queues_the_train_side_first_on_a_shared_worker(tmp_path):
     worker they share; the update, which changes the weights the generation samples
     with, runs after it (`after`)."""
     trainer, _ = run_recording(tmp_path, "trainer.steps=3", "trainer.staleness=1",
-                               *UNCORRECTED, *FAST)
+                               *UNCORRECTED, *FAST, KEEP_LOGPROB)
     order = worker_order(trainer.timelines[2], "main")
     assert order[0] == "actor.logprob", order
     assert order.index("rollout.generate") < order.index("actor.update")
@@ -198,7 +202,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 @pytest.mark.ray
 @pytest.mark.usefixtures("ray_session")
 def test_ray_runs_the_local_schedule(tmp_path):
-    args = ("trainer.steps=4", "trainer.staleness=1", *UNCORRECTED, *SPLIT, *FAST)
+    args = ("trainer.steps=4", "trainer.staleness=1", *UNCORRECTED, *SPLIT, *FAST, KEEP_LOGPROB)
     trainer, on_ray = run_recording(tmp_path / "ray", *args, "runtime.name=ray")
     _, local = run_recording(tmp_path / "local", *args)
     assert {s: (v.uids, v.versions) for s, v in on_ray.items()} == \
