@@ -57,7 +57,9 @@ def connect(settings: RuntimeSettings, placement: Placement) -> bool:
         return False
     if settings.address:
         _check_reachable(settings.address, settings.connect_timeout_s)
-        ray.init(address=settings.address, log_to_driver=True)
+        from hybridflow.runtime.ray.start_bound import bounded_start
+        with bounded_start(settings.start_timeout):  # Ray's retries are bounded too
+            ray.init(address=settings.address, log_to_driver=True)
         return False
     devices = sum(p.world_size for p in placement.pools.values())
     num_gpus = settings.num_gpus
@@ -65,8 +67,8 @@ def connect(settings: RuntimeSettings, placement: Placement) -> bool:
         num_gpus = devices  # logical GPUs: workers use them as CPU devices
     num_cpus = settings.num_cpus or max(devices + 2, os.cpu_count() or 1)
     from hybridflow.runtime.ray.session import start_local_ray
-    start_local_ray(settings.listen_all, num_cpus=num_cpus, num_gpus=num_gpus,
-                    include_dashboard=False)
+    start_local_ray(settings.listen_all, settings.start_timeout, num_cpus=num_cpus,
+                    num_gpus=num_gpus, include_dashboard=False)
     return True
 
 

@@ -38,19 +38,24 @@ RECORDS_DIR = os.environ.get("HYBRIDFLOW_RAY_RECORDS",
 _CLUSTER_MODE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # Ray's switch, see module doc
 
 
-def start_local_ray(listen_all: bool, **init_kwargs) -> None:
-    """`ray.init(**init_kwargs)` for this run alone: on loopback unless `listen_all`;
-    leftovers of killed earlier runs are ended first, and this one is recorded."""
+def start_local_ray(listen_all: bool, start_timeout_s: float = 300.0, **init_kwargs) -> None:
+    """`ray.init(address="local", **init_kwargs)` for this run alone: a Ray of its own,
+    never one already running on the machine (nor RAY_ADDRESS's); on loopback unless
+    `listen_all`; within `start_timeout_s`, its processes ended if it fails
+    (start_bound.py). Leftovers of killed earlier runs are ended first, and this one
+    is recorded."""
+    from hybridflow.runtime.ray.start_bound import bounded_start
     cleaned = clean_leftovers()
     if cleaned:
         from hybridflow.core.printable import echo
         echo(f"hybridflow: ended {len(cleaned)} Ray process(es) left running by killed "
              f"earlier runs: {', '.join(cleaned)}")
-    if listen_all:
-        import ray
-        ray.init(**init_kwargs)
-    else:
-        _init_on_loopback(**init_kwargs)
+    with bounded_start(start_timeout_s):
+        if listen_all:
+            import ray
+            ray.init(address="local", **init_kwargs)
+        else:
+            _init_on_loopback(**init_kwargs)
     record_session()
 
 
@@ -61,7 +66,7 @@ def _init_on_loopback(**init_kwargs) -> None:
     os.environ[_CLUSTER_MODE_ENV] = "0"       # Ray's processes started now read it
     ray_constants.ENABLE_RAY_CLUSTER = False  # this process read it when Ray was imported
     try:
-        ray.init(_node_ip_address="127.0.0.1", **init_kwargs)
+        ray.init(address="local", _node_ip_address="127.0.0.1", **init_kwargs)
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = saved_mode
         if saved_env is None:
