@@ -62,7 +62,10 @@ from hybridflow.plan.compiler import ExecutionPlan, GraphError, PlanNode, plan_s
 from hybridflow.plan.stream_filter import entrance_names, filter_problems, stream_gather
 
 __all__ = ["streaming_sides", "attach_streaming", "is_streaming", "stream_buffer",
-           "stream_side_nodes", "stream_buffers", "StreamBackend", "TOKEN_VERSIONS"]
+           "stream_side_nodes", "stream_buffers", "joint_plan", "ENTRANCE_PREFIX",
+           "StreamBackend", "TOKEN_VERSIONS"]
+
+ENTRANCE_PREFIX = "entrance/"  # the feed of the entrance's nodes inside a step's pass
 
 
 @dataclass(frozen=True)
@@ -231,3 +234,25 @@ def stream_buffers(plan: ExecutionPlan) -> list[PlanNode]:
 def is_streaming(plan: ExecutionPlan) -> bool:
     return stream_buffer(plan) is not None
 
+
+
+def joint_plan(plan: ExecutionPlan, entrance: ExecutionPlan,
+               stream_side: frozenset) -> tuple[ExecutionPlan, frozenset]:
+    """A step's pass with the entrance pass inside it: (the plan, what the pass skips).
+    `plan` as it is, then the entrance's feed and nodes (runtime/run_long/
+    stream_entrance.py) under their names prefixed `entrance/` (the plan's own copies,
+    on the stream side, stay skipped; the columns keep their writers' names, so each
+    reads what it read in the entrance pass). The two parts share no edge, so the pass
+    scheduler runs each on its pool side by side: the stream side's nodes for the next
+    groups overlap the update. The entrance's nodes come last, so on a worker both use
+    the train side's tasks queue first. Skipped: `stream_side` (the sources, the
+    generate node, the nodes the entrance runs under its own names, a filter's
+    gather)."""
+    own = [n for n in entrance.nodes if n.op is not Op.SOURCE][1:]  # past the generate node
+    names = {n.name for n in own}
+
+    def inside(node: PlanNode) -> PlanNode:
+        deps = tuple(ENTRANCE_PREFIX + d if d in names else d for d in node.deps)
+        return replace(node, name=ENTRANCE_PREFIX + node.name, deps=deps)
+    nodes = list(plan.nodes) + [inside(n) for n in own]
+    return replace(plan, nodes=nodes, stages=plan_stages(nodes)), frozenset(stream_side)

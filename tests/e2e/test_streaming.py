@@ -43,9 +43,11 @@ AGENT = {"local": (4, ()), "ray": (3, RAY)}
     ("local", 1, True), ("local", 1, False),
     pytest.param("local", 2, True, marks=pytest.mark.slow),
     pytest.param("local", 2, False, marks=pytest.mark.slow),
-    pytest.param("ray", 1, True, marks=ON_RAY)], indirect=["runtime_name"])
+    pytest.param("ray", 1, True, marks=ON_RAY),
+    pytest.param("ray", 2, True, marks=ON_RAY)], indirect=["runtime_name"])
 def test_each_sample_and_token_carries_an_admitted_version(tmp_path, runtime_name, k, partial):
     steps, placed = GRPO[runtime_name]
+    steps += k - 1  # k = 2 fills its lead in a step more
     trainer, seen = run_recording(tmp_path, *STREAM, f"trainer.steps={steps}",
                                   f"trainer.staleness={k}",
                                   f"rollout.partial={str(partial).lower()}", *CORRECTED,
@@ -59,7 +61,7 @@ def test_each_sample_and_token_carries_an_admitted_version(tmp_path, runtime_nam
     assert sum(m["rollout/gen_s"] for m in metrics) > 0  # (a step may find its groups done)
     assert sum(m["rollout/tokens_per_s"] for m in metrics) > 0
     if runtime_name == "ray":
-        _check_the_background_loop(trainer, seen, tmp_path)
+        _check_the_background_loop(trainer, seen, tmp_path, k)
         return
     assert max(m["async/staleness/max"] for m in metrics) >= 1  # it did run ahead
     _check_the_stream_side_nodes(trainer, seen, metrics)
@@ -92,11 +94,14 @@ def _check_the_stream_side_nodes(trainer, seen, metrics) -> None:
         assert len(rows) == 4 and abs(float(per_row[rows].sum())) < 1e-3, uid
 
 
-def _check_the_background_loop(trainer, seen, tmp_path) -> None:
+def _check_the_background_loop(trainer, seen, tmp_path, k: int) -> None:
     """On Ray, with the rollout on its own pool: the engine loop ran on its worker's
     thread, the weights reached the rollout's own copy, and the stream side is on
     record (runtime/run_long/stream_record.py): the engine's work between polls on the rollout's
-    pool, every decode step it counted, for the timeline."""
+    pool, every decode step it counted, for the timeline. Each group went through the
+    stream side's nodes once; at k = 2 (the next step's groups whole before a pass)
+    some inside a training pass, beside the update, their records named as the
+    plan's nodes."""
     assert trainer.scheduler.source.background
     plan = trainer.scheduler.source.plan
     assert {"reward.score", "grpo_advantages"} <= set(sides_of(plan).rollout)
@@ -114,6 +119,13 @@ def _check_the_background_loop(trainer, seen, tmp_path) -> None:
         ("poll", "gen", "rollout.generate")}
     assert sum(r["decode_steps"] for r in stream) == last["async/stream/decode_steps"]
     assert all("origin" in r for r in records)
+    screened = sum(m["async/entrance/inside_groups"] + m["async/entrance/apart_groups"]
+                   for _, m, _ in seen.values())
+    assert screened >= len(set(trained_uids(seen)))
+    names = {n.name for n in plan.nodes}
+    assert {r["node"] for r in records} <= names, {r["node"] for r in records} - names
+    if k > 1:
+        assert sum(m["async/entrance/inside_groups"] for _, m, _ in seen.values()) > 0
 
 
 def test_dapo_streams_with_its_filter_at_the_buffer_entrance(tmp_path, runtime_name):

@@ -15,8 +15,8 @@ from hybridflow.core.constraints import ConfigError
 from hybridflow.plan.async_split import buffer_nodes, buffer_summary, sides_of
 from hybridflow.plan.compiler import GraphError
 from hybridflow.plan.stream_filter import entrance_names, entrance_plan, groups_per_step
-from hybridflow.plan.streaming_split import (TOKEN_VERSIONS, is_streaming, stream_buffer,
-                                             stream_buffers)
+from hybridflow.plan.streaming_split import (TOKEN_VERSIONS, is_streaming, joint_plan,
+                                             stream_buffer, stream_buffers)
 from hybridflow.program.assemble import prepare
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -244,3 +244,30 @@ def test_agent_episodes_stream_into_one_buffer(monkeypatch):
 def test_the_other_single_generation_graphs_stream(name):
     plan = plan_of(name, *STREAM, *UNCORRECTED, "trainer.stream_side=generate_only")
     assert sides_of(plan).rollout == ("prompts", "rollout.generate")
+
+
+@pytest.mark.parametrize("name", ["grpo", "dapo"])
+def test_a_steps_pass_holds_the_entrance_after_the_train_side_sharing_no_edge(name):
+    """joint_plan: the plan as it is, then the entrance's feed and nodes under names
+    prefixed `entrance/`, reading only each other (and the skipped sources); the pass
+    skips the stream side, so the train side and the entrance run side by side, the
+    train side's tasks queued first (plan order)."""
+    plan = plan_of(name, "trainer.staleness=2", "trainer.async_mode=streaming",
+                   "actor.off_policy=decoupled")
+    side = frozenset(sides_of(plan).rollout)
+    gen = plan.node("rollout.generate")
+    gather = plan.node("gather") if name == "dapo" else None
+    names = None if gather else [n for n in side if n not in ("prompts", gen.name)]
+    entrance = entrance_plan(plan, gen, gather, 2, names)
+    joint, skip = joint_plan(plan, entrance, side)
+    assert skip == side
+    assert [n.name for n in joint.nodes[:len(plan.nodes)]] == [n.name for n in plan.nodes]
+    inside = joint.nodes[len(plan.nodes):]
+    assert inside[0].name == "entrance/buffer/rollout.generate"
+    assert [n.name for n in inside[1:]] == [f"entrance/{n.name}" for n in entrance.nodes[3:]]
+    own = {n.name for n in inside}
+    for node in inside[1:]:
+        assert set(node.deps) <= own | {"prompts"}, node
+        assert node.output_keys == entrance.node(node.name[len("entrance/"):]).output_keys
+    ran = [n for n in joint.nodes if n.name not in skip]
+    assert not any(d in own for n in ran if n.name not in own for d in n.deps)

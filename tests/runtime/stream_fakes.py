@@ -10,6 +10,7 @@ import random
 import torch
 
 from hybridflow.core.batch import Batch
+from hybridflow.plan.streaming_split import ENTRANCE_PREFIX
 from hybridflow.program.assemble import prepare
 from hybridflow.runtime.common import StepResult
 from hybridflow.runtime.outputs import StreamTake
@@ -61,6 +62,7 @@ class FakeStream:
         self.trained: list[list[str]] = []
         self.store = StreamStore()
         self.handed: list[list[str]] = []  # per pass, the stream-side producers taken
+        self.joint: list[tuple] = []  # (training pass, 1 on, with an entrance inside; its uids)
 
     # the executor surface the streaming scheduler's StreamClient uses
     def pool_size(self, pool) -> int:
@@ -90,6 +92,8 @@ class FakeStream:
             self.store.add(_rows(done) if done else None)
             return {"groups": self.store.report(), "busy": bool(self.flight),
                     "rows": len(done), "counts": {}}
+        if method == "stream_start":  # background: polls are the only progress here
+            return True
         if method == "stream_abort":
             self.flight = []
             self.store.clear()
@@ -105,9 +109,22 @@ class FakeStream:
     def run_step(self, feeds, plan=None, skip=frozenset(), draw=None):
         """An entrance pass (its feed reads the groups and leaves them: GRPO's
         stream-side nodes, `entrance`), or a training pass: each buffer takes its
-        producer's rows, which must be row-aligned with the samples."""
-        if any(f.leave for f in feeds.values()):
-            return self.entrance(feeds)
+        producer's rows, which must be row-aligned with the samples; a training pass
+        may hold an entrance pass too (its feed and nodes named `entrance/...`:
+        plan/streaming_split.py `joint_plan`), run after the takes."""
+        inside = {n: f for n, f in feeds.items() if n.startswith(ENTRANCE_PREFIX)}
+        train = {n: f for n, f in feeds.items() if n not in inside}
+        if any(f.leave for f in train.values()):
+            return self.entrance(train)
+        result = self.train(train)
+        if inside:
+            self.joint.append((len(self.trained), list(inside.values())[0].shards[0][1]))
+            entrance = self.entrance(inside, ENTRANCE_PREFIX)
+            result.outputs.update(entrance.outputs)
+            result.node_metrics.update(entrance.node_metrics)
+        return result
+
+    def train(self, feeds) -> StepResult:
         rows = {f.producer: self.taken(f) for f in feeds.values()}
         batch = rows.pop(None)
         for producer, handed in rows.items():  # each row is its sample's: see entrance
@@ -117,16 +134,17 @@ class FakeStream:
         self.version += 1
         return StepResult(outputs={})
 
-    def entrance(self, feeds) -> StepResult:
+    def entrance(self, feeds, at: str = "") -> StepResult:
         """GRPO's stream-side nodes on whole groups: each handed-over node's output is
-        one column named after it, a tag of its sample's row (uid and version)."""
+        one column named after it, a tag of its sample's row (uid and version); `at`:
+        their names' prefix (inside a training pass)."""
         (feed,) = feeds.values()
         batch = self.taken(feed)
         tags = torch.tensor(_tags(batch))
-        outputs = {name: Shards([Batch({name: tags.clone()})])
+        outputs = {at + name: Shards([Batch({name: tags.clone()})])
                    for name in ("grpo_advantages", "ref.logprob")}
         return StepResult(outputs=outputs, node_metrics={
-            "reward.score": {"reward/score/mean": float(len(batch))}})
+            at + "reward.score": {"reward/score/mean": float(len(batch))}})
 
     # an entrance pass's rows go back to the store holding the groups
     def node_id(self, plan, node, pool, rank):

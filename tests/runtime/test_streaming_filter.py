@@ -14,9 +14,11 @@ import pytest
 from hybridflow.runtime.common import StepResult
 from hybridflow.runtime.run_long.run_scheduler import RunScheduler
 from stream_fakes import N, REPO, SIZE, STEPS, FakeStream, Loader, Shards
+from hybridflow.plan.streaming_split import ENTRANCE_PREFIX
 from hybridflow.program.assemble import prepare
 
 FEED = "buffer/rollout.generate"  # the entrance pass's feed (plan/stream_filter.py)
+INSIDE = ENTRANCE_PREFIX + FEED  # its feed inside a training pass (streaming_split.py)
 
 
 @functools.lru_cache(maxsize=None)
@@ -29,7 +31,10 @@ def dapo_plan(k: int, max_rounds: int):
 
 
 def dropped(uid: str, every: int) -> bool:
-    return int(uid[1:]) % every != 0  # keeps u0, u<every>, ...: 1 group in `every`
+    """Keeps u0, u<every>, ...: 1 group in `every`; `every` < 0: drops 1 in -every."""
+    if every < 0:
+        return int(uid[1:]) % -every == 1
+    return int(uid[1:]) % every != 0
 
 
 class FilteringStream(FakeStream):
@@ -46,14 +51,26 @@ class FilteringStream(FakeStream):
         return super().call(method, *args, **kwargs)
 
     def run_step(self, feeds, plan=None, skip=frozenset(), draw=None):
-        if FEED not in feeds:
-            return super().run_step(feeds, plan, skip, draw)
-        rows = self.taken(feeds[FEED])  # screened where they wait: left in the store
+        """An entrance pass of its own (fed `FEED`), or a training pass, with the
+        entrance inside it when fed `INSIDE` (its nodes then named `entrance/...`)."""
+        if FEED in feeds:
+            return self.screen(feeds[FEED])
+        result = super().run_step({n: f for n, f in feeds.items() if n != INSIDE},
+                                  plan, skip, draw)
+        if INSIDE in feeds:
+            self.joint.append((len(self.trained), feeds[INSIDE].shards[0][1]))
+            inside = self.screen(feeds[INSIDE], ENTRANCE_PREFIX)
+            result.outputs.update(inside.outputs)
+            result.node_metrics.update(inside.node_metrics)
+        return result
+
+    def screen(self, feed, at: str = "") -> StepResult:
+        rows = self.taken(feed)  # screened where they wait: left in the store
         uids = [str(u) for u in rows["uid"]]
         self.log += [("drop", u) for u in dict.fromkeys(uids) if dropped(u, self.every)]
         kept = rows.take([i for i, u in enumerate(uids) if not dropped(u, self.every)])
-        return StepResult(outputs={"drop_uniform_groups": Shards([kept])},
-                          node_metrics={"drop_uniform_groups": {
+        return StepResult(outputs={at + "drop_uniform_groups": Shards([kept])},
+                          node_metrics={at + "drop_uniform_groups": {
                               "dapo/dropped_groups_total": float(len(set(uids)) - len(
                                   set(kept["uid"])))}})
 
@@ -62,9 +79,13 @@ class FilteringStream(FakeStream):
 
 
 
-def run(k, seed, every=3, max_rounds=100, steps=range(1, STEPS + 1), state=None):
-    engine = FilteringStream(seed, every, version=steps[0] - 1)
-    sched = RunScheduler(engine, dapo_plan(k, max_rounds), Loader(), background=False)
+def run(k, seed, every=3, max_rounds=100, steps=range(1, STEPS + 1), state=None,
+        background=False):
+    """`background`: polled as an engine on its own thread is, here a fast one (its
+    requests done by the next poll), so the next step's groups are whole before its
+    pass and screened inside the training pass before it."""
+    engine = FilteringStream(seed, every, version=steps[0] - 1, slow=1 if background else 4)
+    sched = RunScheduler(engine, dapo_plan(k, max_rounds), Loader(), background=background)
     if state is not None:
         sched.load_state_dict(state, steps[0] - 1)
     results, states, filtered = {}, {}, {}
@@ -83,10 +104,12 @@ def _no_submit_after_drop(log: list, also_dropped: set = frozenset()) -> None:
             gone.add(uid)
 
 
+@pytest.mark.parametrize("background", [False, True])
 @pytest.mark.parametrize("k", [1, 2])
 @pytest.mark.parametrize("seed", range(3))
-def test_dropped_groups_are_never_trained_nor_drawn_again_and_batches_fill(k, seed):
-    engine, sched, results, _, filtered = run(k, seed)
+def test_dropped_groups_are_never_trained_nor_drawn_again_and_batches_fill(k, seed,
+                                                                           background):
+    engine, sched, results, _, filtered = run(k, seed, background=background)
     drops = [u for uids in filtered.values() for u in uids]
     trained = [u for uids in engine.trained for u in uids]
     assert all(len(uids) == SIZE for uids in engine.trained)  # each batch filled
@@ -114,13 +137,14 @@ def test_max_rounds_bounds_the_wait_with_a_short_batch_of_kept_groups():
     assert len(trained) == len(set(trained)) and all(not dropped(u, 4) for u in trained)
 
 
+@pytest.mark.parametrize("background", [False, True])
 @pytest.mark.parametrize("k", [1, 2])
 @pytest.mark.parametrize("save", range(1, STEPS))
 def test_resume_with_filtering_trains_each_kept_prompt_once_and_never_redraws_a_drop(
-        k, save):
-    whole, _, _, states, filtered = run(k, 7)
+        k, save, background):
+    whole, _, _, states, filtered = run(k, 7, background=background)
     resumed, sched, _, _, filtered_after = run(k, 11, steps=range(save + 1, STEPS + 1),
-                                               state=states[save])
+                                               state=states[save], background=background)
     dropped_before = {u for s in range(1, save + 1) for u in filtered[s]}
     trained = [u for uids in whole.trained[:save] + resumed.trained for u in uids]
     assert len(trained) == len(set(trained)) == STEPS * SIZE
@@ -129,3 +153,26 @@ def test_resume_with_filtering_trains_each_kept_prompt_once_and_never_redraws_a_
     assert not drops & set(trained)
     drawn = {f"u{i}" for i in range(sched.loader.served)}
     assert set(trained) | drops | set(sched.source.prompts) == drawn  # nothing drawn is lost
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_filter_inside_the_training_pass_screens_the_next_steps_groups(seed):
+    """A fast engine on its own thread (k = 3, 1 group in 4 dropped; the lead counts
+    prompts, so a filter that drops groups needs k > 2 to hold a step's kept groups
+    ahead here): the groups whole
+    before a pass are screened inside it, beside the update; the drops are counted
+    with the step they are drawn again for (the next one), so each step's
+    `gather/extra_rounds` and the filter's own count agree and add up to every drop;
+    a dropped group is never trained nor drawn again."""
+    engine, sched, results, _, filtered = run(3, seed, every=-4, background=True)
+    assert engine.joint
+    trained = [u for uids in engine.trained for u in uids]
+    assert len(trained) == len(set(trained)) == STEPS * SIZE
+    drops = [u for uids in filtered.values() for u in uids]
+    assert drops and not set(drops) & set(trained)
+    _no_submit_after_drop(engine.log)
+    for r in results.values():
+        assert r.metrics["gather/extra_rounds"] * SIZE == \
+            r.metrics.get("dapo/dropped_groups_total", 0.0)
+    assert sum(r.metrics["gather/extra_rounds"] for r in results.values()) * SIZE \
+        == sched.source.filtered

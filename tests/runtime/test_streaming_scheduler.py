@@ -12,9 +12,12 @@ import pytest
 from hybridflow.runtime.run_long.run_scheduler import RunScheduler
 from stream_fakes import STEPS, SIZE, FakeStream, Loader, plan_for
 
-def run(k, seed, steps=range(1, STEPS + 1), state=None, slow=4, side="auto"):
+def run(k, seed, steps=range(1, STEPS + 1), state=None, slow=4, side="auto",
+        background=False):
+    """`background`: polled as a rollout with its engine on its own thread is (one
+    more poll after each pass, whose groups the next pass screens beside training)."""
     engine = FakeStream(seed, version=steps[0] - 1, slow=slow)
-    sched = RunScheduler(engine, plan_for(k, side), Loader(), background=False)
+    sched = RunScheduler(engine, plan_for(k, side), Loader(), background=background)
     if state is not None:
         sched.load_state_dict(state, steps[0] - 1)
     results, states = {}, {}
@@ -42,12 +45,14 @@ def test_stale_groups_are_generated_again_not_trained():
     assert max(r.metrics["async/staleness/max"] for r in results.values()) <= 1
 
 
+@pytest.mark.parametrize("background", [False, True])
 @pytest.mark.parametrize("k", [1, 2])
 @pytest.mark.parametrize("save", range(1, STEPS))
-def test_resume_after_any_step_loses_and_repeats_no_prompt(k, save):
-    whole, _, _, states = run(k, 7)
+def test_resume_after_any_step_loses_and_repeats_no_prompt(k, save, background):
+    whole, _, _, states = run(k, 7, background=background)
     state, at_save = states[save]
-    resumed, sched, _, _ = run(k, 11, steps=range(save + 1, STEPS + 1), state=state)
+    resumed, sched, _, _ = run(k, 11, steps=range(save + 1, STEPS + 1), state=state,
+                               background=background)
     before = [u for uids in whole.trained[:save] for u in uids]
     after = [u for uids in resumed.trained for u in uids]
     trained = before + after
@@ -80,3 +85,27 @@ def test_generate_only_keeps_them_on_the_train_side():
     assert sched.source.entrance is None
     assert engine.handed == [[]] * STEPS
     assert len({u for uids in engine.trained for u in uids}) == STEPS * SIZE
+
+
+@pytest.mark.parametrize("k", [2, 3])
+@pytest.mark.parametrize("seed", range(3))
+def test_the_entrance_runs_inside_the_training_pass_on_groups_already_whole(k, seed):
+    """With the engine on its own thread (here: a fast engine, its requests done by
+    the next poll), the groups a pass's closing poll found whole run through the
+    stream-side nodes inside the next training pass (beside the update), not in a
+    pass of their own; each is trained in a later step, once, with its own
+    handed-over rows (FakeStream checks the tags) and within the bound; a step
+    reports the reward of the groups it trains, and no `entrance/` node. (At k = 1
+    the one batch ahead is drawn as its step begins: whole only after that step's
+    pass, so it is screened in a pass of its own.)"""
+    engine, sched, results, _ = run(k, seed, slow=1, background=True)
+    assert len(engine.joint) >= STEPS // 2, engine.joint
+    trained = [u for uids in engine.trained for u in uids]
+    assert len(trained) == len(set(trained)) == STEPS * SIZE
+    for at, screened in engine.joint:  # trained by a later pass than screened them
+        assert all(trained.index(u) >= at * SIZE for u in screened)
+    assert engine.handed == [["grpo_advantages", "ref.logprob"]] * STEPS
+    for result in results.values():
+        assert result.metrics["async/staleness/max"] <= k
+        assert result.metrics["reward/score/mean"] > 0
+        assert not any(n.startswith("entrance/") for n in result.node_metrics)

@@ -72,6 +72,7 @@ def _handle(result: StepResult, name: str):
 class PassSource:
     def __init__(self, runtime, plan: ExecutionPlan, loader, draws: Draws):
         self.runtime, self.plan, self.loader, self.draws = runtime, plan, loader, draws
+        self.pass_plan = plan  # every pass runs the one plan
         self.k = staleness_of(plan)
         self.buffers = buffer_nodes(plan)
         self.synchronous = not self.buffers

@@ -91,7 +91,7 @@ class RunScheduler:
                 source.wait(step)
                 continue
             feeds, skip, draw = source.feeds(taken, generate)
-            result = self.runtime.run_step(feeds, plan=self.plan, skip=skip, draw=draw)
+            result = self.runtime.run_step(feeds, plan=source.pass_plan, skip=skip, draw=draw)
             passes.append(result)
             source.after_pass(result, generate)
             if taken is None and source.synchronous:

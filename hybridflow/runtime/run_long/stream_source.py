@@ -103,7 +103,8 @@ class StreamSource:
             self.max_rounds = int(self.gather.kwargs["max_rounds"])
             if spec.screened_by:
                 self.entrance = StreamEntrance(runtime, plan, self.gen, self.gather, self.k,
-                                               spec.unit or "uid")
+                                               spec.unit or "uid",
+                                               stream_side=self.rollout_side)
         else:
             self.entrance = self._stream_side(plan, spec.unit or "uid")
         self.options = {k: v for k, v in self.gen.kwargs.items() if v is not None}
@@ -122,6 +123,10 @@ class StreamSource:
         self.counts: dict = {}
         self.requeued = self.filtered = self.drawn = 0  # drawn: batches drawn, ever
         self.last_filtered: list[str] = []  # the uids the entrance dropped in the last step
+        self.pass_plan, self.joint = plan, False  # the plan of the step's pass; entrance in it
+        self.last = False  # the step is the run's last
+        self.ahead_dropped = 0  # dropped in a step's pass: counted with the next step
+        self.screens = {"inside": 0, "apart": 0}  # groups screened in the step's pass, or not
 
     def _stream_side(self, plan: ExecutionPlan, unit: str) -> StreamEntrance | None:
         """The entrance pass of the stream-side nodes after the generate node (no
@@ -133,7 +138,7 @@ class StreamSource:
         handed = tuple(p for p in self.buffers.values() if p is not None)
         samples_read = None in self.buffers.values()
         return StreamEntrance(self.runtime, plan, self.gen, None, self.k, unit, names,
-                              handed, samples_read)
+                              handed, samples_read, self.rollout_side)
 
     def resumed(self, step: int) -> None:
         self.ledger.clear()
@@ -148,8 +153,9 @@ class StreamSource:
         if self.background and not self.started:
             self.client.start()
         self.started = True
-        self.began, self.filtered_at, self.drawn_at = time.perf_counter(), self.filtered, \
-            self.drawn
+        self.began, self.drawn_at = time.perf_counter(), self.drawn
+        self.filtered_at, self.ahead_dropped = self.filtered - self.ahead_dropped, 0
+        self.screens = {"inside": 0, "apart": 0}  # groups screened in the step's pass, or not
         # the progress rule: at most this many groups dropped, none kept
         self.bound = (self.max_rounds + 1) * self.size + len(self.prompts) \
             if self.entrance and self.gather is not None else None
@@ -159,6 +165,7 @@ class StreamSource:
         """Top up the prompts in flight; the first `size` whole groups the ledger admits
         for `step`'s update (stale ones are generated again), or None."""
         self._top_up(step, last_step)
+        self.last = step >= last_step  # no later step: nothing to screen beside it
         # DAPO's bound on the extra draws: past it, train the kept groups held
         short = self.entrance is not None and self.gather is not None and \
             self.filtered - self.filtered_at > self.max_rounds * self.size
@@ -173,8 +180,12 @@ class StreamSource:
         return False  # the engine generates between and during passes, not in them
 
     def wait(self, step: int) -> None:
-        """Nothing to train yet: poll (on Ray, blocking on the worker up to
-        POLL_WAIT_S), after checking that the step can still train at all."""
+        """Nothing to train yet: screen the groups that arrived whole (in a pass of
+        their own: the step needs them now), else poll (on Ray, blocking on the worker
+        up to POLL_WAIT_S), after checking that the step can still train at all."""
+        if self.entrance is not None and self.ledger.arrived:
+            self._screen()
+            return
         self._check_progress(step, self.filtered - self.filtered_at, self.bound,
                              self.drawn - self.drawn_at)
         self._poll(POLL_WAIT_S if self.background else 0.0,
@@ -182,14 +193,31 @@ class StreamSource:
 
     def feeds(self, taken, generate: bool) -> tuple[dict, frozenset, None]:
         """Each buffer is fed its producer's rows of the taken groups (worker to
-        worker: a `StreamTake` each)."""
+        worker: a `StreamTake` each). Groups that arrived whole and wait to be
+        screened run through the entrance's nodes inside this pass, beside the
+        train side (`pass_plan`: the joint plan, stream_entrance.py)."""
         uids = [uid for uid, _ in taken]
-        takes = self.client.takes(uids, list(self.buffers.values()))
-        return dict(zip(self.buffers, takes)), self.rollout_side, None
+        feeds = dict(zip(self.buffers, self.client.takes(uids, list(self.buffers.values()))))
+        self.joint = self.entrance is not None and bool(self.ledger.arrived) and \
+            not self.last
+        if not self.joint:
+            self.pass_plan = self.plan
+            return feeds, self.rollout_side, None
+        self.pass_plan = self.entrance.joint
+        groups = self.ledger.arrivals()
+        self.screens["inside"] += len(groups)
+        feeds.update(self.entrance.inside(groups))
+        return feeds, self.entrance.joint_skip, None
 
     def after_pass(self, result, generate: bool) -> None:
-        if self.background:  # what the engine's thread did during the pass, on record
-            self._poll(0.0, strict=False)
+        if self.joint:  # the groups screened beside training: the next step's
+            filtered = self.filtered
+            self._settle(*self.entrance.absorb(result))
+            self.ahead_dropped += self.filtered - filtered
+            self.joint = False
+        if self.background:  # what the engine's thread did during the pass, on record;
+            # the groups it finished wait to be screened inside the next step's pass
+            self._poll(0.0, strict=False, screen=False)
 
     def trained(self, step: int, last_step: int, taken: list) -> None:
         self._consumed([uid for uid, _ in taken])
@@ -230,7 +258,8 @@ class StreamSource:
             self.requeued += len(stale)
             self._submit(Batch.concat([self.prompts[u] for u in stale]))
 
-    def _poll(self, wait_s: float, strict: bool = True, want: int = 1) -> bool:
+    def _poll(self, wait_s: float, strict: bool = True, want: int = 1,
+              screen: bool = True) -> bool:
         """The groups that became whole into the ledger; False when none did. Raises
         when nothing is in flight and the buffer cannot fill (a defect, not a wait)."""
         arrived, busy, counts = False, False, {}
@@ -244,7 +273,7 @@ class StreamSource:
                 self.ledger.add(reply["groups"])
                 arrived = True
         self.counts = counts
-        if self.entrance is not None and self.ledger.arrived:
+        if screen and self.entrance is not None and self.ledger.arrived:
             self._screen()
         # (a poll reads the store and `busy` under one lock)
         if strict and not arrived and not busy:
@@ -258,7 +287,11 @@ class StreamSource:
         """The whole groups that arrived, through the entrance filter: the kept ones
         join the buffer, the dropped ones are counted and their prompts consumed
         (more are drawn in their place, none drawn again)."""
-        kept, dropped = self.entrance.screen(self.ledger.arrivals())
+        groups = self.ledger.arrivals()
+        self.screens["apart"] += len(groups)
+        self._settle(*self.entrance.screen(groups))
+
+    def _settle(self, kept: list, dropped: list[str]) -> None:
         self.ledger.settle(kept, dropped)
         self.filtered += len(dropped)
         self.last_filtered += dropped
@@ -289,8 +322,12 @@ class StreamSource:
                 [uid for uid, _ in taken])
             node_metrics.update(entrance)
             extra.update(timing)
+            # how many groups went through the stream side's nodes beside training
+            # (inside the step's pass) and how many in passes of their own
+            extra.update({f"async/entrance/{k}_groups": float(v)
+                          for k, v in self.screens.items()})
         if self.gather is not None:  # DAPO's names, as the pipelined gather reports them
-            dropped = self.filtered - self.filtered_at
+            dropped = self.filtered - self.filtered_at - self.ahead_dropped
             node_metrics[self.gather.name] = {
                 f"{self.gather.name}/extra_rounds": dropped / self.size,
                 f"{self.gather.name}/short_rows": float((self.size - len(groups))
