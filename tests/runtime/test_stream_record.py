@@ -55,6 +55,22 @@ def test_a_steps_records_start_with_the_step_and_an_idle_interval_breaks_them(cl
         [(103.5, 104.0, 3, 2)]
 
 
+def test_background_replies_with_spans_record_the_work_not_the_waits(clock):
+    """A reply's decode spans (the loop's work, timed on the worker) are the records:
+    clipped to the step, a gap between spans left out, the counts on the last; a
+    reply with no span (the engine waited) records nothing, even while busy."""
+    rec = StreamRecorder("g", "rollout", "gen", background=True)
+    rec.begin_step()  # t = 100
+    clock.t = 101.0
+    rec.polled(100.9, [{**reply(6, rows=2), "spans": [[99.5, 100.2], [100.6, 100.8]]}])
+    clock.t = 101.5
+    rec.polled(101.4, [{**reply(6), "spans": []}])
+    clock.t = 102.0
+    rec.polled(101.9, [{**reply(7, rows=1), "spans": [[100.8, 101.9]]}])
+    assert [(r["start"], r["end"], r["decode_steps"], r["rows"]) for r in rec.records] == \
+        [(100.0, 100.2, 0, 0), (100.6, 101.9, 7, 3)]
+
+
 def test_an_inline_poll_is_the_decode_span_of_the_call(clock):
     rec = StreamRecorder("g", "rollout", "main", background=False)
     rec.begin_step()

@@ -9,10 +9,14 @@ of the generate node, `{"node", "role", "pool", "rank", "start", "end", "stream"
 
 - `stream: "decode"` (inline polls: the local runtime, or a rollout sharing the actor's
   process): the poll call itself, which ran the decode steps;
-- `stream: "poll"` (the engine loop on the rollout worker's own thread): the interval
-  between two polls in which the engine had requests in flight or made progress, with
-  the decode steps it counted and the rows that finished in it. Consecutive intervals
-  are merged, so a wait of many short polls is one record per rank.
+- `stream: "poll"` (the engine loop on the rollout worker's own thread): what the loop
+  spent decoding between two polls — the reply's `spans`, the wall-clock intervals of
+  its decode steps (merged on the worker when they touch), so the pool's busy time
+  counts the engine's work, not its waits for room in the buffer — with the decode
+  steps it counted and the rows that finished on the last of them. A reply without
+  spans (an engine that does not time its steps) is recorded as the interval between
+  the two polls when the engine had requests in flight or made progress. Touching
+  records are merged, so a wait of many short polls is one record per rank.
 
 A step's records start no earlier than the step (the time between two steps is not
 recorded) and end at its last poll; the scheduler polls once more after the pass, so
@@ -51,7 +55,13 @@ class StreamRecorder:
             steps = int(reply.get("counts", {}).get("decode_steps", 0))
             done, self.decoded[rank] = steps - self.decoded.get(rank, 0), steps
             rows = int(reply.get("rows") or 0)  # samples that finished (a count)
-            if done > 0 or rows or (self.background and reply.get("busy")):
+            spans = [(max(a, self.step_began), b) for a, b in reply.get("spans") or ()
+                     if b > self.step_began] if self.background else []
+            for i, (start, end) in enumerate(spans):  # the counts go with the last
+                last = i == len(spans) - 1
+                self._add(rank, start, end, done if last else 0, rows if last else 0)
+            if not spans and "spans" not in reply and (
+                    done > 0 or rows or (self.background and reply.get("busy"))):
                 self._add(rank, since, now, done, rows)
         self.polled_at = now
 

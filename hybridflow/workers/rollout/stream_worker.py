@@ -32,9 +32,19 @@ rollout with its own weights receives them through `rollout.load_weights` (the p
 weight sync), which takes `stream_lock`, so a load lands between two decode steps of
 the background loop, never inside one.
 
-State (per worker): `_stream_lock` and its condition (signalled when a group becomes
-whole), the store, the background thread and its stop flag, the error it died of
-(re-raised by the next poll).
+Two locks, taken in this order when both are: `stream_lock`, the engine's (a decode
+step, a submit, a weight load), and the store's (`_store_lock`, with the condition a
+waiting poll sleeps on: signalled when a group becomes whole or the engine goes
+idle). A take or a keep (a pass's task) takes only the store's, so it never waits for
+a decode step; the loop adds a step's finished rows, and says whether requests are
+left (`_stream_busy`, with the engine's counters as they were then), under both, so
+a poll that finds no group and no request in flight is right that none is coming.
+
+State (per worker): the two locks, the store, the background thread and its stop
+flag, the error it died of (re-raised by the next poll), the counters (seconds
+decoding and refreshing weights, tokens) and the loop's decode spans since the last
+poll (`_stream_spans`: wall-clock [start, end] pairs, merged; the timeline's busy
+time of the rollout pool counts them, not the loop's waits).
 """
 from __future__ import annotations
 
@@ -49,21 +59,34 @@ from hybridflow.workers.rollout.weights import refresh_engine
 
 __all__ = ["StreamCalls"]
 
+# decode steps closer than this make one span; a reply holds at most MAX_SPANS
+SPAN_GAP_S, MAX_SPANS = 0.002, 64
+
 
 class StreamCalls:
     """Mixed into RolloutWorker: needs `engine`, `rollout_cfg`, `ctx`, `_host()`."""
 
     @property
     def stream_lock(self) -> threading.Lock:
+        """The engine's lock (a decode step, a submit, a weight load)."""
         if getattr(self, "_stream_lock", None) is None:
             self._stream_lock = threading.Lock()
-            self._stream_done = threading.Condition(self._stream_lock)
+            self._store_lock = threading.Lock()
+            self._stream_done = threading.Condition(self._store_lock)
             self._stream_store, self._stream_error = StreamStore(), None
             # seconds decoding and refreshing weights, response tokens made: the
             # generate node's metrics in every mode (the driver takes differences)
             self._stream_time = {"gen_s": 0.0, "sync_s": 0.0, "tokens": 0}
             self._stream_thread, self._stream_stop = None, threading.Event()
+            self._stream_busy, self._stream_counts = False, {}
+            self._stream_spans: list[list[float]] = []
         return self._stream_lock
+
+    @property
+    def store_lock(self) -> threading.Lock:
+        """The store's lock (after `stream_lock` when both are taken)."""
+        self.stream_lock  # noqa: B018 - creates both
+        return self._store_lock
 
     def _stream_engine(self):
         engine = self.engine
@@ -82,11 +105,14 @@ class StreamCalls:
         if not len(batch):
             return {}
         with self.stream_lock:
-            self._stream_engine().submit(batch.repeat(opts.n, interleave=True), opts)
-            if not self._stream_reports():
-                return {}
-            counts = {str(uid): opts.n for uid in batch["uid"]}
-            self._stream_store.expect(counts)
+            engine = self._stream_engine()
+            engine.submit(batch.repeat(opts.n, interleave=True), opts)
+            with self.store_lock:
+                self._stream_busy = bool(engine.stream_busy)
+                if not self._stream_reports():
+                    return {}
+                counts = {str(uid): opts.n for uid in batch["uid"]}
+                self._stream_store.expect(counts)
         return counts
 
     def stream_start(self) -> bool:
@@ -106,16 +132,27 @@ class StreamCalls:
             while not self._stream_stop.is_set():
                 with lock:
                     engine = self._stream_engine()
-                    out = self._timed_poll(engine, 1) if engine.stream_busy else None
-                    self._stream_store.add(out)
+                    span = None
+                    if engine.stream_busy:
+                        began = time.time()
+                        out = self._timed_poll(engine, 1)
+                        span = (began, time.time())
+                    else:
+                        out = None
                     idle = not engine.stream_busy
-                    if self._stream_store.reported or idle:  # a waiting poll returns
-                        self._stream_done.notify_all()
+                    with self._store_lock:
+                        self._stream_store.add(out)
+                        self._stream_busy = not idle
+                        self._stream_counts = {**engine.stream_counts(), **self._stream_time}
+                        if span is not None:
+                            _add_span(self._stream_spans, span)
+                        if self._stream_store.reported or idle:  # a waiting poll returns
+                            self._stream_done.notify_all()
                 if idle:
                     self._stream_stop.wait(0.002)
         except BaseException as err:  # noqa: BLE001 - re-raised by the next poll
             self._stream_error = err
-            with lock:
+            with self._store_lock:
                 self._stream_done.notify_all()
 
     def stream_poll(self, wait_s: float = 0.0, want: int = 1) -> dict:
@@ -123,30 +160,43 @@ class StreamCalls:
         "busy": requests left, "rows": samples that finished, "counts": the engine's
         counters}. Background mode waits up to `wait_s` until `want` groups are whole
         (or the engine is idle): one reply for what the step needs, not one a group."""
-        with self.stream_lock:
-            engine = self._stream_engine()
-            store = self._stream_store
-            if self._stream_thread is None:
-                began = time.perf_counter()
-                self._refresh(engine)
-                self._stream_time["sync_s"] += time.perf_counter() - began
-                before = _rows_in(store)
-                store.add(self._timed_poll(engine, self.rollout_cfg.stream_poll_steps))
-            else:
-                before, deadline = 0, time.monotonic() + wait_s
-                while len(store.reported) < max(1, want) and self._stream_error is None \
-                        and engine.stream_busy and time.monotonic() < deadline:
-                    self._stream_done.wait(timeout=deadline - time.monotonic())
+        if self._stream_thread is None:
+            return self._inline_poll()
+        store = self._stream_store
+        with self.store_lock:  # the loop's thread decodes meanwhile
+            deadline = time.monotonic() + wait_s
+            while len(store.reported) < max(1, want) and self._stream_error is None \
+                    and self._stream_busy and time.monotonic() < deadline:
+                self._stream_done.wait(timeout=deadline - time.monotonic())
             if self._stream_error is not None:
                 raise RuntimeError("the streaming rollout loop failed") from self._stream_error
             groups = store.report()
-            rows = sum(g[0] for g in groups.values()) if self._stream_thread is not None \
-                else _rows_in(store) - before
-            counts = {**engine.stream_counts(), **self._stream_time}
-            if not self._stream_reports():  # a replica of its group's first rank
-                groups, counts, rows = {}, {}, 0
-            return {"groups": groups, "busy": bool(engine.stream_busy), "rows": rows,
-                    "counts": counts}
+            spans, self._stream_spans = self._stream_spans, []
+            return self._reply(groups, sum(g[0] for g in groups.values()),
+                               dict(self._stream_counts), self._stream_busy, spans)
+
+    def _inline_poll(self) -> dict:
+        """`rollout.stream_poll_steps` decode steps here and now (no loop thread)."""
+        with self.stream_lock, self.store_lock:
+            engine, store = self._stream_engine(), self._stream_store
+            began = time.perf_counter()
+            self._refresh(engine)
+            self._stream_time["sync_s"] += time.perf_counter() - began
+            before = _rows_in(store)
+            store.add(self._timed_poll(engine, self.rollout_cfg.stream_poll_steps))
+            groups = store.report()
+            return self._reply(groups, _rows_in(store) - before,
+                               {**engine.stream_counts(), **self._stream_time},
+                               bool(engine.stream_busy))
+
+    def _reply(self, groups: dict, rows: int, counts: dict, busy: bool,
+               spans: list | None = None) -> dict:
+        if not self._stream_reports():  # a replica of its group's first rank
+            groups, counts, rows, spans = {}, {}, 0, None
+        reply = {"groups": groups, "busy": busy, "rows": rows, "counts": counts}
+        if spans is not None:
+            reply["spans"] = spans
+        return reply
 
     def _timed_poll(self, engine, steps: int):
         """`engine.poll(steps)`, its seconds and the response tokens it finished
@@ -162,14 +212,14 @@ class StreamCalls:
                     ) -> Batch:
         """`producer`'s rows of these whole groups (None: the samples; they leave the
         store unless `leave`)."""
-        with self.stream_lock:
+        with self.store_lock:  # not the engine's: a take never waits for a decode step
             return self._stream_store.take(list(uids), leave, producer)
 
     def stream_keep(self, kept: Batch | None, uids: list[str], dropped: list[str],
                     producer: str | None = None, layout: list | None = None,
                     drop_samples: bool = False) -> int:
         """An entrance pass's verdict on groups held here (StreamStore.keep)."""
-        with self.stream_lock:
+        with self.store_lock:
             self._stream_store.keep(kept, list(uids), list(dropped), producer, layout,
                                     drop_samples)
             return self._stream_store.held()
@@ -188,11 +238,22 @@ class StreamCalls:
         if self._stream_thread is not None:
             self._stream_thread.join(timeout=60)
             self._stream_thread = None
-        with lock:
+        with lock, self._store_lock:
             self._stream_store.clear()
+            self._stream_busy, self._stream_spans = False, []
             return int(self._stream_engine().abort())
 
 
 def _rows_in(store: StreamStore) -> int:
     """Finished rows the store holds (whole or partial groups)."""
     return store.rows()
+
+
+def _add_span(spans: list, span: tuple) -> None:
+    """A decode step's [start, end] into the spans since the last poll: merged with
+    the last when they (nearly) touch, or when the reply would grow past MAX_SPANS."""
+    start, end = span
+    if spans and (start - spans[-1][1] <= SPAN_GAP_S or len(spans) >= MAX_SPANS):
+        spans[-1][1] = end
+    else:
+        spans.append([start, end])
