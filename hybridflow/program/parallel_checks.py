@@ -37,6 +37,7 @@ __all__ = ["check_parallel_layouts", "role_layout", "role_model_config",
 # the section holding a role's own model directory; a role without one (or whose key
 # is unset) runs the policy's model (`model.path` / `model.hf_config`)
 _ROLE_MODEL_KEYS = {"ref": "ref.path", "critic": "critic.path"}
+_MODEL_ROLES = ("actor", "rollout", "ref", "critic")  # the roles that run a transformer
 
 
 def role_layout(plan: ExecutionPlan, role: str) -> tuple[int, int]:
@@ -52,7 +53,7 @@ def role_model_config(cfg: DictConfig, role: str) -> dict | None:
     from hybridflow.program.model_checks import read_model_dir
     key = _ROLE_MODEL_KEYS.get(role)
     spec = OmegaConf.select(cfg, key) if key else None
-    if role not in ("actor", "rollout", "ref", "critic"):
+    if role not in _MODEL_ROLES:
         return None
     spec = spec or cfg.model.path
     if spec:
@@ -79,6 +80,7 @@ def check_parallel_layouts(cfg: DictConfig, plan: ExecutionPlan) -> None:
                 f"{where}.tp={tp}: the local runtime runs every rank in one process, where "
                 f"tensor-parallel collectives cannot run; use --runtime ray (or tp=1)")
         _check_heads(cfg, role, tp)
+        _check_plan(cfg, role, tp)
         # a folded role (the rollout served by the actor) runs in its host's layout
         kinds = {n.kind for n in plan.nodes
                  if role in (n.role, plan.placement.folded.get(n.role))}
@@ -177,3 +179,35 @@ def _refuse_fsdp_host(cfg: DictConfig, plan: ExecutionPlan, role: str, host: str
         f"({host}.strategy={strategy!r} over {dp} data-parallel ranks) decodes in lockstep "
         f"over its ranks and cannot stream; place '{role}' on a pool of its own "
         f"(placement.roles.{role}=<pool>), or use trainer.async_mode=pipeline")
+
+
+def _check_plan(cfg: DictConfig, role: str, tp: int) -> None:
+    """The tensor-parallel plan the role's workers apply, translated by the worker's own
+    code (`tensor_parallel_plan`) on the role's model built on the meta device."""
+    if role not in _MODEL_ROLES:
+        return
+    from hybridflow.workers.backends.tensor_parallel import tensor_parallel_plan
+    key = _ROLE_MODEL_KEYS.get(role)
+    path = (OmegaConf.select(cfg, key) if key else None) or cfg.model.path
+    try:
+        tensor_parallel_plan(_meta_model(cfg, str(path) if path else None))
+    except ValueError as err:
+        where = f"model.path {path!r}" if path else "model.hf_config"
+        raise ConfigError(f"placement.parallel.{role}.tp={tp} ({where}): {err}") from None
+
+
+def _meta_model(cfg: DictConfig, path: str | None):
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    from hybridflow.workers.models import _hf_config, no_loading_bars
+    from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
+    from transformers.utils import logging as hf_logging
+    tokenizer = load_tokenizer(tokenizer_spec(cfg.model))
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the config's own warnings are the workers' to say
+    try:
+        with no_loading_bars(), init_empty_weights(include_buffers=True):
+            return AutoModelForCausalLM.from_config(_hf_config(cfg.model, tokenizer, path))
+    finally:
+        hf_logging.set_verbosity(level)

@@ -48,11 +48,14 @@ def test_a_model_without_any_plan_is_refused_by_name(monkeypatch):
         layer_plan(model)
 
 
-def test_a_style_hybridflow_does_not_translate_is_refused(monkeypatch):
+def test_a_style_hybridflow_does_not_translate_gives_way_to_the_projects_plan(monkeypatch):
     model = _tiny("llama")
-    plan = {**LLAMA_PLAN, "layers.*.input_layernorm": "sequence_parallel"}
+    plan = {**LLAMA_PLAN, "layers.*.mlp.gate_up_proj": "packed_colwise"}
     monkeypatch.setattr(type(model.config), "base_model_tp_plan", plan)
-    with pytest.raises(ValueError, match="'sequence_parallel' is not one hybridflow translates"):
+    assert layer_plan(model) == LLAMA_PLAN  # the project's plan for its model type
+    monkeypatch.setattr(model.config, "model_type", "llama_like")  # and none of its own
+    with pytest.raises(ValueError, match=r"uses style\(s\) \['packed_colwise'\], which "
+                                         r"hybridflow does not translate"):
         parallelize(model, mesh=None)
 
 

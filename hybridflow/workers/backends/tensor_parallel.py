@@ -27,7 +27,8 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
-__all__ = ["LLAMA_PLAN", "layer_plan", "parallelize", "is_tensor_parallel", "full_logits",
+__all__ = ["LLAMA_PLAN", "TRANSLATED", "WHOLE", "layer_plan", "tensor_parallel_plan",
+           "parallelize", "is_tensor_parallel", "full_logits",
            "clip_grad_norm", "refuse_lora"]
 
 # the Llama family's layout (Llama, Qwen2, Mistral, ...): what transformers ships for
@@ -42,45 +43,94 @@ _OWN_PLANS = {"llama": LLAMA_PLAN, "qwen2": LLAMA_PLAN, "mistral": LLAMA_PLAN}
 _MARK = "_hybridflow_tp"
 
 
+# transformers' plan styles (transformers/distributed/tensor_parallel.py, and the
+# integrations module of earlier releases) as the worker applies them: torch's DTensor
+# styles with the same layouts, or WHOLE: kept whole on every rank, which is what the
+# worker does with any module no plan names (norms, a value head); the input
+# embedding and the output head are sharded by `parallelize` itself, whatever the
+# plan says of them. A plan using any other style (packed or expert-parallel layouts)
+# gives way to the project's own plan for its model type, or is refused.
+WHOLE = ("replicate", "sequence_parallel", "replicated_with_grad_allreduce")
+
+
+def _styles() -> dict:
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    return {
+        "colwise": ColwiseParallel, "rowwise": RowwiseParallel,
+        "colwise_rep": lambda: ColwiseParallel(output_layouts=Replicate()),
+        "colwise_gather_output": lambda: ColwiseParallel(output_layouts=Replicate()),
+        "rowwise_rep": lambda: RowwiseParallel(input_layouts=Replicate()),
+        "rowwise_split_input": lambda: RowwiseParallel(input_layouts=Replicate()),
+        "embedding_rowwise": lambda: RowwiseParallel(input_layouts=Replicate(),
+                                                     output_layouts=Replicate()),
+        "embedding_colwise": lambda: ColwiseParallel(input_layouts=Replicate(),
+                                                     output_layouts=Replicate()),
+    }
+
+
+TRANSLATED = ("colwise", "rowwise", "colwise_rep", "colwise_gather_output", "rowwise_rep",
+              "rowwise_split_input", "embedding_rowwise", "embedding_colwise") + WHOLE
+
+
 def layer_plan(model: torch.nn.Module) -> dict[str, str]:
-    """Module path (relative to the base model, `*` for any layer) -> "colwise" or
-    "rowwise"; ValueError naming the model when neither it nor the project has one."""
+    """Module path (relative to the base model, `*` for any layer) -> a style name of
+    TRANSLATED: the model class's plan, or the project's for its model type when the
+    class ships none or uses a style not translated; ValueError naming the model and
+    the styles when neither can be used."""
     config = getattr(model, "config", None)
     plan = dict(getattr(config, "base_model_tp_plan", None) or {})
     kind = getattr(config, "model_type", type(model).__name__)
-    if not plan:
-        plan = dict(_OWN_PLANS.get(kind, {}))
-    if not plan:
-        raise ValueError(f"model type {kind!r} ships no tensor-parallel plan "
-                         f"(config.base_model_tp_plan) and hybridflow has none for it "
-                         f"(it has: {sorted(_OWN_PLANS)}); set placement.parallel.<role>.tp=1")
-    return plan
+    own = dict(_OWN_PLANS.get(kind, {}))
+    untranslated = sorted({str(s) for s in plan.values()} - set(TRANSLATED))
+    if plan and not untranslated:
+        return plan
+    if own:
+        return own
+    if plan:
+        raise ValueError(f"model type {kind!r}: its tensor-parallel plan "
+                         f"(config.base_model_tp_plan) uses style(s) {untranslated}, which "
+                         f"hybridflow does not translate (it translates: "
+                         f"{', '.join(TRANSLATED)}), and hybridflow has no plan of its own "
+                         f"for it (it has: {sorted(_OWN_PLANS)}); set "
+                         f"placement.parallel.<role>.tp=1")
+    raise ValueError(f"model type {kind!r} ships no tensor-parallel plan "
+                     f"(config.base_model_tp_plan) and hybridflow has none for it "
+                     f"(it has: {sorted(_OWN_PLANS)}); set placement.parallel.<role>.tp=1")
 
 
-def _style(kind: str, where: str):
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-    if kind == "colwise":
-        return ColwiseParallel()
-    if kind == "rowwise":
-        return RowwiseParallel()
-    raise ValueError(f"tensor-parallel plan entry {where!r}: style {kind!r} is not one "
-                     "hybridflow translates (colwise, rowwise); set "
-                     "placement.parallel.<role>.tp=1 for this model")
-
-
-def _expand(base: torch.nn.Module, plan: dict[str, str]) -> dict[str, object]:
-    """The plan with its `*` patterns matched against the base model's modules."""
+def _expand(base: torch.nn.Module, plan: dict[str, str], own: set[str]) -> dict[str, object]:
+    """The plan with its `*` patterns matched against the base model's modules; the
+    modules in `own` (embedding, head: sharded by `parallelize`) and WHOLE ones left."""
     names = [name for name, _ in base.named_modules() if name]
-    styles = {}
+    styles, make = {}, _styles()
     for pattern, kind in plan.items():
         hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)
                 and n.count(".") == pattern.count(".")]
         for name in hits:
-            styles[name] = _style(kind, pattern)
+            if kind not in WHOLE and name not in own:
+                styles[name] = make[kind]()
     if not styles:
         raise ValueError(f"the tensor-parallel plan {sorted(plan)} matched no module of "
                          f"{type(base).__name__}")
     return styles
+
+
+def _ends(model: torch.nn.Module):
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return embed, head
+
+
+def tensor_parallel_plan(model: torch.nn.Module) -> dict[str, object]:
+    """Base-model module name -> the DTensor style the worker applies to it (the
+    layers; `parallelize` adds the embedding and the head). What `check` runs on a
+    model built on the meta device, so a plan the worker would refuse is refused
+    before launch (program/parallel_checks.py)."""
+    base = getattr(model, "base_model", model)
+    ends = {m for m in _ends(model) if m is not None}
+    own = {name for name, module in base.named_modules() if module in ends}
+    return _expand(base, layer_plan(model), own)
 
 
 def parallelize(model: torch.nn.Module, mesh) -> torch.nn.Module:
@@ -94,10 +144,9 @@ def parallelize(model: torch.nn.Module, mesh) -> torch.nn.Module:
                                                    parallelize_module)
     base = getattr(model, "base_model", model)
     trainable = {n: p.requires_grad for n, p in model.named_parameters(remove_duplicate=False)}
-    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    embed, head = _ends(model)
     tied = head is not None and embed is not None and head.weight is embed.weight
-    parallelize_module(base, mesh, _expand(base, layer_plan(model)))
+    parallelize_module(base, mesh, tensor_parallel_plan(model))
     if embed is not None:
         parallelize_module(embed, mesh, RowwiseParallel(input_layouts=Replicate(),
                                                         output_layouts=Replicate()))
