@@ -53,6 +53,10 @@ def connect(settings: RuntimeSettings, placement: Placement) -> bool:
     """Join or start a Ray session; True when this call started it."""
     from hybridflow.core.user_code import register_with_ray
     register_with_ray()  # worker classes from the user's files travel by value
+    # a step's first failure is reported by the run (NodeFailure: one line, the traceback
+    # in error.log); the refs of the step's other failed tasks, dropped unread, would
+    # each print Ray's raw coloured traceback ("Unhandled error") on the console
+    os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
     if ray.is_initialized():
         return False
     if settings.address:
