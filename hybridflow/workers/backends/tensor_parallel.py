@@ -43,7 +43,7 @@ _OWN_PLANS = {"llama": LLAMA_PLAN, "qwen2": LLAMA_PLAN, "mistral": LLAMA_PLAN}
 _MARK = "_hybridflow_tp"
 
 
-# transformers' plan styles (transformers/distributed/tensor_parallel.py, and the
+# transformers' plan styles (transformers' ALL_PARALLEL_STYLES registry, and the
 # integrations module of earlier releases) as the worker applies them: torch's DTensor
 # styles with the same layouts, or WHOLE: kept whole on every rank, which is what the
 # worker does with any module no plan names (norms, a value head); the input
