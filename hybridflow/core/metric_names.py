@@ -19,6 +19,9 @@ logged.
 - `SCORE_MEAN` (`critic/score/mean`, the reward worker's mean score) and
   `SHAPED_REWARD_MEAN` (`critic/rewards/mean`, the reward after a graph's shaping):
   the progress bar of `hybridflow run` shows the first of `OPTIMISED_REWARD_KEYS`.
+- `MFU` (`perf/mfu`): a model phase's achieved FLOP rate over the device's measured
+  peak, written by the worker (workers/mfu.py); the scheduler logs it per node as
+  `perf/mfu/<node>` (`mfu_key`), verl's name.
 - `STEP_TIME` (`perf/time_per_step`): the loop's wall time of a step, which reading a
   measured run for the planner takes the median of (`program/run_dir.py`).
 - `ZERO_STD_GROUPS` (`critic/score/frac_zero_std`, TRL's `frac_reward_zero_std`): the
@@ -30,7 +33,8 @@ from __future__ import annotations
 
 __all__ = ["SUMMED_SUFFIX", "TIMING_PREFIX", "RUNTIME_PREFIX", "TRAINED_VERSION",
            "TRAINED_VERSION_SUFFIX", "SAMPLED_VERSION", "SCORE_MEAN", "SHAPED_REWARD_MEAN",
-           "OPTIMISED_REWARD_KEYS", "STEP_TIME", "ZERO_STD_GROUPS", "timing_key", "is_summed"]
+           "OPTIMISED_REWARD_KEYS", "STEP_TIME", "ZERO_STD_GROUPS", "MFU", "timing_key",
+           "mfu_key", "node_scoped", "is_summed"]
 
 SUMMED_SUFFIX = "_total"
 TIMING_PREFIX = "timing_s/"
@@ -44,12 +48,28 @@ SHAPED_REWARD_MEAN = "critic/rewards/mean"
 # reward, an overlong penalty) or, when nothing shapes it, the reward worker's score.
 OPTIMISED_REWARD_KEYS = (SHAPED_REWARD_MEAN, SCORE_MEAN)
 STEP_TIME = "perf/time_per_step"
+MFU = "perf/mfu"
 ZERO_STD_GROUPS = "critic/score/frac_zero_std"
 
 
 def timing_key(node: str) -> str:
     """`timing_s/<node>`."""
     return TIMING_PREFIX + node
+
+
+def mfu_key(node: str) -> str:
+    """`perf/mfu/<node>`."""
+    return f"{MFU}/{node}"
+
+
+def node_scoped(node: str, metrics: dict) -> dict:
+    """A node's metrics with the per-node ones (`MFU`) named after the node, so two
+    model nodes' rates do not overwrite each other when a step's metrics merge."""
+    if MFU not in metrics:
+        return metrics
+    out = {k: v for k, v in metrics.items() if k != MFU}
+    out[mfu_key(node)] = metrics[MFU]
+    return out
 
 
 def is_summed(key: str) -> bool:

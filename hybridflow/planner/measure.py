@@ -57,10 +57,9 @@ def _best_of(fn, repeats: int) -> float:
 
 
 def matmul_flops(size: int = 512, repeats: int = 5) -> float:
-    import torch
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    torch.mm(a, b)  # warm up
-    return 2 * size**3 * 4 / _best_of(lambda: [torch.mm(a, b) for _ in range(4)], repeats)
+    """fp32 matmul FLOP/s: the measurement the workers report `perf/mfu` against."""
+    from hybridflow.core.device_peak import matmul_flops as measured
+    return measured(size=size, repeats=repeats)
 
 
 def memory_bandwidth(repeats: int = 3) -> float:

@@ -52,7 +52,7 @@ from hybridflow.core.deadline import call_with_deadline
 from hybridflow.core.failure_text import cause_line
 from hybridflow.graph.dispatch import DispatchMode, Layout, SlotLayout, merge_metrics
 from hybridflow.core.kinds import Op
-from hybridflow.core.metric_names import timing_key
+from hybridflow.core.metric_names import node_scoped, timing_key
 from hybridflow.runtime.common import NodeFailure, NodeIO, StepResult, run_fn_node
 from hybridflow.runtime.gather_rounds import submit_gather
 from hybridflow.runtime.stream_take import submit_stream_take
@@ -180,7 +180,7 @@ class StepScheduler:
                           [r.meta["end"] for r in records])
 
     def _record_node(self, node: PlanNode, metrics: dict, starts: list, ends: list) -> None:
-        self.result.node_metrics[node.name] = dict(metrics)
+        self.result.node_metrics[node.name] = node_scoped(node.name, dict(metrics))
         self.result.rows[node.name] = self.outputs[node.name].num_rows or 0
         if starts:
             self.result.metrics[timing_key(node.name)] = max(ends) - min(starts)

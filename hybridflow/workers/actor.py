@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 from hybridflow.core.batch import Batch
 from hybridflow.core.metric_names import TRAINED_VERSION
@@ -31,6 +32,7 @@ from hybridflow.workers.config import ActorConfig, ModelConfig, RolloutConfig, r
 from hybridflow.workers.lora import adapters_disabled, apply_lora, is_lora
 from hybridflow.workers.loss_inputs import (PolicyOutputs, run_loss, select_for_loss,
                                             worker_default_loss)
+from hybridflow.workers.mfu import FORWARD, TRAIN, phase_mfu, real_tokens
 from hybridflow.workers.models import build_causal_lm, role_tp_mesh
 from hybridflow.workers.rollout.engine import EngineSpec, check_engine_name, make_engine
 from hybridflow.workers.rollout.generation import (GENERATE_WRITES, generate_rows, logprob_mismatch,
@@ -125,10 +127,17 @@ class ActorWorker(Worker):
                                 top_k=top_k, max_new_tokens=max_new_tokens, do_sample=do_sample)
         engine = self.engine
         sync_s = refresh_engine(engine, self.module, self.policy_version, self._bucket_bytes())
+        began = time.perf_counter()
         out = generate_rows(engine, batch, opts, sync_s)
+        out.meta["metrics"].update(self._mfu(FORWARD, real_tokens(out), began))
         if not engine.shares_module:
             engine.sleep()  # colocated engine with its own copy: give training the memory
         return out
+
+    def _mfu(self, flops_per_param_token: int, tokens: int, began: float) -> dict:
+        """`perf/mfu` of a phase of this actor's model (workers/mfu.py)."""
+        return phase_mfu(self.module, self.device, self.trainer.backend.compute_dtype,
+                         flops_per_param_token, tokens, began)
 
     # ---------------------------------------------------------- weight export
     def _bucket_bytes(self) -> int:
@@ -168,12 +177,15 @@ class ActorWorker(Worker):
         """Log-prob of each response token under the current weights, [B, R] float32."""
         mbs = micro_batch_size or self.rollout_cfg.log_prob_micro_batch_size
         temp = self.rollout_cfg.temperature if temperature is None else temperature
+        began = time.perf_counter()
         with self.trainer.autocast():  # the update's compute dtype: first ratios are 1
             logp, ent = response_logprobs(
                 self.module, batch, mbs, self.device, temp, with_entropy,
                 max_tokens_per_micro_batch or self.rollout_cfg.log_prob_max_tokens_per_micro_batch,
                 packed=self.model_cfg.use_remove_padding)
-        return metrics_batch(Batch({"old_log_probs": logp}), _logprob_metrics(batch, logp, ent))
+        return metrics_batch(Batch({"old_log_probs": logp}),
+                             {**_logprob_metrics(batch, logp, ent), **self._mfu(
+                                 FORWARD, real_tokens(batch), began)})
 
     # ----------------------------------------------------------------- update
     @classmethod
@@ -199,7 +211,7 @@ class ActorWorker(Worker):
         `from_current=("old_log_probs",)`: the loss's old log-probs are the detached
         log-probs of this forward (the compiler's plan/unneeded.py, when the update
         makes one optimizer step); more than one step is then refused."""
-        cfg = self.actor_cfg
+        cfg, began = self.actor_cfg, time.perf_counter()
         loss = loss if loss is not None else worker_default_loss(self, "actor.update", cfg)
         temp = self.rollout_cfg.temperature if temperature is None else temperature
         mask_key = training_mask_key(batch)
@@ -226,8 +238,9 @@ class ActorWorker(Worker):
         # the version these weights had before this update: with the batch's
         # `policy_version`, how stale its samples were (async/staleness/*)
         metrics[TRAINED_VERSION] = float(self.policy_version)
+        mfu = self._mfu(TRAIN * epochs, real_tokens(data), began)
         self.policy_version += 1  # what every later generated row is stamped with
-        return metrics_batch(Batch(), {f"actor/{k}": v for k, v in metrics.items()})
+        return metrics_batch(Batch(), {**{f"actor/{k}": v for k, v in metrics.items()}, **mfu})
 
     # -------------------------------------------------------------------- sft
     @takes_loss(model_reads=SFT_READS)

@@ -6,6 +6,8 @@ as the log-probs, `[:, -R - 1:-1]`), as in verl.
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
 from hybridflow.core.batch import Batch
@@ -13,6 +15,7 @@ from hybridflow.graph.dispatch import DP, method
 from hybridflow.graph.loss import takes_loss
 from hybridflow.workers.base import Worker, metrics_batch
 from hybridflow.workers.config import CriticConfig, ModelConfig, read_section
+from hybridflow.workers.mfu import FORWARD, TRAIN, phase_mfu, real_tokens
 from hybridflow.workers.models import build_value_model, role_tp_mesh
 from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
 from hybridflow.workers.loss_inputs import (ValueOutputs, run_loss, select_for_loss,
@@ -45,13 +48,15 @@ class CriticWorker(Worker):
     def values(self, batch: Batch, micro_batch_size: int | None = None,
                max_tokens_per_micro_batch: int | None = None) -> Batch:
         """V(s_t) for each response token, [B, R] float32."""
+        began = time.perf_counter()
         with self.trainer.autocast():
             values = response_values_batched(
                 self.module, batch, micro_batch_size or self.critic_cfg.micro_batch_size,
                 self.device,
                 max_tokens_per_micro_batch or self.critic_cfg.max_tokens_per_micro_batch,
                 packed=self.model_cfg.use_remove_padding)
-        return metrics_batch(Batch({"values": values}), {})
+        return metrics_batch(Batch({"values": values}),
+                             self._mfu(FORWARD, real_tokens(batch), began))
 
     @takes_loss(model_reads=VALUE_INPUTS)
     @method(dispatch=DP, reads=VALUE_INPUTS + ("values", "returns"), writes=(), kind="train",
@@ -62,7 +67,7 @@ class CriticWorker(Worker):
         registered for critic.update, chosen from the critic config: the clipped value loss).
         Tokens are counted and masked by the training mask, as in `actor.update`:
         `loss_mask` in an agent batch (model tokens only), else `response_mask`."""
-        cfg = self.critic_cfg
+        cfg, began = self.critic_cfg, time.perf_counter()
         loss = loss if loss is not None else worker_default_loss(self, "critic.update", cfg)
         mask_key = training_mask_key(batch)
         inputs = VALUE_INPUTS + ((mask_key,) if mask_key not in VALUE_INPUTS else ())
@@ -73,10 +78,16 @@ class CriticWorker(Worker):
             return run_loss(loss, micro, ValueOutputs(model, micro, tokens, seqs, mask_key,
                                                       packed=packed))
 
-        metrics = self.trainer.train(data, trainer_loss, mask_key=mask_key,
-                                     epochs=cfg.ppo_epochs if epochs is None else epochs,
+        epochs = cfg.ppo_epochs if epochs is None else epochs
+        metrics = self.trainer.train(data, trainer_loss, mask_key=mask_key, epochs=epochs,
                                      mini_batch_size=cfg.mini_batch_size,
                                      micro_batch_size=cfg.micro_batch_size,
                                      max_tokens=cfg.max_tokens_per_micro_batch, packed=packed,
                                      shuffle=cfg.shuffle, seed=self.ctx.seed)
-        return metrics_batch(Batch(), {f"critic/{k}": v for k, v in metrics.items()})
+        return metrics_batch(Batch(), {**{f"critic/{k}": v for k, v in metrics.items()},
+                                       **self._mfu(TRAIN * epochs, real_tokens(data), began)})
+
+    def _mfu(self, flops_per_param_token: int, tokens: int, began: float) -> dict:
+        """`perf/mfu` of a phase of the value model (workers/mfu.py)."""
+        return phase_mfu(self.module, self.device, self.trainer.backend.compute_dtype,
+                         flops_per_param_token, tokens, began)

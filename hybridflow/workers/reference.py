@@ -13,6 +13,7 @@ and the compiler checks that the two roles share a pool (one process).
 """
 from __future__ import annotations
 
+import time
 from contextlib import nullcontext
 
 from hybridflow.core.batch import Batch
@@ -20,7 +21,8 @@ from hybridflow.graph.dispatch import DP, method
 from hybridflow.workers.base import Worker, metrics_batch
 from hybridflow.workers.config import (ActorConfig, ModelConfig, RefConfig, RolloutConfig,
                                        read_section)
-from hybridflow.workers.models import build_causal_lm, role_tp_mesh
+from hybridflow.workers.mfu import FORWARD, phase_mfu, real_tokens
+from hybridflow.workers.models import build_causal_lm, resolve_dtype, role_tp_mesh
 from hybridflow.workers.sequences import response_logprobs
 from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
 
@@ -79,10 +81,13 @@ class ReferenceWorker(Worker):
                 max_tokens_per_micro_batch: int | None = None) -> Batch:
         """Log-prob of each response token under the frozen initial policy, [B, R]."""
         temp = self.temperature if temperature is None else temperature
+        began = time.perf_counter()
         with self._policy() as model:
             logp, _ = response_logprobs(model, batch,
                                         micro_batch_size or self.ref_cfg.micro_batch_size,
                                         self.device, temp, max_tokens=max_tokens_per_micro_batch
                                         or self.ref_cfg.max_tokens_per_micro_batch,
                                         packed=self.model_cfg.use_remove_padding)
-        return metrics_batch(Batch({"ref_log_prob": logp}), {})
+            mfu = phase_mfu(model, self.device, resolve_dtype(self.model_cfg.dtype), FORWARD,
+                            real_tokens(batch), began)
+        return metrics_batch(Batch({"ref_log_prob": logp}), mfu)
