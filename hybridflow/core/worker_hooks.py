@@ -1,7 +1,7 @@
 """The optional members of a worker class that the engine reads, declared in one place.
 
 A role is any class built as `cls(cfg, ctx)` whose methods carry `@method`
-declarations; it inherits nothing. Beyond its methods the engine looks for six
+declarations; it inherits nothing. Beyond its methods the engine looks for seven
 optional members, each with a default that means "this role does nothing special".
 `WorkerHooks` declares them with those defaults (`hybridflow.workers.Worker` derives
 from it; a user's class may too, or declare only what it needs), and the engine reads
@@ -21,16 +21,19 @@ not declare it. A new hook is added here, with its default and its reader.
 - `optimizer_steps(cfg, method, kwargs, rows)` (default None: not known), read by
   `plan/unneeded.py` through `program/assemble.py`: how many optimizer steps a call
   of the training `method` with `kwargs` makes on a batch of at most `rows` rows.
+- `input_sources(cfg, method)` (default {}), read the same way: keys a call of
+  `method` takes from another column of its input under `cfg` (key -> column), so the
+  node that would write them is not needed.
 """
 from __future__ import annotations
 
 from typing import Any, Callable, ClassVar
 
 __all__ = ["WorkerHooks", "HOOKS", "host_role", "served_by", "config_schema",
-           "check_section", "reports_held_tensors", "optimizer_steps"]
+           "check_section", "reports_held_tensors", "optimizer_steps", "input_sources"]
 
 HOOKS = ("HOST_ROLE", "served_by", "config_schema", "check_section", "held_tensors",
-         "optimizer_steps")
+         "optimizer_steps", "input_sources")
 
 
 class WorkerHooks:
@@ -59,6 +62,12 @@ class WorkerHooks:
         rows under the run config `cfg`; None: not known (nothing is assumed)."""
         return None
 
+    @classmethod
+    def input_sources(cls, cfg, method: str) -> dict[str, str]:
+        """Keys a call of `method` takes from another column of its input under `cfg`
+        (key -> column); {}: it reads each key it declares as it is."""
+        return {}
+
 
 def host_role(cls: type) -> str | None:
     return getattr(cls, "HOST_ROLE", None)
@@ -86,3 +95,8 @@ def reports_held_tensors(cls: type) -> bool:
 def optimizer_steps(cls: type, cfg, method: str, kwargs: dict, rows: int) -> int | None:
     hook = getattr(cls, "optimizer_steps", None)
     return hook(cfg, method, kwargs, rows) if callable(hook) else None
+
+
+def input_sources(cls: type, cfg, method: str) -> dict[str, str]:
+    hook = getattr(cls, "input_sources", None)
+    return dict(hook(cfg, method)) if callable(hook) else {}

@@ -22,6 +22,10 @@ fills them from its forward, detached (workers/loss_inputs.py `with_current`), a
 refuses a batch that would make more than one step. `plan.unneeded` keeps one
 `Unneeded` record per such P, removed or kept, with the reason: `check` prints them
 (the plan's summary) and the drawing shows a removed node dashed and grey.
+Where the worker's `input_sources` hook says T takes the keys from another column of
+its input (`actor.old_log_probs=rollout`: the engine's `rollout_log_probs`), P goes
+whatever the optimizer steps (those values do not move with the weights), and T reads
+that column instead; a plan where no input provides it is refused (GraphError).
 `trainer.keep_unneeded_passes=true` keeps every node (the program does not call
 `drop_unneeded`). Stateless.
 """
@@ -33,7 +37,8 @@ from typing import Callable
 from hybridflow.core.kinds import NodeKind, Op, RowEffect
 from hybridflow.graph.dispatch import worker_methods
 from hybridflow.graph.loss import loss_slot
-from hybridflow.plan.compiler import SUMMARY_SECTIONS, ExecutionPlan, PlanNode, plan_stages
+from hybridflow.plan.compiler import (SUMMARY_SECTIONS, ExecutionPlan, GraphError, PlanNode,
+                                      plan_stages)
 
 __all__ = ["Unneeded", "drop_unneeded", "rows_bound", "unneeded_summary", "KEEP_OPTION"]
 
@@ -91,20 +96,25 @@ def _own_keys(plan: ExecutionPlan, train: PlanNode) -> tuple[dict, str] | None:
     return (dict(slot.current), slot.current_param) if slot and slot.current else None
 
 
-def _why_kept(plan: ExecutionPlan, node: PlanNode, train: PlanNode, keys,
-              steps: StepsOf) -> tuple[str | None, int | None, int | None]:
-    """(why `node` must stay, or None; the steps and rows `steps` gave)."""
+def _why_kept(plan: ExecutionPlan, node: PlanNode, train: PlanNode, keys) -> str | None:
+    """Why `node` must stay whoever computes its keys instead, or None."""
     readers = [n for n in plan.consumers(node.name) if n != train.name]
     if readers:
         return (f"its {', '.join(keys)} also feed {', '.join(repr(r) for r in readers)}, "
-                f"which read the weights from before '{train.name}'", None, None)
+                f"which read the weights from before '{train.name}'")
     other = [d for d in node.deps if d not in train.deps]
     if other:
         return (f"it reads other rows ({', '.join(repr(d) for d in other)}) than "
-                f"'{train.name}' trains on", None, None)
+                f"'{train.name}' trains on")
     if node.kwargs:
         return (f"it is called with arguments ({', '.join(node.kwargs)}), which may make it "
-                f"compute other values than '{train.name}''s forward", None, None)
+                f"compute other values than '{train.name}''s forward")
+    return None
+
+
+def _why_not_current(plan: ExecutionPlan, node: PlanNode, train: PlanNode, keys,
+                     steps: StepsOf) -> tuple[str | None, int | None, int | None]:
+    """Why `train`'s own forward cannot stand in for `node`'s keys, or None."""
     trains = [n.name for n in plan.nodes if n.role == train.role and n.kind is NodeKind.TRAIN]
     if trains != [train.name]:
         return (f"role '{train.role}' trains in {trains}: its weights may change between "
@@ -142,13 +152,26 @@ def _candidates(plan: ExecutionPlan):
                 yield node, train, node.writes, own[1]
 
 
-def drop_unneeded(plan: ExecutionPlan, steps: StepsOf) -> ExecutionPlan:
+def drop_unneeded(plan: ExecutionPlan, steps: StepsOf,
+                  sources: Callable[[PlanNode], dict] = lambda node: {}) -> ExecutionPlan:
     """`plan` without the nodes its training calls do not need (module docstring),
-    with `plan.unneeded` saying what was removed or kept and why."""
-    records, drop, takes = [], set(), {}
+    with `plan.unneeded` saying what was removed or kept and why. `sources(T)`: keys
+    T takes from another column of its input (the worker's `input_sources` hook)."""
+    records, drop, takes, moved = [], set(), {}, {}
     for node, train, keys, param in _candidates(plan):
-        why, count, rows = _why_kept(plan, node, train, keys, steps)
-        if why is None:
+        taken = sources(train)
+        by_source = set(keys) <= set(taken)
+        why, count, rows = _why_kept(plan, node, train, keys), None, None
+        if why is None and not by_source:
+            why, count, rows = _why_not_current(plan, node, train, keys, steps)
+        if why is None and by_source:
+            _check_sources(plan, train, {k: taken[k] for k in keys})
+            why = (f"'{train.name}' takes {', '.join(f'{k} from {taken[k]}' for k in keys)} "
+                   f"of its input, as its role's config asks; keep the node with "
+                   f"{KEEP_OPTION}")
+            drop.add(node.name)
+            moved.setdefault(train.name, {}).update({k: taken[k] for k in keys})
+        elif why is None:
             why = (f"'{train.name}' makes one optimizer step per batch (at most {rows} "
                    f"rows), so its {', '.join(keys)} equal its own forward's before that "
                    f"step: it takes them from there, detached; keep the node with "
@@ -158,8 +181,8 @@ def drop_unneeded(plan: ExecutionPlan, steps: StepsOf) -> ExecutionPlan:
         records.append(Unneeded(node, train.name, tuple(keys), node.name in drop, why))
     if not drop:
         return replace(plan, unneeded=records) if records else plan
-    nodes = [_taking(n, *takes[n.name], drop) if n.name in takes else n
-             for n in plan.nodes if n.name not in drop]
+    nodes = [_moved(n, moved.get(n.name, {}), drop) for n in plan.nodes if n.name not in drop]
+    nodes = [_taking(n, *takes[n.name], drop) if n.name in takes else n for n in nodes]
     return replace(plan, nodes=nodes, stages=plan_stages(nodes), unneeded=records)
 
 
@@ -169,6 +192,24 @@ def _taking(train: PlanNode, param: str, keys: list[str], drop: set[str]) -> Pla
                    reads=tuple(k for k in train.reads if k not in keys),
                    input_keys={k: w for k, w in train.input_keys.items() if k not in keys},
                    kwargs={**train.kwargs, param: tuple(keys)})
+
+
+def _check_sources(plan: ExecutionPlan, train: PlanNode, taken: dict[str, str]) -> None:
+    missing = [column for column in taken.values() if column not in train.input_keys]
+    if missing:
+        raise GraphError(plan.graph_name, [
+            f"{train.where()}: takes {', '.join(f'{k} from {c}' for k, c in taken.items())} "
+            f"(its role's config), but none of its inputs provides {missing}: pass the node "
+            f"that writes it (the generate node) as an input, or change the setting"])
+
+
+def _moved(train: PlanNode, taken: dict[str, str], drop: set[str]) -> PlanNode:
+    """The training node reading the columns its keys are taken from."""
+    if not taken:
+        return train
+    reads = tuple(dict.fromkeys(taken.get(k, k) for k in train.reads))
+    return replace(train, deps=tuple(d for d in train.deps if d not in drop), reads=reads,
+                   input_keys={k: w for k, w in train.input_keys.items() if k not in taken})
 
 
 def unneeded_summary(plan) -> str | None:

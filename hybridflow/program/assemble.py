@@ -31,7 +31,8 @@ from hybridflow.program.config import (ConfigError, ParallelConfig, PoolConfig, 
 from hybridflow.graph.builder import Graph
 from hybridflow.core.modes import AsyncMode
 from hybridflow.core.kinds import Op
-from hybridflow.core.worker_hooks import config_schema, optimizer_steps, served_by
+from hybridflow.core.worker_hooks import (config_schema, input_sources, optimizer_steps,
+                                          served_by)
 from hybridflow.plan.placement import Placement
 from hybridflow.program.placement_checks import check_placement_names, check_pool_cores
 from hybridflow.program.user_files import (GraphFileError, call_graph_file, import_object,
@@ -128,7 +129,8 @@ def compile_program(cfg: DictConfig, graph: Graph,
     plan = compile_graph(graph, bindings, placement_from_config(cfg, graph, bindings))
     if cfg.trainer.get("keep_unneeded_passes", False):
         return plan
-    return drop_unneeded(plan, _steps_per_batch(cfg, plan))
+    return drop_unneeded(plan, _steps_per_batch(cfg, plan), lambda node: input_sources(
+        plan.bindings[node.role], cfg, node.method))
 
 
 def _steps_per_batch(cfg: DictConfig, plan: ExecutionPlan):

@@ -24,6 +24,7 @@ import os
 import time
 
 from hybridflow.core.batch import Batch
+from hybridflow.core.columns import ROLLOUT_LOG_PROBS
 from hybridflow.core.metric_names import TRAINED_VERSION
 from hybridflow.graph.dispatch import BROADCAST, DP, method
 from hybridflow.graph.loss import current_keys, loss_slot, takes_loss
@@ -198,6 +199,13 @@ class ActorWorker(Worker):
         epochs = kwargs.get("epochs") or actor.ppo_epochs
         return epochs * -(-max(1, rows) // actor.mini_batch_size)
 
+    @classmethod
+    def input_sources(cls, cfg, method: str) -> dict[str, str]:
+        """`update` with `actor.old_log_probs=rollout`: the old log-probs are the
+        engine's `rollout_log_probs`."""
+        rollout = read_section(cfg, "actor", ActorConfig).old_log_probs == "rollout"
+        return {"old_log_probs": ROLLOUT_LOG_PROBS} if method == "update" and rollout else {}
+
     @takes_loss(model_reads=POLICY_INPUTS, current={"old_log_probs": "log_probs"})
     @method(dispatch=DP, reads=UPDATE_READS, writes=(), kind="train",
             optional=("ref_log_prob", "loss_mask", "rollout_log_probs"))
@@ -216,6 +224,7 @@ class ActorWorker(Worker):
         temp = self.rollout_cfg.temperature if temperature is None else temperature
         mask_key = training_mask_key(batch)
         inputs = POLICY_INPUTS + ((mask_key,) if mask_key not in POLICY_INPUTS else ())
+        batch = _old_from_rollout(batch) if cfg.old_log_probs == "rollout" else batch
         slot = loss_slot(ActorWorker.update)
         own = current_keys(slot, {slot.current_param: from_current})
         current = {key: output for key, output in slot.current if key in own}
@@ -266,6 +275,20 @@ class ActorWorker(Worker):
                                      micro_batch_size=micro_batch_size or cfg.micro_batch_size,
                                      shuffle=cfg.shuffle, seed=self.ctx.seed)
         return metrics_batch(Batch(), {f"actor/{k}": v for k, v in metrics.items()})
+
+
+def _old_from_rollout(batch: Batch) -> Batch:
+    """`batch` with `old_log_probs` = the engine's `rollout_log_probs`
+    (`actor.old_log_probs=rollout`); KeyError naming the setting without them."""
+    if not len(batch):
+        return batch
+    if ROLLOUT_LOG_PROBS not in batch:
+        raise KeyError(f"actor.update: actor.old_log_probs=rollout takes the old log-probs "
+                       f"from {ROLLOUT_LOG_PROBS!r}, which its input lacks: pass the generate "
+                       f"node to the update, or set actor.old_log_probs=recompute")
+    out = batch.select(*batch.keys())
+    out["old_log_probs"] = batch[ROLLOUT_LOG_PROBS].float()
+    return out
 
 
 def _logprob_metrics(batch: Batch, logp, entropy) -> dict:

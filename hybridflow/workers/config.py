@@ -169,6 +169,10 @@ class ActorConfig:
     off_policy: str = checked("none", _OFF_POLICY)
     is_level: str = checked("token", _IS_LEVEL)  # "sequence": one weight a response (tis)
     is_cap: float = checked(2.0, above(1))       # tis truncates at it, decoupled drops above
+    # the loss's old_log_probs: "recompute" (actor.logprob's, the trainer's forward) or
+    # "rollout" (the engine's rollout_log_probs; actor.logprob is then removed)
+    old_log_probs: str = checked("recompute", one_of("recompute", "rollout",
+                                                     what="old log-probs source"))
     shuffle: bool = False
     strategy: str = checked("ddp", _STRATEGY)  # "fsdp2": CUDA (nccl) or CPU (gloo)
     lora: LoraConfig = field(default_factory=LoraConfig)

@@ -44,3 +44,16 @@ def test_the_update_without_the_old_log_probs_node_trains_the_same(tmp_path, nam
     for key in losses:
         assert removed[key] == pytest.approx(kept[key], abs=1e-6), key
     assert max((weights[k] - kept_weights[k]).abs().max().item() for k in weights) <= 1e-6
+
+
+@pytest.mark.slow  # two one-step runs (~8 s)
+def test_old_log_probs_from_the_hf_engine_agree_with_the_recomputed_ones(tmp_path):
+    """actor.old_log_probs=rollout: the HF engine samples with the trained module, so
+    its log-probs stand in for the recomputed ones (fp32: the ratio is 1 to ~1e-6)."""
+    nodes, from_engine, weights = one_step(tmp_path, "grpo", False,
+                                           "actor.old_log_probs=rollout")
+    _, recomputed, recomputed_weights = one_step(tmp_path, "grpo", True)
+    assert "actor.logprob" not in nodes
+    assert abs(from_engine["actor/ppo_kl"]) < 1e-5 and from_engine["actor/pg_clipfrac"] == 0
+    assert from_engine["actor/pg_loss"] == pytest.approx(recomputed["actor/pg_loss"], abs=1e-5)
+    assert max((weights[k] - recomputed_weights[k]).abs().max().item() for k in weights) < 1e-4

@@ -123,3 +123,25 @@ def test_the_drawing_shows_the_removed_node_dashed_with_its_reason():
     assert "dashed" in line and "one optimizer step" in line
     kept = plan_to_dot(plan_of("grpo", *ONE_STEP, "actor.ppo_epochs=2")).source
     assert "removed" not in kept
+
+
+def test_old_log_probs_from_the_rollout_remove_the_node_whatever_the_steps():
+    plan = plan_of("grpo", "actor.old_log_probs=rollout")  # the toy's 2 mini-batches
+    assert "actor.logprob" not in names(plan)
+    update = plan.node("actor.update")
+    assert "rollout_log_probs" in update.reads and "old_log_probs" not in update.reads
+    assert "from_current" not in update.kwargs
+    [record] = plan.unneeded
+    assert record.removed and "takes old_log_probs from rollout_log_probs" in record.reason
+    kept = plan_of("ppo", "actor.old_log_probs=rollout")  # the reward's KL still reads it
+    assert "actor.logprob" in names(kept) and not kept.unneeded[0].removed
+
+
+def test_a_source_column_no_input_provides_is_refused_before_launch():
+    from hybridflow.plan.compiler import GraphError
+    from hybridflow.plan.unneeded import drop_unneeded
+    plan = plan_of("grpo", "trainer.keep_unneeded_passes=true")
+    with pytest.raises(GraphError, match=r"node 'actor.update'.*takes old_log_probs from "
+                                         r"engine_log_probs.*none of its inputs provides"):
+        drop_unneeded(plan, lambda node: (1, 8), lambda node: {"old_log_probs":
+                                                               "engine_log_probs"})

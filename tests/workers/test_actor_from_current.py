@@ -11,9 +11,9 @@ from hybridflow.workers.loss_inputs import with_current
 from tests.support.workers import make_cfg, rollout_for_update
 
 
-def trained(batch, **update):
+def trained(batch, old_log_probs="recompute", **update):
     actor = ActorWorker(make_cfg(actor={"mini_batch_size": 8, "micro_batch_size": 4,
-                                        "use_kl_loss": True}))
+                                        "use_kl_loss": True, "old_log_probs": old_log_probs}))
     metrics = actor.update(batch, **update).meta["metrics"]
     return metrics, {k: v.detach().clone() for k, v in actor.module.named_parameters()}
 
@@ -56,3 +56,20 @@ def test_with_current_fills_a_copy_with_the_detached_output():
     assert "old_log_probs" not in micro  # the caller's micro-batch is not changed
     assert torch.equal(filled["old_log_probs"], torch.full((2, 3), 2.0))
     assert not filled["old_log_probs"].requires_grad
+
+
+def test_old_log_probs_from_the_rollout_are_the_engine_s_log_probs():
+    batch = rollout_for_update(ActorWorker(make_cfg()))
+    explicit = batch.select(*batch.keys())
+    explicit["old_log_probs"] = batch["rollout_log_probs"]
+    want, weights = trained(explicit)
+    got, weights_rollout = trained(batch.drop("old_log_probs"), old_log_probs="rollout")
+    assert got["actor/pg_loss"] == want["actor/pg_loss"]
+    assert all(torch.equal(weights[k], weights_rollout[k]) for k in weights)
+
+
+def test_old_log_probs_from_the_rollout_need_the_engine_s_column():
+    batch = rollout_for_update(ActorWorker(make_cfg())).drop("rollout_log_probs")
+    actor = ActorWorker(make_cfg(actor={"old_log_probs": "rollout"}))
+    with pytest.raises(KeyError, match="actor.old_log_probs=rollout.*rollout_log_probs"):
+        actor.update(batch)
