@@ -3,6 +3,8 @@ too (same runtime, same placement): worker generators are seeded per rank and sa
 import json
 import shutil
 
+import pytest
+
 from tests.support.e2e import train
 from tests.support.runs import FAST, stable
 
@@ -34,15 +36,19 @@ def test_resumed_run_matches_an_uninterrupted_one(tmp_path, runtime_name):
     assert _comparable(resumed) == _comparable(whole)
 
 
-def test_resume_before_the_first_checkpoint_starts_the_records_over(tmp_path):
+def test_a_resume_of_a_run_with_steps_and_no_checkpoint_is_refused(tmp_path):
+    """Issue 36 item 0: killed before its first save, a run that wrote steps is not
+    started again at step 0 over them (it was, and its records were rewritten)."""
+    from hybridflow.run.lifecycle import ResumeError
     trainer, _ = train("grpo", tmp_path / "part", "trainer.steps=2", *FAST)
     shutil.rmtree(trainer.run.checkpoints)  # as if killed before its first save
-    _, resumed = train("grpo", tmp_path / "part", "trainer.steps=2", *FAST,
-                       resume=trainer.run.path)
-    assert [m["step"] for m in resumed] == [1, 2]
     with open(trainer.run.file("timeline.jsonl")) as fh:
-        records = [json.loads(line) for line in fh]
-    assert len(records) == len({(r["step"], r["node"]) for r in records})
+        timeline = fh.read()
+    with pytest.raises(ResumeError, match="no checkpoint to resume from"):
+        train("grpo", tmp_path / "part", "trainer.steps=2", *FAST, resume=trainer.run.path)
+    assert [m["step"] for m in trainer.run.read_metrics()] == [1, 2]
+    with open(trainer.run.file("timeline.jsonl")) as fh:
+        assert fh.read() == timeline
 
 
 def test_resumed_run_redraws_the_timeline_of_redone_steps_once(tmp_path):
