@@ -10,7 +10,9 @@ groups of tp ranks (rank r: dp r // tp, tp r % tp). With tp > 1:
   (`<role>.strategy`; a backend class declares `tensor_parallel = True`);
 - a role that generates has a rollout engine that runs tensor-parallel
   (`rollout.backend`; registered with `register_engine(..., tensor_parallel=True)`, or
-  a 'module:factory' engine whose factory says `tensor_parallel = True`);
+  a 'module:factory' engine whose factory says `tensor_parallel = True`), and, where
+  the engine pins each rank to cores of its own on the CPU (`factory.pins_cores`:
+  `vllm`), tp cores a worker process may run on (the worker's own check, `check_tp_cores`);
 - the runtime runs each rank as a process (`RuntimeName.process_per_rank`: `ray`); the
   local runtime simulates ranks in one process, where no collective can run;
 - a tensor-parallel actor trains no LoRA adapters (no plan shards them);
@@ -32,7 +34,7 @@ from hybridflow.core.modes import RuntimeName
 from hybridflow.plan.compiler import ExecutionPlan
 
 __all__ = ["check_parallel_layouts", "role_layout", "role_model_config",
-           "check_streaming_layout"]
+           "check_streaming_layout", "runs_on_cpu"]
 
 # the section holding a role's own model directory; a role without one (or whose key
 # is unset) runs the policy's model (`model.path` / `model.hf_config`)
@@ -94,6 +96,7 @@ def check_parallel_layouts(cfg: DictConfig, plan: ExecutionPlan) -> None:
                     raise ConfigError(str(err)) from None
         if NodeKind.GENERATE in kinds:
             _check_engine(cfg, role, tp)
+            _check_engine_cores(cfg, plan, role, tp)
     check_streaming_layout(cfg, plan)
 
 
@@ -137,6 +140,35 @@ def _check_engine(cfg: DictConfig, role: str, tp: int) -> None:
             f"placement.parallel.{role}.tp={tp}: rollout engine rollout.backend={name!r} "
             f"does not generate tensor-parallel; use one that does ({', '.join(able) or 'none'})"
             f" or tp=1 for role '{role}'")
+
+
+def _check_engine_cores(cfg: DictConfig, plan: ExecutionPlan, role: str, tp: int) -> None:
+    """An engine that pins each rank of a tp group to cores of its own (`vllm` on the
+    CPU) needs tp cores in what a worker process may run on: its slice of the pool's
+    `cores` when listed (runtime/affinity.py pins it there first), else this machine's
+    affinity mask, which Ray's workers inherit. The worker's own check, made before."""
+    from hybridflow.workers.rollout.engine import check_tp_cores, engine_pins_cores
+    name = str(cfg.rollout.backend)
+    if not engine_pins_cores(name) or not runs_on_cpu(cfg):
+        return
+    from hybridflow.program.placement_checks import allowed_cores
+    from hybridflow.runtime.affinity import cores_for
+    pool = plan.placement.pools[plan.placement.roles[role]]
+    cores = cores_for(pool.cores, pool.devices_per_node, 0) if pool.cores else allowed_cores()
+    try:
+        check_tp_cores(f"placement.parallel.{role}.tp", tp, cores, name)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def runs_on_cpu(cfg: DictConfig) -> bool:
+    """Whether the workers compute on the CPU: `model.device=cpu`, or `auto` where this
+    machine has no CUDA device (the workers pick their device the same way)."""
+    device = str(cfg.model.device)
+    if device not in ("auto", ""):
+        return device == "cpu"
+    import torch
+    return not torch.cuda.is_available()
 
 
 def check_streaming_layout(cfg: DictConfig, plan: ExecutionPlan) -> None:

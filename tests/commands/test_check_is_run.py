@@ -87,6 +87,10 @@ REFUSED = [
      ["placement.pools.main.cores=[4095]", "[4095] are not among the cores"]),
     ("cores not a list", ("placement.pools.main.cores=abc",),
      ["placement.pools.main.cores", "takes a list"]),
+    ("vllm tp over a rank's pinned cores", ("rollout.backend=vllm", "placement.parallel.actor.tp=2",
+                                            *RAY_TWO, "placement.pools.main.cores=[0,1]"),
+     ["placement.parallel.actor.tp=2", "rollout.backend='vllm'", "1 core(s) ([0])",
+      "use tp <= 1"]),
     ("control character", ("trainer.run_name=x\x1b[2J",),
      ["override trainer.run_name: control character U+001B"]),
 ]
@@ -146,3 +150,25 @@ def test_check_takes_runs_arguments(capsys):
     out = capsys.readouterr().out
     assert code == 0
     assert "note: --resume" in out and "note: --address 10.0.0.1:6379" in out
+
+
+@pytest.mark.parametrize("tp", [2, 3])
+def test_a_vllm_tp_above_the_cores_a_worker_may_run_on_is_refused_by_both(tp, capsys,
+                                                                         monkeypatch, tmp_path):
+    """Without pinned cores a worker runs on this machine's affinity mask (Ray's workers
+    inherit it): a one-core mask refuses tp=2 and tp=3 (a model with 6 heads and 6 KV
+    heads divides both), before launch, in one line naming the key, tp and the cores."""
+    monkeypatch.setattr("hybridflow.run.loop.Trainer", _NoTrainer)
+    monkeypatch.setattr("hybridflow.program.placement_checks.allowed_cores", lambda: {1})
+    argv = ["rollout.backend=vllm", f"placement.parallel.actor.tp={tp}", "runtime.name=ray",
+            f"placement.pools.main.devices_per_node={tp}", "actor.strategy=fsdp2",
+            "model.path=null", "model.tokenizer=char",
+            "model.hf_config.num_attention_heads=6", "model.hf_config.num_key_value_heads=6",
+            "model.hf_config.hidden_size=48", "data.batch_size=6", "actor.mini_batch_size=6"]
+    check_code, check_lines = _one("check", argv, capsys)
+    run_code, run_lines = _one("run", [*argv, f"trainer.runs_dir={tmp_path / 'runs'}"], capsys)
+    assert (check_code, run_code) == (1, 1) and len(check_lines) == len(run_lines) == 1
+    said = check_lines[0].removeprefix("hybridflow check: ")
+    assert run_lines[0] == f"hybridflow run: {said}"
+    assert said.startswith(f"placement.parallel.actor.tp={tp}: rollout.backend='vllm'"), said
+    assert "may run on 1 core(s) ([1]); use tp <= 1" in said

@@ -34,7 +34,8 @@ from hybridflow.core.batch import Batch
 
 __all__ = ["RolloutEngine", "StreamingEngine", "EngineSpec", "register_engine", "make_engine",
            "engine_names", "engine_supports_tp", "engine_streams", "streaming_engines",
-           "check_engine_name", "check_streaming", "STREAMING_MEMBERS", "UNKNOWN_VERSION"]
+           "check_engine_name", "check_streaming", "STREAMING_MEMBERS", "UNKNOWN_VERSION",
+           "engine_pins_cores", "check_tp_cores"]
 
 UNKNOWN_VERSION = -1  # weights not loaded yet (e.g. a vLLM engine built with dummy weights)
 
@@ -158,6 +159,25 @@ def register_engine(name: str, factory: Callable[[EngineSpec], RolloutEngine],
 def engine_supports_tp(name: str) -> bool:
     """Whether the engine registered as `name` generates tensor-parallel."""
     return name in _TENSOR_PARALLEL
+
+
+def engine_pins_cores(name: str) -> bool:
+    """Whether the engine registered as `name` pins each rank of a tp group to CPU cores
+    of its own (declared on the factory: `factory.pins_cores = True`, as `vllm` does)."""
+    return bool(getattr(_ENGINES.get(name), "pins_cores", False))
+
+
+def check_tp_cores(key: str, tp: int, cores, engine: str) -> None:
+    """ValueError naming `key`, `tp` and the usable `cores` when the `tp` ranks of a group
+    cannot each run on a core of their own: what preflight (`check` and `run`, before
+    launch) and the engine's build in the worker both call, with the cores a worker
+    process may run on."""
+    cores = sorted(cores)
+    if tp > len(cores):
+        raise ValueError(
+            f"{key}={tp}: rollout.backend={engine!r} pins each rank of a tp group to CPU "
+            f"cores of its own, and a worker process here may run on {len(cores)} core(s) "
+            f"({cores}); use tp <= {len(cores)} here")
 
 
 def engine_streams(name: str) -> bool:

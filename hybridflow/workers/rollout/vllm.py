@@ -168,6 +168,7 @@ def make_vllm_engine(spec: EngineSpec, llm_class=None, sampling_params=None,
 
 
 make_vllm_engine.tensor_parallel = True  # tp groups of ranks, SPMD (vllm_group.py)
+make_vllm_engine.pins_cores = True  # on the CPU each rank of a group has cores of its own
 
 
 def load_into_model(model, weights: list) -> int:

@@ -77,13 +77,9 @@ def check_group(spec, tp: int, allowed: set[int] | None = None) -> None:
         raise ValueError(f"placement.parallel.{role}.tp={tp} does not divide the role's "
                          f"{world} rank(s): a tp group is tp ranks of the pool")
     check_vllm_tp(spec.model_cfg, tp, f"placement.parallel.{role}.tp")
-    if spec.device.type == "cpu":
-        cores = _allowed(allowed)
-        if len(cores) < tp:
-            raise ValueError(
-                f"placement.parallel.{role}.tp={tp}: vLLM's CPU engine pins each rank of a "
-                f"tp group to cores of its own, and this process may run on {len(cores)} "
-                f"core(s) ({sorted(cores)}); use tp <= {len(cores)} here")
+    if spec.device.type == "cpu":  # the check preflight makes before launch, too
+        from hybridflow.workers.rollout.engine import check_tp_cores
+        check_tp_cores(f"placement.parallel.{role}.tp", tp, _allowed(allowed), "vllm")
 
 
 def _allowed(allowed: set[int] | None) -> list[int]:
