@@ -16,8 +16,8 @@ from typing import Callable, Sequence, Union
 
 import torch
 
-from algorithms.masked import masked_mean, masked_var
-from algorithms.registry import lookup
+from hybridflow.algorithms.masked import masked_mean, masked_var
+from hybridflow.algorithms.registry import lookup
 
 GroupIds = Union[Sequence, torch.Tensor]
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from algorithms.masked import masked_mean
+from hybridflow.algorithms.masked import masked_mean
 
 _ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}
 _BASE_KINDS = ("k1", "abs", "k2", "k3")

@@ -20,8 +20,8 @@ from typing import Callable
 
 import torch
 
-from algorithms.masked import masked_mean, masked_sum
-from algorithms.registry import lookup
+from hybridflow.algorithms.masked import masked_mean, masked_sum
+from hybridflow.algorithms.registry import lookup
 from hybridflow.core.tokens import entropy_from_logits  # noqa: F401  (re-export)
 
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")

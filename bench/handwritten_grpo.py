@@ -18,12 +18,12 @@ import random
 import numpy as np
 import torch
 
-from algorithms.advantages import grpo
-from algorithms.losses import entropy_from_logits, ppo_policy_loss
-from algorithms.masked import masked_mean
-from algorithms.rewards import compute_score
+from hybridflow.algorithms.advantages import grpo
+from hybridflow.algorithms.losses import entropy_from_logits, ppo_policy_loss
+from hybridflow.algorithms.masked import masked_mean
+from hybridflow.algorithms.rewards import compute_score
 from bench import workload
-from graphs.common import TOY_BASE
+from hybridflow.graphs.common import TOY_BASE
 
 __all__ = ["HandwrittenGRPO", "Settings"]
 

@@ -80,7 +80,7 @@ def _read(path: str) -> list[dict]:
 
 def report(run_dir: str) -> dict:
     """Per validation: step, wall seconds since the start, accuracy (flexible, strict)."""
-    from algorithms.rewards.gsm8k import compute_score
+    from hybridflow.algorithms.rewards.gsm8k import compute_score
     metrics = _read(os.path.join(run_dir, "metrics.jsonl"))
     by_step = defaultdict(list)
     for s in _read(os.path.join(run_dir, "generations.jsonl")):

@@ -104,7 +104,7 @@ def trl_rows(path: str) -> list[dict]:
 
 def flexible_reward(prompts, completions, ground_truth, data_source, **_):
     """The engine's reward: the GSM8K scorer with flexible extraction."""
-    from algorithms.rewards.gsm8k import compute_score
+    from hybridflow.algorithms.rewards.gsm8k import compute_score
     return [compute_score(ds, c[-1]["content"] if isinstance(c, list) else c, gt,
                           method="flexible")
             for c, gt, ds in zip(completions, ground_truth, data_source)]

@@ -149,7 +149,7 @@ class HandwrittenScale:
         return input_ids.repeat_interleave(self.n, 0), mask.repeat_interleave(self.n, 0)
 
     def _logprobs(self, ids, attn, pos, resp, with_entropy=False):
-        from algorithms.losses import entropy_from_logits
+        from hybridflow.algorithms.losses import entropy_from_logits
         logits = self.policy(input_ids=ids, attention_mask=attn, position_ids=pos,
                              use_cache=False,
                              logits_to_keep=resp.shape[1] + 1).logits[:, :-1].float()
@@ -158,9 +158,9 @@ class HandwrittenScale:
         return logp, (entropy_from_logits(logits.detach()) if with_entropy else None)
 
     def step(self) -> dict:
-        from algorithms.advantages import grpo
-        from algorithms.losses import ppo_policy_loss
-        from algorithms.masked import masked_mean
+        from hybridflow.algorithms.advantages import grpo
+        from hybridflow.algorithms.losses import ppo_policy_loss
+        from hybridflow.algorithms.masked import masked_mean
         clock = {}
         mark = time.perf_counter()
         ids, pmask = self._prompt_batch()

@@ -110,8 +110,8 @@ def trl_trainer(steps: int, callback):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from algorithms.rewards import compute_score
-    from graphs.common import TOY_BASE
+    from hybridflow.algorithms.rewards import compute_score
+    from hybridflow.graphs.common import TOY_BASE
     from hybridflow.core.data import toy_rows
     train, _ = toy_rows(1, 9, 0.25)
     data = Dataset.from_list([{"prompt": r["prompt"], "data_source": r["data_source"],

@@ -44,7 +44,7 @@ def parse_args(argv=None):
 
 
 def workloads(args) -> list[dict]:
-    from graphs.common import TOY_BASE
+    from hybridflow.graphs.common import TOY_BASE
     out = [{"name": "toy_base", "path": args.toy or TOY_BASE, "prompts": 64, "n": 4, "tokens": 16,
             "chat": False}]
     if not args.skip_real and os.path.isfile(os.path.join(args.real, "config.json")):

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from hybridflow import Graph
 
-from graphs import ops
-from graphs.common_agent import AGENT_BASE, agent_task_defaults, agent_validation
+from hybridflow.graphs import ops
+from hybridflow.graphs.common_agent import AGENT_BASE, agent_task_defaults, agent_validation
 
 
 @dataclass

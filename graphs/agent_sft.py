@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 from hybridflow import Graph, checked, probability
 
-from graphs.envs.calculator_sft import ToolSFTExamples
-from graphs import ops
-from graphs.common_agent import agent_task_defaults, agent_validation
+from hybridflow.graphs.envs.calculator_sft import ToolSFTExamples
+from hybridflow.graphs import ops
+from hybridflow.graphs.common_agent import agent_task_defaults, agent_validation
 
 
 @dataclass

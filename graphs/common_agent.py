@@ -3,7 +3,7 @@ config (its data, environment and episode budget) and the validation graph that
 measures held-out greedy accuracy by playing episodes with the tool.
 
 The task's data ships beside the base checkpoint, in graphs/assets/agent_base/data
-(`python -m graphs.envs.calculator_sft graphs/assets/agent_base/data --train 2000
+(`python -m hybridflow.graphs.envs.calculator_sft graphs/assets/agent_base/data --train 2000
 --test 200` remakes it).
 """
 from __future__ import annotations
@@ -12,12 +12,12 @@ import os
 
 from hybridflow import Batch, Graph, node_fn
 
-from graphs.common import embedded_defaults, merge
+from hybridflow.graphs.common import embedded_defaults, merge
 
 ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
 AGENT_BASE = os.path.join(ASSETS, "agent_base")
 AGENT_DATA = os.path.join(AGENT_BASE, "data")
-CALCULATOR_ENV = "graphs.envs.calculator:make_env"  # importable wherever graphs/ is
+CALCULATOR_ENV = "hybridflow.graphs.envs.calculator:make_env"  # importable wherever hybridflow is
 
 
 def agent_task_defaults(**overrides) -> dict:

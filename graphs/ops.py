@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import torch
 
-from algorithms import advantages as adv
-from algorithms.kl import KL_KINDS, AdaptiveKL, FixedKL, apply_kl_in_reward, kl_penalty
-from algorithms.losses import (AGG_MODES, OFF_POLICY_CORRECTIONS, POLICY_LOSSES, aggregate,
-                               behaviour_weights, check_off_policy, get_policy_loss,
-                               value_loss)
-from algorithms.masked import masked_mean
+from hybridflow.algorithms import advantages as adv
+from hybridflow.algorithms.kl import KL_KINDS, AdaptiveKL, FixedKL, apply_kl_in_reward, kl_penalty
+from hybridflow.algorithms.losses import (AGG_MODES, OFF_POLICY_CORRECTIONS, POLICY_LOSSES,
+                                          aggregate, behaviour_weights, check_off_policy,
+                                          get_policy_loss, value_loss)
+from hybridflow.algorithms.masked import masked_mean
 from hybridflow import (SHAPED_REWARD_MEAN, ZERO_STD_GROUPS, Batch, loss_fn, node_fn,
                         register_default_loss, register_setting_names, training_mask)
 
@@ -351,7 +351,7 @@ def sft_loss(micro: Batch, out):
 
 
 class ValueLoss:
-    """The critic's clipped value loss (`algorithms.losses.value_loss`); metrics vf_loss,
+    """The critic's clipped value loss (`hybridflow.algorithms.losses.value_loss`); metrics vf_loss,
     vf_clipfrac and values/mean."""
 
     def __init__(self, clip: float = 0.5, agg: str = "token-mean"):

@@ -3,11 +3,11 @@ reward carries a KL penalty to the reference policy (or the actor's loss does, w
 `actor.use_kl_loss=true algorithm.kl_in_reward=false`)."""
 from dataclasses import dataclass
 
-from algorithms.kl import KL_KINDS
+from hybridflow.algorithms.kl import KL_KINDS
 from hybridflow import Graph, above, at_least, checked, one_of, probability
 
-from graphs import ops
-from graphs.common import embedded_defaults
+from hybridflow.graphs import ops
+from hybridflow.graphs.common import embedded_defaults
 
 
 @dataclass

@@ -2,11 +2,11 @@
 batch; `algorithm.baseline=true` subtracts each prompt's mean score instead."""
 from dataclasses import dataclass
 
-from algorithms.kl import KL_KINDS
+from hybridflow.algorithms.kl import KL_KINDS
 from hybridflow import Graph, at_least, checked, one_of, probability
 
-from graphs import ops
-from graphs.common import embedded_defaults
+from hybridflow.graphs import ops
+from hybridflow.graphs.common import embedded_defaults
 
 
 @dataclass

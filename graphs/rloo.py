@@ -3,8 +3,8 @@ from dataclasses import dataclass
 
 from hybridflow import Graph
 
-from graphs import ops
-from graphs.common import embedded_defaults
+from hybridflow.graphs import ops
+from hybridflow.graphs.common import embedded_defaults
 
 
 @dataclass

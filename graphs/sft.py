@@ -24,9 +24,9 @@ import torch
 
 from hybridflow import Batch, Graph, checked, node_fn, probability
 
-from algorithms.seeded import SeededDraws
-from graphs import ops
-from graphs.common import embedded_defaults
+from hybridflow.algorithms.seeded import SeededDraws
+from hybridflow.graphs import ops
+from hybridflow.graphs.common import embedded_defaults
 
 
 class SFTExamples(SeededDraws):

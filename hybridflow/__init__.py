@@ -2,12 +2,16 @@
 
 The public surface: everything a graph file, a worker class, a loss, a scorer or an
 environment needs imports from here (`from hybridflow import Graph, node_fn, loss_fn,
-checked, method, DP, Batch, ...`), plus two documented public modules,
-`hybridflow.agents` (environments and tools) and `hybridflow.planner` (the placement
-planner). docs/functions.md lists the names; tests/core/test_public_surface.py holds the
-list. The package's folders are its layers (docs/architecture.md): core, graph, plan,
-program, run, runtime, workers, agents, planner, memory, draw, commands; they may move,
-these names do not. A module path from before the folder move (`hybridflow.constraints`,
+checked, method, DP, Batch, ...`), plus the documented public modules
+`hybridflow.agents` (environments and tools), `hybridflow.planner` (the placement
+planner), and the shipped library: `hybridflow.graphs` (the graph files and the ops they
+share, e.g. `from hybridflow.graphs import ops`) and `hybridflow.algorithms` (the RL math,
+e.g. `from hybridflow.algorithms import losses`), the repository's graphs/ and
+algorithms/ installed under this package's name (hybridflow/core/shipped.py).
+docs/functions.md lists the names; tests/core/test_public_surface.py holds the list.
+The package's folders are its layers (docs/architecture.md): core, graph, plan, program,
+run, runtime, workers, agents, planner, memory, draw, commands; they may move, these
+names do not. A module path from before the folder move (`hybridflow.constraints`,
 `hybridflow.loss`, ...) still imports, with a warning naming the import to write
 (hybridflow/core/moved.py).
 """
@@ -17,6 +21,7 @@ from hybridflow.core.batch import Batch
 from hybridflow.core.constraints import (ConfigError, above, at_least, checked, in_range, one_of,
                                          probability)
 from hybridflow.core.moved import install as _install_moved
+from hybridflow.core.shipped import install as _install_shipped
 from hybridflow.core.printable import printable
 from hybridflow.core.tokens import masked_mean, training_mask
 from hybridflow.graph.builder import Graph, node_fn
@@ -61,3 +66,4 @@ def __dir__():
 
 
 _install_moved()
+_install_shipped()

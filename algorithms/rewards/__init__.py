@@ -6,15 +6,15 @@ machinery that loads, calls and checks scorers, is the engine's:
 `hybridflow/workers/scoring.py`). Scorers read decoded strings only.
 
 `SCORERS` maps each data_source to its scorer; the reward worker finds it by name
-(`reward.scorer_table`, default "algorithms.rewards:SCORERS"). `compute_score`
+(`reward.scorer_table`, default "hybridflow.algorithms.rewards:SCORERS"). `compute_score`
 dispatches on data_source, for scripts and benches that score outside the engine.
 """
 from __future__ import annotations
 
 from typing import Callable
 
-from algorithms.registry import lookup
-from algorithms.rewards import gsm8k, toy, word_arith
+from hybridflow.algorithms.registry import lookup
+from hybridflow.algorithms.rewards import gsm8k, toy, word_arith
 
 SCORERS: dict[str, Callable[..., "float | dict"]] = {toy.DATA_SOURCE: toy.compute_score}
 SCORERS.update({source: gsm8k.compute_score for source in gsm8k.DATA_SOURCES})

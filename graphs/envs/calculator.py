@@ -26,7 +26,7 @@ from __future__ import annotations
 import random
 import re
 
-from algorithms.rewards.toy import extract_answer
+from hybridflow.algorithms.rewards.toy import extract_answer
 from hybridflow.agents import Tool, ToolEnvironment
 
 DATA_SOURCE = "toy_calc"

@@ -9,7 +9,7 @@ on the model's turns only. `ToolSFTExamples` is the function node that turns pro
 rows into such examples for `actor.sft` (like `graphs/sft.py`'s `SFTExamples`), and
 `write_data` writes the train/test rows (verl's schema) for `data.train_files`.
 
-    python -m graphs.envs.calculator_sft OUT_DIR [--train 4000] [--test 200]
+    python -m hybridflow.graphs.envs.calculator_sft OUT_DIR [--train 4000] [--test 200]
 
 State: `ToolSFTExamples` keeps its random generator (which demonstrations it draws),
 saved and restored with the run.
@@ -22,8 +22,8 @@ import random
 
 import torch
 
-from graphs.envs import calculator
-from algorithms.seeded import SeededDraws
+from hybridflow.graphs.envs import calculator
+from hybridflow.algorithms.seeded import SeededDraws
 from hybridflow import Batch, node_fn
 from hybridflow.agents import Trajectory, make_chat_format
 

@@ -73,7 +73,7 @@ def write_rows(rows: list[dict], path: str, progress=None) -> None:
                 progress(10_000)
 
 
-DEFAULT_TOY_MAKER = "algorithms.rewards.toy:train_test_rows"  # data.toy.maker's default
+DEFAULT_TOY_MAKER = "hybridflow.algorithms.rewards.toy:train_test_rows"  # data.toy.maker's default
 
 
 def toy_rows(seed: int, max_operand: int, test_fraction: float, train_on_test: bool = False,
@@ -91,7 +91,7 @@ def toy_rows(seed: int, max_operand: int, test_fraction: float, train_on_test: b
         raise DataError(f"toy data: {err}") from None
 
 
-WORD_ARITH_MAKER = "algorithms.rewards.word_arith:train_test_rows"
+WORD_ARITH_MAKER = "hybridflow.algorithms.rewards.word_arith:train_test_rows"
 
 
 def word_arith_rows(seed: int, n_train: int, n_test: int, max_number: int,

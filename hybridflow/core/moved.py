@@ -65,9 +65,9 @@ MOVED = {f"hybridflow.{old}": f"hybridflow.{new}" for old, new in {
 }.items()}
 # the shipped library's own moves: the calculator environments, algorithms/envs ->
 # graphs/envs (a68febe), taught by the docs as `algorithms.envs.calculator`
-MOVED.update({"algorithms.envs": "graphs.envs",
-              "algorithms.envs.calculator": "graphs.envs.calculator",
-              "algorithms.envs.calculator_sft": "graphs.envs.calculator_sft"})
+MOVED.update({"algorithms.envs": "hybridflow.graphs.envs",
+              "algorithms.envs.calculator": "hybridflow.graphs.envs.calculator",
+              "algorithms.envs.calculator_sft": "hybridflow.graphs.envs.calculator_sft"})
 # old modules whose path is a package now: their names, looked up by the package's
 # __getattr__ (graph/__init__.py, program/__init__.py, runtime/ray/__init__.py)
 SHADOWED = {"hybridflow.graph": "hybridflow.graph.builder",

@@ -114,14 +114,17 @@ def modules_beside(folder: str, names: set[str]) -> list[ModuleType]:
         source = getattr(module, "__file__", None)
         if not source or "site-packages" in source:
             continue
-        if os.path.realpath(source).startswith(folder) and not _project_module(name):
+        if os.path.realpath(source).startswith(folder) and not _project_module(module):
             found.append(module)
     return found
 
 
-def _project_module(name: str) -> bool:
-    """hybridflow, algorithms and graphs are importable wherever hybridflow is."""
-    return name.split(".")[0] in ("hybridflow", "algorithms", "graphs")
+def _project_module(module: ModuleType) -> bool:
+    """hybridflow and its shipped library (graphs/, algorithms/, under any of their
+    names) are importable wherever hybridflow is; a user's own package called `graphs`
+    is not."""
+    from hybridflow.core.shipped import is_shipped
+    return module.__name__.split(".")[0] == "hybridflow" or is_shipped(module)
 
 
 def pickle_by_value(module: ModuleType) -> None:

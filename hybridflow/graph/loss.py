@@ -34,7 +34,7 @@ __all__ = ["LossSpec", "LossSlot", "loss_fn", "loss_spec", "takes_loss", "loss_s
 
 _LOSS_ATTR = "__hybridflow_loss__"
 _SLOT_ATTR = "__hybridflow_loss_slot__"
-DEFAULT_LOSS_PROVIDERS: list[str] = ["graphs.ops"]
+DEFAULT_LOSS_PROVIDERS: list[str] = ["hybridflow.graphs.ops"]
 DEFAULT_LOSSES: dict[str, Callable[[Any], Callable]] = {}
 
 

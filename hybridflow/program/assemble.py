@@ -54,7 +54,7 @@ class LoadedGraph:
 
 def algorithm_schema(module: ModuleType, path: str) -> type | None:
     """The graph file's `ALGORITHM` dataclass: the schema of the `algorithm` section.
-    A file that imports its `build` from another graph file (`from graphs.grpo import
+    A file that imports its `build` from another graph file (`from hybridflow.graphs.grpo import
     build`) gets that file's schema with it. None: the section is free-form."""
     schema = getattr(module, "ALGORITHM", None)
     if schema is None:

@@ -28,7 +28,7 @@ __all__ = ["Scorer", "RESPONSE_FACTS", "DEFAULT_SCORER_TABLE", "accepted_argumen
 
 Scorer = Callable[..., "float | dict"]
 RESPONSE_FACTS = ("response_length", "stopped")  # what a scorer may ask for besides
-DEFAULT_SCORER_TABLE = "algorithms.rewards:SCORERS"  # reward.scorer_table's default
+DEFAULT_SCORER_TABLE = "hybridflow.algorithms.rewards:SCORERS"  # reward.scorer_table's default
 _CONTRACT = "(data_source, solution_str, ground_truth, extra_info=None)"
 
 

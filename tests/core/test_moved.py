@@ -8,6 +8,7 @@ exists now or is in the list, so the next move cannot forget its alias."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -52,7 +53,9 @@ def test_every_module_path_in_the_history_exists_or_has_an_alias():
 
 
 def test_every_alias_leads_to_a_module_that_exists():
-    assert all(_exists_now(new) for new in MOVED.values())
+    # found as the import system finds it (hybridflow.graphs is the repository's graphs/)
+    missing = [new for new in MOVED.values() if importlib.util.find_spec(new) is None]
+    assert not missing
 
 
 def test_the_path_the_docs_taught_two_releases_ago_imports_with_a_warning():
@@ -62,7 +65,7 @@ def test_the_path_the_docs_taught_two_releases_ago_imports_with_a_warning():
         warnings.simplefilter("always")
         from algorithms.envs.calculator import make_env
         from algorithms.envs.calculator_sft import main  # noqa: F401
-    import graphs.envs.calculator as now
+    import hybridflow.graphs.envs.calculator as now
     assert make_env is now.make_env  # the module itself, not a second copy of it
     said = [str(w.message) for w in caught if issubclass(w.category, MovedImportWarning)]
     assert any("graphs.envs.calculator" in s and "instead" in s for s in said), said

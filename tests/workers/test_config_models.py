@@ -48,19 +48,21 @@ def test_a_registered_training_backend_is_an_accepted_strategy(monkeypatch):
 def test_loss_setting_names_are_the_ones_the_loss_providers_register(monkeypatch):
     import sys
 
-    import graphs
-    import graphs.ops as shipped_ops
+    import hybridflow.graphs as graphs
+    import hybridflow.graphs.ops as shipped_ops
     from hybridflow.graph import loss
     from hybridflow.program.config import ConfigError, build_config
     from hybridflow.workers import config
-    # as in a fresh process: nothing registered, the provider graphs.ops not imported
+    # as in a fresh process: nothing registered, the provider hybridflow.graphs.ops not
+    # imported (under either of its names)
     monkeypatch.setattr(config, "LOSS_SETTING_NAMES", {})
     monkeypatch.setattr(loss, "DEFAULT_LOSSES", {})
     monkeypatch.setattr(graphs, "ops", shipped_ops)  # restored after the re-import
-    monkeypatch.delitem(sys.modules, "graphs.ops")
+    monkeypatch.delitem(sys.modules, "hybridflow.graphs.ops")
+    monkeypatch.delitem(sys.modules, "graphs.ops", raising=False)
     with pytest.raises(ConfigError, match=r"actor.policy_loss='ppo2' is not a known policy "
                                           r"loss; did you mean 'ppo'"):
-        build_config(overrides=["actor.policy_loss=ppo2"])  # graphs.ops imported by name
+        build_config(overrides=["actor.policy_loss=ppo2"])  # the provider imported by name
     config.register_setting_names("policy loss", ["ppo", "my_loss"])
     assert build_config(overrides=["actor.policy_loss=my_loss"]).actor.policy_loss == "my_loss"
     monkeypatch.setattr(config, "LOSS_SETTING_NAMES", {})
