@@ -233,7 +233,8 @@ class ActorWorker(Worker):
 
         def trainer_loss(model, micro: Batch, tokens, seqs):
             return run_loss(loss, micro, PolicyOutputs(model, micro, tokens, seqs, mask_key,
-                                                       temperature=temp, packed=packed),
+                                                       temperature=temp, packed=packed,
+                                                       policy_version=self.policy_version),
                             current)
 
         epochs = cfg.ppo_epochs if epochs is None else epochs
@@ -268,7 +269,8 @@ class ActorWorker(Worker):
             data["response_mask"] = data["loss_mask"][:, 1:].long()
 
         def trainer_loss(model, micro: Batch, tokens, seqs):
-            return run_loss(loss, micro, PolicyOutputs(model, micro, tokens, seqs))
+            return run_loss(loss, micro, PolicyOutputs(model, micro, tokens, seqs,
+                                                       policy_version=self.policy_version))
 
         metrics = self.trainer.train(data, trainer_loss, epochs=epochs,
                                      mini_batch_size=mini_batch_size or cfg.mini_batch_size,

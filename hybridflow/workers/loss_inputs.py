@@ -11,6 +11,11 @@ and rank its share of the whole mini-batch's loss (see `training.py`):
   micro-batch; the loss's masked mean, and the way to report a metric, since the
   trainer sums metric values over micro-batches and ranks;
 - `out.share`: this micro-batch's fraction of the mini-batch's tokens;
+- `out.policy_version`: the version of the weights this call trains, i.e. the actor
+  updates applied to them before it (0 in the first step, restored on resume): what a
+  loss whose terms follow a schedule reads instead of counting its own calls. The
+  rows' `policy_version` column is the version that sampled each (behind this one by
+  up to `trainer.staleness`). None in a critic's loss (the critic has no version);
 - `out.mask`: the training mask those counts are over: `loss_mask` in an agent
   batch (the model's tokens, not the environment's observations), else
   `response_mask` (the caller picks it with `sequences.training_mask_key`). A loss
@@ -42,10 +47,12 @@ __all__ = ["LossInputs", "PolicyOutputs", "ValueOutputs", "run_loss", "select_fo
 class LossInputs:
     """The global counts of the mini-batch and the loss mask of this micro-batch."""
 
-    def __init__(self, model, micro: Batch, tokens, seqs, mask_key: str):
+    def __init__(self, model, micro: Batch, tokens, seqs, mask_key: str,
+                 policy_version: int | None = None):
         self.model, self.micro = model, micro
         self.tokens, self.seqs = tokens, seqs
         self.mask = micro[mask_key]
+        self.policy_version = policy_version
 
     def mean(self, values: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         mask = self.mask if mask is None else mask
@@ -60,8 +67,9 @@ class LossInputs:
 
 class PolicyOutputs(LossInputs):
     def __init__(self, model, micro: Batch, tokens, seqs, mask_key: str = "response_mask",
-                 temperature: float = 1.0, packed: bool = False):
-        super().__init__(model, micro, tokens, seqs, mask_key)
+                 temperature: float = 1.0, packed: bool = False,
+                 policy_version: int | None = None):
+        super().__init__(model, micro, tokens, seqs, mask_key, policy_version)
         self.temperature = temperature
         self._rows = PackedRows(micro) if packed else None
         self._entropy: dict[bool, torch.Tensor] = {}

@@ -86,3 +86,23 @@ def test_sft_takes_a_loss_over_the_target_tokens():
     assert torch.equal(target, loss_mask[:, 1:])
     default = actor.sft(batch).meta["metrics"]
     assert default["actor/sft_loss"] < metrics["actor/nll"]  # same loss, one step later
+
+
+def test_a_loss_reads_the_version_it_trains_instead_of_counting_its_calls():
+    """out.policy_version: the actor updates applied before this one (one value for
+    every micro-batch of an update, whatever the mini-batches and epochs)."""
+    actor = ActorWorker(make_cfg(actor={"mini_batch_size": 2, "micro_batch_size": 1}))
+    data = rollout_for_update(actor)
+    seen = []
+
+    @loss_fn()
+    def scheduled(micro, out):
+        seen.append(out.policy_version)
+        coef = 1.0 / (1 + out.policy_version)  # a schedule over the trained version
+        return -coef * out.mean(out.log_probs), {}
+
+    for _ in range(3):
+        actor.update(data, loss=scheduled, epochs=2)
+    per_update = len(seen) // 3
+    assert per_update > 1 and seen == [0] * per_update + [1] * per_update + [2] * per_update
+    assert actor.policy_version == 3
