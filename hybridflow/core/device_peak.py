@@ -37,8 +37,11 @@ def matmul_flops(size: int = PEAK_SIZE, repeats: int = 5, dtype=None, device=Non
     import torch
     dtype = dtype or torch.float32
     device = torch.device(device or "cpu")
-    a = torch.randn(size, size, device=device).to(dtype)
-    b = torch.randn(size, size, device=device).to(dtype)
+    # A generator of its own: the global RNG is the run's (seeded sampling), and a
+    # measurement made once per process must not shift what a later run draws.
+    gen = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(size, size, device=device, generator=gen).to(dtype)
+    b = torch.randn(size, size, device=device, generator=gen).to(dtype)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     torch.mm(a, b)  # warm up (kernel selection, page faults)
     seconds = _best_seconds(lambda: [torch.mm(a, b) for _ in range(per_repeat)], repeats, sync)
