@@ -88,6 +88,8 @@ def _top_level_names(path: str) -> frozenset[str]:
 
 
 def _module_file(parts: list[str]) -> str | None:
+    if parts[:2] in (["hybridflow", "graphs"], ["hybridflow", "algorithms"]):
+        parts = parts[1:]  # the shipped library: the repository's top-level folders
     base = os.path.join(REPO, *parts)
     for path in (base + ".py", os.path.join(base, "__init__.py")):
         if os.path.isfile(path):
