@@ -239,20 +239,26 @@ def is_streaming(plan: ExecutionPlan) -> bool:
 def joint_plan(plan: ExecutionPlan, entrance: ExecutionPlan,
                stream_side: frozenset) -> tuple[ExecutionPlan, frozenset]:
     """A step's pass with the entrance pass inside it: (the plan, what the pass skips).
-    `plan` as it is, then the entrance's feed and nodes (runtime/run_long/
+    The nodes of `plan` and the entrance's feed and nodes (runtime/run_long/
     stream_entrance.py) under their names prefixed `entrance/` (the plan's own copies,
     on the stream side, stay skipped; the columns keep their writers' names, so each
     reads what it read in the entrance pass). The two parts share no edge, so the pass
     scheduler runs each on its pool side by side: the stream side's nodes for the next
-    groups overlap the update. The entrance's nodes come last, so on a worker both use
-    the train side's tasks queue first. Skipped: `stream_side` (the sources, the
-    generate node, the nodes the entrance runs under its own names, a filter's
-    gather)."""
+    groups overlap the update. Order is submission order on a shared worker (an actor
+    runs its tasks in that order, a task waiting for its inputs holding back those
+    behind it): the stream side (skipped), the train side's buffers (their takes
+    first), the entrance, then the rest of the train side — so the entrance's tasks
+    on the rollout's worker are not queued behind the weight sync, which waits for
+    the update. Skipped: `stream_side` (the sources, the generate node, the nodes the
+    entrance runs under its own names, a filter's gather)."""
     own = [n for n in entrance.nodes if n.op is not Op.SOURCE][1:]  # past the generate node
     names = {n.name for n in own}
 
     def inside(node: PlanNode) -> PlanNode:
         deps = tuple(ENTRANCE_PREFIX + d if d in names else d for d in node.deps)
         return replace(node, name=ENTRANCE_PREFIX + node.name, deps=deps)
-    nodes = list(plan.nodes) + [inside(n) for n in own]
+    skipped = [n for n in plan.nodes if n.name in stream_side]
+    buffers = [n for n in plan.nodes if n.name not in stream_side and n.op is Op.BUFFER]
+    rest = [n for n in plan.nodes if n.name not in stream_side and n.op is not Op.BUFFER]
+    nodes = skipped + buffers + [inside(n) for n in own] + rest
     return replace(plan, nodes=nodes, stages=plan_stages(nodes)), frozenset(stream_side)

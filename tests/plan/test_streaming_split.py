@@ -247,27 +247,36 @@ def test_the_other_single_generation_graphs_stream(name):
 
 
 @pytest.mark.parametrize("name", ["grpo", "dapo"])
-def test_a_steps_pass_holds_the_entrance_after_the_train_side_sharing_no_edge(name):
-    """joint_plan: the plan as it is, then the entrance's feed and nodes under names
+def test_a_steps_pass_holds_the_entrance_after_the_train_sides_takes_sharing_no_edge(name):
+    """joint_plan: the plan's nodes and the entrance's feed and nodes under names
     prefixed `entrance/`, reading only each other (and the skipped sources); the pass
-    skips the stream side, so the train side and the entrance run side by side, the
-    train side's tasks queued first (plan order)."""
+    skips the stream side, so the train side and the entrance run side by side. In
+    submission order the train side's buffers (their takes) come first, then the
+    entrance, then the rest of the train side (so on the rollout's worker the
+    entrance is not queued behind the weight sync)."""
     plan = plan_of(name, "trainer.staleness=2", "trainer.async_mode=streaming",
                    "actor.off_policy=decoupled")
     side = frozenset(sides_of(plan).rollout)
     gen = plan.node("rollout.generate")
     gather = plan.node("gather") if name == "dapo" else None
-    names = None if gather else [n for n in side if n not in ("prompts", gen.name)]
+    names = None if gather else [n.name for n in plan.nodes if n.name in side
+                                 and n.name not in ("prompts", gen.name)]
     entrance = entrance_plan(plan, gen, gather, 2, names)
     joint, skip = joint_plan(plan, entrance, side)
     assert skip == side
-    assert [n.name for n in joint.nodes[:len(plan.nodes)]] == [n.name for n in plan.nodes]
-    inside = joint.nodes[len(plan.nodes):]
+    inside = [n for n in joint.nodes if n.name.startswith("entrance/")]
     assert inside[0].name == "entrance/buffer/rollout.generate"
     assert [n.name for n in inside[1:]] == [f"entrance/{n.name}" for n in entrance.nodes[3:]]
+    assert {n.name for n in joint.nodes} - {n.name for n in inside} == \
+        {n.name for n in plan.nodes}
+    ran = [n.name for n in joint.nodes if n.name not in skip]
+    buffers = [b.name for b in stream_buffers(plan)]
+    first = ran.index(inside[0].name)
+    assert sorted(ran[:first]) == sorted(buffers)
+    assert ran.index("weight_sync" if "weight_sync" in ran else "actor.update") > \
+        ran.index(inside[-1].name)
     own = {n.name for n in inside}
     for node in inside[1:]:
         assert set(node.deps) <= own | {"prompts"}, node
         assert node.output_keys == entrance.node(node.name[len("entrance/"):]).output_keys
-    ran = [n for n in joint.nodes if n.name not in skip]
-    assert not any(d in own for n in ran if n.name not in own for d in n.deps)
+    assert not any(d in own for n in joint.nodes if n.name not in own for d in n.deps)
