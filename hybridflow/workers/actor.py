@@ -183,7 +183,8 @@ class ActorWorker(Worker):
             logp, ent = response_logprobs(
                 self.module, batch, mbs, self.device, temp, with_entropy,
                 max_tokens_per_micro_batch or self.rollout_cfg.log_prob_max_tokens_per_micro_batch,
-                packed=self.model_cfg.use_remove_padding)
+                packed=self.model_cfg.use_remove_padding,
+                logprob_chunk=self.actor_cfg.logprob_chunk)
         return metrics_batch(Batch({"old_log_probs": logp}),
                              {**_logprob_metrics(batch, logp, ent), **self._mfu(
                                  FORWARD, real_tokens(batch), began)})
@@ -234,7 +235,8 @@ class ActorWorker(Worker):
         def trainer_loss(model, micro: Batch, tokens, seqs):
             return run_loss(loss, micro, PolicyOutputs(model, micro, tokens, seqs, mask_key,
                                                        temperature=temp, packed=packed,
-                                                       policy_version=self.policy_version),
+                                                       policy_version=self.policy_version,
+                                                       logprob_chunk=cfg.logprob_chunk),
                             current)
 
         epochs = cfg.ppo_epochs if epochs is None else epochs
@@ -270,7 +272,8 @@ class ActorWorker(Worker):
 
         def trainer_loss(model, micro: Batch, tokens, seqs):
             return run_loss(loss, micro, PolicyOutputs(model, micro, tokens, seqs,
-                                                       policy_version=self.policy_version))
+                                                       policy_version=self.policy_version,
+                                                       logprob_chunk=cfg.logprob_chunk))
 
         metrics = self.trainer.train(data, trainer_loss, epochs=epochs,
                                      mini_batch_size=mini_batch_size or cfg.mini_batch_size,

@@ -175,6 +175,10 @@ class ActorConfig:
                                                      what="old log-probs source"))
     shuffle: bool = False
     strategy: str = checked("ddp", _STRATEGY)  # "fsdp2": CUDA (nccl) or CPU (gloo)
+    # log-probs and entropy (update, logprob, sft) a chunk of this many positions at a
+    # time, never a micro-batch's whole logits (workers/chunked_logprobs.py); None: as
+    # many as keep a chunk's float32 logits under 128 MiB; 0: never chunk
+    logprob_chunk: Optional[int] = checked(None, at_least(0))
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 
@@ -214,6 +218,7 @@ class RefConfig:
     micro_batch_size: int = checked(16, at_least(1))
     max_tokens_per_micro_batch: Optional[int] = checked(None, at_least(1))
     path: Optional[str] = None            # None: the initial policy (model section)
+    logprob_chunk: Optional[int] = checked(None, at_least(0))  # as actor.logprob_chunk
 
 
 @dataclass

@@ -27,6 +27,10 @@ Policy outputs: `logits` [B, R, V] (float32, over the sampling temperature),
 forward runs on the micro-batch packed into one row; log-probs and entropy are
 computed on the response tokens' logits only and unpacked to [B, R] (0 where no
 response token is attended); `logits` is unpacked to [B, R, V] only if a loss reads it.
+With `logprob_chunk` (`actor.logprob_chunk`, `chunked_logprobs.py`) chunking a
+micro-batch, `log_probs` and `entropy` come from one chunked pass over the head's
+input, which never holds the micro-batch's logits, in the forward or the backward;
+`logits` then applies the head to every position (a loss that reads them holds them).
 """
 from __future__ import annotations
 
@@ -35,8 +39,10 @@ from functools import cached_property
 import torch
 
 from hybridflow.core.batch import Batch
+from hybridflow.workers.chunked_logprobs import chunk_positions, chunked_token_stats, output_head
 from hybridflow.workers.packing import PackedRows, packed_logits
-from hybridflow.workers.sequences import (entropy_from_logits, response_logits, response_values,
+from hybridflow.workers.sequences import (entropy_from_logits, response_hidden,
+                                          response_logits, response_positions, response_values,
                                           token_logprobs)
 from hybridflow.workers.vocab_parallel import whole
 
@@ -68,18 +74,41 @@ class LossInputs:
 class PolicyOutputs(LossInputs):
     def __init__(self, model, micro: Batch, tokens, seqs, mask_key: str = "response_mask",
                  temperature: float = 1.0, packed: bool = False,
-                 policy_version: int | None = None):
+                 policy_version: int | None = None, logprob_chunk: int | None = None):
         super().__init__(model, micro, tokens, seqs, mask_key, policy_version)
         self.temperature = temperature
         self._rows = PackedRows(micro) if packed else None
         self._entropy: dict[bool, torch.Tensor] = {}
+        self._chunk = chunk_positions(logprob_chunk, model,
+                                      response_positions(micro, self._rows))
 
     @cached_property
     def _token_logits(self) -> torch.Tensor:
         """[B, R, V], or packed [K, V] (the response tokens' positions only)."""
+        if self._chunk is not None:  # a loss reading `logits` under chunking: all of them
+            logits = output_head(self.model)(self._hidden[0]).float()
+            logits = logits / self.temperature if self.temperature != 1.0 else logits
+            return logits if self._rows is not None else \
+                logits.view(*self.micro["responses"].shape, -1)
         if self._rows is None:
             return response_logits(self.model, self.micro, self.temperature)
         return packed_logits(self.model, self._rows, self.temperature)
+
+    @cached_property
+    def _hidden(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head's input [N, H] and the tokens [N] (chunked: the one forward)."""
+        return response_hidden(self.model, self.micro, self._rows)
+
+    @cached_property
+    def _chunked(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs and entropy (with gradient) from one chunked pass, [B, R] each."""
+        hidden, tokens = self._hidden
+        log_probs, entropy = chunked_token_stats(output_head(self.model), hidden, tokens,
+                                                 self._chunk, self.temperature, True)
+        if self._rows is None:
+            shape = self.micro["responses"].shape
+            return log_probs.view(shape), entropy.view(shape)
+        return self._rows.unpack(log_probs), self._rows.unpack(entropy)
 
     def _unpacked(self, values: torch.Tensor) -> torch.Tensor:
         return values if self._rows is None else self._rows.unpack(values)
@@ -91,6 +120,8 @@ class PolicyOutputs(LossInputs):
 
     @cached_property
     def log_probs(self) -> torch.Tensor:
+        if self._chunk is not None:
+            return self._chunked[0]
         tokens = self.micro["responses"] if self._rows is None else self._rows.tokens
         return self._unpacked(token_logprobs(self._token_logits, tokens))
 
@@ -98,6 +129,9 @@ class PolicyOutputs(LossInputs):
         """Per-token entropy; `grad=False` for a metric (no backward memory).
         The shared forward (`_token_logits`) is computed before grad is switched
         off, so a metric read first never strips the graph from `log_probs`."""
+        if self._chunk is not None:
+            entropy = self._chunked[1]
+            return entropy if grad else entropy.detach()
         if grad not in self._entropy:
             logits = self._token_logits
             with torch.set_grad_enabled(grad and torch.is_grad_enabled()):

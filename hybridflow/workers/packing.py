@@ -35,7 +35,7 @@ import torch
 
 from hybridflow.core.batch import Batch
 
-__all__ = ["PackedRows", "packed_logits", "packed_values"]
+__all__ = ["PackedRows", "packed_forward", "packed_logits", "packed_values"]
 
 
 class PackedRows:
@@ -117,13 +117,21 @@ def packed_logits(model, packed: PackedRows, temperature: float = 1.0) -> torch.
     """Float32 logits [K, V] at the positions that predict response tokens. With no
     response token (K = 0) the model still runs: the loss keeps a graph to backward
     through, as the padded forward's does."""
-    _check_not_empty(packed)
-    try:
-        logits = model(**_model_kwargs(packed), logits_to_keep=packed.keep).logits[0]
-    except TypeError:  # a model without logits_to_keep: project every position
-        logits = model(**_model_kwargs(packed)).logits[0, packed.keep]
+    logits = packed_forward(model, packed).logits[0]
+    if logits.shape[0] != len(packed.keep):  # a model without logits_to_keep
+        logits = logits[packed.keep]
     logits = logits.float()
     return logits / temperature if temperature != 1.0 else logits
+
+
+def packed_forward(model, packed: PackedRows):
+    """The model's output on the packed row, its head applied at the kept positions only
+    (at every position for a model without `logits_to_keep`)."""
+    _check_not_empty(packed)
+    try:
+        return model(**_model_kwargs(packed), logits_to_keep=packed.keep)
+    except TypeError:  # a model without logits_to_keep: project every position
+        return model(**_model_kwargs(packed))
 
 
 def packed_values(model, packed: PackedRows) -> torch.Tensor:

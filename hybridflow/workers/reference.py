@@ -87,7 +87,8 @@ class ReferenceWorker(Worker):
                                         micro_batch_size or self.ref_cfg.micro_batch_size,
                                         self.device, temp, max_tokens=max_tokens_per_micro_batch
                                         or self.ref_cfg.max_tokens_per_micro_batch,
-                                        packed=self.model_cfg.use_remove_padding)
+                                        packed=self.model_cfg.use_remove_padding,
+                                        logprob_chunk=self.ref_cfg.logprob_chunk)
             mfu = phase_mfu(model, self.device, resolve_dtype(self.model_cfg.dtype), FORWARD,
                             real_tokens(batch), began)
         return metrics_batch(Batch({"ref_log_prob": logp}), mfu)

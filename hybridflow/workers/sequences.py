@@ -14,6 +14,11 @@ when the batch has one of the responses' width, else `response_mask`. (`actor.sf
 `packed=True` (`model.use_remove_padding`) runs each micro-batch as one row of its
 real tokens (`packing.py`) and returns the same [B, R] results, 0 where a response
 token is not attended.
+
+`logprob_chunk` (`actor.logprob_chunk`, `ref.logprob_chunk`) computes the log-probs and
+entropy a chunk of positions at a time from the head's input (`chunked_logprobs.py`):
+0 never, N positions, None as many as keep a chunk's logits under 128 MiB; a forward
+with no more positions than one chunk computes them from whole logits, as before.
 """
 from __future__ import annotations
 
@@ -22,13 +27,16 @@ import torch
 from hybridflow.core.batch import Batch
 from hybridflow.core.tokens import masked_mean, training_mask, training_mask_key
 from hybridflow.workers.micro_batches import micro_batches, scatter_rows
-from hybridflow.workers.packing import PackedRows, packed_logits, packed_values
+from hybridflow.workers.chunked_logprobs import (chunk_positions, chunked_token_stats,
+                                                head_input, output_head)
+from hybridflow.workers.packing import PackedRows, packed_forward, packed_logits, packed_values
 # whole logits, or a tensor-parallel head's vocab-sharded ones (vocab_parallel.py)
 from hybridflow.workers.vocab_parallel import entropy_from_logits, token_logprobs
 
 __all__ = ["position_ids_from_mask", "response_mask_from_ids", "pad_right",
-           "response_logits", "token_logprobs", "entropy_from_logits", "forward_response",
-           "response_logprobs", "response_values", "response_values_batched", "masked_mean",
+           "response_logits", "response_hidden", "response_positions", "chunked_response",
+           "token_logprobs", "entropy_from_logits", "forward_response", "response_logprobs",
+           "response_values", "response_values_batched", "masked_mean",
            "training_mask_key", "training_mask"]
 
 _NO_LOGITS_TO_KEEP: set[type] = set()
@@ -84,24 +92,74 @@ def response_logits(model, batch: Batch, temperature: float = 1.0) -> torch.Tens
 
 
 
+def response_positions(batch: Batch, rows: PackedRows | None) -> int:
+    """Positions whose logits a response forward reads: B x R, or the packed K."""
+    return len(rows.keep) if rows is not None else batch["responses"].numel()
+
+
+def response_hidden(model, batch: Batch, rows: PackedRows | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The head's input at the positions that predict response tokens, [N, H], and those
+    tokens [N] (N = B x R, or the packed K); the head itself runs on no position."""
+    with head_input(model) as seen:
+        if rows is None:
+            width = batch["responses"].shape[1]
+            _logits(model, batch, width + 1)
+        else:
+            packed_forward(model, rows)
+    hidden = seen[-1]
+    if rows is None:  # [B, R + 1, H], or every position without logits_to_keep
+        hidden = hidden[:, hidden.shape[1] - width - 1:-1]
+        return hidden.reshape(-1, hidden.shape[-1]), batch["responses"].reshape(-1)
+    if hidden.shape[1] != len(rows.keep):  # a model without logits_to_keep
+        hidden = hidden[:, rows.keep]
+    return hidden[0], rows.tokens
+
+
+def chunked_response(model, batch: Batch, rows: PackedRows | None, chunk: int,
+                     temperature: float = 1.0, with_entropy: bool = False):
+    """`forward_response`'s log-probs and entropy, `chunk` positions of logits at a time:
+    [B, R] each, or packed [K]."""
+    hidden, tokens = response_hidden(model, batch, rows)
+    log_probs, entropy = chunked_token_stats(output_head(model), hidden, tokens, chunk,
+                                             temperature, with_entropy)
+    if rows is None:
+        shape = batch["responses"].shape
+        log_probs = log_probs.view(shape)
+        entropy = entropy.view(shape) if entropy is not None else None
+    return log_probs, entropy
+
+
 def forward_response(model, batch: Batch, temperature: float = 1.0,
                      with_entropy: bool = False, entropy_grad: bool = True,
-                     packed: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     packed: bool = False, logprob_chunk: int | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-prob of `responses` [B, R] (float32), and the entropy if asked
     (detached unless `entropy_grad`: a metric costs no backward memory)."""
     rows = PackedRows(batch) if packed else None
-    if rows is None:
-        logits, tokens = response_logits(model, batch, temperature), batch["responses"]
+    chunk = chunk_positions(logprob_chunk, model, response_positions(batch, rows))
+    if chunk is not None:
+        log_probs, entropy = chunked_response(model, batch, rows, chunk, temperature,
+                                              with_entropy)
+        if entropy is not None and not entropy_grad:
+            entropy = entropy.detach()
+    elif rows is None:
+        log_probs, entropy = _whole_response(response_logits(model, batch, temperature),
+                                             batch["responses"], with_entropy, entropy_grad)
     else:  # [K, V]: only the response tokens' logits, unpacked after the reduction
-        logits, tokens = packed_logits(model, rows, temperature), rows.tokens
-    log_probs = token_logprobs(logits, tokens)
-    entropy = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = entropy_from_logits(logits if entropy_grad else logits.detach())
+        log_probs, entropy = _whole_response(packed_logits(model, rows, temperature),
+                                             rows.tokens, with_entropy, entropy_grad)
     if rows is not None:
         log_probs = rows.unpack(log_probs)
         entropy = rows.unpack(entropy) if entropy is not None else None
+    return log_probs, entropy
+
+
+def _whole_response(logits, tokens, with_entropy: bool, entropy_grad: bool):
+    log_probs, entropy = token_logprobs(logits, tokens), None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = entropy_from_logits(logits if entropy_grad else logits.detach())
     return log_probs, entropy
 
 
@@ -124,7 +182,8 @@ def response_values(model, batch: Batch, packed: bool = False) -> torch.Tensor:
 @torch.no_grad()
 def response_logprobs(model, batch: Batch, micro_batch_size: int, device,
                       temperature: float = 1.0, with_entropy: bool = False,
-                      max_tokens: int | None = None, packed: bool = False):
+                      max_tokens: int | None = None, packed: bool = False,
+                      logprob_chunk: int | None = None):
     """`forward_response` over micro-batches (rows, or a token budget: see
     `micro_batches.py`), without gradient; results on CPU. Under a token budget the
     columns a micro-batch trims (past every row's last token) hold 0."""
@@ -135,7 +194,7 @@ def response_logprobs(model, batch: Batch, micro_batch_size: int, device,
     logps, ents = [], []
     for micro in micro_batches(batch, micro_batch_size, max_tokens, packed):
         logp, ent = forward_response(model, micro.batch.to(device), temperature, with_entropy,
-                                     packed=packed)
+                                     packed=packed, logprob_chunk=logprob_chunk)
         logps.append((micro.index, logp.cpu()))
         if ent is not None:
             ents.append((micro.index, ent.cpu()))
