@@ -32,29 +32,30 @@ def test_generation_stops_when_every_row_has_ended():
     assert torch.equal(after["rollout_log_probs"][:, stop:], torch.zeros(2, 6 - stop))
 
 
-def test_rollout_log_probs_equal_those_of_hf_output_scores():
-    """The step-by-step log-probs (no `output_scores` kept) equal the ones read from
-    HF's own scores, for the same sampled tokens (same seed, HF's own warpers)."""
-    from transformers import GenerationConfig
-    from hybridflow.workers.rollout.hf import sampled_log_probs
+def test_rollout_log_probs_are_those_of_the_processed_distribution():
+    """Each sampled token's rollout log-prob is its log-prob under the distribution it
+    was drawn from: the teacher-forced logits with HF's own warpers applied
+    (temperature, top-k, top-p), as `sampled_log_probs` reads them from scores."""
+    from hybridflow.workers.config import RolloutConfig
+    from hybridflow.workers.rollout.hf import sampled_log_probs, sampled_warpers
+    from hybridflow.workers.sequences import response_logits
     actor = ActorWorker(make_cfg())
     batch = prompt_batch(actor.tokenizer, ["1+2=", "10+20=", "7*8="])
     options = dict(temperature=0.7, top_k=20, top_p=0.9, max_new_tokens=6)
     torch.manual_seed(3)
     out = actor.generate(batch, n=2, do_sample=True, **options)
-    prompts = batch.repeat(2, interleave=True)
-    torch.manual_seed(3)
-    reference = actor.module.generate(
-        input_ids=prompts["input_ids"], attention_mask=prompts["attention_mask"],
-        position_ids=out["position_ids"][:, :prompts["input_ids"].shape[1]],
-        generation_config=GenerationConfig(
-            do_sample=True, temperature=0.7, top_k=20, top_p=0.9, max_new_tokens=6,
-            min_new_tokens=0, pad_token_id=actor.tokenizer.pad_token_id,
-            eos_token_id=actor.tokenizer.eos_token_id, return_dict_in_generate=True,
-            output_scores=True))
-    new = reference.sequences[:, prompts["input_ids"].shape[1]:]
-    mask = out["response_mask"].bool()[:, :new.shape[1]]
-    assert torch.equal(out["responses"][:, :new.shape[1]][mask], new[mask])
-    expected = sampled_log_probs(reference.scores, new)
-    assert torch.equal(out["rollout_log_probs"][:, :new.shape[1]][mask], expected[mask])
-    assert (expected[mask] < 0).all() and mask.sum() > 6
+    warpers = sampled_warpers(RolloutConfig(do_sample=True, **options))
+    with torch.no_grad():
+        logits = response_logits(actor.module, out)          # [B, R, V], before warping
+    scores = []
+    for step in range(logits.shape[1]):
+        step_scores = logits[:, step]
+        for warp in warpers:
+            step_scores = warp(out["responses"][:, :step], step_scores)
+        scores.append(step_scores)
+    expected = sampled_log_probs(tuple(scores), out["responses"])
+    mask = out["response_mask"].bool()
+    assert mask.sum() > 6
+    assert torch.allclose(out["rollout_log_probs"][mask], expected[mask], atol=1e-5)
+    assert (expected[mask] < 0).all() and torch.isfinite(expected[mask]).all()
+    assert (out["rollout_log_probs"][~mask] == 0).all()

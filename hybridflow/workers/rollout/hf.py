@@ -34,6 +34,7 @@ from hybridflow.workers.backends.tensor_parallel import full_logits, is_tensor_p
 from hybridflow.workers.config import RolloutConfig
 from hybridflow.workers.rollout.engine import UNKNOWN_VERSION, EngineSpec
 from hybridflow.workers.rollout.generation import assemble_rollout
+from hybridflow.workers.rollout.hf_decode import decode
 from hybridflow.workers.shard_build import local_slices
 from hybridflow.workers.sequences import pad_right, position_ids_from_mask
 
@@ -215,7 +216,6 @@ class HFEngine:
     @torch.no_grad()
     def generate(self, prompts: Batch, opts: RolloutConfig) -> Batch:
         """Rows of `prompts` already repeated n times; returns the engine columns."""
-        from transformers import LogitsProcessorList
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
         width = opts.max_new_tokens
         if len(prompts) == 0 and not self.synced_gpus:
@@ -230,23 +230,44 @@ class HFEngine:
                 ids, mask = micro["input_ids"], micro["attention_mask"]
                 if len(micro) == 0:  # synced FSDP rank with no rows: decode a dummy row
                     ids, mask = torch.full((1, 1), pad), torch.ones(1, 1, dtype=torch.long)
-                recorder = ChosenLogProbs()
-                with full_logits(self.module):  # a tp head's logits whole, for sampling
-                    result = self.module.generate(
-                        input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                        position_ids=position_ids_from_mask(mask).to(self.device),
-                        generation_config=config, synced_gpus=self.synced_gpus,
-                        logits_processor=LogitsProcessorList(
-                            sampled_warpers(opts) + [recorder]))
+                if self._own_loop:
+                    new, logp = decode(self.module, ids.to(self.device), mask.to(self.device),
+                                       width, _eos_list(eos), pad, sampled_warpers(opts),
+                                       greedy=not opts.do_sample)
+                    new, logp = new.cpu(), logp.cpu()
+                else:
+                    new, logp = self._hf_generate(ids, mask, config, opts)
                 if len(micro):
-                    new = result.sequences[:, ids.shape[1]:].cpu()
                     outs.append(pad_right(new, width, pad))
-                    logps.append(_pad_float(recorder.finish(new), width))
+                    logps.append(_pad_float(logp, width))
         finally:
             self.module.train(was_training)
         responses = torch.cat(outs) if outs else torch.zeros(0, width, dtype=torch.long)
         log_probs = torch.cat(logps) if logps else None
         return assemble_rollout(prompts, responses, pad, eos, log_probs)
+
+    @property
+    def _own_loop(self) -> bool:
+        """hf_decode's loop, except where ranks decode in lockstep (FSDP's synced_gpus,
+        a tensor-parallel group): there HF `generate` keeps them in step."""
+        return not self.synced_gpus and self.tp == 1 and not is_tensor_parallel(self.module)
+
+    def _hf_generate(self, ids, mask, config, opts) -> tuple[torch.Tensor, torch.Tensor]:
+        """HF `generate` on one micro-batch: (new tokens, their log-probs), on the CPU."""
+        from transformers import LogitsProcessorList
+        recorder = ChosenLogProbs()
+        with full_logits(self.module):  # a tp head's logits whole, for sampling
+            result = self.module.generate(
+                input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                position_ids=position_ids_from_mask(mask).to(self.device),
+                generation_config=config, synced_gpus=self.synced_gpus,
+                logits_processor=LogitsProcessorList(sampled_warpers(opts) + [recorder]))
+        new = result.sequences[:, ids.shape[1]:].cpu()
+        return new, recorder.finish(new)
+
+
+def _eos_list(eos) -> list[int]:
+    return [int(e) for e in eos] if isinstance(eos, (list, tuple)) else [int(eos)]
 
 
 def _pad_float(x: torch.Tensor, width: int) -> torch.Tensor:
