@@ -4,7 +4,7 @@ so that the full-vocabulary logits of a long row never exist at once.
 The model runs as usual up to its output head (`get_output_embeddings()`, `lm_head`);
 a forward pre-hook takes the head's input (the final hidden states at the positions
 that predict response tokens: `logits_to_keep` already selected them) and hands the
-head an empty slice instead, so the model's own logits are `[.., 0, V]`. The head is
+head one position of it instead, so the model's own logits are `[.., 1, V]`. The head is
 then applied to `chunk` positions at a time, and each chunk is reduced to its tokens'
 log-probs and entropy ([chunk] each) before the next chunk's logits exist:
 
@@ -77,14 +77,15 @@ def chunk_positions(setting: int | None, model, positions: int) -> int | None:
 
 @contextmanager
 def head_input(model):
-    """Within the block, the model's forward hands its head an empty slice and the
-    yielded list receives the head's real input (the hidden states)."""
+    """Within the block, the model's forward hands its head one position and the yielded
+    list receives the head's real input (the hidden states)."""
     head, seen = output_head(model), []
 
     def take(module, args, kwargs):
         hidden = args[0] if args else kwargs.pop("input")
         seen.append(hidden)
-        return (hidden[..., :0, :],) + tuple(args[1:]), kwargs
+        # one position, not none: a DTensor head cannot reshape an empty batch
+        return (hidden[..., :1, :],) + tuple(args[1:]), kwargs
 
     # prepend: before a tensor-parallel plan's input hook turns it into a DTensor
     handle = head.register_forward_pre_hook(take, prepend=True, with_kwargs=True)

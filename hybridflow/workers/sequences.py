@@ -100,7 +100,7 @@ def response_positions(batch: Batch, rows: PackedRows | None) -> int:
 def response_hidden(model, batch: Batch, rows: PackedRows | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """The head's input at the positions that predict response tokens, [N, H], and those
-    tokens [N] (N = B x R, or the packed K); the head itself runs on no position."""
+    tokens [N] (N = B x R, or the packed K); the head itself runs on one position a row."""
     with head_input(model) as seen:
         if rows is None:
             width = batch["responses"].shape[1]
