@@ -4,9 +4,12 @@
   device (LoRA adapters included);
 - `passes.py`: the bytes of one pass (training state, activations, logits, KV cache),
   with the constants' derivation;
-- `roles.py`: roles and pools of a compiled plan, colocation, device capacity; engines
+- `roles.py`: roles of a compiled plan, colocation, device capacity; engines
   and training strategies read through what they declare
   (`workers/rollout/engine_memory.py`, a backend class's `shards` / `gradient_buckets`);
+- `engines.py`: what an engine that reserves its own memory (vLLM) holds per rank, and
+  a CPU process's own bytes;
+- `hosts.py`: one rank of each pool, and each host (every process on one machine);
 - `report.py`: the table `hybridflow check --memory` prints.
 
 Stateless: everything is computed from the config and the plan. Importing this
@@ -18,9 +21,9 @@ table).
 """
 from hybridflow.memory.model_size import Architecture, ModelSize, model_size, model_size_of
 from hybridflow.memory.passes import MicroBatch, kv_cache_bytes, training_state
-from hybridflow.memory.roles import (PoolMemory, RoleMemory, actor_pass_memory,
-                                     role_model_size)
+from hybridflow.memory.hosts import HostMemory, PoolMemory
+from hybridflow.memory.roles import RoleMemory, actor_pass_memory, role_model_size
 
 __all__ = ["Architecture", "ModelSize", "model_size", "model_size_of", "MicroBatch",
-           "kv_cache_bytes", "training_state", "PoolMemory", "RoleMemory",
+           "kv_cache_bytes", "training_state", "PoolMemory", "HostMemory", "RoleMemory",
            "actor_pass_memory", "role_model_size"]

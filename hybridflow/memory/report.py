@@ -1,12 +1,15 @@
 """The table `hybridflow check --memory` prints: each role's peak on one device of its
-pool, each pool's peak (colocated roles summed as `roles.py` models it) against the
-device's memory; `MemoryReport.problems()` gives a "does not fit" line per pool over
-capacity (the command prints them as its error). Stateless."""
+pool, each pool's peak per rank (colocated roles summed as `roles.py` models it, the
+process on a CPU host) against the device's memory and, on a CPU host, the busiest
+host's total (every process placed on it, `hosts.py`) against its RAM;
+`MemoryReport.problems()` gives a "does not fit" line per pool or host over capacity
+(the command prints them as its error). Stateless."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hybridflow.memory.roles import PoolMemory, RoleMemory, pools_memory, roles_memory
+from hybridflow.memory.hosts import HostMemory, PoolMemory, host_memory, pools_memory
+from hybridflow.memory.roles import RoleMemory, roles_memory
 
 __all__ = ["MemoryReport", "plan_memory", "format_report", "gib", "pass_keys",
            "machine_memory_bytes", "launch_memory_problems"]
@@ -25,10 +28,11 @@ class MemoryReport:
     roles: list[RoleMemory]
     pools: list[PoolMemory]
     cpu: bool = False         # a CPU entry: capacity is this machine's memory
+    host: HostMemory | None = None  # a CPU run: the busiest host's processes
 
     @property
     def fits(self) -> bool:
-        return all(p.fits for p in self.pools)
+        return all(p.fits for p in self.pools) and (self.host is None or self.host.fits)
 
     def problems(self) -> list[str]:
         """One line per pool that does not fit, naming its largest role, the pass of
@@ -46,6 +50,13 @@ class MemoryReport:
                 f"{' or '.join(pass_keys(peak_pass))}, shorten data.max_prompt_length / "
                 f"rollout.max_new_tokens, train LoRA adapters, use more devices (fsdp2), "
                 f"or place roles on separate pools")
+        if self.host is not None and not self.host.fits:
+            lines.append(
+                f"does not fit: this host needs {gib(self.host.total)} of "
+                f"{gib(self.host.capacity)} ({_processes(self.host)}): CPU processes share "
+                f"the machine's RAM; lower rollout.kv_cache_gib or the micro-batch sizes, "
+                f"place fewer ranks on a host (placement.pools.<name>.devices_per_node), "
+                f"or use more nodes")
         return lines
 
 
@@ -81,7 +92,26 @@ def plan_memory(cfg, plan) -> MemoryReport:
     # memory (a 24 GiB box is not 256 GiB)
     capacity = float(machine_memory_bytes() if spec.cpu else spec.memory_bytes)
     roles = roles_memory(cfg, plan, capacity, cuda=not spec.cpu)
-    return MemoryReport(spec.name, capacity, roles, pools_memory(roles, capacity), spec.cpu)
+    if not spec.cpu:
+        return MemoryReport(spec.name, capacity, roles, pools_memory(roles, capacity))
+    from hybridflow.core.modes import RuntimeName
+    from hybridflow.memory.engines import PROCESS_BYTES
+    pools = pools_memory(roles, capacity, PROCESS_BYTES)
+    per_rank = RuntimeName.of(_runtime_name(cfg)).process_per_rank
+    host = host_memory(pools, plan.placement, per_rank, capacity, PROCESS_BYTES)
+    return MemoryReport(spec.name, capacity, roles, pools, True, host)
+
+
+def _runtime_name(cfg) -> str:
+    runtime = cfg.get("runtime") if isinstance(cfg, dict) else getattr(cfg, "runtime", None)
+    if runtime is None:
+        return "local"
+    return str(runtime.get("name", "local") if isinstance(runtime, dict) else runtime.name)
+
+
+def _processes(host: HostMemory) -> str:
+    return " + ".join(f"{count} {what} x {gib(each)}"
+                      for what, count, each in host.processes if count)
 
 
 def _cluster_device(cfg) -> str:
@@ -109,8 +139,14 @@ def format_report(report: MemoryReport) -> str:
     for pool in report.pools:
         verdict = "fits" if pool.fits else "DOES NOT FIT"
         names = ", ".join(r.role for r in pool.roles)
-        lines.append(f"  pool {pool.pool} ({names}): {gib(pool.peak)} of {cap} -> {verdict} "
-                     f"(resident summed + largest pass, {pool.peak_pass()})")
+        process = f"process {gib(pool.process)} + " if pool.process else ""
+        lines.append(f"  pool {pool.pool} ({names}): {gib(pool.peak)} per rank of {cap} -> "
+                     f"{verdict} ({process}resident summed + largest pass, "
+                     f"{pool.peak_pass()})")
+    if report.host is not None:
+        verdict = "fits" if report.host.fits else "DOES NOT FIT"
+        lines.append(f"  host (every process on one machine): {_processes(report.host)} = "
+                     f"{gib(report.host.total)} of {gib(report.host.capacity)} -> {verdict}")
     return "\n".join(lines)
 
 

@@ -9,8 +9,9 @@ Colocated roles share one process per device and their calls run one at a time, 
 a pool's peak is the sum of every role's resident bytes plus the largest transient
 of any one pass. Roles on different pools never share a device. A folded role
 (a LoRA actor's reference) holds nothing of its own; the HF rollout shares the
-actor's module; a vLLM engine reserves `gpu_memory_utilization` of the device while
-it generates (with sleep mode it frees it for the rest of the step).
+actor's module; an engine that reserves its own memory (vLLM: its weights, the fixed
+KV cache `rollout.kv_cache_gib` and, on a CPU host, its runtime; `memory/engines.py`)
+holds it for the run, or only while it generates where it sleeps (a GPU, colocated).
 
 Tensor parallelism: a rank of a tp group holds its slice of the model
 (`model_size.tensor_parallel_slice`) and reads every row of its group.
@@ -30,6 +31,7 @@ import math
 from dataclasses import dataclass, field
 
 from hybridflow.core.kinds import NodeKind, Op
+from hybridflow.memory.hosts import PoolMemory, pools_memory
 from hybridflow.memory.model_size import ModelSize, model_size, tensor_parallel_slice
 from hybridflow.memory.passes import (MicroBatch, batch_bytes, generate_pass,
                                       inference_pass, train_pass, training_state)
@@ -63,28 +65,6 @@ class RoleMemory:
     @property
     def peak(self) -> int:
         return self.resident_bytes + self.largest_pass()[1]
-
-
-@dataclass
-class PoolMemory:
-    """Colocated roles on one device of a pool: resident bytes summed, plus the
-    largest pass of any of them (calls on one process run one at a time)."""
-    pool: str
-    roles: list[RoleMemory]
-    capacity: float | None  # bytes per device, when the device is known
-
-    @property
-    def peak(self) -> int:
-        passes = [r.largest_pass() for r in self.roles]
-        return sum(r.resident_bytes for r in self.roles) + max((b for _, b in passes), default=0)
-
-    def peak_pass(self) -> str:
-        passes = [r.largest_pass() for r in self.roles]
-        return max(passes, key=lambda p: p[1], default=("-", 0))[0]
-
-    @property
-    def fits(self) -> bool:
-        return self.capacity is None or self.peak <= self.capacity
 
 
 def _sections(cfg):
@@ -302,7 +282,7 @@ def _fill(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int,
         for node in nodes:
             name = f"actor.{node.method}"
             if node.kind == NodeKind.GENERATE and _engine(s).reserves_device:
-                memory.passes[name] = _vllm_pass(s, capacity, memory)
+                _engine_bytes(memory, name, cfg, s, capacity, state["cuda"], True, tp)
             else:
                 memory.passes[name] = _actor_pass(size, s, node.kind, rows, prompt, state,
                                                   node)
@@ -354,9 +334,11 @@ def _fill_rollout(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int,
         name = f"rollout.{node.method}"
         if node.kind != NodeKind.GENERATE:
             continue  # load_weights: buckets of the actor's export, small
-        memory.passes[name] = _vllm_pass(s, capacity, memory) \
-            if _engine(s).reserves_device else \
-            _actor_pass(size, s, NodeKind.GENERATE, rows, prompt, {**state, "shards": 1})
+        if _engine(s).reserves_device:
+            _engine_bytes(memory, name, cfg, s, capacity, state["cuda"], folded, tp)
+        else:
+            memory.passes[name] = _actor_pass(size, s, NodeKind.GENERATE, rows, prompt,
+                                              {**state, "shards": 1})
 
 
 def _fill_reward(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int) -> None:
@@ -379,24 +361,19 @@ def _fill_reward(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int) -> N
             "batch": batch_bytes(rows, prompt, response)}
 
 
-def _vllm_pass(s, capacity: float | None, memory: RoleMemory) -> dict[str, int]:
-    """vLLM reserves a fraction of the device for its weights and KV cache while it
-    generates; with sleep mode it gives it back for the rest of the step."""
-    util = s["rollout"].gpu_memory_utilization
-    if capacity is None:
-        memory.notes.append("vLLM reserves rollout.gpu_memory_utilization of a device "
-                            "whose size is unknown here: not counted")
-        return {}
-    reserved = int(util * capacity)
-    if not s["rollout"].enable_sleep_mode:
-        memory.resident["vllm reservation"] = reserved
-        return {}
-    return {"vllm reservation": reserved}
-
-
-def pools_memory(roles: list[RoleMemory], capacity: float | None) -> list[PoolMemory]:
-    """Colocated roles grouped by pool (one device of each)."""
-    pools: dict[str, list[RoleMemory]] = {}
-    for memory in roles:
-        pools.setdefault(memory.pool, []).append(memory)
-    return [PoolMemory(name, members, capacity) for name, members in pools.items()]
+def _engine_bytes(memory: RoleMemory, name: str, cfg, s, capacity: float | None,
+                  cuda: bool, colocated: bool, tp: int) -> None:
+    """An engine that reserves its own memory (vLLM, `memory/engines.py`): resident,
+    or the pass's bytes where it sleeps between generations; counted once per role."""
+    from hybridflow.memory.engines import engine_parts, engine_sleeps
+    weights = role_model_size(cfg, tp=tp).weight_bytes  # its own copy, one tp slice
+    parts = engine_parts(s, _engine(s), weights, capacity, cuda, memory.notes)
+    if any(note.startswith("served by") for note in memory.notes):
+        memory.notes = [n for n in memory.notes if not n.startswith("served by")] + [
+            "served by the actor's worker in the same process; its engine holds a copy "
+            "of the weights of its own"]
+    if engine_sleeps(s, cuda, colocated):
+        memory.passes[name] = parts
+    else:  # resident: one engine, however many calls generate with it
+        memory.resident.update(parts)
+        memory.passes[name] = {}

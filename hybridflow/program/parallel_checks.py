@@ -152,9 +152,10 @@ def _check_engine_cores(cfg: DictConfig, plan: ExecutionPlan, role: str, tp: int
     if not engine_pins_cores(name) or not runs_on_cpu(cfg):
         return
     from hybridflow.program.placement_checks import allowed_cores
-    from hybridflow.runtime.affinity import cores_for
     pool = plan.placement.pools[plan.placement.roles[role]]
-    cores = cores_for(pool.cores, pool.devices_per_node, 0) if pool.cores else allowed_cores()
+    # the first worker's slice, as runtime/affinity.py `cores_for` cuts it (equal slices)
+    cores = pool.cores[:len(pool.cores) // pool.devices_per_node] if pool.cores else \
+        allowed_cores()
     try:
         check_tp_cores(f"placement.parallel.{role}.tp", tp, cores, name)
     except ValueError as err:

@@ -51,7 +51,12 @@ def test_the_prediction_follows_the_declaration_not_the_name(monkeypatch):
     monkeypatch.setitem(table._MEMORY, "hf", table.EngineMemory(reserves_device=True))
     reserving = rollout()
     assert "weights" not in reserving.resident
-    assert set(reserving.passes["rollout.generate"]) == {"vllm reservation"}  # sleep mode
+    # on a pool of its own the engine never sleeps (only one colocated with the actor)
+    assert set(reserving.resident) == {"vllm reservation"}
+    # and as one with a fixed KV cache (vLLM's declaration): weights and the cache
+    monkeypatch.setitem(table._MEMORY, "hf", table.EngineMemory(reserves_device=True,
+                                                                fixed_kv_cache=True))
+    assert set(rollout().resident) == {"engine weights", "kv cache"}  # a GPU: no runtime
     # and as one without the log-prob recorder: one [rows, vocab] less per step
     monkeypatch.setitem(table._MEMORY, "hf", table.EngineMemory())
     unrecorded = rollout()

@@ -31,4 +31,8 @@ make_vllm_engine.requires = ("vllm",)
 make_hf_engine.streams_sharded = False
 # what each holds on a device, for the memory model (engine_memory.py)
 declare_engine_memory("hf", EngineMemory(records_log_probs=True))
-declare_engine_memory("vllm", EngineMemory(reserves_device=True))
+# vLLM's CPU engine in a process: its library, workspace and threads beside the model and
+# the KV cache (measured: docs/rollout.md, "Memory on a CPU host")
+declare_engine_memory("vllm", EngineMemory(reserves_device=True, fixed_kv_cache=True,
+                                           host_bytes=int(0.3 * (1 << 30)),
+                                           host_weight_copies=1.0))

@@ -8,6 +8,12 @@ this table records what it costs in memory:
   `rollout.gpu_memory_utilization` of the device, its weights and KV cache inside it
   (vLLM; with `rollout.enable_sleep_mode` it frees it between generations), so it has no
   resident weights of its own to count;
+- `fixed_kv_cache`: with `rollout.kv_cache_gib` > 0 the engine sizes its KV cache by it
+  (vLLM's `kv_cache_memory_bytes`, set on every platform) and then holds its own
+  weights, that KV cache and, on a CPU host, `host_bytes` of runtime (its library,
+  workspace and threads in the process) plus `host_weight_copies` x its weights (the
+  heap its weight loads leave with the C allocator), both measured: not a share of
+  the device;
 - `records_log_probs`: its generate keeps one more [rows, vocab] float tensor per
   decode step (the HF engine's log-prob recorder).
 
@@ -29,6 +35,9 @@ __all__ = ["EngineMemory", "declare_engine_memory", "engine_memory", "declared_e
 class EngineMemory:
     reserves_device: bool = False
     records_log_probs: bool = False
+    fixed_kv_cache: bool = False
+    host_bytes: int = 0
+    host_weight_copies: float = 0.0
 
 
 _MEMORY: dict[str, EngineMemory] = {}
