@@ -31,14 +31,15 @@ from contextlib import contextmanager
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from hybridflow.workers.config import AUTO_LOGPROB_CHUNK_ELEMENTS, logprob_chunk_positions
 from hybridflow.workers.vocab_parallel import entropy_from_logits, token_logprobs
 
 __all__ = ["AUTO_CHUNK_ELEMENTS", "chunk_positions", "output_head", "head_input",
            "chunked_token_stats"]
 
-# 2**25 float32 = 128 MiB of logits per chunk (a 49k vocabulary: 682 positions;
-# 152k: 220); the toy's 80-token vocabulary never chunks
-AUTO_CHUNK_ELEMENTS = 1 << 25
+# 2**24 float32 = 64 MiB of logits per chunk by default (a 49k vocabulary: 341
+# positions; 152k: 110); the toy's 80-token vocabulary never chunks
+AUTO_CHUNK_ELEMENTS = AUTO_LOGPROB_CHUNK_ELEMENTS
 # config attributes of Hugging Face models whose forward rescales the head's output
 _HEAD_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
@@ -71,7 +72,7 @@ def chunk_positions(setting: int | None, model, positions: int) -> int | None:
     head = output_head(model)
     if head is None:
         return None
-    chunk = setting if setting else max(1, AUTO_CHUNK_ELEMENTS // head.weight.shape[0])
+    chunk = logprob_chunk_positions(setting, head.weight.shape[0])
     return chunk if positions > chunk else None
 
 

@@ -34,7 +34,8 @@ from hybridflow.workers.scoring import DEFAULT_SCORER_TABLE
 
 __all__ = ["ModelConfig", "LoraConfig", "ActorConfig", "RolloutConfig", "RefConfig",
            "CriticConfig", "RewardConfig", "read_section", "DEFAULT_HF_CONFIG",
-           "register_setting_names", "setting_names"]
+           "register_setting_names", "setting_names", "AUTO_LOGPROB_CHUNK_ELEMENTS",
+           "logprob_chunk_positions"]
 
 # A tiny Llama for the toy task: big enough to learn arithmetic formats, small
 # enough that a CPU test runs an update in well under a second.
@@ -52,6 +53,20 @@ _DEVICE = Rule(lambda v: v in ("auto", "cpu", "cuda") or str(v).startswith("cuda
 # (graphs/ops.py, one of hybridflow.graph.loss.DEFAULT_LOSS_PROVIDERS), so the engine names
 # none of them and still refuses a typo before launch.
 LOSS_SETTING_NAMES: dict[str, tuple[str, ...]] = {}
+
+
+# `*.logprob_chunk=None`: a chunk of as many positions as make 2**24 float32 logits
+# (64 MiB; a 49k vocabulary: 341 positions, 152k: 110), so the toy's 80-token
+# vocabulary never chunks (workers/chunked_logprobs.py; memory/passes.py sizes it)
+AUTO_LOGPROB_CHUNK_ELEMENTS = 1 << 24
+
+
+def logprob_chunk_positions(setting: int | None, vocab: int) -> int | None:
+    """Positions per chunk of log-probs under `*.logprob_chunk` = `setting` for a
+    vocabulary of `vocab` entries; None: never chunk (0)."""
+    if setting == 0:
+        return None
+    return int(setting) if setting else max(1, AUTO_LOGPROB_CHUNK_ELEMENTS // max(1, vocab))
 
 
 def register_setting_names(what: str, names) -> None:
@@ -177,7 +192,7 @@ class ActorConfig:
     strategy: str = checked("ddp", _STRATEGY)  # "fsdp2": CUDA (nccl) or CPU (gloo)
     # log-probs and entropy (update, logprob, sft) a chunk of this many positions at a
     # time, never a micro-batch's whole logits (workers/chunked_logprobs.py); None: as
-    # many as keep a chunk's float32 logits under 128 MiB; 0: never chunk
+    # many as keep a chunk's float32 logits under 64 MiB; 0: never chunk
     logprob_chunk: Optional[int] = checked(None, at_least(0))
     lora: LoraConfig = field(default_factory=LoraConfig)
 

@@ -17,7 +17,7 @@ token is not attended.
 
 `logprob_chunk` (`actor.logprob_chunk`, `ref.logprob_chunk`) computes the log-probs and
 entropy a chunk of positions at a time from the head's input (`chunked_logprobs.py`):
-0 never, N positions, None as many as keep a chunk's logits under 128 MiB; a forward
+0 never, N positions, None as many as keep a chunk's logits under 64 MiB; a forward
 with no more positions than one chunk computes them from whole logits, as before.
 """
 from __future__ import annotations

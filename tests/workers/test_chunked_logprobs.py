@@ -182,10 +182,10 @@ def test_workers_chunked_equal_unchunked(packed, monkeypatch):
 
 def test_toy_vocabulary_never_chunks_by_default():
     toy, big = _model(vocab=80), _model(vocab=49152, hidden=8)
-    # a chunk holds 419,430 of its positions: far more than any toy micro-batch's
-    assert chunk_positions(None, toy, 400_000) is None
-    assert chunk_positions(None, big, 4096) == AUTO_CHUNK_ELEMENTS // 49152 == 682
-    assert chunk_positions(None, big, 682) is None        # no more than one chunk
+    # a chunk holds 209,715 of its positions: far more than any toy micro-batch's
+    assert chunk_positions(None, toy, 200_000) is None
+    assert chunk_positions(None, big, 4096) == AUTO_CHUNK_ELEMENTS // 49152 == 341
+    assert chunk_positions(None, big, 341) is None        # no more than one chunk
     assert chunk_positions(0, big, 4096) is None          # 0: never
     assert chunk_positions(100, toy, 101) == 100
 
