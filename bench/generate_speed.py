@@ -1,0 +1,160 @@
+"""The `hf` engine's `rollout.generate` against its compute bound, old path and new,
+alternated in one run (issue 37 item 2).
+
+    python bench/generate_speed.py                                   # the toy model
+    python bench/generate_speed.py --model $HYBRIDFLOW_SMOLLM2_DIR --data data/word_arith \\
+        --prompts 8 --n 4 --new-tokens 48 --reps 3 --threads 2
+
+Variants, one of each per round in a rotating order (bench/harness.py `alternate`):
+- `hf_generate`: the engine as it was, HF `generate` with the log-prob recorder
+  (`HFEngine._hf_generate`, still the path of ranks that decode in lockstep);
+- `engine`: the engine's own decode loop (workers/rollout/hf_decode.py);
+- `peak`: this process's fp32 matmul rate (core/device_peak.py `matmul_flops`), so
+  each generate is compared with the peak measured beside it.
+Model FLOPs as the workers count them (workers/mfu.py): 2 N per real prompt token and
+per generated token, N the linear layers' weights. The compute bound is those FLOPs
+over the median peak; `x bound` is the median seconds over it (target: <= 1.5).
+The machine is shared: each round records /proc/loadavg; read the ratios, which
+are taken in the same run. Prints a table, writes bench/results/generate_speed.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.harness import machine, median, quiet_logs, set_threads, table, write_results
+
+TOY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                   "graphs", "assets", "toy_base")
+PROMPTS = ["12+30=", "7*8=", "99-1=", "5+5=", "123+456=", "9*9=", "40-2=", "3+4="]
+TARGET = 1.5
+
+
+def prompt_texts(tokenizer, data: str | None, prompts: int) -> list[str]:
+    """The data file's first chat prompts with the generation prompt, or toy sums."""
+    if not data:
+        return [PROMPTS[i % len(PROMPTS)] for i in range(prompts)]
+    with open(os.path.join(data, "train.jsonl")) as fh:
+        rows = [json.loads(line) for line, _ in zip(fh, range(prompts))]
+    return [tokenizer.apply_chat_template(r["prompt"], tokenize=False,
+                                          add_generation_prompt=True) for r in rows]
+
+
+def build(model: str, data: str | None, prompts: int, n: int):
+    """(engine, the old path's engine, repeated prompt rows)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from hybridflow.core.batch import Batch
+    from hybridflow.workers.rollout.hf import HFEngine
+    tok = AutoTokenizer.from_pretrained(model)
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    module = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    module.eval().requires_grad_(False)
+    enc = tok(prompt_texts(tok, data, prompts), padding=True, return_tensors="pt")
+    rows = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
+
+    class HFGenerate(HFEngine):
+        _own_loop = False  # the old path, selectable only here
+
+    new = HFEngine(module, tok, "cpu", shares_module=False, version=0)
+    old = HFGenerate(module, tok, "cpu", shares_module=False, version=0)
+    return new, old, rows.repeat(n, interleave=True)
+
+
+def run(args) -> dict:
+    import torch
+    from hybridflow.core.device_peak import matmul_flops
+    from hybridflow.workers.config import RolloutConfig
+    from hybridflow.workers.mfu import matmul_params
+    new, old, rows = build(args.model, args.data, args.prompts, args.n)
+    opts = RolloutConfig(n=args.n, max_new_tokens=args.new_tokens, temperature=1.0,
+                         micro_batch_size=len(rows))
+    params, prompt_tokens = matmul_params(new.module), int(rows["attention_mask"].sum())
+    record = {"hf_generate": [], "engine": [], "peak": []}
+
+    def timed(name, engine):
+        began, cpu = time.perf_counter(), time.process_time()
+        out = engine.generate(rows, opts)
+        seconds = time.perf_counter() - began
+        generated = int(out["response_length"].sum())
+        record[name].append({"s": seconds, "cpu_s": time.process_time() - cpu,
+                             "generated": generated, "load": os.getloadavg()[0],
+                             "flops": 2 * params * (prompt_tokens + generated)})
+
+    variants = {"hf_generate": lambda: timed("hf_generate", old),
+                "engine": lambda: timed("engine", new),
+                "peak": lambda: record["peak"].append(matmul_flops())}
+    torch.manual_seed(0)
+    for _ in range(args.warmup):
+        timed("engine", new)
+    record["engine"].clear()
+    names = list(variants)
+    for rep in range(args.reps):
+        order = names[rep % len(names):] + names[:rep % len(names)]
+        for name in order:
+            variants[name]()
+    return summarize(record, args, params, prompt_tokens, len(rows))
+
+
+def summarize(record: dict, args, params: int, prompt_tokens: int, rows: int) -> dict:
+    peak = median(record["peak"])
+    out = {"settings": {"model": args.model, "rows": rows, "new_tokens": args.new_tokens,
+                        "prompt_tokens": prompt_tokens, "matmul_params": params,
+                        "reps": args.reps, "threads": args.threads},
+           "peak_gflops": peak / 1e9, "peaks_gflops": [p / 1e9 for p in record["peak"]],
+           "variants": {}}
+    for name in ("hf_generate", "engine"):
+        reps = record[name]
+        seconds = median([r["s"] for r in reps])
+        flops = median([r["flops"] for r in reps])
+        out["variants"][name] = {
+            "s": seconds, "tokens_per_s": median([r["generated"] / r["s"] for r in reps]),
+            "gflops": flops / seconds / 1e9, "x_bound": seconds / (flops / peak),
+            "reps": reps}
+    out["speedup"] = out["variants"]["hf_generate"]["s"] / out["variants"]["engine"]["s"]
+    return out
+
+
+def report(res: dict) -> str:
+    rows = [[name, v["s"], v["tokens_per_s"], v["gflops"], v["x_bound"]]
+            for name, v in res["variants"].items()]
+    head = (f"{res['settings']['rows']} rows x {res['settings']['new_tokens']} new tokens, "
+            f"{res['settings']['threads']} threads, fp32 peak {res['peak_gflops']:.1f} GFLOP/s "
+            f"(median of {len(res['peaks_gflops'])}), "
+            f"load {res['machine']['load_avg_1m_at_start']}")
+    return "\n".join([head, table(["path", "s", "tokens/s", "GFLOP/s", "x bound"], rows),
+                      f"engine over hf_generate: {res['speedup']:.2f}x faster; "
+                      f"target: x bound <= {TARGET}"])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default=TOY)
+    parser.add_argument("--data", default=None, help="a word_arith folder: its chat prompts")
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--n", type=int, default=4)
+    parser.add_argument("--new-tokens", type=int, default=48)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default=None, help="the JSON file (default: bench/results/)")
+    args = parser.parse_args(argv)
+    quiet_logs()
+    set_threads(args.threads)
+    res = run(args)
+    res["machine"] = machine()
+    res["machine"]["loadavg_at_end"] = open("/proc/loadavg").read().split()[:3]
+    print(report(res))
+    print("wrote", write_results("generate_speed", res, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
