@@ -2,8 +2,8 @@
 size and the roles colocated with it in the same process. The runtime builds one per
 worker; a worker keeps it. `init_distributed` joins torch.distributed's default group.
 
-The role's layout: a pool of `world_size` ranks runs `dp = world_size // tp` groups of
-`tp` ranks; rank r is data-parallel rank r // tp and tensor-parallel rank r % tp (what
+The role's layout is `layout` (`core/layout.RoleLayout`): a pool of `world_size` ranks
+runs dp groups of `tp` ranks, rank r's coordinates are `layout.coords(r)` (what
 `graph/dispatch.py` sends rows by: a tp group's ranks get the same rows).
 `device_mesh()` is that layout as a 2-D torch DeviceMesh ("dp", "tp") over the default
 group. State: `_MESHES`, (device type, dp, tp, default group) -> the mesh, built once
@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from hybridflow.core.layout import RoleLayout
 
 __all__ = ["WorkerContext"]
 
@@ -63,17 +65,22 @@ class WorkerContext:
 
     # ------------------------------------------------------------- layout
     @property
+    def layout(self) -> RoleLayout:
+        """The role's layout on its pool (ValueError where tp does not divide it)."""
+        return RoleLayout(self.world_size, self.tp)
+
+    @property
     def dp(self) -> int:
         """Data-parallel groups of the role (ranks / tp)."""
-        return max(1, self.world_size // self.tp)
+        return self.layout.dp
 
     @property
     def dp_rank(self) -> int:
-        return self.rank // self.tp
+        return self.layout.dp_rank(self.rank)
 
     @property
     def tp_rank(self) -> int:
-        return self.rank % self.tp
+        return self.layout.tp_rank(self.rank)
 
     def device_mesh(self):
         """The role's (dp, tp) DeviceMesh over the default process group, or None when
@@ -81,18 +88,16 @@ class WorkerContext:
         mesh's groups are created collectively), in the same order of roles."""
         if self.tp <= 1:
             return None
-        if self.world_size % self.tp:
-            raise ValueError(f"placement.parallel.<role>.tp={self.tp} does not divide the "
-                             f"pool's {self.world_size} ranks")
+        layout = self.layout
         self.init_distributed()
         if not self.distributed:
             raise RuntimeError(f"tp={self.tp} needs torch.distributed over "
                                f"{self.world_size} ranks (the local runtime cannot run it: "
                                "use runtime.name=ray)")
         device = (self.device or ("cuda" if torch.cuda.is_available() else "cpu")).split(":")[0]
-        key = (device, self.dp, self.tp, id(dist.group.WORLD))  # a re-joined group: anew
+        key = (device, layout.dp, layout.tp, id(dist.group.WORLD))  # re-joined: anew
         if key not in _MESHES:
             from torch.distributed.device_mesh import init_device_mesh
-            _MESHES[key] = init_device_mesh(device, (self.dp, self.tp),
+            _MESHES[key] = init_device_mesh(device, (layout.dp, layout.tp),
                                             mesh_dim_names=("dp", "tp"))
         return _MESHES[key]

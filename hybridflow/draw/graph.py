@@ -154,8 +154,8 @@ def _pool_label(plan: ExecutionPlan, pool: str) -> str:
     roles = []
     for role in sorted(plan.placement.colocated().get(pool, [])):
         # the layout the role's workers build (a folded role's: its host's, or its own)
-        tp = plan.placement.tp_size(role)
-        parts = [f"dp {spec.world_size // tp} × tp {tp}"] if spec and tp > 1 else []
+        layout = plan.placement.layout(role) if spec else None
+        parts = [layout.describe()] if layout is not None and layout.sharded else []
         if role in plan.placement.folded:
             parts.insert(0, f"served by {plan.placement.folded[role]}")
         roles.append(f"{role} ({', '.join(parts)})" if parts else role)

@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from hybridflow.core.batch import Batch
 from hybridflow.core.kinds import METHOD_KINDS, NodeKind
+from hybridflow.core.layout import RoleLayout
 from hybridflow.core.metric_names import is_summed
 
 __all__ = [
@@ -43,20 +44,13 @@ SKIP = object()  # a dispatched value meaning "this rank does not run the call"
 _SPEC_ATTR = "__hybridflow_method__"
 
 
-@dataclass(frozen=True)
-class Layout:
-    """How the ranks of a worker group are arranged: dp groups of tp replicas."""
-    world_size: int
-    tp_size: int = 1
+class Layout(RoleLayout):
+    """How the ranks of a worker group are arranged: dp groups of tp replicas. The
+    role's `core/layout.RoleLayout` under the name (and the `Layout(world_size,
+    tp_size)` constructor) dispatch modes have always used."""
 
-    def __post_init__(self):
-        if self.tp_size < 1 or self.world_size < 1 or self.world_size % self.tp_size:
-            raise ValueError(f"world size {self.world_size} is not a positive multiple of "
-                             f"the tensor-parallel size {self.tp_size}")
-
-    @property
-    def dp_size(self) -> int:
-        return self.world_size // self.tp_size
+    def __init__(self, world_size: int, tp_size: int = 1):
+        super().__init__(world_size, tp_size)
 
 
 @dataclass(frozen=True)
@@ -217,10 +211,9 @@ def _dp_slots(layout: Layout) -> SlotLayout:
     return SlotLayout(layout.world_size, ranks, ranks)
 
 
-def _dp_tp_slots(layout: Layout) -> SlotLayout:
-    tp = layout.tp_size
-    return SlotLayout(layout.dp_size, tuple(r // tp for r in range(layout.world_size)),
-                      tuple(s * tp for s in range(layout.dp_size)))
+def _dp_tp_slots(layout: RoleLayout) -> SlotLayout:
+    return SlotLayout(layout.dp, tuple(layout.dp_rank(r) for r in range(layout.world)),
+                      tuple(layout.row_group(s)[0] for s in range(layout.dp)))
 
 
 def _broadcast_slots(layout: Layout) -> SlotLayout:

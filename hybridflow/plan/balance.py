@@ -98,7 +98,7 @@ def balance_tokens(batch, parts: int, group_by: str | None = "uid"):
 
 def _data_parallel(plan, node) -> int:
     pool = plan.placement.pools.get(node.pool)
-    return (pool.world_size // plan.placement.tp_size(node.role)) if pool else 1
+    return plan.placement.layout(node.role, world=pool.world_size).dp if pool else 1
 
 
 def _parts(plan, generate) -> int:

@@ -245,10 +245,11 @@ class _Checker:
                             f"defined{_suggest(pool, self.placement.pools)}")
         elif spec.world_size < 1:
             self.fail(node, f"pool '{pool}' of role '{node.role}' has no devices")
-        elif spec.world_size % self.placement.tp_size(node.role):
-            self.fail(node, f"role '{node.role}' has tensor-parallel size "
-                            f"{self.placement.tp_size(node.role)}, which does not divide the "
-                            f"{spec.world_size} device(s) of pool '{pool}'")
+        else:
+            try:  # the role's layout, checked here once (core/layout.py)
+                self.placement.layout(node.role)
+            except ValueError as err:
+                self.fail(node, str(err))
         return pool
 
     # ---- step 2: structure

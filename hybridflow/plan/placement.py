@@ -14,6 +14,8 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from hybridflow.core.layout import RoleLayout, check_sp
+
 __all__ = ["PoolSpec", "Placement"]
 
 
@@ -33,7 +35,7 @@ class PoolSpec:
 class Placement:
     pools: dict[str, PoolSpec]
     roles: dict[str, str]                          # role -> pool name
-    parallel: dict[str, dict[str, int]] = field(default_factory=dict)  # role -> {dp, tp}
+    parallel: dict[str, dict[str, int]] = field(default_factory=dict)  # role -> {dp, tp, sp}
     folded: dict[str, str] = field(default_factory=dict)  # role -> host role serving it
 
     @classmethod
@@ -41,8 +43,10 @@ class Placement:
         """From the `placement` config section; a misspelt field is a ValueError."""
         pools = {name: _pool(name, p) for name, p in dict(cfg.get("pools") or {}).items()}
         roles = {str(r): str(p) for r, p in dict(cfg.get("roles") or {}).items()}
-        parallel = {str(r): _fields(p, ("dp", "tp"), f"placement.parallel.{r}")
+        parallel = {str(r): _fields(p, ("dp", "tp", "sp"), f"placement.parallel.{r}")
                     for r, p in dict(cfg.get("parallel") or {}).items()}
+        for role, entry in parallel.items():  # parsed, refused until it lands (core/layout.py)
+            check_sp(role, entry.get("sp", 1))
         return cls(pools, roles, parallel)
 
     @classmethod
@@ -81,17 +85,31 @@ class Placement:
             entry = self.parallel.get(self.folded[role])
         return int((entry or {}).get("tp", 1))
 
+    def layout(self, role: str, world: int | None = None) -> RoleLayout:
+        """The role's layout on its pool (`world`: the pool's ranks as the runtime
+        counts them, else the placement's; 1 for a role on no pool). A ValueError
+        naming role, key and numbers where tp does not divide the pool."""
+        pool = self.pools.get(self.roles.get(role, ""))
+        if world is None:
+            world = pool.world_size if pool else 1
+        return RoleLayout(int(world), self.tp_size(role), role=role,
+                          pool=pool.name if pool else None)
+
     def layout_lines(self, roles) -> list[str]:
         """The layout each tensor-parallel role's workers build, for summaries: its
         dp x tp and the ranks of each tp group (a dp call splits over the groups)."""
         lines = []
         for role in roles:
-            tp, pool = self.tp_size(role), self.pools.get(self.roles.get(role, ""))
-            if tp == 1 or pool is None or pool.world_size % tp:
+            pool = self.pools.get(self.roles.get(role, ""))
+            try:
+                layout = self.layout(role)
+            except ValueError:
+                continue  # the compiler says why
+            if pool is None or not layout.sharded:
                 continue
-            groups = [list(range(g * tp, (g + 1) * tp)) for g in range(pool.world_size // tp)]
-            lines.append(f"  layout: {role} on pool {pool.name}: dp {pool.world_size // tp} x "
-                         f"tp {tp}, tp groups {groups}")
+            groups = [list(g) for g in layout.tp_groups]
+            lines.append(f"  layout: {role} on pool {pool.name}: dp {layout.dp} x "
+                         f"tp {layout.tp}, tp groups {groups}")
         return lines
 
 

@@ -127,7 +127,7 @@ class CostModel:
     def role_cost(self, role: str, devices: int, tp: int) -> RoleCost:
         key = (role, devices, tp)
         if key not in self._roles:
-            self._roles[key] = self._role_cost(role, devices, Layout(devices // tp, tp))
+            self._roles[key] = self._role_cost(role, devices, Layout.of(devices, tp))
         return self._roles[key]
 
     def _role_cost(self, role: str, devices: int, layout: Layout) -> RoleCost:
@@ -222,5 +222,5 @@ class CostModel:
         cap = batch_cap(self.problem.models[role], self.workload, tp, free_bytes)
         key = (role, devices, tp, cap)
         if key not in self._generate:
-            self._generate[key] = rollout_cost(self, role, devices, Layout(devices // tp, tp), cap)
+            self._generate[key] = rollout_cost(self, role, devices, Layout.of(devices, tp), cap)
         return self._generate[key]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hybridflow.core.layout import RoleLayout
+
 from .models import BF16_BYTES, ModelSpec
 
 MAX_DECODE_BATCH = 256  # sequences decoded at once per replica (vLLM max_num_seqs)
@@ -29,6 +31,12 @@ OPS_PER_PASS = 20  # embedding, final norm, head, log-softmax and gathers
 class Layout:
     dp: int
     tp: int
+
+    @classmethod
+    def of(cls, devices: int, tp: int) -> "Layout":
+        """The layout of `devices` ranks at tensor-parallel size `tp`, derived by the
+        role layout (`core/layout.RoleLayout`), as the workers will build it."""
+        return cls(RoleLayout(devices, tp).dp, tp)
 
 
 def forward_flops_per_token(model: ModelSpec, context: float) -> float:

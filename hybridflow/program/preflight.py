@@ -215,7 +215,7 @@ def check_batch_feeds_ranks(cfg: DictConfig, plan: ExecutionPlan) -> None:
         if node.op is not Op.CALL or not is_data_parallel(node.dispatch):
             continue
         pool = placement.roles[node.role]
-        dp = placement.pools[pool].world_size // placement.tp_size(node.role)
+        dp = placement.layout(node.role).dp
         where = f"role '{node.role}' (pool '{pool}', {dp} data-parallel ranks)"
         if prompts < dp:
             raise ConfigError(f"data.batch_size={prompts} prompts cannot feed the {where}: "

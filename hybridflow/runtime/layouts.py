@@ -3,7 +3,7 @@ runtime (cached in the plan's `PlanAnalysis`). Stateless functions."""
 from __future__ import annotations
 
 from hybridflow.core.kinds import Op
-from hybridflow.graph.dispatch import Layout, get_dispatch_mode
+from hybridflow.graph.dispatch import get_dispatch_mode
 from hybridflow.plan.compiler import ExecutionPlan, PlanNode
 from hybridflow.runtime.common import NodeFailure
 
@@ -15,11 +15,10 @@ def slot_layout(ex, plan: ExecutionPlan, analysis, node: PlanNode):
     cached = analysis.layouts.get(node.name)
     if cached is None:
         mode = get_dispatch_mode(node.dispatch)
-        size, tp = ex.pool_size(node.pool), plan.placement.tp_size(node.role)
-        if size % tp:
-            raise NodeFailure(node, None, f"pool '{node.pool}' has {size} ranks, not a "
-                                          f"multiple of the tensor-parallel size {tp}")
-        layout = Layout(size, tp)
+        try:
+            layout = plan.placement.layout(node.role, world=ex.pool_size(node.pool))
+        except ValueError as err:
+            raise NodeFailure(node, None, str(err)) from None
         cached = analysis.layouts[node.name] = (mode, layout, mode.slot_layout(layout))
     return cached
 

@@ -2,7 +2,8 @@
 The local runtime runs the same class in-process, one per simulated rank
 (`FusedWorker.in_process`), so both executors run a task with the same code.
 
-The driver sends small task descriptions (`ShardTask`) and passes the ObjectRefs of
+The driver sends small task descriptions (`ShardTask`, as bytes: `encode_task`) and
+passes the ObjectRefs of
 the input shards (or, for small batches the driver holds, the batches themselves)
 as top-level arguments, so Ray moves the shards worker to worker and the actor
 receives ready Batches. A task names its node by digest: each worker learns a
@@ -13,9 +14,10 @@ stays in the object store, and a small meta dict (rows, estimated bytes, metrics
 start/end on `time.time()`, pid) that the driver fetches.
 
 Worker state: `roles` (constructed once), `nodes` (digest -> pickled node, then
-the PlanNode once a task used it) and `prepared` (digest -> the node, its `NodeIO`
-and its bound method, worked out on the node's first task); only the worker's own
-methods change them.
+the PlanNode once a task used it), `prepared` (digest -> the node, its `NodeIO`
+and its bound method, worked out on the node's first task) and `tasks` (a task's
+bytes, `encode_task`, -> the ShardTask, at most `TASK_CACHE`); only the worker's
+own methods change them.
 
 An exception inside a task is re-raised as `WorkerError` carrying the formatted
 traceback, so the driver can name node, role and rank and show where it failed.
@@ -35,6 +37,7 @@ import numpy as np
 
 from hybridflow.core.batch import Batch
 from hybridflow.core.failure_text import cause_line
+from hybridflow.core.layout import RoleLayout
 from hybridflow.core.origin import construct_role
 from hybridflow.plan.compiler import PlanNode
 from hybridflow.core.kinds import Op
@@ -43,6 +46,7 @@ from hybridflow.runtime.worker_errors import (WorkerError, failure_cause, failur
                                               shipped)
 
 __all__ = ["FusedWorker", "ShardTask", "ShippedNode", "DepInput", "Piece", "WorkerError",
+           "encode_task",
            "payload_bytes", "estimated_bytes", "group_hashes", "default_context",
            "failure_detail", "failure_cause"]
 
@@ -90,6 +94,18 @@ def _rebuild_task(node, inputs, group_keys) -> ShardTask:
     specs = {dep: DepInput(tuple(Piece(arg, rows) for arg, rows in pieces), index)
              for dep, (pieces, index) in inputs.items()}
     return ShardTask(node, specs, group_keys)
+
+
+def encode_task(task: ShardTask) -> bytes:
+    """A task as the Ray runtime sends it: pickled once with the C pickler (it holds
+    only bytes, str, ints, slices and index arrays). Ray moves `bytes` as they are,
+    where a Python object costs a cloudpickle pass per task on the driver and its
+    unpickling on the worker, which decodes each distinct blob once (a step's tasks
+    repeat from step to step)."""
+    return pickle.dumps(task, protocol=5)
+
+
+TASK_CACHE = 4096  # decoded task blobs a worker keeps (a pass sends a few per node)
 
 
 _NO_COLUMNS = Batch()  # a dep that supplies no column to a node (read only)
@@ -163,6 +179,7 @@ class FusedWorker:
         self.roles: dict[str, Any] = {}
         self.nodes: dict[Any, bytes | PlanNode] = {}  # digest -> pickled, then unpickled
         self.prepared: dict[Any, tuple[PlanNode, NodeIO, Callable | None]] = {}
+        self.tasks: dict[bytes, ShardTask] = {}  # encode_task blob -> the task
         self.pid = os.getpid()
         self.counts_bytes = True  # Ray's driver reads each output's size; in-process, no
 
@@ -213,7 +230,8 @@ class FusedWorker:
                     from None
         # sampling follows trainer.seed, a stream per data-parallel rank: the ranks of a
         # tp group generate the same rows in lockstep and must draw the same tokens
-        seed_process(seed + self.rank // max([1, *((tp or {}).get(r, 1) for r in roles)]))
+        widest = max([1, *((tp or {}).get(r, 1) for r in roles)])
+        seed_process(seed + RoleLayout(self.world_size, widest).dp_rank(self.rank))
         return os.getpid()
 
     def info(self) -> dict:
@@ -228,9 +246,10 @@ class FusedWorker:
         self.nodes.setdefault(digest, blob)
 
     # ------------------------------------------------------------------ tasks
-    def run(self, task: ShardTask, *args):
+    def run(self, task: ShardTask | bytes, *args):
         """Assemble this rank's input, run the node's method (or fn), finish it."""
         start = time.time()
+        task = self._decode(task)
         with shipped():
             node, io, call = self._prepare(task.node)
             batch = self._assemble(io, task, args)
@@ -238,20 +257,22 @@ class FusedWorker:
             out = io.finish(out)
         return out, self._meta(task, out, start)
 
-    def gather(self, task: ShardTask, rounds: int, *shards):
+    def gather(self, task: ShardTask | bytes, rounds: int, *shards):
         """A gather node: the rounds' shards concatenated, the first `until` rows kept."""
         start = time.time()
+        task = self._decode(task)
         with shipped():
             out = finish_gather(self._node(task.node), list(shards), rounds)
         return out, self._meta(task, out, start)
 
-    def stream_take(self, task: ShardTask, role: str, uids: list, leave: bool = False,
+    def stream_take(self, task: ShardTask | bytes, role: str, uids: list, leave: bool = False,
                     producer: str | None = None):
         """A streaming buffer node's shard: `producer`'s rows (None: the samples) of the
         whole groups `uids` that the role's stream holds here (workers/rollout/
         stream_store.py), with the buffer's columns; the rows go from here to the train
         side worker to worker."""
         start = time.time()
+        task = self._decode(task)
         with shipped():
             node = self._node(task.node)
             rows = self._role(role).stream_take(uids, leave, producer)
@@ -260,12 +281,13 @@ class FusedWorker:
             out.meta = {"metrics": {}, "_writers": {k: keys[k] for k in out.keys()}}
         return out, self._meta(task, out, start)
 
-    def stream_keep(self, task: ShardTask, role: str, uids: list, dropped: list,
+    def stream_keep(self, task: ShardTask | bytes, role: str, uids: list, dropped: list,
                     how: dict, *shards):
         """An entrance pass's verdict, sent to the worker holding the groups: a node's
         output shards (worker to worker) replace the kept groups' samples (a filter's)
         or are held beside them (`how`: producer, layout, drop_samples: StreamStore.keep)."""
         start = time.time()
+        task = self._decode(task)
         with shipped():
             self._node(task.node)
             parts = [s for s in shards if s is not None and len(s)]
@@ -289,6 +311,17 @@ class FusedWorker:
             raise KeyError(f"role '{role}' does not run on pool '{self.pool}' "
                            f"(it holds {sorted(self.roles)})")
         return self.roles[role]
+
+    def _decode(self, task: ShardTask | bytes) -> ShardTask:
+        """A task as sent (`encode_task`'s bytes on Ray, the ShardTask in-process)."""
+        if type(task) is not bytes:
+            return task
+        known = self.tasks.get(task)
+        if known is None:
+            if len(self.tasks) >= TASK_CACHE:
+                self.tasks.clear()
+            known = self.tasks[task] = pickle.loads(task)
+        return known
 
     def _node(self, digest: bytes) -> PlanNode:
         node = self.nodes.get(digest)

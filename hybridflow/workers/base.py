@@ -19,6 +19,7 @@ import torch
 
 from hybridflow.core.batch import Batch
 from hybridflow.core.context import WorkerContext
+from hybridflow.core.dtensor import local_shard
 from hybridflow.core.worker_hooks import WorkerHooks
 from hybridflow.workers.models import resolve_device
 
@@ -29,7 +30,7 @@ def storage_bytes(tensors) -> dict[int, int]:
     """storage address -> its bytes, each storage once (views and tied weights share one)."""
     out: dict[int, int] = {}
     for t in tensors:
-        local = t.to_local() if hasattr(t, "to_local") else t
+        local = local_shard(t)
         storage = local.untyped_storage()
         out[storage.data_ptr()] = storage.nbytes()
     return out

@@ -31,6 +31,8 @@ from typing import Iterator
 
 import torch
 
+from hybridflow.core.dtensor import whole_tensor
+
 __all__ = ["WeightEntry", "WeightPlan", "plain_weight_name", "weight_plan",
            "gathered_buckets", "full_tensor", "tensor_bytes"]
 
@@ -131,7 +133,7 @@ def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """The whole of one tensor: `full_tensor()` of a DTensor (collective over its mesh,
     whatever its placements), the tensor itself otherwise. Detached."""
     tensor = tensor.detach()
-    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+    return whole_tensor(tensor)
 
 
 @torch.no_grad()

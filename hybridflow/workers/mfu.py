@@ -25,6 +25,7 @@ import torch
 
 from hybridflow.core.batch import Batch
 from hybridflow.core.device_peak import device_peak
+from hybridflow.core.dtensor import local_shard
 from hybridflow.core.metric_names import MFU
 
 __all__ = ["matmul_params", "real_tokens", "phase_mfu", "FORWARD", "TRAIN", "MFU"]
@@ -44,7 +45,7 @@ def matmul_params(module) -> int:
         for layer in module.modules():
             if isinstance(layer, torch.nn.Linear):
                 weight = layer.weight
-                total += (weight.to_local() if hasattr(weight, "to_local") else weight).numel()
+                total += local_shard(weight).numel()
         _PARAMS[module] = total
     return _PARAMS[module]
 

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 
 import torch
 
+from hybridflow.core.dtensor import local_shard
 from hybridflow.workers.config import ModelConfig
 from hybridflow.workers.tokenizer import require_local_dir
 
@@ -179,8 +180,8 @@ def _build(auto_cls, model_cfg: ModelConfig, tokenizer, device, seed: int,
         use_varlen_attention(model)
     model = model.to(device)
     if tp_mesh is not None and files is None:  # a seeded config or a .bin: whole, then shard
-        from hybridflow.workers.backends.tensor_parallel import parallelize
-        parallelize(model, tp_mesh)
+        from hybridflow.workers.parallelize import apply_parallelism
+        apply_parallelism(model, tp_mesh)  # tp here; the trainer's backend wraps dp
     return model
 
 
@@ -271,7 +272,7 @@ def model_bytes(module: torch.nn.Module) -> int:
     """Bytes of the parameters and buffers this process holds (shared storage once)."""
     seen, total = set(), 0
     for t in list(module.parameters()) + list(module.buffers()):
-        local = t.to_local() if hasattr(t, "to_local") else t
+        local = local_shard(t)
         key = (local.untyped_storage().data_ptr(), local.dtype)
         if key in seen:
             continue

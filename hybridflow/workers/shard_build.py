@@ -2,7 +2,7 @@
 holds a whole copy of the model (issue 30).
 
 `empty_shards` makes the model on the meta device (shapes, no storage), shards it there
-by the tensor-parallel plan (`backends/tensor_parallel.parallelize`: meta DTensors) and
+by the tensor-parallel plan (`parallelize.apply_parallelism`: meta DTensors) and
 gives each rank storage for its own shards only (`to_empty`); `read_shards` fills them
 from the directory's safetensors files one tensor at a time, each rank reading only its
 rows or columns of each tensor (`safe_open(...).get_slice`; a tied weight is one
@@ -33,6 +33,8 @@ import os
 from contextlib import contextmanager
 
 import torch
+
+from hybridflow.core.dtensor import local_shard
 
 __all__ = ["empty_shards", "read_shards", "init_missing", "safetensors_files", "local_slices"]
 
@@ -71,7 +73,7 @@ def local_slices(tensor: torch.Tensor) -> tuple[slice, ...]:
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return local_shard(tensor)
 
 
 def _unique_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -165,10 +167,10 @@ def _is_tied(model: torch.nn.Module) -> bool:
 def empty_shards(auto_cls, config, dtype: torch.dtype, device: torch.device, tp_mesh):
     """This rank's shards of `auto_cls(config)` over the 1-D mesh `tp_mesh`, in `dtype`
     on `device`, with storage but no values yet (`read_shards`, then `init_missing`)."""
-    from hybridflow.workers.backends.tensor_parallel import parallelize
+    from hybridflow.workers.parallelize import apply_parallelism
     model = _meta_model(auto_cls, config, dtype)
     tied = _is_tied(model)
-    parallelize(model, tp_mesh)
+    apply_parallelism(model, tp_mesh)  # on the meta device: meta DTensors
     model.to_empty(device=device)
     _retie(model, tied)
     return model

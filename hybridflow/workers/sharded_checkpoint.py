@@ -221,7 +221,7 @@ def _check_old_layout(directory: str, world: int, tp: int) -> None:
         layout = f"dp={len(saved)} x tp=1" if saved else "no layout (no optim_rank<r>.pt)"
         raise ValueError(
             f"checkpoint {directory!r} {what}: saved at {layout}, and this role runs "
-            f"dp={world // tp} x tp={tp}. Only sharded (DCP) checkpoints reshard onto "
+            f"{_layout_text(world, tp)}. Only sharded (DCP) checkpoints reshard onto "
             f"another tensor-parallel layout: resume it once at "
             f"placement.parallel.<role>.dp={max(1, len(saved))} tp=1 and save again, or "
             f"`hybridflow export` its weights and start a new run from them (model.path)")
@@ -231,3 +231,9 @@ def _check_old_layout(directory: str, world: int, tp: int) -> None:
             f"{len(saved)} rank(s), and this role has {world}. Resume with {len(saved)} "
             f"rank(s) once and save again (new checkpoints reshard), or `hybridflow export` "
             f"its weights and start a new run from them (model.path)")
+
+
+def _layout_text(world: int, tp: int) -> str:
+    from hybridflow.core.layout import RoleLayout
+    layout = RoleLayout(world, tp)
+    return f"dp={layout.dp} x tp={layout.tp}"

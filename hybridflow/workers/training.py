@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 
 from hybridflow.core.batch import Batch
+from hybridflow.core.dtensor import local_shard
 from hybridflow.workers.backends import make_backend
 from hybridflow.workers.backends.tensor_parallel import refuse_lora
 from hybridflow.workers.micro_batches import micro_batches
@@ -97,7 +98,8 @@ class Trainer:
         refuse_lora("actor", tp, lora)  # only the actor's section has LoRA
         mesh = ctx.device_mesh() if tp > 1 else None
         self.world = ctx.world_size if ctx.distributed else 1  # ranks the module spans
-        self.dp = self.world // tp if mesh is not None else self.world  # data-parallel ranks
+        # data-parallel ranks: the role's layout's under tp (the mesh's "dp" dim)
+        self.dp = ctx.layout.dp if mesh is not None else self.world
         self.group = mesh["dp"].get_group() if mesh is not None and self.dp > 1 else None
         self.backend = make_backend(opt.strategy, self.dp, device, master_weights(module),
                                     mesh=mesh)
@@ -136,7 +138,7 @@ class Trainer:
         with self.backend.autocast():
             out = self.model(input_ids=ids, attention_mask=torch.ones_like(ids))
         logits = out.logits  # a tensor-parallel head's: this rank's vocabulary shard
-        return (logits.to_local() if hasattr(logits, "to_local") else logits).sum() * 0.0
+        return local_shard(logits).sum() * 0.0
 
     # ------------------------------------------------------------------- step
     def train(self, batch: Batch, loss_fn: Callable, *, epochs: int, mini_batch_size: int,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from hybridflow.core.dtensor import whole_tensor
 from hybridflow.core.tokens import entropy_from_logits as _whole_entropy
 
 __all__ = ["is_vocab_sharded", "token_logprobs", "entropy_from_logits", "whole"]
@@ -33,7 +34,7 @@ def is_vocab_sharded(logits) -> bool:
 
 def whole(logits):
     """Whole-vocabulary logits as a plain tensor (gathered when sharded)."""
-    return logits.full_tensor() if hasattr(logits, "full_tensor") else logits
+    return whole_tensor(logits)
 
 
 class _SumOverGroup(torch.autograd.Function):

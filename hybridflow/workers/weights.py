@@ -13,6 +13,8 @@ import os
 
 import torch
 
+from hybridflow.core import dtensor
+
 __all__ = ["WEIGHTS_FILE", "full_state_dict", "load_full_state_dict", "save_weights",
            "load_weights", "is_sharded"]
 
@@ -21,7 +23,7 @@ WEIGHTS_FILE = "model.safetensors"
 
 def is_sharded(module: torch.nn.Module) -> bool:
     """Whether the module's parameters are DTensor shards (FSDP2)."""
-    return any(hasattr(p, "full_tensor") for p in module.parameters())
+    return any(dtensor.is_sharded(p) for p in module.parameters())
 
 
 def full_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -159,7 +159,8 @@ def test_dp_tp_with_tp_one_is_plain_dp():
 
 
 def test_layout_rejects_world_size_not_divisible_by_tp():
-    with pytest.raises(ValueError, match="world size 5 .* tensor-parallel size 2"):
+    with pytest.raises(ValueError, match="tensor-parallel size 2, which does not divide "
+                                         r"the 5 device\(s\)"):
         Layout(5, 2)
 
 

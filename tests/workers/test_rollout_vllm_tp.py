@@ -6,6 +6,7 @@ at tp=2 against tp=1."""
 import pytest
 import torch
 
+from hybridflow.core.layout import RoleLayout
 from hybridflow.workers.base import WorkerContext
 from hybridflow.workers.config import ModelConfig, RolloutConfig, read_section
 from hybridflow.workers.rollout.engine import EngineSpec, engine_supports_tp
@@ -167,7 +168,7 @@ def test_streaming_calls_give_a_tp_group_one_share_and_one_report(rank):
     batch = prompt_batch(load_tokenizer(tokenizer_spec(worker.model_cfg)), PROMPTS)
     sent = []
     client = StreamClient.__new__(StreamClient)
-    client.world, client.tp, client.shares, client.home, client.bytes = 4, 2, 2, {}, 0
+    client.world, client.layout, client.home, client.bytes = 4, RoleLayout(4, 2), {}, 0
     client.runtime = _Recorder(sent)
     client.role, client.gen = "rollout", None
     client.submit(batch, n=2)

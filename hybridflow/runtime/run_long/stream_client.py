@@ -35,10 +35,14 @@ class StreamClient:
         self.runtime, self.gen = runtime, gen
         self.role, self.pool = gen.role, plan.placement.roles[gen.role]
         self.world = int(runtime.pool_size(self.pool))
-        self.tp = max(1, int(plan.placement.tp_size(gen.role)))
-        self.shares = max(1, self.world // self.tp)
+        self.layout = plan.placement.layout(gen.role, world=self.world)  # share = dp slot
         self.home: dict[str, int] = {}
         self.bytes = 0
+
+    @property
+    def shares(self) -> int:
+        """Engines of the role: one per dp slot of its layout."""
+        return self.layout.dp
 
     # ------------------------------------------------------------------ calls
     def submit(self, batch: Batch, **options) -> dict[str, int]:
@@ -47,12 +51,12 @@ class StreamClient:
         uids = [str(u) for u in batch["uid"]]
         per_share: dict[int, list[int]] = {}
         for i, uid in enumerate(uids):
-            rank = self.home.setdefault(uid, (i % self.shares) * self.tp)
-            per_share.setdefault(rank // self.tp, []).append(i)
+            rank = self.home.setdefault(uid, self.layout.row_group(i % self.shares)[0])
+            per_share.setdefault(self.layout.dp_rank(rank), []).append(i)
         args: list = [None] * self.world
         for share, index in per_share.items():
             rows = batch.take(index)
-            for rank in range(share * self.tp, (share + 1) * self.tp):
+            for rank in self.layout.row_group(share):
                 args[rank] = (rows,)
                 self.bytes += self.runtime.value_bytes(rows)
         counts: dict[str, int] = {}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from hybridflow.core.layout import refuse_not_tensor_parallel
 from hybridflow.workers.backends.base import TrainingBackend
 from hybridflow.workers.backends.ddp import DDPBackend
 from hybridflow.workers.backends.fsdp2 import FSDP2Backend
@@ -36,10 +37,9 @@ def make_backend(name: str, world: int, device: torch.device,
     if mesh is None:  # a backend registered before meshes existed takes three arguments
         return BACKENDS[name](world, device, compute_dtype)
     if not getattr(BACKENDS[name], "tensor_parallel", False):
-        able = sorted(n for n, cls in BACKENDS.items() if getattr(cls, "tensor_parallel", False))
-        raise ValueError(f"training strategy {name!r} does not shard by tensor parallelism "
-                         f"(placement.parallel.<role>.tp > 1); use one that does "
-                         f"({', '.join(able)}) or tp=1")
+        refuse_not_tensor_parallel(
+            "training strategy", "<role>.strategy", name,
+            [n for n, cls in BACKENDS.items() if getattr(cls, "tensor_parallel", False)])
     return BACKENDS[name](world, device, compute_dtype, mesh=mesh)
 
 

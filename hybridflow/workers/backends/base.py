@@ -19,6 +19,8 @@ from contextlib import nullcontext
 
 import torch
 
+from hybridflow.core.dtensor import whole_tensor
+from hybridflow.core.layout import refuse_not_tensor_parallel
 from hybridflow.workers.backends.tensor_parallel import clip_grad_norm, is_tensor_parallel
 from hybridflow.workers.weights import full_state_dict, load_full_state_dict
 
@@ -42,9 +44,8 @@ class TrainingBackend:
                  compute_dtype: torch.dtype = torch.float32, mesh=None):
         self.world, self.device, self.compute_dtype = world, device, compute_dtype
         if mesh is not None and not self.tensor_parallel:
-            raise ValueError(f"training strategy {self.name!r} does not shard by tensor "
-                             "parallelism (placement.parallel.<role>.tp > 1); use "
-                             "strategy=fsdp2 or tp=1")
+            refuse_not_tensor_parallel("training strategy", "<role>.strategy", self.name,
+                                       _tensor_parallel_names(TrainingBackend))
         self.role_mesh = mesh  # (dp, tp) DeviceMesh of a tensor-parallel role, else None
 
     def wrap(self, module: torch.nn.Module) -> torch.nn.Module:
@@ -66,7 +67,7 @@ class TrainingBackend:
         if is_tensor_parallel(module):  # DTensor and plain gradients, on several meshes
             return clip_grad_norm(params, max_norm)
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        return float(whole_tensor(norm))
 
     def full_state_dict(self, module: torch.nn.Module) -> dict[str, torch.Tensor]:
         return full_state_dict(module)
@@ -84,3 +85,12 @@ class TrainingBackend:
 
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
         optimizer.load_state_dict(state)
+
+
+def _tensor_parallel_names(cls) -> list[str]:
+    """Names of the backend classes below `cls` that shard by tensor parallelism (the
+    registry imports this module, so it is not asked here)."""
+    out = []
+    for sub in cls.__subclasses__():
+        out += ([sub.name] if sub.tensor_parallel else []) + _tensor_parallel_names(sub)
+    return sorted(set(out))

@@ -21,6 +21,7 @@ from contextlib import nullcontext
 
 import torch
 
+from hybridflow.core.dtensor import local_shard
 from hybridflow.workers.backends.base import TrainingBackend
 
 __all__ = ["FSDP2Backend", "decoder_layers"]
@@ -47,9 +48,13 @@ class FSDP2Backend(TrainingBackend):
         self.mesh = None
 
     def wrap(self, module: torch.nn.Module) -> torch.nn.Module:
-        if self.role_mesh is not None:
-            from hybridflow.workers.backends.tensor_parallel import parallelize
-            parallelize(module, self.role_mesh["tp"])
+        """The role's parallelism in its order (`workers/parallelize.py`): tp over the
+        role mesh's "tp" dim (a model built sharded is left as it is), then FSDP2."""
+        from hybridflow.workers.parallelize import apply_parallelism
+        tp_mesh = self.role_mesh["tp"] if self.role_mesh is not None else None
+        return apply_parallelism(module, tp_mesh, dp_wrap=self._shard_over_dp)
+
+    def _shard_over_dp(self, module: torch.nn.Module) -> torch.nn.Module:
         if self.world == 1:
             self.shards = False  # one data-parallel rank: nothing to shard over
             return module
@@ -77,7 +82,7 @@ class FSDP2Backend(TrainingBackend):
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
         """The optimizer state with each DTensor replaced by this rank's local shard."""
         state = optimizer.state_dict()
-        state["state"] = {i: {k: v.to_local() if hasattr(v, "to_local") else v
+        state["state"] = {i: {k: local_shard(v)
                               for k, v in s.items()} for i, s in state["state"].items()}
         return state
 

@@ -27,6 +27,8 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
+from hybridflow.core.dtensor import local_shard, whole_tensor
+
 __all__ = ["LLAMA_PLAN", "TRANSLATED", "WHOLE", "layer_plan", "tensor_parallel_plan",
            "parallelize", "is_tensor_parallel", "full_logits",
            "clip_grad_norm", "refuse_lora"]
@@ -175,7 +177,7 @@ def full_logits(module: torch.nn.Module):
         return
 
     def gather(_mod, _inputs, output):
-        return output.full_tensor() if hasattr(output, "full_tensor") else output
+        return whole_tensor(output)
 
     handle = head.register_forward_hook(gather)
     try:
@@ -209,7 +211,7 @@ def clip_grad_norm(params, max_norm: float) -> float:
         if hasattr(grad, "placements") and any(p.is_partial() for p in grad.placements):
             grad = grad.redistribute(placements=[Replicate() if p.is_partial() else p
                                                  for p in grad.placements])
-        local = grad.to_local() if hasattr(grad, "to_local") else grad
+        local = local_shard(grad)
         total += local.detach().double().pow(2).sum().cpu() * _share(grad)
     if dist.is_initialized():
         device = grads[0].device if grads and grads[0].device.type == "cuda" else "cpu"

@@ -1,0 +1,33 @@
+"""A role's parallelism applied to a model, in one fixed order (as torchtitan's
+`parallelize_<model>` does): tensor parallelism first (each layer's weights become
+DTensor shards over the role mesh's "tp" dim, `backends/tensor_parallel.parallelize`),
+then sequence parallelism (none yet: `core/layout.RoleLayout` refuses sp > 1, so
+nothing is applied), then the training backend's data-parallel wrap (FSDP2's
+`fully_shard` over "dp", given as `dp_wrap`). The order matters: FSDP2 shards the
+tensor-parallel shard, never the other way round.
+
+Every site that shards a model calls `apply_parallelism`: a model built whole and
+sharded after (`models.py`), one built shard by shard on the meta device
+(`shard_build.empty_shards`), and the backend's wrap (`backends/fsdp2.py`). A model
+already tensor-parallel is left as it is (built shard by shard, then wrapped).
+State: none.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+__all__ = ["apply_parallelism"]
+
+
+def apply_parallelism(model: torch.nn.Module, tp_mesh=None,
+                      dp_wrap: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
+                      ) -> torch.nn.Module:
+    """`model` with the role's parallelism applied: tp over the 1-D mesh `tp_mesh`
+    (None: tp=1), then sp (a no-op until it lands), then `dp_wrap` (None: no wrap)."""
+    if tp_mesh is not None:
+        from hybridflow.workers.backends.tensor_parallel import parallelize
+        parallelize(model, tp_mesh)  # in place; an already sharded model is left as is
+    # sequence parallelism goes here (issue 38 item 2): RoleLayout refuses sp > 1
+    return dp_wrap(model) if dp_wrap is not None else model

@@ -1,0 +1,93 @@
+"""A role's layout in one object (core/layout.py): its sizes, each rank's coordinates
+and groups, and the checks with messages naming role, key and numbers; the placement
+derives it, parses `sp` and refuses sp > 1 until sequence parallelism lands."""
+from __future__ import annotations
+
+import pytest
+
+from hybridflow.core.layout import Coords, RoleLayout, refuse_not_tensor_parallel
+from hybridflow.graph.dispatch import Layout
+from hybridflow.plan.placement import Placement, PoolSpec
+
+
+def test_sizes_coordinates_and_groups_of_dp_2_by_tp_3():
+    layout = RoleLayout(6, 3, role="actor")
+    assert (layout.dp, layout.tp, layout.sp, layout.world) == (2, 3, 1, 6)
+    assert [layout.coords(r) for r in range(6)] == [
+        Coords(0, 0, 0), Coords(0, 0, 1), Coords(0, 0, 2),
+        Coords(1, 0, 0), Coords(1, 0, 1), Coords(1, 0, 2)]
+    assert layout.tp_groups == ((0, 1, 2), (3, 4, 5))  # consecutive ranks: one shard set
+    assert layout.dp_groups == ((0, 3), (1, 4), (2, 5))  # same shard: gradients reduce
+    assert [layout.leader(r) for r in range(6)] == [0, 0, 0, 3, 3, 3]
+    assert layout.row_group(1) == (3, 4, 5)
+    assert layout.describe() == "dp 2 × tp 3" and layout.sharded
+
+
+def test_tp_one_is_plain_data_parallel():
+    layout = RoleLayout(4)
+    assert layout.dp == 4 and not layout.sharded and layout.describe() == "dp 4"
+    assert layout.tp_groups == ((0,), (1,), (2,), (3,))
+    assert layout.dp_groups == ((0, 1, 2, 3),)
+
+
+def test_the_dispatch_layout_is_the_role_layout_under_its_old_names():
+    old = Layout(world_size=6, tp_size=2)
+    assert isinstance(old, RoleLayout)
+    assert (old.world_size, old.tp_size, old.dp_size) == (6, 2, 3)
+
+
+def test_tp_not_dividing_the_pool_names_role_key_numbers_and_allowed_sizes():
+    with pytest.raises(ValueError, match=r"placement\.parallel\.critic\.tp=4: role 'critic' "
+                                         r"has tensor-parallel size 4, which does not divide "
+                                         r"the 6 device\(s\) of its pool 'main'.*"
+                                         r"allows: \[1, 2, 3, 6\]"):
+        RoleLayout(6, 4, role="critic", pool="main")
+
+
+def test_a_rank_outside_the_layout_is_refused():
+    with pytest.raises(ValueError, match="rank 4 is outside role 'actor''s 4 ranks"):
+        RoleLayout(4, 2, role="actor").coords(4)
+
+
+def test_tp_must_divide_the_heads_and_the_message_lists_what_the_model_allows():
+    RoleLayout(4, 2, role="actor").check_heads(8, 2)
+    with pytest.raises(ValueError, match=r"placement\.parallel\.actor\.tp=4 does not divide "
+                                         r"the model's num_key_value_heads=2.*allows: \[1, 2\]"):
+        RoleLayout(4, 4, role="actor").check_heads(8, 2)
+
+
+def test_a_strategy_without_tensor_parallelism_is_refused_naming_key_and_alternatives():
+    with pytest.raises(ValueError, match=r"placement\.parallel\.actor\.tp=2: training strategy "
+                                         r"actor\.strategy='ddp' does not shard by tensor "
+                                         r"parallelism; use one that does \(fsdp2\) or tp=1"):
+        refuse_not_tensor_parallel("training strategy", "actor.strategy", "ddp", ["fsdp2"],
+                                   role="actor", tp=2)
+
+
+def test_the_placement_derives_each_roles_layout_once():
+    placement = Placement({"main": PoolSpec("main", 1, 4), "gen": PoolSpec("gen", 1, 2)},
+                          {"actor": "main", "rollout": "gen", "ref": "main"},
+                          {"actor": {"tp": 2}}, folded={"ref": "actor"})
+    assert placement.layout("actor") == RoleLayout(4, 2)
+    assert placement.layout("rollout") == RoleLayout(2, 1)
+    assert placement.layout("ref").tp == 2  # a folded role runs on its host's layout
+    assert placement.layout("actor", world=2).dp == 1  # the runtime's count of the pool
+    assert placement.layout_lines(["actor", "rollout"]) == [
+        "  layout: actor on pool main: dp 2 x tp 2, tp groups [[0, 1], [2, 3]]"]
+
+
+def test_sp_is_parsed_and_sp_1_accepted():
+    cfg = {"pools": {"main": {"devices_per_node": 2}}, "roles": {"actor": "main"},
+           "parallel": {"actor": {"tp": 2, "sp": 1}}}
+    assert Placement.from_config(cfg).layout("actor") == RoleLayout(2, 2)
+
+
+def test_sp_above_1_is_refused_as_not_yet_supported():
+    cfg = {"pools": {"main": {"devices_per_node": 4}}, "roles": {"actor": "main"},
+           "parallel": {"actor": {"sp": 2}}}
+    with pytest.raises(ValueError, match=r"placement\.parallel\.actor\.sp=2: sequence "
+                                         r"parallelism is not yet supported.*set "
+                                         r"placement\.parallel\.actor\.sp=1"):
+        Placement.from_config(cfg)
+    with pytest.raises(ValueError, match="not yet supported"):
+        RoleLayout(4, 1, 2, role="actor")
