@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hybridflow.core.constraints import ConfigError
 from hybridflow.core.kinds import NodeKind
+from hybridflow.core.layout import RoleLayout, refuse_not_tensor_parallel
 from hybridflow.core.model_config import standard_shapes
 from hybridflow.core.modes import RuntimeName
 from hybridflow.plan.compiler import ExecutionPlan
@@ -43,10 +44,9 @@ _MODEL_ROLES = ("actor", "rollout", "ref", "critic")  # the roles that run a tra
 
 
 def role_layout(plan: ExecutionPlan, role: str) -> tuple[int, int]:
-    """(dp, tp) the role's workers build on its pool."""
-    pool = plan.placement.pools[plan.placement.roles[role]]
-    tp = plan.placement.tp_size(role)
-    return pool.world_size // tp, tp
+    """(dp, tp) the role's workers build on its pool (`core/layout.RoleLayout`)."""
+    layout = plan.placement.layout(role)
+    return layout.dp, layout.tp
 
 
 def role_model_config(cfg: DictConfig, role: str) -> dict | None:
@@ -81,7 +81,7 @@ def check_parallel_layouts(cfg: DictConfig, plan: ExecutionPlan) -> None:
             raise ConfigError(
                 f"{where}.tp={tp}: the local runtime runs every rank in one process, where "
                 f"tensor-parallel collectives cannot run; use --runtime ray (or tp=1)")
-        _check_heads(cfg, role, tp)
+        _check_heads(cfg, plan.placement.layout(role))
         _check_plan(cfg, role, tp)
         # a folded role (the rollout served by the actor) runs in its host's layout
         kinds = {n.kind for n in plan.nodes
@@ -100,20 +100,16 @@ def check_parallel_layouts(cfg: DictConfig, plan: ExecutionPlan) -> None:
     check_streaming_layout(cfg, plan)
 
 
-def _check_heads(cfg: DictConfig, role: str, tp: int) -> None:
-    config = role_model_config(cfg, role)
+def _check_heads(cfg: DictConfig, layout: RoleLayout) -> None:
+    config = role_model_config(cfg, layout.role)
     if not config:
         return
     config = standard_shapes(config)  # GPT-2's n_head is its num_attention_heads
-    heads = config.get("num_attention_heads")
-    kv = config.get("num_key_value_heads") or heads
-    for name, count in (("num_attention_heads", heads), ("num_key_value_heads", kv)):
-        if isinstance(count, int) and count % tp:
-            valid = [d for d in range(1, count + 1) if heads % d == 0 and kv % d == 0]
-            raise ConfigError(
-                f"placement.parallel.{role}.tp={tp} does not divide the model's {name}="
-                f"{count} (role '{role}'): each rank holds whole heads; tensor-parallel "
-                f"sizes this model allows: {valid}")
+    try:
+        layout.check_heads(config.get("num_attention_heads"),
+                           config.get("num_key_value_heads"))
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def _check_backend(cfg: DictConfig, role: str, tp: int) -> None:
@@ -124,11 +120,12 @@ def _check_backend(cfg: DictConfig, role: str, tp: int) -> None:
         return  # the role trains through another role's section (checked there)
     backend = BACKENDS.get(str(name))
     if backend is not None and not getattr(backend, "tensor_parallel", False):
-        able = sorted(n for n, b in BACKENDS.items() if getattr(b, "tensor_parallel", False))
-        raise ConfigError(
-            f"placement.parallel.{role}.tp={tp}: training strategy {role}.strategy={name!r} "
-            f"does not shard by tensor parallelism; use one that does "
-            f"({', '.join(able) or 'none registered'}) or tp=1")
+        able = [n for n, b in BACKENDS.items() if getattr(b, "tensor_parallel", False)]
+        try:
+            refuse_not_tensor_parallel("training strategy", f"{role}.strategy", str(name),
+                                       able, role=role, tp=tp)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
 
 
 def _check_engine(cfg: DictConfig, role: str, tp: int) -> None:
