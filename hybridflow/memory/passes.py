@@ -24,6 +24,9 @@ sdpa attention; bench/memory.py checks them against measured peaks):
   other than 1; a bf16 model's own logits are freed by then (measured). An
   inference pass holds two (the logits and logsumexp's exp); the layers'
   temporaries are gone by then, so it is the larger of the two, not their sum.
+  With chunked log-probs (`*.logprob_chunk`, `workers/chunked_logprobs.py`) the same
+  copies span one chunk of positions, not the micro-batch's (`MicroBatch.logit_chunk`;
+  the backward recomputes one chunk at a time).
   A value head has one output per token: no vocab term.
 - **Training state.** The trainer gives a bf16/fp16 model float32 master weights
   (its trainable parameters are upcast in place; `model_size(trained=True)` runs
@@ -71,6 +74,7 @@ class MicroBatch:
     prompt: int
     response: int
     full_logits: bool = False  # logits over every position (SFT), not only the response
+    logit_chunk: int | None = None  # positions per chunk of log-probs (None: whole rows)
 
     @property
     def width(self) -> int:
@@ -79,6 +83,12 @@ class MicroBatch:
     @property
     def logit_positions(self) -> int:
         return self.width if self.full_logits else self.response + 1
+
+    @property
+    def held_logit_positions(self) -> int:
+        """Positions whose vocab-wide logits are alive at once: all, or one chunk."""
+        positions = self.rows * self.logit_positions
+        return min(positions, self.logit_chunk) if self.logit_chunk else positions
 
 
 def training_state(size: ModelSize, cuda: bool = False, shards: int = 1,
@@ -111,7 +121,7 @@ def saved_activations(size: ModelSize, micro: MicroBatch, checkpointing: bool = 
 def logits_bytes(size: ModelSize, micro: MicroBatch, train: bool,
                  temperature: float = 1.0) -> int:
     """The vocab-wide float32 tensors alive at the peak of a log-prob pass."""
-    elems = micro.rows * micro.logit_positions * size.arch.vocab
+    elems = micro.held_logit_positions * size.arch.vocab
     fp32_copies = 4 if train else 2
     if temperature != 1.0:
         fp32_copies += 1
@@ -174,7 +184,7 @@ def inference_pass(size: ModelSize, micro: MicroBatch, vocab_head: bool = True,
     logits = logits_bytes(size, micro, train=False, temperature=temperature) \
         if vocab_head else 0
     if logits and _autocast(size):  # the low-precision logits live beside their copies
-        logits += micro.rows * micro.logit_positions * size.arch.vocab * size.dtype_bytes
+        logits += micro.held_logit_positions * size.arch.vocab * size.dtype_bytes
     return {"logits": logits} if logits >= layer else {"activations": layer}
 
 

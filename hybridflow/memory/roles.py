@@ -143,8 +143,15 @@ def critic_pass_memory(cfg, kind: str, rows: int, cuda: bool = False) -> dict[st
             **train_pass(size, micro, vocab_head=False, cuda=cuda), "batch": 2 * batch}
 
 
+def _logit_chunk(setting, size: ModelSize, tp: int = 1) -> int | None:
+    """Positions per chunk of log-probs under `setting` (`*.logprob_chunk`), from the
+    whole vocabulary (a tp rank's slice times tp), as the worker resolves it."""
+    from hybridflow.workers.config import logprob_chunk_positions
+    return logprob_chunk_positions(setting, size.arch.vocab * tp)
+
+
 def _actor_pass(size: ModelSize, s, kind: str, rows: int, prompt: int, state: dict,
-                node=None) -> dict[str, int]:
+                node=None, tp: int = 1) -> dict[str, int]:
     response = s["rollout"].max_new_tokens
     temperature = s["rollout"].temperature
     method = node.method if node is not None else ""
@@ -154,18 +161,19 @@ def _actor_pass(size: ModelSize, s, kind: str, rows: int, prompt: int, state: di
         records = _engine(s).records_log_probs  # one more [rows, vocab] per step
         return {**generate_pass(size, micro, prompt, response, records),
                 "batch": batch_bytes(rows, prompt, response)}
+    chunk = _logit_chunk(s["actor"].logprob_chunk, size, tp)
     if kind == NodeKind.TRAIN:
         budget = None if method == "sft" else s["actor"].max_tokens_per_micro_batch
         micro = MicroBatch(micro_rows(rows, given or s["actor"].micro_batch_size, budget,
                                       prompt + response), prompt,
-                           response, full_logits=method == "sft")
+                           response, full_logits=method == "sft", logit_chunk=chunk)
         return {**train_pass(size, micro, temperature=temperature,
                              checkpointing=s["model"].gradient_checkpointing, **state),
                 "batch": 2 * batch_bytes(rows, prompt, response)}  # + the mini-batch copy
     budget = (node.kwargs.get("max_tokens_per_micro_batch") if node is not None else None) \
         or s["rollout"].log_prob_max_tokens_per_micro_batch
     micro = MicroBatch(micro_rows(rows, given or s["rollout"].log_prob_micro_batch_size, budget,
-                                  prompt + response), prompt, response)
+                                  prompt + response), prompt, response, logit_chunk=chunk)
     return {**inference_pass(size, micro, temperature=temperature),
             "batch": batch_bytes(rows, prompt, response)}
 
@@ -285,7 +293,7 @@ def _fill(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int,
                 _engine_bytes(memory, name, cfg, s, capacity, state["cuda"], True, tp)
             else:
                 memory.passes[name] = _actor_pass(size, s, node.kind, rows, prompt, state,
-                                                  node)
+                                                  node, tp)
         return
     if role == "rollout":
         _fill_rollout(memory, cfg, s, nodes, rows, prompt, capacity, folded, state, tp)
@@ -297,7 +305,8 @@ def _fill(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int,
             memory.resident = {"weights": size.weight_bytes}
         micro = MicroBatch(micro_rows(rows, s["ref"].micro_batch_size,
                                       s["ref"].max_tokens_per_micro_batch, prompt + response),
-                           prompt, response)
+                           prompt, response, logit_chunk=_logit_chunk(s["ref"].logprob_chunk,
+                                                                      size, tp))
         for node in nodes:
             memory.passes[f"ref.{node.method}"] = {
                 **inference_pass(size, micro, temperature=s["rollout"].temperature),
