@@ -5,7 +5,7 @@ one training step.
 The model is built from a transformers LlamaConfig (hidden 576, 30 layers, 9 heads, 3 KV
 heads, intermediate 1536, vocabulary 49152, tied embeddings; random init, no download)
 and sharded by the project's own code: `WorkerContext.device_mesh()["tp"]` and
-`hybridflow.workers.backends.tensor_parallel.parallelize` (the decoder layers by the
+`hybridflow.workers.parallel.tensor_parallel.parallelize` (the decoder layers by the
 model's plan, the embedding and the tied head by vocabulary rows, one shared shard).
 Each variant runs in fresh processes (`torch.multiprocessing.spawn`, gloo, one torch
 thread per rank); the variants are alternated over `--reps` repetitions (who goes first
@@ -17,7 +17,7 @@ rotates). Per rank:
   every rank builds the whole model before sharding it; and RSS after the step (AdamW's
   moments and the gradients added);
 - seconds of one log-prob forward: the model's forward, its head's logits left sharded
-  on the vocabulary, and `hybridflow.workers.vocab_parallel.token_logprobs` (all-reduces
+  on the vocabulary, and `hybridflow.workers.parallel.vocab_parallel.token_logprobs` (all-reduces
   over the tp group, never whole-vocabulary logits);
 - seconds of one training step: that forward, a token-mean loss, backward, the
   project's `clip_grad_norm` over DTensor and plain gradients, and an AdamW step.
@@ -68,7 +68,7 @@ def _weight_bytes(model) -> int:
 
 
 def _logprobs(model, ids):
-    from hybridflow.workers.vocab_parallel import token_logprobs
+    from hybridflow.workers.parallel.vocab_parallel import token_logprobs
     logits = model(input_ids=ids).logits  # sharded on the vocabulary at tp>1
     return token_logprobs(logits[:, :-1], ids[:, 1:])
 
@@ -83,7 +83,7 @@ def _rank(rank: int, world: int, port: int, args, out_dir: str) -> None:
     from transformers.utils import logging as hf_logging
     hf_logging.set_verbosity_error()
     from hybridflow.core.context import WorkerContext
-    from hybridflow.workers.backends.tensor_parallel import clip_grad_norm, parallelize
+    from hybridflow.workers.parallel.tensor_parallel import clip_grad_norm, parallelize
     base_rss = rss_bytes()
     ctx = WorkerContext(rank=rank, world_size=world, local_rank=rank, device="cpu", tp=world)
     mesh = ctx.device_mesh()  # None at tp=1; creates the gloo group otherwise

@@ -240,7 +240,7 @@ def _same_weights(trained, received) -> bool:
     """Whether the receiver holds the trained weights. Every rank calls it: each
     tensor is gathered whole from its shards (a collective at tp>1); the receiver's
     rank compares."""
-    from hybridflow.workers.gather import full_tensor, plain_weight_name
+    from hybridflow.workers.parallel.gather import full_tensor, plain_weight_name
     state = received.state_dict() if received is not None else {}
     equal = True
     for key, value in trained.state_dict().items():

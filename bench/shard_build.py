@@ -1,6 +1,6 @@
 """Build peak per rank of a tensor-parallel model from a safetensors directory (issue 30):
 tp=1 (`from_pretrained`, whole) vs tp=N built whole and then sharded (the path before
-`hybridflow/workers/shard_build.py`) vs tp=N built shard by shard (the path now, through
+`hybridflow/workers/parallel/shard_build.py`) vs tp=N built shard by shard (the path now, through
 `hybridflow.workers.models.build_causal_lm(tp_mesh=...)`).
 
 The directory is saved first: a Llama with SmolLM2-135M-Instruct's shapes (hidden 576,
@@ -67,9 +67,9 @@ def _build(variant: str, folder: str, ctx):
     import torch
     from transformers import AutoModelForCausalLM
     from hybridflow.workers import models
-    from hybridflow.workers.backends.tensor_parallel import parallelize
+    from hybridflow.workers.parallel.tensor_parallel import parallelize
     from hybridflow.workers.config import ModelConfig
-    from hybridflow.workers.shard_build import _meta_model
+    from hybridflow.workers.parallel.shard_build import _meta_model
     from hybridflow.workers.tokenizer import load_tokenizer
     cfg, tokenizer = ModelConfig(path=folder, device="cpu"), load_tokenizer(folder)
     mesh = models.role_tp_mesh(ctx)
@@ -97,7 +97,7 @@ def _rank(rank: int, world: int, port: int, variant: str, folder: str, args, out
     hf_logging.set_verbosity_error()
     from hybridflow.core.context import WorkerContext
     from hybridflow.workers.models import model_bytes
-    from hybridflow.workers.vocab_parallel import token_logprobs
+    from hybridflow.workers.parallel.vocab_parallel import token_logprobs
     ctx = WorkerContext(rank=rank, world_size=world, local_rank=rank, device="cpu", tp=world)
     model, base, build_s = _build(variant, folder, ctx)
     record = {"rank": rank, "weights": model_bytes(model), "build_s": build_s,

@@ -198,7 +198,7 @@ def _write_export(run_dir: str, ckpt: str, role: str, source: str, out: str, mer
 
 def _needs_rewrite(source: str, max_shard_bytes: int) -> bool:
     """A sharded checkpoint, or an old single file past the shard limit."""
-    from hybridflow.workers.sharded_checkpoint import is_sharded_checkpoint
+    from hybridflow.workers.parallel.sharded_checkpoint import is_sharded_checkpoint
     single = os.path.join(source, "model.safetensors")
     return is_sharded_checkpoint(source) or \
         (os.path.isfile(single) and os.path.getsize(single) > max_shard_bytes)

@@ -46,6 +46,11 @@ MOVED = {f"hybridflow.{old}": f"hybridflow.{new}" for old, new in {
     "runtime.ray_tasks": "runtime.ray.tasks", "runtime.ray_worker": "runtime.worker_shell",
     "runtime.ray_outputs": "runtime.outputs", "runtime.ray_reshard": "runtime.reshard",
     "workers.rollout_hf": "workers.rollout.hf", "workers.rollout_vllm": "workers.rollout.vllm",
+    # the parallel pieces of workers/, into one folder (issue 38)
+    "workers.backends.tensor_parallel": "workers.parallel.tensor_parallel",
+    **{f"workers.{m}": f"workers.parallel.{m}" for m in (
+        "gather", "parallelize", "safe_dcp", "shard_build", "sharded_checkpoint",
+        "vocab_parallel")},
     # the run-long scheduler's modules, into one folder (issue 31)
     **{f"runtime.{m}": f"runtime.run_long.{m}" for m in (
         "run_scheduler", "stream_buffer", "stream_client", "stream_entrance",

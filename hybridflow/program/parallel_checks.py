@@ -89,7 +89,7 @@ def check_parallel_layouts(cfg: DictConfig, plan: ExecutionPlan) -> None:
         if any(kind.trains for kind in kinds):
             _check_backend(cfg, role, tp)
             if role == "actor":  # the one role with adapters (actor.lora)
-                from hybridflow.workers.backends.tensor_parallel import refuse_lora
+                from hybridflow.workers.parallel.tensor_parallel import refuse_lora
                 try:
                     refuse_lora(role, tp, int(cfg.actor.lora.rank or 0))
                 except ValueError as err:
@@ -216,7 +216,7 @@ def _check_plan(cfg: DictConfig, role: str, tp: int) -> None:
     code (`tensor_parallel_plan`) on the role's model built on the meta device."""
     if role not in _MODEL_ROLES:
         return
-    from hybridflow.workers.backends.tensor_parallel import tensor_parallel_plan
+    from hybridflow.workers.parallel.tensor_parallel import tensor_parallel_plan
     key = _ROLE_MODEL_KEYS.get(role)
     path = (OmegaConf.select(cfg, key) if key else None) or cfg.model.path
     try:

@@ -11,7 +11,7 @@ checkpointed with the weights) and `_engine`.
 Data parallel over the ranks of its pool: DDP (default) or FSDP2 (`actor.strategy`,
 see `backends/`), and `training.Trainer` for how updates stay identical to a
 single-rank update; with `placement.parallel.actor.tp > 1` (fsdp2) each tp group shards
-the module (`backends/tensor_parallel.py`) and the hf engine generates on it. The
+the module (`parallel/tensor_parallel.py`) and the hf engine generates on it. The
 loss is the graph's (`update(loss=...)`, `hybridflow/graph/loss.py`);
 with `model.dtype=bf16` the trained weights stay float32 and the forwards run in bf16.
 With `actor.lora.rank > 0` only LoRA adapters train (see `lora.py`), and

@@ -88,9 +88,9 @@ class Worker(WorkerHooks):
 
     def save_checkpoint(self, directory: str) -> None:
         """A trained role: weights and optimizer sharded per rank (DCP,
-        `sharded_checkpoint.py`); an inference role: rank 0's safetensors weights."""
+        `parallel/sharded_checkpoint.py`); an inference role: rank 0's safetensors weights."""
         if self.trainer is not None:
-            from hybridflow.workers.sharded_checkpoint import save_trainer
+            from hybridflow.workers.parallel.sharded_checkpoint import save_trainer
             save_trainer(self.trainer, directory, self.ctx.rank, getattr(self, "tokenizer", None))
         elif self.module is not None and self.ctx.rank == 0:
             from hybridflow.workers.training import save_weights
@@ -107,7 +107,7 @@ class Worker(WorkerHooks):
 
     def load_checkpoint(self, directory: str) -> None:
         if self.trainer is not None:
-            from hybridflow.workers.sharded_checkpoint import load_trainer
+            from hybridflow.workers.parallel.sharded_checkpoint import load_trainer
             load_trainer(self.trainer, directory, self.ctx.rank, self.trainer.world)
         elif self.module is not None:
             from hybridflow.workers.training import load_weights

@@ -14,7 +14,7 @@ Under autograd each chunk runs inside `torch.utils.checkpoint` (non-reentrant): 
 forward keeps only its [chunk, H] input, and the backward recomputes that chunk's
 logits when it reaches it, so the backward, too, holds one chunk's logits at a time.
 The math per position is the unchunked one (the same head, the same float32
-reductions, `vocab_parallel.py` for a tensor-parallel head sharded on the
+reductions, `parallel/vocab_parallel.py` for a tensor-parallel head sharded on the
 vocabulary), so results equal the whole-row computation up to the matmul's rounding.
 
 Chunking is what `chunk_positions` decides from the role's `logprob_chunk` setting:
@@ -32,7 +32,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from hybridflow.workers.config import AUTO_LOGPROB_CHUNK_ELEMENTS, logprob_chunk_positions
-from hybridflow.workers.vocab_parallel import entropy_from_logits, token_logprobs
+from hybridflow.workers.parallel.vocab_parallel import entropy_from_logits, token_logprobs
 
 __all__ = ["AUTO_CHUNK_ELEMENTS", "chunk_positions", "output_head", "head_input",
            "chunked_token_stats"]

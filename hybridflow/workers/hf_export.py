@@ -78,8 +78,8 @@ def dcp_tensors(dcp_dir: str, bucket_bytes: int, prefix: str = "model."
     one process (DCP assembles each from every rank's chunks), under plain names; read
     through `safe_dcp`, so nothing in the checkpoint is unpickled unsafely."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-    from hybridflow.workers.gather import plain_weight_name
-    from hybridflow.workers.safe_dcp import load_dcp, read_metadata
+    from hybridflow.workers.parallel.gather import plain_weight_name
+    from hybridflow.workers.parallel.safe_dcp import load_dcp, read_metadata
     meta = read_metadata(os.path.join(dcp_dir, ".metadata")).state_dict_metadata
     wanted = [(k, v) for k, v in meta.items()
               if k.startswith(prefix) and isinstance(v, TensorStorageMetadata)]
@@ -115,7 +115,7 @@ def write_module(module: torch.nn.Module, out: str, rank: int, bucket_bytes: int
                  max_shard_bytes: int = MAX_SHARD_BYTES, config=None) -> None:
     """A live (possibly sharded) module to `out`, gathered bucket by bucket. Every rank
     calls it (collective when sharded); rank 0 writes the weights and the config."""
-    from hybridflow.workers.gather import gathered_buckets, weight_plan
+    from hybridflow.workers.parallel.gather import gathered_buckets, weight_plan
     buckets = gathered_buckets(module, weight_plan(module, bucket_bytes), keep=rank == 0,
                                device="cpu")
     if rank != 0:
@@ -133,7 +133,7 @@ def write_checkpoint_weights(role_dir: str, out: str, bucket_bytes: int,
                              max_shard_bytes: int = MAX_SHARD_BYTES) -> list[str]:
     """The weights of a role's checkpoint (sharded DCP, or an old `model.safetensors`)
     rewritten into `out` as Hugging Face shards; the config beside them decides ties."""
-    from hybridflow.workers.sharded_checkpoint import DCP_DIR, is_sharded_checkpoint
+    from hybridflow.workers.parallel.sharded_checkpoint import DCP_DIR, is_sharded_checkpoint
     config = {}
     config_path = os.path.join(role_dir, "config.json")
     if os.path.isfile(config_path):

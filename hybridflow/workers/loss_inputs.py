@@ -44,7 +44,7 @@ from hybridflow.workers.packing import PackedRows, packed_logits
 from hybridflow.workers.sequences import (entropy_from_logits, response_hidden,
                                           response_logits, response_positions, response_values,
                                           token_logprobs)
-from hybridflow.workers.vocab_parallel import whole
+from hybridflow.workers.parallel.vocab_parallel import whole
 
 __all__ = ["LossInputs", "PolicyOutputs", "ValueOutputs", "run_loss", "select_for_loss",
            "with_current", "worker_default_loss"]

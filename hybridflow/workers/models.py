@@ -7,10 +7,10 @@ from exactly the same weights without any broadcast. Under `model.use_remove_pad
 a model with sdpa attention gets `sdpa_varlen` (`varlen_attention.py`).
 
 Tensor parallelism (`tp_mesh`, the role's "tp" mesh dim, `role_tp_mesh`): a model from a
-directory with safetensors is built shard by shard (`shard_build.py`: on the meta device,
+directory with safetensors is built shard by shard (`parallel/shard_build.py`: on the meta device,
 sharded, then each rank reads only its rows or columns), so no rank holds the whole
 model; a model from a config (seeded) or from a directory of `.bin` files is built whole
-and then sharded (`backends/tensor_parallel.parallelize`). State: none.
+and then sharded (`parallel/tensor_parallel.parallelize`). State: none.
 """
 from __future__ import annotations
 
@@ -168,7 +168,7 @@ def _build(auto_cls, model_cfg: ModelConfig, tokenizer, device, seed: int,
     dtype = resolve_dtype(model_cfg.dtype)
     files = _shard_files(path) if tp_mesh is not None else None
     with no_loading_bars():
-        if files is not None:  # each rank reads only its shards (shard_build.py)
+        if files is not None:  # each rank reads only its shards (parallel/shard_build.py)
             model = _build_shards(auto_cls, config, dtype, device, seed, path, tp_mesh,
                                   files, may_miss, may_leave)
         else:
@@ -180,7 +180,7 @@ def _build(auto_cls, model_cfg: ModelConfig, tokenizer, device, seed: int,
         use_varlen_attention(model)
     model = model.to(device)
     if tp_mesh is not None and files is None:  # a seeded config or a .bin: whole, then shard
-        from hybridflow.workers.parallelize import apply_parallelism
+        from hybridflow.workers.parallel.parallelize import apply_parallelism
         apply_parallelism(model, tp_mesh)  # tp here; the trainer's backend wraps dp
     return model
 
@@ -191,7 +191,7 @@ def _shard_files(path: str | None) -> dict[str, str] | None:
     if path is None:
         return None
     from hybridflow.core.loading import library_read
-    from hybridflow.workers.shard_build import safetensors_files
+    from hybridflow.workers.parallel.shard_build import safetensors_files
     with library_read(path, "model directory", "its weight index is damaged: save the "
                       "model again"):
         return safetensors_files(require_local_dir(path, "model"))
@@ -200,7 +200,7 @@ def _shard_files(path: str | None) -> dict[str, str] | None:
 def _build_shards(auto_cls, config, dtype, device, seed: int, path: str, tp_mesh, files,
                   may_miss: tuple[str, ...], may_leave: tuple[str, ...]):
     from hybridflow.core.loading import library_read
-    from hybridflow.workers.shard_build import empty_shards, init_missing, read_shards
+    from hybridflow.workers.parallel.shard_build import empty_shards, init_missing, read_shards
     model = empty_shards(auto_cls, config, dtype, torch.device(device), tp_mesh)
     with library_read(path, "model directory", "its weight files are damaged or not the "
                       "model's: save the model again"):

@@ -30,8 +30,8 @@ from hybridflow.workers.micro_batches import micro_batches, scatter_rows
 from hybridflow.workers.chunked_logprobs import (chunk_positions, chunked_token_stats,
                                                 head_input, output_head)
 from hybridflow.workers.packing import PackedRows, packed_forward, packed_logits, packed_values
-# whole logits, or a tensor-parallel head's vocab-sharded ones (vocab_parallel.py)
-from hybridflow.workers.vocab_parallel import entropy_from_logits, token_logprobs
+# whole logits, or a tensor-parallel head's vocab-sharded ones (parallel/vocab_parallel.py)
+from hybridflow.workers.parallel.vocab_parallel import entropy_from_logits, token_logprobs
 
 __all__ = ["position_ids_from_mask", "response_mask_from_ids", "pad_right",
            "response_logits", "response_hidden", "response_positions", "chunked_response",

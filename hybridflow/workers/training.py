@@ -47,7 +47,7 @@ import torch.distributed as dist
 from hybridflow.core.batch import Batch
 from hybridflow.core.dtensor import local_shard
 from hybridflow.workers.backends import make_backend
-from hybridflow.workers.backends.tensor_parallel import refuse_lora
+from hybridflow.workers.parallel.tensor_parallel import refuse_lora
 from hybridflow.workers.micro_batches import micro_batches
 from hybridflow.workers.lora import adapter_state_dict, is_lora, load_adapter, save_adapter
 from hybridflow.workers.weights import WEIGHTS_FILE, full_state_dict, load_weights, save_weights

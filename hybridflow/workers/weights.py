@@ -3,9 +3,9 @@ beside the Hugging Face config, the layout `from_pretrained` loads.
 
 Stateless. Under FSDP2 the gather (`full_state_dict`) and the load are collectives:
 every rank calls them, and the gather holds the whole model: trained roles checkpoint
-with `sharded_checkpoint.py` and sync and export with `gather.py` (bucket by bucket)
-instead. Used by untrained roles' checkpoints, checkpoints from before sharding, and
-LoRA merging; it imports no other worker module.
+with `parallel/sharded_checkpoint.py` and sync and export with `parallel/gather.py`
+(bucket by bucket) instead. Used by untrained roles' checkpoints, checkpoints from
+before sharding, and LoRA merging; it imports no other worker module.
 """
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from hybridflow.cli import main
-from hybridflow.workers.safe_dcp import read_metadata
+from hybridflow.workers.parallel.safe_dcp import read_metadata
 from tests.support.e2e import graph_file
 
 SMALL = ("trainer.val_every=0", "data.batch_size=4", "rollout.n=2",

@@ -17,7 +17,7 @@ from tests.support.workers import TINY, make_cfg, rollout_for_update
 from hybridflow.core.loading import UserFileError
 from hybridflow.run.checkpoint import latest_checkpoint, save_checkpoint
 from hybridflow.workers import ActorWorker
-from hybridflow.workers.sharded_checkpoint import CheckpointSaveError
+from hybridflow.workers.parallel.sharded_checkpoint import CheckpointSaveError
 
 CFG = make_cfg(actor={"lr": 1e-2})
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -120,7 +120,7 @@ import os, subprocess, sys
 subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", sys.argv[1]], check=True)
 from tests.support.workers import make_cfg
 from hybridflow.workers import ActorWorker
-from hybridflow.workers.sharded_checkpoint import CheckpointSaveError
+from hybridflow.workers.parallel.sharded_checkpoint import CheckpointSaveError
 try:
     ActorWorker(make_cfg()).save_checkpoint(os.path.join(sys.argv[1], "actor"))
 except CheckpointSaveError as err:

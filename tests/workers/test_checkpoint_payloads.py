@@ -18,7 +18,7 @@ import torch
 from tests.support.workers import make_cfg, rollout_for_update
 from hybridflow.core.loading import RefusedFileError, UserFileError
 from hybridflow.workers import ActorWorker
-from hybridflow.workers.safe_dcp import METADATA_GLOBALS, read_metadata
+from hybridflow.workers.parallel.safe_dcp import METADATA_GLOBALS, read_metadata
 
 CFG = make_cfg(actor={"lr": 1e-2})
 READ = {"dcp/.metadata", "dcp/__0_0.distcp", "scheduler.pt", "policy_version.json",

@@ -1,6 +1,6 @@
 """Chunked log-probs across ranks (2 gloo ranks): at tp=2, where the head is sharded on the
 vocabulary and each chunk's log-probs and entropy are the vocab-parallel reductions
-(workers/vocab_parallel.py), padded and packed, and under FSDP2 over dp=2, where the head
+(workers/parallel/vocab_parallel.py), padded and packed, and under FSDP2 over dp=2, where the head
 is applied to each chunk outside the root module's forward: the chunked log-probs, entropy
 and gradients equal the same rank's unchunked ones to 1e-6 (fp32), in a training forward
 and a log-prob pass, and one unsharded rank's to 1e-5 (the tensor-parallel tests' bound)."""
@@ -14,7 +14,7 @@ import torch.multiprocessing as mp
 from tests.support.workers import QWEN2, leave_process_group, make_cfg, rollout_for_update
 from hybridflow.workers import ActorWorker, WorkerContext
 from hybridflow.workers.sequences import forward_response, response_logprobs
-from hybridflow.workers.vocab_parallel import is_vocab_sharded
+from hybridflow.workers.parallel.vocab_parallel import is_vocab_sharded
 
 pytestmark = pytest.mark.slow  # two gloo ranks build three models (~20 s)
 

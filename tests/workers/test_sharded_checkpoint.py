@@ -1,4 +1,4 @@
-"""Sharded checkpoints (hybridflow/workers/sharded_checkpoint.py): every rank saves its
+"""Sharded checkpoints (hybridflow/workers/parallel/sharded_checkpoint.py): every rank saves its
 shards with DCP, and a checkpoint resumes onto another data-parallel layout: saved by
 2 FSDP2 ranks and resumed on 1 (and back), the next update's loss and weights are the
 uninterrupted run's. An old checkpoint (model.safetensors + optim_rank*.pt) still
@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 
 from tests.support.workers import TINY, leave_process_group, make_cfg, rollout_for_update
 from hybridflow.workers import ActorWorker, WorkerContext
-from hybridflow.workers.sharded_checkpoint import DCP_DIR, is_sharded_checkpoint
+from hybridflow.workers.parallel.sharded_checkpoint import DCP_DIR, is_sharded_checkpoint
 
 CFG = make_cfg(actor={"lr": 1e-2, "ppo_epochs": 1, "mini_batch_size": 8,
                       "micro_batch_size": 2, "strategy": "fsdp2"})

@@ -17,7 +17,7 @@ from tests.support.workers import QWEN2, TINY, leave_process_group, make_cfg, pr
 from tests.support.workers import rollout_for_update
 from hybridflow.workers import ActorWorker, CriticWorker, ReferenceWorker, WorkerContext
 from hybridflow.workers.sequences import forward_response, response_logits
-from hybridflow.workers.vocab_parallel import is_vocab_sharded
+from hybridflow.workers.parallel.vocab_parallel import is_vocab_sharded
 
 pytestmark = pytest.mark.slow  # two gloo ranks build and train three models (~60 s)
 

@@ -11,12 +11,12 @@ from hybridflow.core.context import WorkerContext
 from hybridflow.core.tokens import entropy_from_logits as core_entropy
 from hybridflow.runtime.worker_shell import FusedWorker, default_context
 from hybridflow.workers.backends import make_backend
-from hybridflow.workers.backends.tensor_parallel import (LLAMA_PLAN, full_logits,
+from hybridflow.workers.parallel.tensor_parallel import (LLAMA_PLAN, full_logits,
                                                          is_tensor_parallel, layer_plan,
                                                          parallelize)
 from hybridflow.workers.config import ActorConfig, read_section
 from hybridflow.workers.rollout.hf import _stream_seed
-from hybridflow.workers.vocab_parallel import entropy_from_logits, token_logprobs
+from hybridflow.workers.parallel.vocab_parallel import entropy_from_logits, token_logprobs
 
 CPU = torch.device("cpu")
 

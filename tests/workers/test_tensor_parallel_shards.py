@@ -1,5 +1,5 @@
 """A tensor-parallel role builds its model from a safetensors directory shard by shard
-(`hybridflow/workers/shard_build.py`): at tp=2 (two gloo ranks) the actor's log-probs,
+(`hybridflow/workers/parallel/shard_build.py`): at tp=2 (two gloo ranks) the actor's log-probs,
 entropy and weights, the reference's log-probs and a critic's values (its value head new
 to the causal-LM checkpoint) equal one unsharded rank's built by `from_pretrained`, for a
 tied Llama saved as an index of several files and a Qwen2 (q/k/v biases) over a
@@ -189,7 +189,7 @@ def _peak_rank(rank: int, world: int, port: int, folder: str, out_dir: str):
     from transformers import AutoModelForCausalLM
     from hybridflow.workers.config import ModelConfig
     from hybridflow.workers.models import build_causal_lm, model_bytes, role_tp_mesh
-    from hybridflow.workers.shard_build import safetensors_files
+    from hybridflow.workers.parallel.shard_build import safetensors_files
     from hybridflow.workers.tokenizer import load_tokenizer
     ctx = WorkerContext(rank=rank, world_size=world, local_rank=rank, device="cpu", tp=world)
     mesh = role_tp_mesh(ctx)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hybridflow.cli import main
-from hybridflow.workers.backends.tensor_parallel import (LLAMA_PLAN, TRANSLATED, WHOLE,
+from hybridflow.workers.parallel.tensor_parallel import (LLAMA_PLAN, TRANSLATED, WHOLE,
                                                          layer_plan, tensor_parallel_plan)
 from tests.support.recorded_runs import graph_path
 

@@ -1,4 +1,4 @@
-"""Weight sync bucket by bucket (hybridflow/workers/gather.py, rollout/weights.py): an
+"""Weight sync bucket by bucket (hybridflow/workers/parallel/gather.py, rollout/weights.py): an
 engine loaded from the buckets holds the policy's weights (plain names, a tied tensor
 sent once, LoRA merged), buckets stay under their size, the per-bucket store path
 round-trips, and a sync's transient memory per rank is about two buckets, not the
@@ -16,7 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from bench.weight_sync import FolderStore  # a store that keeps no bucket in memory
 from tests.support.workers import TINY
-from hybridflow.workers.gather import gathered_buckets, weight_plan
+from hybridflow.workers.parallel.gather import gathered_buckets, weight_plan
 from hybridflow.workers.rollout.hf import HFEngine
 from hybridflow.workers.rollout.weights import export_policy, load_export, refresh_engine
 
@@ -78,7 +78,7 @@ def test_gathering_a_plain_model_does_not_import_peft():
     """Only who makes LoRA layers imports peft: the sync of a plain model never pays
     that import (it was ~0.2 s of each process's first sync, bench/weight_sync.py --ray)."""
     code = ("import sys, torch\n"
-            "from hybridflow.workers.gather import gathered_buckets, weight_plan\n"
+            "from hybridflow.workers.parallel.gather import gathered_buckets, weight_plan\n"
             "m = torch.nn.Linear(4, 4)\n"
             "got = [n for b in gathered_buckets(m, weight_plan(m, 64)) for n, _ in b]\n"
             "assert got == ['weight', 'bias'], got\n"

@@ -7,7 +7,7 @@ one (Megatron, ...) registers with `register_backend` without touching the train
 The trainer reads the name from `actor.strategy` / `critic.strategy`. A backend class
 that shards by tensor parallelism says `tensor_parallel = True` (fsdp2; ddp does not):
 pre-flight refuses `placement.parallel.<role>.tp > 1` with any other, and `make_backend`
-hands such a backend the role's (dp, tp) mesh (`tensor_parallel.py` shards over "tp").
+hands such a backend the role's (dp, tp) mesh (`parallel/tensor_parallel.py` shards over "tp").
 """
 from __future__ import annotations
 

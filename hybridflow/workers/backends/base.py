@@ -5,7 +5,7 @@ device, compute dtype, and for a tensor-parallel role its (dp, tp) device mesh) 
 after `wrap`, what it wrapped. `world` counts data-parallel ranks (a tp group is one).
 What a backend class declares, read by pre-flight and the memory model instead of its
 name: `tensor_parallel` (it can shard its module over a role mesh's "tp" dimension,
-`tensor_parallel.py`; pre-flight refuses tp > 1 with any other), `shards` (parameters,
+`parallel/tensor_parallel.py`; pre-flight refuses tp > 1 with any other), `shards` (parameters,
 gradients and optimizer state split over the data-parallel ranks), `gradient_buckets`
 (gradients also sit in all-reduce buckets when world > 1) and, optionally, `requires`
 (modules it imports, checked by `hybridflow check`). Master weights and optimizer state
@@ -21,7 +21,7 @@ import torch
 
 from hybridflow.core.dtensor import whole_tensor
 from hybridflow.core.layout import refuse_not_tensor_parallel
-from hybridflow.workers.backends.tensor_parallel import clip_grad_norm, is_tensor_parallel
+from hybridflow.workers.parallel.tensor_parallel import clip_grad_norm, is_tensor_parallel
 from hybridflow.workers.weights import full_state_dict, load_full_state_dict
 
 __all__ = ["TrainingBackend"]

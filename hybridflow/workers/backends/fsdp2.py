@@ -5,13 +5,13 @@ Each decoder layer is one shard group, the root module another, so a layer's wei
 are gathered only around its own forward and backward. `MixedPrecisionPolicy`:
 parameters gathered in the compute dtype, gradients reduced in float32, the sharded
 master weights and AdamW state stay float32. Checkpoints: a trained role saves its
-shards with `sharded_checkpoint.py` (DCP: no gather, resumable onto another layout);
+shards with `parallel/sharded_checkpoint.py` (DCP: no gather, resumable onto another layout);
 `optimizer_state` / `load_optimizer_state` serve the format from before it (this rank's
 optimizer shard per rank, `Trainer.save` / `load`, same world size). State: the device
 mesh, after `wrap`.
 
 Tensor parallelism (`tensor_parallel = True`): given a role's (dp, tp) mesh, `wrap`
-first shards the module over "tp" (`tensor_parallel.py`), then, when dp > 1, shards
+first shards the module over "tp" (`parallel/tensor_parallel.py`), then, when dp > 1, shards
 it with FSDP over "dp" (a 2-D layout: dp-shard x tp; gradients are averaged over dp
 only). With dp = 1 the tensor-parallel module trains as it is (the tp-only path).
 """
@@ -48,9 +48,9 @@ class FSDP2Backend(TrainingBackend):
         self.mesh = None
 
     def wrap(self, module: torch.nn.Module) -> torch.nn.Module:
-        """The role's parallelism in its order (`workers/parallelize.py`): tp over the
+        """The role's parallelism in its order (`workers/parallel/parallelize.py`): tp over the
         role mesh's "tp" dim (a model built sharded is left as it is), then FSDP2."""
-        from hybridflow.workers.parallelize import apply_parallelism
+        from hybridflow.workers.parallel.parallelize import apply_parallelism
         tp_mesh = self.role_mesh["tp"] if self.role_mesh is not None else None
         return apply_parallelism(module, tp_mesh, dp_wrap=self._shard_over_dp)
 

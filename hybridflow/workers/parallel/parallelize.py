@@ -1,6 +1,6 @@
 """A role's parallelism applied to a model, in one fixed order (as torchtitan's
 `parallelize_<model>` does): tensor parallelism first (each layer's weights become
-DTensor shards over the role mesh's "tp" dim, `backends/tensor_parallel.parallelize`),
+DTensor shards over the role mesh's "tp" dim, `parallel/tensor_parallel.parallelize`),
 then sequence parallelism (none yet: `core/layout.RoleLayout` refuses sp > 1, so
 nothing is applied), then the training backend's data-parallel wrap (FSDP2's
 `fully_shard` over "dp", given as `dp_wrap`). The order matters: FSDP2 shards the
@@ -27,7 +27,7 @@ def apply_parallelism(model: torch.nn.Module, tp_mesh=None,
     """`model` with the role's parallelism applied: tp over the 1-D mesh `tp_mesh`
     (None: tp=1), then sp (a no-op until it lands), then `dp_wrap` (None: no wrap)."""
     if tp_mesh is not None:
-        from hybridflow.workers.backends.tensor_parallel import parallelize
+        from hybridflow.workers.parallel.tensor_parallel import parallelize
         parallelize(model, tp_mesh)  # in place; an already sharded model is left as is
     # sequence parallelism goes here (issue 38 item 2): RoleLayout refuses sp > 1
     return dp_wrap(model) if dp_wrap is not None else model

@@ -167,7 +167,7 @@ def _is_tied(model: torch.nn.Module) -> bool:
 def empty_shards(auto_cls, config, dtype: torch.dtype, device: torch.device, tp_mesh):
     """This rank's shards of `auto_cls(config)` over the 1-D mesh `tp_mesh`, in `dtype`
     on `device`, with storage but no values yet (`read_shards`, then `init_missing`)."""
-    from hybridflow.workers.parallelize import apply_parallelism
+    from hybridflow.workers.parallel.parallelize import apply_parallelism
     model = _meta_model(auto_cls, config, dtype)
     tied = _is_tied(model)
     apply_parallelism(model, tp_mesh)  # on the meta device: meta DTensors

@@ -18,7 +18,7 @@ base is what `model.path` (or the seeded build) gives, as before.
 
 The run's checkpoint (`hybridflow/run/checkpoint.py`) lists these files in its
 manifest with their sha256 and writes them under a temporary name first, so a damaged
-shard is named on resume. Every read goes through `workers/safe_dcp.py` (nothing in a
+shard is named on resume. Every read goes through `workers/parallel/safe_dcp.py` (nothing in a
 checkpoint is unpickled beyond DCP's metadata classes, tensors and plain values; a
 missing or short shard is named), `scheduler.pt` through `core/loading.read_torch`;
 a save that fails is one `CheckpointSaveError` naming the directory and the cause.
@@ -48,7 +48,7 @@ def is_sharded_checkpoint(directory: str) -> bool:
     one (refused by name), not the old format."""
     index = os.path.join(directory, DCP_DIR, ".metadata")
     if os.path.isdir(os.path.join(directory, DCP_DIR)) and not os.path.lexists(index):
-        from hybridflow.workers.safe_dcp import CheckpointFileError
+        from hybridflow.workers.parallel.safe_dcp import CheckpointFileError
         raise CheckpointFileError(f"checkpoint file {index!r} is missing: the shards "
                                   f"beside it cannot be read without their index; resume "
                                   f"from the checkpoint before it, or save this one again",
@@ -174,7 +174,7 @@ def load_trainer(trainer, directory: str, rank: int, world: int) -> None:
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import set_state_dict
     from hybridflow.core.loading import UserFileError, read_torch
-    from hybridflow.workers.safe_dcp import FIX, load_dcp
+    from hybridflow.workers.parallel.safe_dcp import FIX, load_dcp
     path = os.path.join(directory, SCHEDULER_FILE)
     if not os.path.isfile(path):  # before the shards: nothing is loaded from a damaged one
         raise FileNotFoundError(f"checkpoint {directory!r} has {DCP_DIR}/ but no "

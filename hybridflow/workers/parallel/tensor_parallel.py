@@ -10,7 +10,7 @@ torch's `ColwiseParallel` / `RowwiseParallel`. Attention reshapes its projection
   all-reduced to every rank of the group;
 - the output head (`lm_head`): `ColwiseParallel` with its output kept a DTensor
   sharded on the vocabulary (`Shard(-1)`), which the vocab-parallel log-probs read
-  without gathering (`workers/vocab_parallel.py`); `full_logits(module)` gathers it for
+  without gathering (`workers/parallel/vocab_parallel.py`); `full_logits(module)` gathers it for
   code that needs whole logits (sampling);
 - a tied head (SmolLM2) is re-tied to the sharded embedding: one sharded weight;
 - everything else (norms, a value head) stays a plain tensor, the same on every rank

@@ -30,12 +30,12 @@ from typing import Iterable
 import torch
 
 from hybridflow.core.batch import Batch
-from hybridflow.workers.backends.tensor_parallel import full_logits, is_tensor_parallel
+from hybridflow.workers.parallel.tensor_parallel import full_logits, is_tensor_parallel
 from hybridflow.workers.config import RolloutConfig
 from hybridflow.workers.rollout.engine import UNKNOWN_VERSION, EngineSpec
 from hybridflow.workers.rollout.generation import assemble_rollout
 from hybridflow.workers.rollout.hf_decode import decode
-from hybridflow.workers.shard_build import local_slices
+from hybridflow.workers.parallel.shard_build import local_slices
 from hybridflow.workers.sequences import pad_right, position_ids_from_mask
 
 __all__ = ["HFEngine", "make_hf_engine", "sampled_log_probs", "ChosenLogProbs",

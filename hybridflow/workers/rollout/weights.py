@@ -1,5 +1,5 @@
 """Moving a policy's weights from the actor to a rollout engine, bucket by bucket
-(`hybridflow/workers/gather.py` gathers them): never one whole-model buffer.
+(`hybridflow/workers/parallel/gather.py` gathers them): never one whole-model buffer.
 
 Colocated (`refresh_engine`): each bucket is gathered, loaded into the engine in this
 process and dropped before the next; then `finish_weight_update(version)` stamps the
@@ -34,7 +34,7 @@ from typing import Callable, Iterator
 import torch
 
 from hybridflow.core.batch import Batch
-from hybridflow.workers.gather import gathered_buckets, plain_weight_name, weight_plan
+from hybridflow.workers.parallel.gather import gathered_buckets, plain_weight_name, weight_plan
 
 __all__ = ["WEIGHT_KEYS", "WeightIndex", "plain_weight_name", "policy_weights",
            "export_policy", "RayStore", "StoredBuckets", "LiveBuckets", "refresh_engine",
