@@ -197,10 +197,7 @@ def _calls(plan) -> dict[str, list]:
 
 
 def _data_parallel(plan, role: str) -> int:
-    placement = plan.placement
-    pool = placement.pools.get(placement.roles.get(role, ""))
-    world = pool.world_size if pool else 1
-    return max(1, world // placement.tp_size(role))  # preflight: dp x tp fills the pool
+    return plan.placement.layout(role).dp  # core/layout.py; the compiler checked it
 
 
 def _generate_n(s, calls: dict[str, list]) -> int:
@@ -232,7 +229,7 @@ def roles_memory(cfg, plan, capacity: float | None = None, cuda: bool = False,
             try:
                 _fill(memory, cfg, s, calls[role], rows, prompt, capacity,
                       folded=role in plan.placement.folded, state=_layout(s, role, dp, cuda),
-                      tp=plan.placement.tp_size(role))
+                      tp=plan.placement.layout(role).tp)
             except (OSError, ValueError) as err:  # e.g. a model path of another machine
                 memory.notes.append(f"not counted: {err}")
         out.append(memory)
