@@ -58,7 +58,8 @@ def test_a_steps_records_start_with_the_step_and_an_idle_interval_breaks_them(cl
 def test_background_replies_with_spans_record_the_work_not_the_waits(clock):
     """A reply's decode spans (the loop's work, timed on the worker) are the records:
     clipped to the step, a gap between spans left out, the counts on the last; a
-    reply with no span (the engine waited) records nothing, even while busy."""
+    reply with no span (the engine waited) records nothing, even while busy; steps
+    decoded before the step are counted on a record of no length."""
     rec = StreamRecorder("g", "rollout", "gen", background=True)
     rec.begin_step()  # t = 100
     clock.t = 101.0
@@ -69,6 +70,11 @@ def test_background_replies_with_spans_record_the_work_not_the_waits(clock):
     rec.polled(101.9, [{**reply(7, rows=1), "spans": [[100.8, 101.9]]}])
     assert [(r["start"], r["end"], r["decode_steps"], r["rows"]) for r in rec.records] == \
         [(100.0, 100.2, 0, 0), (100.6, 101.9, 7, 3)]
+    rec.begin_step()  # t = 102: the loop decoded before the step only
+    clock.t = 102.5
+    rec.polled(102.4, [{**reply(9, rows=2), "spans": [[101.95, 101.99]]}])
+    assert [(r["start"], r["end"], r["decode_steps"], r["rows"]) for r in rec.records] == \
+        [(102.0, 102.0, 2, 2)]  # counted, with no time on record
 
 
 def test_an_inline_poll_is_the_decode_span_of_the_call(clock):

@@ -13,7 +13,9 @@ of the generate node, `{"node", "role", "pool", "rank", "start", "end", "stream"
   spent decoding between two polls — the reply's `spans`, the wall-clock intervals of
   its decode steps (merged on the worker when they touch), so the pool's busy time
   counts the engine's work, not its waits for room in the buffer — with the decode
-  steps it counted and the rows that finished on the last of them. A reply without
+  steps it counted and the rows that finished on the last of them (steps decoded
+  between two steps, which are not recorded, go on a record of no length at the
+  step's start, so every decode step counted is on record). A reply without
   spans (an engine that does not time its steps) is recorded as the interval between
   the two polls when the engine had requests in flight or made progress. Touching
   records are merged, so a wait of many short polls is one record per rank.
@@ -60,6 +62,9 @@ class StreamRecorder:
             for i, (start, end) in enumerate(spans):  # the counts go with the last
                 last = i == len(spans) - 1
                 self._add(rank, start, end, done if last else 0, rows if last else 0)
+            if "spans" in reply and not spans and (done > 0 or rows):
+                # decoded between two steps (not on record): the counts, no time
+                self._add(rank, self.step_began, self.step_began, done, rows)
             if not spans and "spans" not in reply and (
                     done > 0 or rows or (self.background and reply.get("busy"))):
                 self._add(rank, since, now, done, rows)
