@@ -38,6 +38,8 @@ import sys
 import threading
 import time
 
+from hybridflow.core.printable import echo
+
 __all__ = ["RayStartError", "bounded_start", "end_started"]
 
 GRACE_S = 5.0  # after a signal or the deadline, how long the main thread may take
@@ -163,9 +165,8 @@ def _drain(reader) -> bytes:
 def _exit_stuck(signum: int | None) -> None:
     why = (f"{signal.Signals(signum).name}" if signum and signum != signal.SIGALRM
            else "runtime.start_timeout_s passed")
-    sys.stderr.write(f"hybridflow: Ray did not start ({why}) and ray.init did not "
-                     f"return; its processes were ended; ending this process\n")
-    sys.stderr.flush()
+    echo(f"hybridflow: Ray did not start ({why}) and ray.init did not return; its "
+         f"processes were ended; ending this process", file=sys.stderr, flush=True)
     os._exit(128 + signum if signum and signum != signal.SIGALRM else 1)
 
 
