@@ -39,8 +39,8 @@ from hybridflow.runtime.outputs import NodeOutput
 from hybridflow.runtime.ray.pools import (RuntimeSettings, WorkerGroup, connect, launch_group,
                                           start_groups, stop_group)
 from hybridflow.runtime.ray.tasks import InFlight, resolve
-from hybridflow.runtime.worker_shell import (ShippedNode, default_context, failure_cause,
-                                             failure_detail, payload_bytes)
+from hybridflow.runtime.worker_shell import (ShippedNode, default_context, encode_task,
+                                             failure_cause, failure_detail, payload_bytes)
 from hybridflow.runtime.executor import PlanCache
 from hybridflow.runtime.scheduler import run_step
 
@@ -104,7 +104,8 @@ class RayRuntime:
 
     def submit(self, node: PlanNode, method: str, pool: str, rank: int, returns: int,
                task, args: list) -> list:
-        return self._method(pool, rank, method, returns).remote(task, *args)
+        """The task travels as bytes (`encode_task`): Ray sends them as they are."""
+        return self._method(pool, rank, method, returns).remote(encode_task(task), *args)
 
     def _method(self, pool: str, rank: int, name: str, returns: int):
         """An actor method of rank `rank` with `num_returns=returns`, built once."""
