@@ -6,7 +6,8 @@ The role's layout is `layout` (`core/layout.RoleLayout`): a pool of `world_size`
 runs dp groups of `tp` ranks, rank r's coordinates are `layout.coords(r)` (what
 `graph/dispatch.py` sends rows by: a tp group's ranks get the same rows).
 `device_mesh()` is that layout as a 2-D torch DeviceMesh ("dp", "tp") over the default
-group. State: `_MESHES`, (device type, dp, tp, default group) -> the mesh, built once
+group; `sequence_group()` this rank's sp group (`placement.parallel.<role>.sp`).
+State: `_MESHES`, (device type, dp, tp, default group) -> the mesh, built once
 per process (a mesh's sub-groups are created collectively, so roles of one pool with
 the same layout share one; roles with another tp get their own mesh over the same world).
 """
@@ -40,6 +41,7 @@ class WorkerContext:
     device: str | None = None          # None: decided by the model config ("auto")
     seed: int = 0
     tp: int = 1                        # placement.parallel.<role>.tp
+    sp: int = 1                        # placement.parallel.<role>.sp
     colocated: dict[str, Any] = field(default_factory=dict)
 
     def backend(self) -> str:
@@ -67,7 +69,7 @@ class WorkerContext:
     @property
     def layout(self) -> RoleLayout:
         """The role's layout on its pool (ValueError where tp does not divide it)."""
-        return RoleLayout(self.world_size, self.tp)
+        return RoleLayout(self.world_size, self.tp, self.sp)
 
     @property
     def dp(self) -> int:
@@ -81,6 +83,22 @@ class WorkerContext:
     @property
     def tp_rank(self) -> int:
         return self.layout.tp_rank(self.rank)
+
+    def sequence_group(self):
+        """This rank's sp group (the ranks that split its rows' positions), or None at
+        sp=1. Every rank of the pool must call it: the groups are created collectively."""
+        layout = self.layout
+        if layout.sp <= 1:
+            return None
+        self.init_distributed()
+        if not self.distributed:
+            raise RuntimeError(f"sp={layout.sp} needs torch.distributed over "
+                               f"{self.world_size} ranks (the local runtime cannot run it: "
+                               "use runtime.name=ray)")
+        key = ("sp", layout.sp, layout.tp, id(dist.group.WORLD))
+        if key not in _MESHES:
+            _MESHES[key] = {ranks: dist.new_group(list(ranks)) for ranks in layout.sp_groups}
+        return next(group for ranks, group in _MESHES[key].items() if self.rank in ranks)
 
     def device_mesh(self):
         """The role's (dp, tp) DeviceMesh over the default process group, or None when

@@ -11,9 +11,11 @@ rank r = (dp_rank * sp + sp_rank) * tp + tp_rank, so a tp group is tp consecutiv
 and the ranks that work on one dp slot's rows together (a "row group": sp x tp ranks)
 are consecutive too. Adding a dimension is this object, its plan and its checks.
 
-Sequence parallelism is not built yet: `placement.parallel.<role>.sp` is parsed, sp=1
-is accepted and anything else is refused with "not yet supported" (`check_sp`), so a
-config written for it fails before launch rather than running without it.
+Sequence parallelism (`placement.parallel.<role>.sp`, workers/parallel/sequence_parallel.py):
+the sp ranks of a row group receive the same rows and split each row's positions; the
+model's parameters replicate over them, so gradients reduce over dp x sp (`sp_groups`:
+the ranks that split one row). Generation never runs sequence-parallel: a generating
+call's layout is the role's without sp (`without_sp`). `check_sp` refuses a size below 1.
 
 The checks that concern a layout alone live here, each raising ValueError naming the
 role, the key and the numbers: tp (x sp) divides the pool (`__post_init__`), tp divides
@@ -38,11 +40,11 @@ class Coords(NamedTuple):
 
 
 def check_sp(role: str, sp: int) -> None:
-    """Refuse sequence parallelism until it lands: sp=1 is the only size that runs."""
-    if int(sp) != 1:
+    """A sequence-parallel size is a whole number of at least 1."""
+    if not isinstance(sp, int) or isinstance(sp, bool) or sp < 1:
         raise ValueError(
-            f"placement.parallel.{role}.sp={sp}: sequence parallelism is not yet supported "
-            f"(issue 38 item 2); remove the key or set placement.parallel.{role}.sp=1")
+            f"placement.parallel.{role}.sp={sp!r}: the sequence-parallel size is a whole "
+            f"number of at least 1 (1: each rank holds whole rows)")
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,12 @@ class RoleLayout:
         check_sp(self.role, self.sp)
         if self.world % (self.tp * self.sp):
             allowed = [d for d in range(1, self.world + 1) if self.world % d == 0]
+            if self.sp > 1:
+                raise ValueError(
+                    f"{where}.sp={self.sp}: role '{self.role}' has sp x tp = "
+                    f"{self.sp * self.tp} ranks per row group, which does not divide the "
+                    f"{self.world} device(s) of its pool{self._pool()}; sp x tp sizes this "
+                    f"pool allows: {allowed}")
             raise ValueError(
                 f"{where}.tp={self.tp}: role '{self.role}' has tensor-parallel size "
                 f"{self.tp}, which does not divide the {self.world} device(s) of its "
@@ -137,6 +145,17 @@ class RoleLayout:
         """The ranks of each tp group (one model shard set each), in rank order."""
         return tuple(tuple(range(g * self.tp, (g + 1) * self.tp))
                      for g in range(self.world // self.tp))
+
+    @property
+    def sp_groups(self) -> tuple[tuple[int, ...], ...]:
+        """The ranks that split one row's positions (same dp and tp coordinates)."""
+        return tuple(tuple((d * self.sp + j) * self.tp + t for j in range(self.sp))
+                     for d in range(self.dp) for t in range(self.tp))
+
+    def without_sp(self) -> "RoleLayout":
+        """This layout for generation, which never splits rows: sp ranks become dp."""
+        return RoleLayout(self.world, self.tp, 1, self.role, self.pool) if self.sp > 1 \
+            else self
 
     @property
     def dp_groups(self) -> tuple[tuple[int, ...], ...]:

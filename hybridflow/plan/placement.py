@@ -45,7 +45,7 @@ class Placement:
         roles = {str(r): str(p) for r, p in dict(cfg.get("roles") or {}).items()}
         parallel = {str(r): _fields(p, ("dp", "tp", "sp"), f"placement.parallel.{r}")
                     for r, p in dict(cfg.get("parallel") or {}).items()}
-        for role, entry in parallel.items():  # parsed, refused until it lands (core/layout.py)
+        for role, entry in parallel.items():  # core/layout.py
             check_sp(role, entry.get("sp", 1))
         return cls(pools, roles, parallel)
 
@@ -85,15 +85,23 @@ class Placement:
             entry = self.parallel.get(self.folded[role])
         return int((entry or {}).get("tp", 1))
 
-    def layout(self, role: str, world: int | None = None) -> RoleLayout:
+    def sp_size(self, role: str) -> int:
+        """The role's sequence-parallel size: its own entry's (a folded role, the rollout
+        served by the actor, generates and never splits rows)."""
+        return int((self.parallel.get(role) or {}).get("sp", 1))
+
+    def layout(self, role: str, world: int | None = None,
+               generating: bool = False) -> RoleLayout:
         """The role's layout on its pool (`world`: the pool's ranks as the runtime
-        counts them, else the placement's; 1 for a role on no pool). A ValueError
-        naming role, key and numbers where tp does not divide the pool."""
+        counts them, else the placement's; 1 for a role on no pool; `generating`: the
+        layout of a generate call, without sp). A ValueError naming role, key and
+        numbers where tp (x sp) does not divide the pool."""
         pool = self.pools.get(self.roles.get(role, ""))
         if world is None:
             world = pool.world_size if pool else 1
-        return RoleLayout(int(world), self.tp_size(role), role=role,
-                          pool=pool.name if pool else None)
+        layout = RoleLayout(int(world), self.tp_size(role), self.sp_size(role), role=role,
+                            pool=pool.name if pool else None)
+        return layout.without_sp() if generating else layout
 
     def layout_lines(self, roles) -> list[str]:
         """The layout each tensor-parallel role's workers build, for summaries: its

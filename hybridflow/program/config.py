@@ -152,6 +152,7 @@ class ParallelConfig:
     """A role's parallel layout: `placement.parallel.<role>`."""
     dp: Optional[int] = checked(None, at_least(1))  # None: the pool's devices / tp
     tp: int = checked(1, at_least(1))
+    sp: int = checked(1, at_least(1))  # ranks splitting a row's positions (Ulysses)
 
 
 @dataclass

@@ -75,6 +75,8 @@ def check_parallel_layouts(cfg: DictConfig, plan: ExecutionPlan) -> None:
                 f"{where}: dp={entry['dp']} x tp={tp} = {entry['dp'] * tp} ranks, but pool "
                 f"'{pool}' has {dp * tp}: a role's dp x tp fills its pool (set dp={dp}, or "
                 f"resize placement.pools.{pool})")
+        if plan.placement.sp_size(role) > 1:
+            _check_sequence_parallel(cfg, plan, role)
         if tp == 1:
             continue
         if not RuntimeName.of(cfg.runtime.name).process_per_rank:
@@ -98,6 +100,38 @@ def check_parallel_layouts(cfg: DictConfig, plan: ExecutionPlan) -> None:
             _check_engine(cfg, role, tp)
             _check_engine_cores(cfg, plan, role, tp)
     check_streaming_layout(cfg, plan)
+
+
+def _check_sequence_parallel(cfg: DictConfig, plan: ExecutionPlan, role: str) -> None:
+    """placement.parallel.<role>.sp > 1 (workers/parallel/sequence_parallel.py): Ray only,
+    a role that trains or computes log-probs/values, tp=1 for now, no LoRA, a model whose
+    attention it wraps with heads that sp x tp divides."""
+    layout = plan.placement.layout(role)
+    where = f"placement.parallel.{role}.sp={layout.sp}"
+    if not RuntimeName.of(cfg.runtime.name).process_per_rank:
+        raise ConfigError(f"{where}: the local runtime runs every rank in one process, where "
+                          "sequence-parallel collectives cannot run; use --runtime ray "
+                          "(or sp=1)")
+    kinds = {n.kind for n in plan.nodes if n.role == role}
+    if kinds and not kinds & {NodeKind.TRAIN, NodeKind.INFERENCE}:
+        raise ConfigError(f"{where}: role '{role}' only generates, and generation never "
+                          "runs sequence-parallel; set sp on the roles that train or "
+                          "compute log-probs (actor, ref, critic)")
+    if layout.tp > 1:
+        raise ConfigError(f"{where} with tp={layout.tp}: sequence parallelism with tensor "
+                          "parallelism is not yet supported; use sp or tp for this role")
+    if role == "actor" and int(OmegaConf.select(cfg, "actor.lora.rank") or 0):
+        raise ConfigError(f"{where}: sequence parallelism with LoRA (actor.lora.rank) is "
+                          "not yet supported; set sp=1 or actor.lora.rank=0")
+    config = role_model_config(cfg, role)
+    if config:
+        from hybridflow.workers.parallel.sequence_parallel import check_model
+        config = standard_shapes(config)
+        inner = config.get("attn_implementation") or config.get("_attn_implementation")
+        try:
+            check_model(config, layout, inner or "sdpa")
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
 
 
 def _check_heads(cfg: DictConfig, layout: RoleLayout) -> None:

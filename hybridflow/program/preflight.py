@@ -225,9 +225,11 @@ def check_batch_feeds_ranks(cfg: DictConfig, plan: ExecutionPlan) -> None:
             continue
         ranks = placement.pools[pool].world_size
         if not RuntimeName.of(cfg.runtime.name).process_per_rank and ranks > 1:
+            sp = placement.sp_size(node.role)
+            key = f" (placement.parallel.{node.role}.sp={sp})" if sp > 1 else ""
             raise ConfigError(f"the local runtime cannot train role '{node.role}' on the "
-                              f"{ranks} ranks of pool '{pool}': set the pool to 1 device "
-                              f"or use --runtime ray")
+                              f"{ranks} ranks of pool '{pool}'{key}: set the pool to 1 "
+                              f"device or use --runtime ray")
         section = cfg.get(node.role) if node.role in cfg else None
         mini = section.get("mini_batch_size") if isinstance(section, DictConfig) else None
         if mini and mini % dp:

@@ -2,7 +2,7 @@
 runtime (cached in the plan's `PlanAnalysis`). Stateless functions."""
 from __future__ import annotations
 
-from hybridflow.core.kinds import Op
+from hybridflow.core.kinds import NodeKind, Op
 from hybridflow.graph.dispatch import get_dispatch_mode
 from hybridflow.plan.compiler import ExecutionPlan, PlanNode
 from hybridflow.runtime.common import NodeFailure
@@ -16,7 +16,9 @@ def slot_layout(ex, plan: ExecutionPlan, analysis, node: PlanNode):
     if cached is None:
         mode = get_dispatch_mode(node.dispatch)
         try:
-            layout = plan.placement.layout(node.role, world=ex.pool_size(node.pool))
+            layout = plan.placement.layout(  # a generate call never splits rows (sp)
+                node.role, world=ex.pool_size(node.pool),
+                generating=node.kind is NodeKind.GENERATE)
         except ValueError as err:
             raise NodeFailure(node, None, str(err)) from None
         cached = analysis.layouts[node.name] = (mode, layout, mode.slot_layout(layout))

@@ -150,6 +150,13 @@ def group_hashes(column) -> np.ndarray:
     return out
 
 
+def sp_size(cfg, role: str) -> int:
+    """`placement.parallel.<role>.sp` of the run's config (1 where unset); the compiler
+    checked it (core/layout.py), and the rollout role never has one."""
+    parallel = (cfg.get("placement") or {}).get("parallel") or {}
+    return int((parallel.get(role) or {}).get("sp", 1))
+
+
 def seed_process(seed: int) -> None:
     import random
 
@@ -224,6 +231,7 @@ class FusedWorker:
                     ctx = make_context(self.rank, self.world_size, self.local_rank, device,
                                        seed, self.roles)
                     ctx.tp = (tp or {}).get(role, 1)
+                    ctx.sp = sp_size(cfg, role)
                     self.roles[role] = construct_role(role, bindings[role], cfg, ctx)
             except Exception as err:  # noqa: BLE001 - its message first, then the traceback
                 raise WorkerError(f"{err}\n{traceback.format_exc()}", cause_line(err)) \

@@ -40,6 +40,7 @@ from hybridflow.workers.rollout.generation import (GENERATE_WRITES, generate_row
                                                    sampling_options)
 from hybridflow.workers.rollout.weights import WEIGHT_KEYS, export_policy, refresh_engine
 from hybridflow.workers.sequences import masked_mean, response_logprobs, training_mask_key
+from hybridflow.workers.parallel.sequence_parallel import sequence_parallel
 from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
 from hybridflow.workers.training import Trainer
 
@@ -179,7 +180,8 @@ class ActorWorker(Worker):
         mbs = micro_batch_size or self.rollout_cfg.log_prob_micro_batch_size
         temp = self.rollout_cfg.temperature if temperature is None else temperature
         began = time.perf_counter()
-        with self.trainer.autocast():  # the update's compute dtype: first ratios are 1
+        # the update's compute dtype: first ratios are 1; rows split over sp ranks
+        with self.trainer.autocast(), sequence_parallel(self.module, self.ctx):
             logp, ent = response_logprobs(
                 self.module, batch, mbs, self.device, temp, with_entropy,
                 max_tokens_per_micro_batch or self.rollout_cfg.log_prob_max_tokens_per_micro_batch,

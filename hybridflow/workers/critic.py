@@ -21,6 +21,7 @@ from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
 from hybridflow.workers.loss_inputs import (ValueOutputs, run_loss, select_for_loss,
                                             worker_default_loss)
 from hybridflow.workers.sequences import response_values_batched, training_mask_key
+from hybridflow.workers.parallel.sequence_parallel import sequence_parallel
 from hybridflow.workers.training import Trainer
 
 __all__ = ["CriticWorker"]
@@ -49,7 +50,7 @@ class CriticWorker(Worker):
                max_tokens_per_micro_batch: int | None = None) -> Batch:
         """V(s_t) for each response token, [B, R] float32."""
         began = time.perf_counter()
-        with self.trainer.autocast():
+        with self.trainer.autocast(), sequence_parallel(self.module, self.ctx):
             values = response_values_batched(
                 self.module, batch, micro_batch_size or self.critic_cfg.micro_batch_size,
                 self.device,

@@ -24,6 +24,7 @@ from hybridflow.workers.config import (ActorConfig, ModelConfig, RefConfig, Roll
 from hybridflow.workers.mfu import FORWARD, phase_mfu, real_tokens
 from hybridflow.workers.models import build_causal_lm, resolve_dtype, role_tp_mesh
 from hybridflow.workers.sequences import response_logprobs
+from hybridflow.workers.parallel.sequence_parallel import sequence_parallel
 from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
 
 __all__ = ["ReferenceWorker"]
@@ -82,7 +83,7 @@ class ReferenceWorker(Worker):
         """Log-prob of each response token under the frozen initial policy, [B, R]."""
         temp = self.temperature if temperature is None else temperature
         began = time.perf_counter()
-        with self._policy() as model:
+        with self._policy() as model, sequence_parallel(model, self.ctx):
             logp, _ = response_logprobs(model, batch,
                                         micro_batch_size or self.ref_cfg.micro_batch_size,
                                         self.device, temp, max_tokens=max_tokens_per_micro_batch

@@ -47,6 +47,7 @@ import torch.distributed as dist
 from hybridflow.core.batch import Batch
 from hybridflow.core.dtensor import local_shard
 from hybridflow.workers.backends import make_backend
+from hybridflow.workers.parallel.sequence_parallel import sequence_parallel
 from hybridflow.workers.parallel.tensor_parallel import refuse_lora
 from hybridflow.workers.micro_batches import micro_batches
 from hybridflow.workers.lora import adapter_state_dict, is_lora, load_adapter, save_adapter
@@ -98,11 +99,14 @@ class Trainer:
         refuse_lora("actor", tp, lora)  # only the actor's section has LoRA
         mesh = ctx.device_mesh() if tp > 1 else None
         self.world = ctx.world_size if ctx.distributed else 1  # ranks the module spans
-        # data-parallel ranks: the role's layout's under tp (the mesh's "dp" dim)
-        self.dp = ctx.layout.dp if mesh is not None else self.world
+        self.sp = getattr(ctx, "sp", 1)  # ranks splitting one row (parallel/sequence_parallel.py)
+        # data-parallel slots: the role's layout's under tp or sp (the mesh's "dp" dim)
+        self.dp = ctx.layout.dp if mesh is not None or self.sp > 1 else self.world
+        # ranks the gradient averages over: the parameters replicate over dp x sp
+        self.grad_ranks = self.dp * self.sp
         self.group = mesh["dp"].get_group() if mesh is not None and self.dp > 1 else None
-        self.backend = make_backend(opt.strategy, self.dp, device, master_weights(module),
-                                    mesh=mesh)
+        self.backend = make_backend(opt.strategy, self.grad_ranks, device,
+                                    master_weights(module), mesh=mesh)
         self.model = self.backend.wrap(module)
         params = [p for p in module.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=opt.lr, betas=tuple(opt.betas),
@@ -124,13 +128,15 @@ class Trainer:
 
     # ------------------------------------------------------------ collectives
     def all_reduce(self, tensor: torch.Tensor, op=None) -> torch.Tensor:
-        if self.dp > 1:  # over the data-parallel ranks (the dp sub-mesh under tp)
+        """Over the data-parallel ranks (the dp sub-mesh under tp; every rank under sp,
+        whose sp ranks hold the same rows: a sum counts them sp times)."""
+        if self.grad_ranks > 1:
             dist.all_reduce(tensor, op=op or dist.ReduceOp.SUM, group=self.group)
         return tensor
 
     def agreed_max(self, n: int) -> int:
         t = torch.tensor([n], dtype=torch.int64, device=self.device)
-        return int(self.all_reduce(t, dist.ReduceOp.MAX if self.dp > 1 else None).item())
+        return int(self.all_reduce(t, dist.ReduceOp.MAX).item())
 
     def dummy_loss(self) -> torch.Tensor:
         """A zero loss touching every parameter, for a rank with no rows left."""
@@ -158,16 +164,17 @@ class Trainer:
         totals: dict[str, float] = {}
         steps = 0
         self.module.train()
-        for epoch in range(epochs):
-            order = (torch.randperm(len(batch), generator=torch.Generator().manual_seed(
-                seed + epoch)) if shuffle else torch.arange(len(batch))).numpy()
-            for j in range(n_minis):
-                mini = batch.take(order[j * local_mini:(j + 1) * local_mini]).to(self.device)
-                metrics = self._step(mini, loss_fn, micro_batch_size, mask_key, max_tokens,
-                                     packed)
-                for k, v in metrics.items():
-                    totals[k] = totals.get(k, 0.0) + v
-                steps += 1
+        with sequence_parallel(self.module, self.ctx):  # a no-op at sp=1
+            for epoch in range(epochs):
+                order = (torch.randperm(len(batch), generator=torch.Generator().manual_seed(
+                    seed + epoch)) if shuffle else torch.arange(len(batch))).numpy()
+                for j in range(n_minis):
+                    mini = batch.take(order[j * local_mini:(j + 1) * local_mini]).to(self.device)
+                    metrics = self._step(mini, loss_fn, micro_batch_size, mask_key, max_tokens,
+                                         packed)
+                    for k, v in metrics.items():
+                        totals[k] = totals.get(k, 0.0) + v
+                    steps += 1
         return {k: v / max(1, steps) for k, v in totals.items()}
 
     def _step(self, mini: Batch, loss_fn, micro_batch_size: int, mask_key: str,
@@ -177,7 +184,7 @@ class Trainer:
             tokens, seqs = mask.sum(), (mask.sum(dim=-1) > 0).sum()
         else:
             tokens = seqs = torch.zeros((), device=self.device)
-        counts = self.all_reduce(torch.stack([tokens, seqs]).to(torch.float64))
+        counts = self.all_reduce(torch.stack([tokens, seqs]).to(torch.float64)) / self.sp
         micros = [m.batch for m in micro_batches(mini, micro_batch_size, max_tokens, packed)]
         n_micro = self.agreed_max(len(micros))
         self.optimizer.zero_grad(set_to_none=True)
@@ -191,7 +198,7 @@ class Trainer:
                         contrib[name] = contrib.get(name, 0.0) + value.detach().double()
                 else:
                     loss = self.dummy_loss()
-                (loss.float() * self.dp).backward()
+                (loss.float() * self.grad_ranks).backward()
         lr = self.optimizer.param_groups[0]["lr"]
         grad_norm = self.backend.clip_grad_norm(self.module, self.opt.grad_clip)
         if math.isfinite(grad_norm):
@@ -202,11 +209,11 @@ class Trainer:
         vec = torch.stack([torch.as_tensor(contrib.get(n, 0.0), dtype=torch.float64,
                                            device=self.device) for n in names]) \
             if names else torch.zeros(0, dtype=torch.float64, device=self.device)
-        vec = self.all_reduce(vec)
+        vec = self.all_reduce(vec) / self.sp
         return {**dict(zip(names, vec.tolist())), "grad_norm": grad_norm, "lr": lr}
 
     def _agreed_names(self, contrib: dict) -> list[str]:
-        gathered: list = [None] * self.dp
+        gathered: list = [None] * self.grad_ranks
         dist.all_gather_object(gathered, sorted(contrib), group=self.group)
         return sorted({n for names in gathered for n in names})
 

@@ -41,6 +41,10 @@ def gpt2_dirs(tmp_path):
         "gpt2_3heads": {"model_type": "gpt2", "n_embd": 24, "n_layer": 2, "n_head": 3,
                         "vocab_size": 64, "n_positions": 128},
         "shapeless": {"model_type": "mystery", "vocab_size": 64, "n_positions": 128},
+        "qwen2_sliding": {"model_type": "qwen2", "hidden_size": 32, "num_hidden_layers": 2,
+                          "num_attention_heads": 4, "num_key_value_heads": 2,
+                          "intermediate_size": 64, "vocab_size": 64,
+                          "use_sliding_window": True, "sliding_window": 16},
     }.items():
         path = tmp_path / name
         path.mkdir()
@@ -78,6 +82,17 @@ REFUSED = [
      ["placement.parallel.actor", "dp=2 x tp=2"]),
     ("local tp", ("placement.pools.main.devices_per_node=2", "placement.parallel.actor.tp=2"),
      ["local runtime", "role 'actor'", "--runtime ray"]),
+    ("local sp", ("placement.pools.main.devices_per_node=2", "placement.parallel.actor.sp=2"),
+     ["placement.parallel.actor.sp=2", "local runtime", "--runtime ray"]),
+    ("sp heads", ("model.path={gpt2_3heads}", "model.tokenizer=char",
+                  "placement.parallel.actor.sp=2", *RAY_TWO),
+     ["placement.parallel.actor.sp=2", "num_attention_heads=3", "allows at tp=1: [1, 3]"]),
+    ("sp sliding window", ("model.path={qwen2_sliding}", "model.tokenizer=char",
+                           "placement.parallel.actor.sp=2", *RAY_TWO),
+     ["placement.parallel.actor.sp=2", "sliding-window attention", "set sp=1"]),
+    ("sp with tp", ("placement.parallel.actor.sp=2", "placement.parallel.actor.tp=2",
+                    "runtime.name=ray", "placement.pools.main.devices_per_node=4"),
+     ["placement.parallel.actor.sp=2 with tp=2", "not yet supported"]),
     ("runtime flags", ("--runtime", "local", "--address", "10.0.0.1:6379"),
      ["--runtime local and --address 10.0.0.1:6379 contradict"]),
     ("cores overlap", ("placement.pools.main.cores=[0]", "placement.pools.gen.cores=[0]",
@@ -130,7 +145,8 @@ def test_what_run_refuses_before_launch_check_refuses_in_the_same_words(
     ("model.path={gpt2}", "model.tokenizer=char"),
     ("--runtime", "local", "placement.pools.main.cores=[0]"),
     ("placement.parallel.actor.tp=1", "placement.roles.critic=main"),  # known, unused role
-], ids=["gpt2 names", "runtime flag", "unused role"])
+    ("placement.parallel.actor.sp=2", *RAY_TWO),
+], ids=["gpt2 names", "runtime flag", "unused role", "actor sp=2 on ray"])
 def test_what_check_accepts_run_takes_to_its_workers(argv, gpt2_dirs, tmp_path, capsys,
                                                      monkeypatch):
     monkeypatch.setattr("hybridflow.run.loop.Trainer", _NoTrainer)

@@ -82,12 +82,30 @@ def test_sp_is_parsed_and_sp_1_accepted():
     assert Placement.from_config(cfg).layout("actor") == RoleLayout(2, 2)
 
 
-def test_sp_above_1_is_refused_as_not_yet_supported():
+def test_sp_2_splits_rows_and_generation_ignores_it():
     cfg = {"pools": {"main": {"devices_per_node": 4}}, "roles": {"actor": "main"},
            "parallel": {"actor": {"sp": 2}}}
-    with pytest.raises(ValueError, match=r"placement\.parallel\.actor\.sp=2: sequence "
-                                         r"parallelism is not yet supported.*set "
-                                         r"placement\.parallel\.actor\.sp=1"):
+    layout = Placement.from_config(cfg).layout("actor")
+    assert (layout.dp, layout.sp, layout.tp) == (2, 2, 1)
+    assert layout.row_group(1) == (2, 3) and layout.sp_groups == ((0, 1), (2, 3))
+    assert layout.describe() == "dp 2 × sp 2"
+    generating = Placement.from_config(cfg).layout("actor", generating=True)
+    assert (generating.dp, generating.sp) == (4, 1)
+
+
+def test_sp_groups_under_tp_are_strided_by_tp():
+    assert RoleLayout(8, 2, 2).sp_groups == ((0, 2), (1, 3), (4, 6), (5, 7))
+
+
+@pytest.mark.parametrize("sp", [0, -1])
+def test_sp_below_1_or_not_a_number_is_refused(sp):
+    cfg = {"pools": {"main": {"devices_per_node": 4}}, "roles": {"actor": "main"},
+           "parallel": {"actor": {"sp": sp}}}
+    with pytest.raises(ValueError, match=r"placement\.parallel\.actor\.sp=.*whole number"):
         Placement.from_config(cfg)
-    with pytest.raises(ValueError, match="not yet supported"):
-        RoleLayout(4, 1, 2, role="actor")
+
+
+def test_sp_x_tp_not_dividing_the_pool_names_the_sizes():
+    with pytest.raises(ValueError, match=r"placement\.parallel\.actor\.sp=2: .*sp x tp = 4 "
+                                         r".*6 device.*allows: \[1, 2, 3, 6\]"):
+        RoleLayout(6, 2, 2, role="actor")

@@ -35,7 +35,8 @@ class StreamClient:
         self.runtime, self.gen = runtime, gen
         self.role, self.pool = gen.role, plan.placement.roles[gen.role]
         self.world = int(runtime.pool_size(self.pool))
-        self.layout = plan.placement.layout(gen.role, world=self.world)  # share = dp slot
+        self.layout = plan.placement.layout(gen.role, world=self.world,  # share = dp slot
+                                            generating=True)
         self.home: dict[str, int] = {}
         self.bytes = 0
 

@@ -1,0 +1,158 @@
+"""Sequence parallelism (workers/parallel/sequence_parallel.py) on 2 gloo ranks at
+dp 1 x sp 2 against one rank (sp=1), on the tiny Llama (4 heads, 2 key/value heads),
+padded (ddp) and packed (fsdp2), each on a batch whose width is odd (padded to a
+multiple of sp): the log-prob pass, a training forward's log-probs and entropy (and
+its gradients summed over the sp ranks), and the weights after one update equal one
+rank's to 1e-5 (fp32); a checkpoint saved at sp=2 resumes at sp=1 (DCP: parameters
+and optimizer state replicate over sp), its next update equal to one rank's two."""
+import os
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from tests.support.workers import leave_process_group, make_cfg, rollout_for_update
+from hybridflow.workers import ActorWorker, WorkerContext
+from hybridflow.workers.parallel.sequence_parallel import sequence_parallel
+from hybridflow.workers.sequences import forward_response
+
+pytestmark = pytest.mark.slow  # two gloo ranks build and train four models (~30 s)
+
+TRAIN = {"lr": 1e-3, "mini_batch_size": 8, "micro_batch_size": 4}
+
+
+def _cfg(packed: bool, strategy: str) -> dict:
+    cfg = make_cfg(actor={**TRAIN, "strategy": strategy})
+    cfg["model"] = {**cfg["model"], "use_remove_padding": packed}
+    return cfg
+
+
+CASES = {"padded_ddp": _cfg(False, "ddp"), "packed_fsdp2": _cfg(True, "fsdp2")}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _odd_width(batch):
+    """The batch with one column fewer where its row width is even."""
+    width, resp = batch["input_ids"].shape[1], batch["responses"].shape[1]
+    if width % 2:
+        return batch
+    out = batch.select(*batch.keys())
+    for key in batch.keys():
+        value = batch[key]
+        if torch.is_tensor(value) and value.dim() >= 2 and value.shape[1] in (width, resp):
+            out[key] = value[:, :-1].contiguous()
+    return out
+
+
+def _weights(module) -> dict:
+    state = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+             for n, p in module.named_parameters()}
+    return state
+
+
+def _train_forward(actor, batch, packed: bool):
+    module = actor.module
+    module.zero_grad(set_to_none=True)
+    with sequence_parallel(module, actor.ctx):
+        logp, ent = forward_response(module, batch, 0.7, with_entropy=True, packed=packed)
+    mask = batch["response_mask"].float()
+    (((logp + 0.1 * ent) * mask).sum() / mask.sum()).backward()
+    grads = {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
+             for n, p in module.named_parameters() if p.grad is not None}
+    module.zero_grad(set_to_none=True)
+    return logp.detach(), ent.detach(), grads
+
+
+def _run(cfg: dict, batch, ctx=None, checkpoint: str | None = None) -> dict:
+    actor, packed = ActorWorker(cfg, ctx), cfg["model"]["use_remove_padding"]
+    out = {"pass": actor.logprob(batch)["old_log_probs"],
+           "train": _train_forward(actor, batch, packed)}
+    actor.update(batch)
+    out["weights"] = _weights(actor.module)
+    if checkpoint:
+        actor.save_checkpoint(checkpoint)
+    else:  # one rank: a second update, what the resumed run must reach
+        actor.update(batch)
+        out["second"] = _weights(actor.module)
+    return out
+
+
+def _rank_main(rank: int, world: int, port: int, batches: dict, out_dir: str):
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    results = {}
+    for name, cfg in CASES.items():
+        ctx = WorkerContext(rank=rank, world_size=world, local_rank=rank, device="cpu", sp=2)
+        results[name] = _run(cfg, batches[name], ctx, os.path.join(out_dir, f"ckpt_{name}"))
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    leave_process_group(rank, out_dir)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("sequence_parallel")
+    batches = {name: _odd_width(rollout_for_update(ActorWorker(cfg), n=2))
+               for name, cfg in CASES.items()}
+    single = {name: _run(cfg, batches[name]) for name, cfg in CASES.items()}
+    mp.spawn(_rank_main, args=(2, _free_port(), batches, str(out)), nprocs=2, join=True)
+    ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    resumed = {}
+    for name, cfg in CASES.items():  # sp=1, one rank, from the sp=2 checkpoint
+        actor = ActorWorker(cfg)
+        actor.load_checkpoint(str(out / f"ckpt_{name}"))
+        loaded = _weights(actor.module)
+        actor.update(batches[name])
+        resumed[name] = (loaded, _weights(actor.module))
+    return batches, single, ranks, resumed
+
+
+def _close(a, b, what: str, atol: float = 1e-5):
+    assert a.shape == b.shape, what
+    assert torch.allclose(a, b, atol=atol, rtol=0), f"{what}: {(a - b).abs().max()}"
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_sp2_log_probs_entropy_and_gradients_equal_one_rank(results, name):
+    batches, single, ranks, _ = results
+    assert batches[name]["input_ids"].shape[1] % 2 == 1  # the split pads the row
+    want = single[name]
+    for rank, out in enumerate(ranks):
+        got = out[name]
+        _close(got["pass"], want["pass"], f"{name} rank {rank}: log-prob pass")
+        for i, what in enumerate(("log-probs", "entropy")):
+            _close(got["train"][i], want["train"][i], f"{name} rank {rank}: training {what}")
+    # a rank's backward reaches its own positions: summed over the sp ranks (what the
+    # data-parallel wrap over dp x sp does) it is one rank's gradient
+    assert ranks[0][name]["train"][2].keys() == want["train"][2].keys()
+    for param, grad in want["train"][2].items():
+        summed = sum(out[name]["train"][2][param] for out in ranks)
+        _close(summed, grad, f"{name}: gradient of {param} summed over the sp ranks")
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_sp2_update_equals_one_rank(results, name):
+    _, single, ranks, _ = results
+    before = ActorWorker(CASES[name]).module.state_dict()
+    for rank, out in enumerate(ranks):
+        for param, value in single[name]["weights"].items():
+            _close(out[name]["weights"][param], value, f"{name} rank {rank}: {param}")
+    moved = [p for p, v in single[name]["weights"].items()
+             if not torch.equal(v, before[p])]
+    assert moved, "the update changed no weight: the comparison would be empty"
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_sp2_checkpoint_resumes_at_sp1(results, name):
+    _, single, ranks, resumed = results
+    loaded, after = resumed[name]
+    for param, value in ranks[0][name]["weights"].items():
+        _close(loaded[param], value, f"{name}: loaded {param}", atol=0)
+    for param, value in single[name]["second"].items():
+        _close(after[param], value, f"{name}: second update {param}")
