@@ -69,7 +69,8 @@ def chunk_positions(setting: int | None, model, positions: int) -> int | None:
     """Positions per chunk for a forward over `positions` positions, or None for the
     unchunked path (`setting` 0, a model `output_head` refuses, or one chunk's worth)."""
     if setting == 0 or positions <= 1 or splitting(model):
-        return None  # a sequence-parallel forward gathers whole logits (parallel/sequence_parallel.py)
+        return None  # a sequence-parallel forward gathers whole logits
+        # (parallel/sequence_parallel.py)
     head = output_head(model)
     if head is None:
         return None
