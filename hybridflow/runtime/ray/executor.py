@@ -12,6 +12,8 @@ State (owned by `RayRuntime`, changed only by its own methods):
 - `_taught`: (pool, rank, node digest) for every node a worker was sent
   (`FusedWorker.learn_node`, once per worker and runtime); tasks then name it by digest.
 - `_methods`: (pool, rank, method, returns) -> the actor method with its options.
+- `_put_sizes`: id -> (batch, `payload_bytes`) of the batches `put` this step, held
+  so their ids stay theirs; cleared when the step ends.
 
 The runtime is an *executor*: a step's semantics and state live in
 `scheduler.StepScheduler`; this module submits the tasks it decides, tracks them
@@ -47,6 +49,7 @@ from hybridflow.runtime.scheduler import run_step
 __all__ = ["RayRuntime", "NodeOutput", "INLINE_BYTES"]
 
 INLINE_BYTES = 64 * 1024  # driver-held shards up to this size travel inside the tasks
+PUT_SIZES = 4096  # batches whose size `put` keeps (cleared after every step)
 
 
 class RayRuntime:
@@ -61,6 +64,7 @@ class RayRuntime:
         self.plans = PlanCache()
         self._taught: set[tuple[str, int, bytes]] = set()
         self._methods: dict[tuple, object] = {}
+        self._put_sizes: dict[int, tuple[Batch, int]] = {}
         self.started_ray = connect(self.settings, plan.placement)
         self.groups: dict[str, WorkerGroup] = {}
         try:
@@ -118,8 +122,12 @@ class RayRuntime:
     def put(self, batch: Batch):
         """A small batch travels inside each task that reads it (counted then), as a
         plain Ray user passes small arguments; a larger one goes into the object store
-        once (counted here)."""
+        once (counted here). Its size is worked out once a step (`_put_sizes`): the
+        scheduler and every task that reads it ask again."""
         size = payload_bytes(batch)
+        if len(self._put_sizes) >= PUT_SIZES:
+            self._put_sizes.clear()
+        self._put_sizes[id(batch)] = (batch, size)
         return (batch, 0) if size <= INLINE_BYTES else (ray.put(batch), size)
 
     def resolve(self, handles: list) -> tuple[list, int]:
@@ -132,7 +140,9 @@ class RayRuntime:
         """What `value` costs to cross a process: a batch's payload, an array's
         buffer, anything else its pickle (a poll reply, a list of uids)."""
         if isinstance(value, Batch):
-            return payload_bytes(value)
+            known = self._put_sizes.get(id(value))
+            return known[1] if known is not None and known[0] is value else \
+                payload_bytes(value)
         nbytes = getattr(value, "nbytes", None)
         return int(nbytes) if nbytes is not None else len(pickle.dumps(value, protocol=5))
 
@@ -149,7 +159,10 @@ class RayRuntime:
         """Run every node not in `skip` once; outputs stay on the workers as NodeOutput
         handles. `draw(source)` gives more batches, for gather nodes that need another
         round."""
-        return run_step(self, plan or self.plan, feeds, draw, skip)
+        try:
+            return run_step(self, plan or self.plan, feeds, draw, skip)
+        finally:
+            self._put_sizes.clear()  # the step's batches go; their ids may be reused
 
     def fetch(self, result: StepResult, node: str, keys) -> Batch:
         """Only `keys` of a node's output, on the driver (counted in driver_bytes)."""
