@@ -75,6 +75,13 @@ class MicroBatch:
     response: int
     full_logits: bool = False  # logits over every position (SFT), not only the response
     logit_chunk: int | None = None  # positions per chunk of log-probs (None: whole rows)
+    sp: int = 1  # sequence-parallel ranks: each runs width / sp positions of every layer
+
+    @property
+    def local_width(self) -> int:
+        """Positions a rank's layers hold: the row padded to a multiple of sp, over sp
+        (the logits are gathered whole: `logit_positions` does not divide)."""
+        return -(-self.width // self.sp)
 
     @property
     def width(self) -> int:
@@ -112,7 +119,7 @@ def saved_activations(size: ModelSize, micro: MicroBatch, checkpointing: bool = 
     adapters_only = size.trainable < size.params
     hidden, inter = ACT_PER_TOKEN_LAYER[(adapters_only, size.dtype_bytes < FP32)]
     per_token_layer = inter * arch.intermediate + hidden * arch.hidden + micro.width
-    tokens = micro.rows * micro.width
+    tokens = micro.rows * micro.local_width  # under sp a rank's queries attend all width
     if checkpointing:  # keeps each layer's input; one layer is recomputed at a time
         return int(tokens * size.dtype_bytes * (arch.layers * arch.hidden + per_token_layer))
     return int(tokens * arch.layers * per_token_layer * size.dtype_bytes)
@@ -139,7 +146,7 @@ def layer_transients(size: ModelSize, micro: MicroBatch) -> int:
     the MLP's silu(gate), up and their product (3 intermediate) beside the residual
     stream, the normed input and the attention output (~4 hidden)."""
     arch = size.arch
-    return micro.rows * micro.width * (3 * arch.intermediate + 4 * arch.hidden) \
+    return micro.rows * micro.local_width * (3 * arch.intermediate + 4 * arch.hidden) \
         * size.dtype_bytes
 
 

@@ -151,7 +151,7 @@ def _logit_chunk(setting, size: ModelSize, tp: int = 1) -> int | None:
 
 
 def _actor_pass(size: ModelSize, s, kind: str, rows: int, prompt: int, state: dict,
-                node=None, tp: int = 1) -> dict[str, int]:
+                node=None, tp: int = 1, sp: int = 1) -> dict[str, int]:
     response = s["rollout"].max_new_tokens
     temperature = s["rollout"].temperature
     method = node.method if node is not None else ""
@@ -166,14 +166,15 @@ def _actor_pass(size: ModelSize, s, kind: str, rows: int, prompt: int, state: di
         budget = None if method == "sft" else s["actor"].max_tokens_per_micro_batch
         micro = MicroBatch(micro_rows(rows, given or s["actor"].micro_batch_size, budget,
                                       prompt + response), prompt,
-                           response, full_logits=method == "sft", logit_chunk=chunk)
+                           response, full_logits=method == "sft", logit_chunk=chunk, sp=sp)
         return {**train_pass(size, micro, temperature=temperature,
                              checkpointing=s["model"].gradient_checkpointing, **state),
                 "batch": 2 * batch_bytes(rows, prompt, response)}  # + the mini-batch copy
     budget = (node.kwargs.get("max_tokens_per_micro_batch") if node is not None else None) \
         or s["rollout"].log_prob_max_tokens_per_micro_batch
     micro = MicroBatch(micro_rows(rows, given or s["rollout"].log_prob_micro_batch_size, budget,
-                                  prompt + response), prompt, response, logit_chunk=chunk)
+                                  prompt + response), prompt, response, logit_chunk=chunk,
+                       sp=sp)
     return {**inference_pass(size, micro, temperature=temperature),
             "batch": batch_bytes(rows, prompt, response)}
 
@@ -229,7 +230,7 @@ def roles_memory(cfg, plan, capacity: float | None = None, cuda: bool = False,
             try:
                 _fill(memory, cfg, s, calls[role], rows, prompt, capacity,
                       folded=role in plan.placement.folded, state=_layout(s, role, dp, cuda),
-                      tp=plan.placement.layout(role).tp)
+                      tp=plan.placement.layout(role).tp, sp=plan.placement.layout(role).sp)
             except (OSError, ValueError) as err:  # e.g. a model path of another machine
                 memory.notes.append(f"not counted: {err}")
         out.append(memory)
@@ -279,7 +280,8 @@ def _resident(size: ModelSize, state: dict, trained: bool = True) -> dict[str, i
 
 
 def _fill(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int,
-          capacity: float | None, folded: bool, state: dict, tp: int = 1) -> None:
+          capacity: float | None, folded: bool, state: dict, tp: int = 1,
+          sp: int = 1) -> None:
     role, response = memory.role, s["rollout"].max_new_tokens
     if role == "actor":
         size = role_model_size(cfg, lora=s["actor"].lora, trained=True, tp=tp)
@@ -290,7 +292,7 @@ def _fill(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int,
                 _engine_bytes(memory, name, cfg, s, capacity, state["cuda"], True, tp)
             else:
                 memory.passes[name] = _actor_pass(size, s, node.kind, rows, prompt, state,
-                                                  node, tp)
+                                                  node, tp, sp)
         return
     if role == "rollout":
         _fill_rollout(memory, cfg, s, nodes, rows, prompt, capacity, folded, state, tp)
@@ -303,7 +305,7 @@ def _fill(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int,
         micro = MicroBatch(micro_rows(rows, s["ref"].micro_batch_size,
                                       s["ref"].max_tokens_per_micro_batch, prompt + response),
                            prompt, response, logit_chunk=_logit_chunk(s["ref"].logprob_chunk,
-                                                                      size, tp))
+                                                                      size, tp), sp=sp)
         for node in nodes:
             memory.passes[f"ref.{node.method}"] = {
                 **inference_pass(size, micro, temperature=s["rollout"].temperature),
@@ -315,7 +317,7 @@ def _fill(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int,
         memory.resident = _resident(size, state)
         micro = MicroBatch(micro_rows(rows, s["critic"].micro_batch_size,
                                       s["critic"].max_tokens_per_micro_batch, prompt + response),
-                           prompt, response)
+                           prompt, response, sp=sp)
         for node in nodes:
             parts = train_pass(size, micro, vocab_head=False,
                                checkpointing=s["model"].gradient_checkpointing, **state) \

@@ -115,9 +115,13 @@ class Placement:
                 continue  # the compiler says why
             if pool is None or not layout.sharded:
                 continue
-            groups = [list(g) for g in layout.tp_groups]
-            lines.append(f"  layout: {role} on pool {pool.name}: dp {layout.dp} x "
-                         f"tp {layout.tp}, tp groups {groups}")
+            shape = f"dp {layout.dp} x sp {layout.sp} x tp {layout.tp}"
+            groups = [list(g) for g in (layout.sp_groups if layout.sp > 1 else layout.tp_groups)]
+            kind = "sp" if layout.sp > 1 else "tp"
+            line = f"  layout: {role} on pool {pool.name}: {shape}, {kind} groups {groups}"
+            if layout.sp > 1:  # generate calls run on the layout without sp
+                line += f"; generation ignores sp (dp {layout.without_sp().dp})"
+            lines.append(line)
         return lines
 
 

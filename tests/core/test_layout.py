@@ -73,7 +73,7 @@ def test_the_placement_derives_each_roles_layout_once():
     assert placement.layout("ref").tp == 2  # a folded role runs on its host's layout
     assert placement.layout("actor", world=2).dp == 1  # the runtime's count of the pool
     assert placement.layout_lines(["actor", "rollout"]) == [
-        "  layout: actor on pool main: dp 2 x tp 2, tp groups [[0, 1], [2, 3]]"]
+        "  layout: actor on pool main: dp 2 x sp 1 x tp 2, tp groups [[0, 1], [2, 3]]"]
 
 
 def test_sp_is_parsed_and_sp_1_accepted():

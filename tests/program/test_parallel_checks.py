@@ -77,7 +77,15 @@ def test_an_engine_without_tensor_parallelism_is_refused_for_a_generating_role(c
 def test_check_prints_each_tensor_parallel_roles_groups(capsys):
     code, out, err = check(capsys, *RAY_TWO, "placement.parallel.ref.tp=2")
     assert code == 0, err
-    assert "layout: ref on pool main: dp 1 x tp 2, tp groups [[0, 1]]" in out
+    assert "layout: ref on pool main: dp 1 x sp 1 x tp 2, tp groups [[0, 1]]" in out
+
+
+def test_check_prints_a_sequence_parallel_roles_groups_and_that_generation_ignores_sp(
+        capsys):
+    code, out, err = check(capsys, *RAY_TWO, "placement.parallel.actor.sp=2")
+    assert code == 0, err
+    assert ("layout: actor on pool main: dp 1 x sp 2 x tp 1, sp groups [[0, 1]]; "
+            "generation ignores sp (dp 2)") in out
 
 
 def test_a_folded_role_runs_on_its_hosts_layout():
@@ -89,4 +97,4 @@ def test_a_folded_role_runs_on_its_hosts_layout():
     placement.parallel["rollout"] = {"tp": 1}  # its own entry wins
     assert placement.tp_size("rollout") == 1
     assert placement.layout_lines(["actor"]) == [
-        "  layout: actor on pool main: dp 2 x tp 2, tp groups [[0, 1], [2, 3]]"]
+        "  layout: actor on pool main: dp 2 x sp 1 x tp 2, tp groups [[0, 1], [2, 3]]"]
