@@ -98,6 +98,7 @@ APPLIES: dict[str, Applies] = {
         "gpu_memory_utilization", "kv_cache_gib", "enforce_eager", "max_model_len",
         "max_num_seqs")},
     "rollout.enable_sleep_mode": Applies(*_VLLM),
+    "rollout.hf_loop": Applies("rollout.backend=hf", engine("hf")),
     "rollout.stream_poll_steps": Applies("trainer.async_mode=streaming", streaming),
     "rollout.partial": Applies("trainer.async_mode=streaming", streaming),
     "trainer.stream_side": Applies("trainer.async_mode=streaming", streaming),

@@ -207,6 +207,10 @@ class RolloutConfig:
     max_new_tokens: int = checked(16, at_least(1))
     do_sample: bool = True
     micro_batch_size: int = checked(64, at_least(1))            # rows per HF generate call
+    # `hf` engine only: "own" decodes with workers/rollout/hf_decode.py (the default);
+    # "generate" with HF `generate`, drawing the tokens a seed drew before that loop
+    # (kept for one release, to reproduce earlier runs; docs/workers.md)
+    hf_loop: str = checked("own", one_of("own", "generate", what="hf decode loop"))
     log_prob_micro_batch_size: int = checked(16, at_least(1))   # rows per forward in logprob
     log_prob_max_tokens_per_micro_batch: Optional[int] = checked(None, at_least(1))
     gpu_memory_utilization: float = checked(0.5, in_range(0, 1, open_low=True))  # vllm only

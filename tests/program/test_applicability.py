@@ -31,10 +31,12 @@ VALUES = {
     "runtime.address": "10.0.0.1:6379", "runtime.listen_all": "true",
     "runtime.num_cpus": "2", "runtime.num_gpus": "1", "runtime.start_timeout_s": "5",
     "runtime.connect_timeout_s": "5", "placement.pools.*.cores": "[0]",
+    "rollout.hf_loop": "generate",
 }
 # a rule's words -> (a run where it does not apply, a run where it does)
 CONTEXTS = {
     "vllm only": ((), ("rollout.backend=vllm",)),
+    "rollout.backend=hf": (("rollout.backend=vllm",), ()),
     "trainer.async_mode=streaming": ((), ("trainer.staleness=1",
                                           "trainer.async_mode=streaming")),
     "trainer.staleness >= 1": ((), ("trainer.staleness=1",)),

@@ -230,7 +230,7 @@ class HFEngine:
                 ids, mask = micro["input_ids"], micro["attention_mask"]
                 if len(micro) == 0:  # synced FSDP rank with no rows: decode a dummy row
                     ids, mask = torch.full((1, 1), pad), torch.ones(1, 1, dtype=torch.long)
-                if self._own_loop:
+                if self._own_loop and opts.hf_loop == "own":
                     new, logp = decode(self.module, ids.to(self.device), mask.to(self.device),
                                        width, _eos_list(eos), pad, sampled_warpers(opts),
                                        greedy=not opts.do_sample)
