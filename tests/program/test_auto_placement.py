@@ -80,7 +80,8 @@ def test_auto_placement_puts_the_generation_tp_on_the_folded_rollout(capsys):
     assert tp > 1 and placement.tp_size("actor") == 1
     world = placement.pools[placement.roles["actor"]].world_size
     assert placement.parallel["actor"]["dp"] == world
-    assert f"layout: rollout on pool {placement.roles['rollout']}: dp {world // tp} x tp {tp}" \
+    layout = f"dp {world // tp} x sp 1 x tp {tp}"
+    assert f"layout: rollout on pool {placement.roles['rollout']}: {layout}" \
         in loaded.plan.summary()
 
 

@@ -56,7 +56,7 @@ def test_check_accepts_the_real_model_at_tp3_with_the_workers_plan(capsys):
                  *LAYOUT])
     out, err = capsys.readouterr()
     assert code == 0, err
-    assert f"layout: actor on pool main: dp 1 x tp {TP}, tp groups [[0, 1, 2]]" in out
+    assert f"layout: actor on pool main: dp 1 x sp 1 x tp {TP}, tp groups [[0, 1, 2]]" in out
 
 
 def test_the_actor_builds_at_tp3_and_one_forward_is_one_ranks(tmp_path):
