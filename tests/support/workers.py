@@ -99,3 +99,10 @@ def ragged_rollout(lengths) -> Batch:
     actor = ActorWorker(make_cfg())
     batch = rollout_for_update(actor, n=2)
     return ragged_responses(batch, lengths, actor.tokenizer.pad_token_id)
+
+
+# Weights after one AdamW step, sharded vs one rank: the first step is lr * g / (|g| + eps),
+# so a gradient entry within float32 noise of eps moves its weight by a visible fraction
+# of lr on that noise alone (the gradients themselves are compared to 1e-5). Measured:
+# up to 1.3e-5 at lr 1e-3 on the toy's batches; a wrongly sharded weight is off by ~lr.
+ADAM_STEP_ATOL = 3e-5
