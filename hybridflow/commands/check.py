@@ -33,20 +33,28 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args) -> int:
     resume_word(args)
+    resumed: list[str] = []
     try:
-        loaded = prepare(args.graph, run_overrides(args), args.config)
+        if args.resume:  # what `run --resume` checks before a worker starts, read only
+            loaded, resumed = _resumed_program(args)
+        else:
+            loaded = prepare(args.graph, run_overrides(args), args.config)
         if validation_runs(loaded.cfg):  # the loop's contract with the validation graph
             compile_validation(loaded.module, loaded.cfg, compile_program)
         plan_record(loaded.plan, loaded.cfg)  # what `run` reads before launch (model shapes)
-    except (GraphError, ConfigError, GraphFileError, DataError, UserFileError) as err:
+    except (GraphError, ConfigError, GraphFileError, DataError, UserFileError,
+            FileNotFoundError) as err:
         echo(f"hybridflow check: {err}", file=sys.stderr)
         return 1
+    except Exception as err:  # noqa: BLE001 - a resume's refusals (ResumeError, ...)
+        from hybridflow.commands.errors import report
+        return report("check", err)  # one line for a user error; a bug re-raises
     if args.print_config:
         from omegaconf import OmegaConf
         echo(OmegaConf.to_yaml(loaded.cfg))
     echo(loaded.plan.summary())
     echo("\n".join(provenance_lines(loaded.cfg, loaded.plan)))
-    for note in _not_checked(args, loaded):
+    for note in resumed + _not_checked(args, loaded):
         echo(f"note: {note}")
     if args.memory:
         from hybridflow.memory.report import format_report, plan_memory
@@ -60,14 +68,35 @@ def run(args) -> int:
     return 0
 
 
+def _resumed_program(args):
+    """`run --resume`'s program, made as `run` makes it before a worker starts (the run
+    found, its own config plus this command line through every check, the graph's
+    training node, the newest checkpoint verified), writing nothing: (program, notes)."""
+    from hybridflow.commands.args import NEWEST
+    from hybridflow.commands.resume import graph_and_trainer, resume_dir, resumed_program
+    from hybridflow.commands.run import refuse_untrained
+    from hybridflow.run.lifecycle import resume_checkpoint
+    overrides = run_overrides(args)
+    name, trainer = graph_and_trainer(args.graph, overrides, args.config)
+    run_dir = resume_dir(args.resume, args.resume == NEWEST, name, trainer)
+    said: list[str] = []
+    loaded, changes = resumed_program(args.graph, name, overrides, args.config, run_dir,
+                                      said.append)
+    refuse_untrained(loaded.plan, args.graph)
+    checkpoint = resume_checkpoint(run_dir)
+    where = (f"--resume: {run_dir.path} resumes from {checkpoint}" if checkpoint else
+             f"--resume: {run_dir.path} wrote no step and no checkpoint yet: it starts at "
+             f"step 0")
+    return loaded, [*said, *changes, where]
+
+
 def _not_checked(args, loaded) -> list[str]:
     """What `run` would also check that needs more than this process: said, not skipped
     silently."""
     notes = []
     if args.resume:
-        notes.append("--resume: the run directory's checkpoint is read by the workers; "
-                     "checked here: this config (the resumed run's own config is merged "
-                     "in by `run`)")
+        notes.append("--resume: the checkpoint's files were verified against its manifest; "
+                     "its tensors are loaded by the workers")
     if args.address:
         notes.append(f"--address {args.address}: the cluster is not contacted by `check`")
     if not args.memory and loaded.cfg.trainer.check_memory:

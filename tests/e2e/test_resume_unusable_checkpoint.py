@@ -160,3 +160,38 @@ def test_the_issue_case_names_the_history_it_keeps(finished_run, tmp_path, capsy
     assert ("but the run has written metrics.jsonl, timeline.jsonl, status.json at step 2, "
             "which a start at step 0 would overwrite") in err
     assert "start a new run (without --resume)" in err
+
+
+@pytest.mark.parametrize("damage", DAMAGE, ids=[d.__name__.strip("_") for d in DAMAGE])
+def test_check_refuses_the_resume_run_refuses_with_its_words(finished_run, damage, tmp_path,
+                                                             capsys):
+    """`check` is `run` without the workers: `check --resume` finds the run, merges its
+    own config and verifies the newest checkpoint as `run --resume` does, writing
+    nothing, and refuses with `run`'s line."""
+    run_dir = str(tmp_path / "run")
+    shutil.copytree(finished_run, run_dir)
+    said = damage(run_dir)
+    before = _snapshot(run_dir)
+    capsys.readouterr()
+    code = main(["check", graph_file("grpo"), "--resume", run_dir, *SMALL, "trainer.steps=3"])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 1, err
+    assert len(lines) == 1 and lines[0].startswith(f"hybridflow check: --resume {run_dir}: ")
+    assert said in lines[0], lines[0]
+    assert _snapshot(run_dir) == before
+
+
+def test_check_of_a_usable_resume_names_the_checkpoint_and_the_run_config(
+        finished_run, tmp_path, capsys):
+    run_dir = str(tmp_path / "run")
+    shutil.copytree(finished_run, run_dir)
+    before = _snapshot(run_dir)
+    capsys.readouterr()
+    # the run's own config (data.batch_size=4 from SMALL) is what is checked: not passed here
+    code = main(["check", graph_file("grpo"), "--resume", run_dir, "trainer.steps=3"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert f"note: --resume: {run_dir} resumes from " in out and STEP in out
+    assert "ok" in out.splitlines()[-1]
+    assert _snapshot(run_dir) == before
