@@ -203,9 +203,9 @@ class SlotLayout:
 
 
 def _dp_slots(layout: Layout) -> SlotLayout:
-    # a tensor-parallel role's ranks work on their tp group's rows together: a
-    # data-parallel call splits over the groups, never over the ranks of one group
-    if layout.tp_size > 1:
+    # the ranks of a row group (sp x tp) work on its rows together: a data-parallel
+    # call splits over the groups, never over the ranks of one group
+    if getattr(layout, "row_group_size", layout.tp_size) > 1:
         return _dp_tp_slots(layout)
     ranks = tuple(range(layout.world_size))
     return SlotLayout(layout.world_size, ranks, ranks)

@@ -152,6 +152,21 @@ def test_dp_tp_gives_replicas_one_shard_and_collects_one_per_group():
     assert out.meta["metrics"]["loss"] == pytest.approx((0 * 3 + 2 * 2 + 4 * 2) / 7)
 
 
+@pytest.mark.parametrize("mode_name", [DP, DP_TP])
+@pytest.mark.parametrize("tp,sp", [(1, 2), (1, 4), (2, 2)])
+def test_a_row_group_of_sp_ranks_receives_one_shard(mode_name, tp, sp):
+    """The sp ranks of a row group split each row's positions: they must hold the
+    same rows (a rank given other rows would attend over another row's positions)."""
+    from hybridflow.core.layout import RoleLayout
+    mode, layout = get_dispatch_mode(mode_name), RoleLayout(8, tp=tp, sp=sp)
+    shards = mode.dispatch(rows(8), layout)
+    for dp_rank in range(layout.dp):
+        group = layout.row_group(dp_rank)
+        assert all(shards[r] is shards[group[0]] for r in group), (dp_rank, group)
+    out = mode.collect(fake_worker_outputs(shards), layout)
+    assert out["y"].tolist() == [10 * i for i in range(8)]  # each row once
+
+
 def test_dp_tp_with_tp_one_is_plain_dp():
     mode, layout = get_dispatch_mode(DP_TP), Layout(3, 1)
     out = mode.collect(fake_worker_outputs(mode.dispatch(rows(5), layout)), layout)
