@@ -19,6 +19,7 @@ log-prob is read from the processed scores it was drawn from (the warpers applie
 as `ChosenLogProbs` does for HF `generate`.
 
 State: none; `decode` is a function of the module, the batch and the global torch RNG.
+The stream loop (stream.py) samples and reads log-probs with the same functions.
 """
 from __future__ import annotations
 
@@ -29,24 +30,26 @@ import torch
 
 from hybridflow.workers.sequences import position_ids_from_mask
 
-__all__ = ["decode", "sample"]
+__all__ = ["decode", "sample", "processed_log_probs", "flat_head", "last_logits", "cache_key"]
 
 COMPACT_SHARE = 8  # drop ended rows from the batch once they are 1/8 of it
 
 
-def sample(logp: torch.Tensor) -> torch.Tensor:
+def sample(logp: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """One token per row of log-probs [B, V] (-inf: never drawn), by inverting its CDF
-    at one uniform draw of the global torch RNG; [B] long."""
+    at one uniform draw of `generator` (the global torch RNG by default); [B] long."""
     cdf = logp.exp().cumsum(-1)            # float64 accumulation on the CPU
     total = cdf[:, -1:]
-    u = torch.rand(total.shape, device=logp.device, dtype=cdf.dtype) * total
+    u = torch.rand(total.shape, device=logp.device, dtype=cdf.dtype,
+                   generator=generator) * total
     token = torch.searchsorted(cdf, u, right=True)  # first index whose CDF passes u
     # u rounded up to `total`: the last token of non-zero probability
     last = torch.searchsorted(cdf, total.contiguous(), right=False)
     return torch.minimum(token, last).squeeze(-1)
 
 
-def _processed(logits: torch.Tensor, tokens: torch.Tensor, warpers) -> torch.Tensor:
+def processed_log_probs(logits: torch.Tensor, tokens: torch.Tensor, warpers) -> torch.Tensor:
+    """Log-probs [B, V] of the distribution a token is drawn from (warpers applied)."""
     scores = logits.float()
     for warp in warpers:  # HF's warpers ignore the ids; they get the rows' tokens so far
         scores = warp(tokens, scores)
@@ -54,7 +57,7 @@ def _processed(logits: torch.Tensor, tokens: torch.Tensor, warpers) -> torch.Ten
 
 
 @contextmanager
-def _flat_head(module):
+def flat_head(module):
     """The output head is given [B, H] rows and returns [B, 1, V] (see the docstring)."""
     head = module.get_output_embeddings()
     if head is None:
@@ -77,14 +80,14 @@ def _flat_head(module):
             handle.remove()
 
 
-def _cache_key(module) -> str:
+def cache_key(module) -> str:
     """The forward's KV cache argument (and output): `cache` since transformers 5.25,
     `past_key_values` before (still accepted there, with a FutureWarning)."""
     params = inspect.signature(module.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 
-def _last_logits(module, key: str, **inputs) -> tuple[torch.Tensor, object]:
+def last_logits(module, key: str, **inputs) -> tuple[torch.Tensor, object]:
     """([B, V] logits of the last position, the KV cache), computing the head on that
     position only."""
     try:
@@ -109,13 +112,13 @@ def decode(module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     ended = torch.zeros(rows, dtype=torch.bool, device=device)
     mask = attention_mask.long()
     position = mask.sum(-1, keepdim=True)          # the next token's position per row
-    key = _cache_key(module)
-    with _flat_head(module):
-        logits, cache = _last_logits(module, key, input_ids=input_ids, attention_mask=mask,
+    key = cache_key(module)
+    with flat_head(module):
+        logits, cache = last_logits(module, key, input_ids=input_ids, attention_mask=mask,
                                      position_ids=position_ids_from_mask(mask))
     steps = 0
     for step in range(max_new_tokens):
-        logp = _processed(logits, tokens[live, :step], warpers)
+        logp = processed_log_probs(logits, tokens[live, :step], warpers)
         chosen = logp.argmax(-1) if greedy else sample(logp)
         # a row that ended before this step (not yet dropped) gets pad and 0
         tokens[live, step] = chosen.masked_fill(ended, pad_id)
@@ -130,7 +133,7 @@ def decode(module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
             live, chosen, mask, position = live[keep], chosen[keep], mask[keep], position[keep]
             ended = ended[keep]
         mask = torch.cat([mask, mask.new_ones(len(live), 1)], dim=1)
-        logits, cache = _last_logits(module, key, input_ids=chosen[:, None],
+        logits, cache = last_logits(module, key, input_ids=chosen[:, None],
                                      attention_mask=mask, position_ids=position, **{key: cache})
         position = position + 1
     return tokens[:, :steps], logps[:, :steps]

@@ -17,19 +17,24 @@ was sampled from). On a version change:
 - `partial=False`: the active sequences are aborted and re-queued at the front (their
   tokens dropped), so every response is sampled by one version.
 
-Each sequence keeps its own KV cache (`stream_cache.py`): a decode step runs the
-model on one new token per sequence, so its work is flat in the prefix length. A
-cache is computed by one weights version: a new request, or one whose cache an older
-version computed (a partial rollout continuing after a weight update), is prefilled
-with the current weights first, so every token is sampled from exactly the weights it
-is stamped with.
+The active sequences share one KV cache kept across steps (`stream_cache.SlotCache`,
+rows in `active` order): a decode step runs the model on one new token per sequence,
+so its work is flat in the prefix length, and rows are added or removed only when a
+request joins or leaves. The cache is computed by one weights version: new requests
+are prefilled with the current weights before they join it, and after a weight update
+the sequences in flight (a partial rollout continuing) are prefilled again with the
+new weights, so every token is sampled from exactly the weights it is stamped with.
 
-Sampling draws from the loop's own generator (seeded by the worker), so on the local
-runtime, where the steps interleave with training in a fixed order, the same seed
-gives the same tokens and versions.
+Tokens are drawn and their log-probs read as the engine's batched loop does
+(hf_decode.py: the warpers' processed log-probs, one uniform a row inverted through the
+CDF), from the loop's own generator (seeded by the worker), so on the local runtime,
+where the steps interleave with training in a fixed order, the same seed gives the same
+tokens and versions. `rollout.hf_loop=generate` draws with `torch.multinomial` from the
+same generator, as the loop did before (the tokens a seed drew then).
 
-State: `queue` (waiting requests), `active` (those in slots), `finished`, `version`
-(the last version a step sampled with), counters. Only its methods change it.
+State: `queue` (waiting requests), `active` (those in slots), `cache` (theirs),
+`finished`, `version` (the last version a step sampled with), counters. Only its
+methods change it.
 """
 from __future__ import annotations
 
@@ -41,7 +46,8 @@ import torch
 from hybridflow.core.batch import Batch
 from hybridflow.core.columns import NO_TOKEN, POLICY_VERSION, TOKEN_VERSIONS
 from hybridflow.workers.rollout.generation import assemble_rollout
-from hybridflow.workers.rollout.stream_cache import LayerKV, decode, prefill
+from hybridflow.workers.rollout.hf_decode import processed_log_probs, sample
+from hybridflow.workers.rollout.stream_cache import SlotCache, prefill
 
 __all__ = ["StreamLoop", "Request", "NO_TOKEN", "requests_from_rows", "assemble_requests"]
 
@@ -60,8 +66,6 @@ class Request:
     logps: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     restarts: int = 0
-    kv: LayerKV | None = field(default=None, repr=False)  # prompt + tokens[:-1], or all
-    kv_version: int | None = None  # the weights version that computed `kv`
 
 
 def requests_from_rows(rows: Batch, first_rid: int) -> list[Request]:
@@ -87,6 +91,7 @@ class StreamLoop:
         self.generator.manual_seed(int(seed))
         self.queue: deque[Request] = deque()
         self.active: list[Request] = []
+        self.cache = SlotCache()
         self.finished: list[Request] = []
         self.version: int | None = None
         self.next_rid = 0
@@ -109,6 +114,7 @@ class StreamLoop:
         dropped = len(self.queue) + len(self.active)
         self.queue.clear()
         self.active.clear()
+        self.cache.clear()
         return dropped
 
     def take_finished(self) -> list[Request]:
@@ -124,10 +130,10 @@ class StreamLoop:
                 self.counts["aborted_tokens"] += len(req.tokens)
                 self.counts["restarts"] += 1
                 req.tokens, req.logps, req.versions = [], [], []
-                req.kv, req.kv_version = None, None
                 req.restarts += 1
                 self.queue.appendleft(req)
             self.active = []
+            self.cache.clear()
         self.version = version
 
     @torch.no_grad()
@@ -148,57 +154,52 @@ class StreamLoop:
             (self.finished if ended else still).append(req)
             if ended and len(set(req.versions)) > 1:
                 self.counts["mixed_rows"] += 1
+        if len(still) < len(self.active):  # rows that ended leave the cache
+            kept = set(map(id, still))
+            self.cache.keep(torch.tensor([i for i, r in enumerate(self.active) if id(r) in kept],
+                                         dtype=torch.long, device=self.cache.mask.device))
         self.active = still
         self.counts["decode_steps"] += 1
 
     def _next_scores(self) -> torch.Tensor:
-        """The processed next-token scores [B, V] of the active sequences (warpers
-        applied: the distribution a token is sampled from). A sequence whose cache the
-        current weights computed decodes its newest token; the others are prefilled."""
-        stale = [i for i, r in enumerate(self.active)
-                 if r.kv is None or r.kv_version != self.version]
-        fresh = [i for i in range(len(self.active)) if i not in set(stale)]
-        logits: list[torch.Tensor] = [torch.empty(0)] * len(self.active)
+        """The next-token log-probs [B, V] of the active sequences, warpers applied (the
+        distribution a token is sampled from), in `active` order. The cached rows decode
+        their newest token; the others (new requests, or every row after a weight
+        update) are prefilled and join the cache after them."""
+        if self.cache.rows and self.cache.version != self.version:
+            self.cache.clear()  # older weights computed it: prefill every row again
+        cached = self.active[:self.cache.rows]
+        joining = self.active[self.cache.rows:]
         was_training = self.module.training
         self.module.eval()
         try:
-            if stale:
-                rows, caches = prefill(self.module, [self._sequence(i) for i in stale],
-                                       self.pad, self.device)
-                self._keep(stale, rows, caches, logits)
-            if fresh:
-                rows, caches = decode(self.module, [self.active[i].kv for i in fresh],
-                                      [self.active[i].tokens[-1] for i in fresh], self.device)
-                self._keep(fresh, rows, caches, logits)
+            logits = []
+            if cached:
+                last = torch.tensor([r.tokens[-1] for r in cached], device=self.device)
+                logits.append(self.cache.decode(self.module, last))
+            if joining:
+                rows, cache, mask = prefill(self.module, [r.prompt + r.tokens for r in joining],
+                                            self.pad, self.device)
+                self.cache.join(cache, mask, self.version)
+                logits.append(rows)
         finally:
             self.module.train(was_training)
-        scores = torch.stack(logits).float()
-        if self.warpers:  # warpers read the whole sequences (repetition penalties)
-            seqs = [self._sequence(i) for i in range(len(self.active))]
-            width = max(len(s) for s in seqs)
-            ids = torch.tensor([[self.pad] * (width - len(s)) + s for s in seqs],
-                               device=scores.device)
-            for warper in self.warpers:
-                scores = warper(ids, scores)
-        return scores
+        return processed_log_probs(torch.cat(logits), self._ids(), self.warpers)
 
-    def _sequence(self, i: int) -> list[int]:
-        req = self.active[i]
-        return req.prompt + req.tokens
+    def _ids(self) -> torch.Tensor:
+        """Each row's tokens so far, left-padded: what the batched loop hands the
+        warpers (sampled_warpers' ignore them)."""
+        width = max(len(r.tokens) for r in self.active)
+        return torch.tensor([[self.pad] * (width - len(r.tokens)) + r.tokens
+                             for r in self.active], dtype=torch.long, device=self.device)
 
-    def _keep(self, which: list[int], rows: torch.Tensor, caches: list,
-              logits: list[torch.Tensor]) -> None:
-        """Each sequence's logits for this step, and its grown cache."""
-        for row, i, kv in zip(rows, which, caches):
-            logits[i] = row
-            self.active[i].kv, self.active[i].kv_version = kv, self.version
-
-    def _sample(self, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logp = torch.log_softmax(scores, dim=-1)
-        if self.opts.do_sample:
+    def _sample(self, logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.opts.do_sample:
+            tokens = logp.argmax(-1)
+        elif self.opts.hf_loop == "generate":  # the draws of the loop before hf_decode's
             tokens = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(-1)
         else:
-            tokens = scores.argmax(-1)
+            tokens = sample(logp, self.generator)
         chosen = torch.gather(logp, -1, tokens.unsqueeze(-1)).squeeze(-1)
         return tokens.cpu(), torch.nan_to_num(chosen, neginf=0.0).cpu()
 

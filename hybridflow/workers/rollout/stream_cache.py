@@ -1,33 +1,37 @@
-"""Per-sequence KV caches for the stream loop's continuous batching.
+"""The stream loop's KV cache: one batch for the active slots, kept across decode steps.
 
-Each sequence keeps its own keys and values (one `[1, kv_heads, length, head_dim]`
-pair per layer), so a slot can take a new request at any step without touching the
-others. A decode step stacks the active sequences' caches left-padded to the longest
-(the padding masked out, each position id its sequence's own length), runs the model
-on one token per sequence and splits the grown cache back: the model's work per token
-is flat in the prefix length (the stacking copies the cache, which is memory traffic,
-not a forward over the prefix). A prefill runs the whole sequence once, for a new
-request or one whose cache was computed by other weights.
+The active sequences' keys and values live in one left-padded batch (a `DynamicCache`,
+one `[rows, kv_heads, width, head_dim]` pair per layer) beside its attention mask
+`[rows, width]` and each row's length (the next token's position). A decode step runs
+the model on one new token per row over that cache, as HF `generate` and the engine's
+batched loop (hf_decode.py) do: the cache grows by one column, the rows' order is the
+slots'. Rows change only when a request joins or leaves:
+- `join` appends the rows of a prefill (new requests, or ones whose cache other
+  weights computed), both batches left-padded to the wider one;
+- `keep` selects the rows still decoding and drops the leading columns that are
+  padding in every row (the longest sequence left), so the width follows the longest
+  active sequence instead of growing with the stream.
+Until this module kept it, each sequence held a cache of its own and every step
+stacked them into a batch and split the grown batch back, layer by layer and row by
+row: a quarter of the stream thread's time on SmolLM2, more than the forward's
+(docs/async.md).
 
-Stateless: the caches live on the stream loop's requests.
+The prefill's head runs on the last position only (`last_logits`), the decode's on
+[rows, hidden] rows (`flat_head`), as in hf_decode.py.
+
+State: `cache`, `mask`, `lengths` (None when no row is cached) and `version` (the
+weights version that computed every cached row). The stream loop owns one and is the
+only caller; rows are in the loop's `active` order.
 """
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
+from hybridflow.workers.rollout.hf_decode import cache_key, flat_head, last_logits
 from hybridflow.workers.sequences import position_ids_from_mask
 
-__all__ = ["LayerKV", "prefill", "decode"]
-
-LayerKV = list[tuple[torch.Tensor, torch.Tensor]]  # one (keys, values) pair per layer
-
-
-def _cache_name() -> str:
-    """The forward's cache argument and output field: `cache` since transformers
-    renamed `past_key_values` (5.2x; vLLM's environment pins an older release)."""
-    from transformers.modeling_outputs import CausalLMOutputWithPast
-    return "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ \
-        else "past_key_values"
+__all__ = ["SlotCache", "prefill"]
 
 
 def _left_padded(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,54 +44,80 @@ def _left_padded(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.T
     return ids, mask
 
 
-def _split(cache, lengths: list[int]) -> list[LayerKV]:
-    """Each row's own cache (its last `length` positions: left padding dropped),
-    copied out so the batch's tensors can be freed."""
-    out: list[LayerKV] = [[] for _ in lengths]
-    for layer in cache.layers:
-        width = layer.keys.shape[2]
-        for i, length in enumerate(lengths):
-            out[i].append((layer.keys[i:i + 1, :, width - length:].clone(),
-                           layer.values[i:i + 1, :, width - length:].clone()))
-    return out
-
-
 def prefill(module, seqs: list[list[int]], pad: int, device
-            ) -> tuple[torch.Tensor, list[LayerKV]]:
-    """The next-token logits [B, V] of whole sequences and each one's cache."""
+            ) -> tuple[torch.Tensor, object, torch.Tensor]:
+    """Whole sequences in one left-padded forward: (next-token logits [B, V], their
+    cache, its mask [B, width])."""
     ids, mask = _left_padded(seqs, pad)
     ids, mask = ids.to(device), mask.to(device)
-    out = module(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
-                 use_cache=True)
-    return out.logits[:, -1, :], _split(getattr(out, _cache_name()), [len(s) for s in seqs])
+    with flat_head(module):
+        logits, cache = last_logits(module, cache_key(module), input_ids=ids,
+                                    attention_mask=mask,
+                                    position_ids=position_ids_from_mask(mask))
+    return logits, cache, mask
 
 
-def decode(module, caches: list[LayerKV], last: list[int], device
-           ) -> tuple[torch.Tensor, list[LayerKV]]:
-    """One token per sequence (`last`: each one's newest token, not yet cached) on its
-    cache: the next-token logits [B, V] and the grown caches."""
-    from transformers import DynamicCache
-    lengths = [kv[0][0].shape[2] for kv in caches]
-    width = max(lengths)
-    cache = DynamicCache(config=getattr(module, "config", None))
-    for layer in range(len(caches[0])):
-        keys, values = (_stack([kv[layer][part] for kv in caches], width) for part in (0, 1))
-        cache.update(keys, values, layer)
-    mask = torch.zeros((len(caches), width + 1), dtype=torch.long, device=device)
-    for i, length in enumerate(lengths):
-        mask[i, width - length:] = 1
-    ids = torch.tensor(last, dtype=torch.long, device=device).unsqueeze(-1)
-    positions = torch.tensor(lengths, dtype=torch.long, device=device).unsqueeze(-1)
-    name = _cache_name()
-    out = module(input_ids=ids, attention_mask=mask, position_ids=positions,
-                 use_cache=True, **{name: cache})
-    return out.logits[:, -1, :], _split(getattr(out, name), [n + 1 for n in lengths])
+def _pad_left(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    """`x` left-padded with zeros to `width` along `dim` (2 for keys, 1 for a mask)."""
+    extra = width - x.shape[dim]
+    if extra == 0:
+        return x
+    pads = [0, 0] * (x.dim() - 1 - dim) + [extra, 0]
+    return F.pad(x, pads)
 
 
-def _stack(parts: list[torch.Tensor], width: int) -> torch.Tensor:
-    """[1, H, L_i, D] tensors left-padded with zeros into one [B, H, width, D]."""
-    first = parts[0]
-    out = first.new_zeros((len(parts), first.shape[1], width, first.shape[3]))
-    for i, part in enumerate(parts):
-        out[i, :, width - part.shape[2]:] = part[0]
-    return out
+class SlotCache:
+    def __init__(self):
+        self.cache, self.mask, self.lengths = None, None, None
+        self.version: int | None = None
+
+    @property
+    def rows(self) -> int:
+        return 0 if self.mask is None else self.mask.shape[0]
+
+    def clear(self) -> None:
+        self.cache, self.mask, self.lengths, self.version = None, None, None, None
+
+    def decode(self, module, last: torch.Tensor) -> torch.Tensor:
+        """One token per cached row (`last` [rows]: each row's newest token, not yet
+        cached): the next-token logits [rows, V]; the cache grows by that token."""
+        key = cache_key(module)
+        mask = torch.cat([self.mask, self.mask.new_ones(self.rows, 1)], dim=1)
+        with flat_head(module):
+            logits, cache = last_logits(module, key, input_ids=last[:, None],
+                                        attention_mask=mask,
+                                        position_ids=self.lengths[:, None],
+                                        **{key: self.cache})
+        self.cache, self.mask, self.lengths = cache, mask, self.lengths + 1
+        return logits
+
+    def join(self, cache, mask: torch.Tensor, version: int) -> None:
+        """Append a prefill's rows (its cache and mask) after the cached ones."""
+        lengths = mask.sum(-1)
+        if self.cache is None:
+            self.cache, self.mask, self.lengths, self.version = cache, mask, lengths, version
+            return
+        if version != self.version:
+            raise RuntimeError(f"stream cache: rows of weights version {version} joined rows "
+                               f"of version {self.version}; a version change clears it")
+        width = max(self.mask.shape[1], mask.shape[1])
+        for mine, theirs in zip(self.cache.layers, cache.layers):
+            mine.keys = torch.cat([_pad_left(mine.keys, width, 2),
+                                   _pad_left(theirs.keys, width, 2)])
+            mine.values = torch.cat([_pad_left(mine.values, width, 2),
+                                     _pad_left(theirs.values, width, 2)])
+        self.mask = torch.cat([_pad_left(self.mask, width, 1), _pad_left(mask, width, 1)])
+        self.lengths = torch.cat([self.lengths, lengths])
+
+    def keep(self, rows: torch.Tensor) -> None:
+        """Only `rows` (indices, in order) stay; columns of padding only are dropped."""
+        if len(rows) == 0:
+            self.clear()
+            return
+        mask = self.mask[rows]
+        first = int(mask.any(0).int().argmax())  # columns before: padding in every row
+        self.cache.batch_select_indices(rows)
+        if first:
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+        self.mask, self.lengths = mask[:, first:], self.lengths[rows]
