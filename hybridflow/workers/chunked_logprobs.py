@@ -10,12 +10,18 @@ log-probs and entropy ([chunk] each) before the next chunk's logits exist:
 
     hidden [N, H] --split--> [chunk, H] --head--> [chunk, V] --> log p, H  [chunk]
 
-Under autograd each chunk runs inside `torch.utils.checkpoint` (non-reentrant): its
-forward keeps only its [chunk, H] input, and the backward recomputes that chunk's
-logits when it reaches it, so the backward, too, holds one chunk's logits at a time.
-The math per position is the unchunked one (the same head, the same float32
-reductions, `parallel/vocab_parallel.py` for a tensor-parallel head sharded on the
-vocabulary), so results equal the whole-row computation up to the matmul's rounding.
+A plain linear head (`head_logprobs.fused_head`) goes through `head_logprobs.py`'s
+autograd Function: the forward keeps no logits, only the hidden states and a
+logsumexp and entropy per position, and the backward recomputes each chunk's logits
+once and forms their gradient analytically (one head matmul more than the whole-logits
+path, no autograd graph over the vocabulary). Any other head (a tensor-parallel one,
+its weight a DTensor sharded on the vocabulary: `parallel/vocab_parallel.py`) runs
+each chunk inside `torch.utils.checkpoint` (non-reentrant): its forward keeps only its
+[chunk, H] input, and the backward recomputes that chunk's logits, log-softmax and
+entropy and runs their autograd backward. Either way the backward holds one chunk's
+logits at a time, and the math per position is the unchunked one (the same head, the
+same float32 reductions), so results equal the whole-row computation up to the
+matmul's rounding.
 
 Chunking is what `chunk_positions` decides from the role's `logprob_chunk` setting:
 0 never, a positive number that many positions, None (the default) as many as keep a
@@ -32,6 +38,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from hybridflow.workers.config import AUTO_LOGPROB_CHUNK_ELEMENTS, logprob_chunk_positions
+from hybridflow.workers.head_logprobs import fused_head, head_token_stats
 from hybridflow.workers.parallel.sequence_parallel import splitting
 from hybridflow.workers.parallel.vocab_parallel import entropy_from_logits, token_logprobs
 
@@ -115,6 +122,8 @@ def chunked_token_stats(head, hidden: torch.Tensor, tokens: torch.Tensor, chunk:
     """Log-prob of `tokens` [N] and (if asked) the entropy [N] from `hidden` [N, H],
     `chunk` positions at a time; differentiable with one chunk's logits recomputed at a
     time in the backward."""
+    if fused_head(head):
+        return head_token_stats(head, hidden, tokens, chunk, temperature, with_entropy)
     grad = torch.is_grad_enabled()
     parts = []
     for piece, ids in zip(hidden.split(chunk), tokens.split(chunk)):
