@@ -26,7 +26,9 @@ sdpa attention; bench/memory.py checks them against measured peaks):
   temporaries are gone by then, so it is the larger of the two, not their sum.
   With chunked log-probs (`*.logprob_chunk`, `workers/chunked_logprobs.py`) the same
   copies span one chunk of positions, not the micro-batch's (`MicroBatch.logit_chunk`;
-  the backward recomputes one chunk at a time).
+  the backward recomputes one chunk at a time). Under sequence parallelism a rank
+  computes the logits of its own slice's positions only (at most `width / sp` of a
+  row; the last rank holds the most response positions), chunked the same way.
   A value head has one output per token: no vocab term.
 - **Training state.** The trainer gives a bf16/fp16 model float32 master weights
   (its trainable parameters are upcast in place; `model_size(trained=True)` runs
@@ -79,8 +81,7 @@ class MicroBatch:
 
     @property
     def local_width(self) -> int:
-        """Positions a rank's layers hold: the row padded to a multiple of sp, over sp
-        (the logits are gathered whole: `logit_positions` does not divide)."""
+        """Positions a rank's layers hold: the row padded to a multiple of sp, over sp."""
         return -(-self.width // self.sp)
 
     @property
@@ -89,7 +90,11 @@ class MicroBatch:
 
     @property
     def logit_positions(self) -> int:
-        return self.width if self.full_logits else self.response + 1
+        """Positions of a row whose logits a rank computes: the response's (and the one
+        before it) or all (SFT); under sp those of its own slice, at most `local_width`
+        (each rank reduces its slice's log-probs: workers/sequences.head_stats)."""
+        positions = self.width if self.full_logits else self.response + 1
+        return min(positions, self.local_width) if self.sp > 1 else positions
 
     @property
     def held_logit_positions(self) -> int:

@@ -39,7 +39,6 @@ from torch.utils.checkpoint import checkpoint
 
 from hybridflow.workers.config import AUTO_LOGPROB_CHUNK_ELEMENTS, logprob_chunk_positions
 from hybridflow.workers.head_logprobs import fused_head, head_token_stats
-from hybridflow.workers.parallel.sequence_parallel import splitting
 from hybridflow.workers.parallel.vocab_parallel import entropy_from_logits, token_logprobs
 
 __all__ = ["AUTO_CHUNK_ELEMENTS", "chunk_positions", "output_head", "head_input",
@@ -73,11 +72,11 @@ def output_head(model):
 
 
 def chunk_positions(setting: int | None, model, positions: int) -> int | None:
-    """Positions per chunk for a forward over `positions` positions, or None for the
-    unchunked path (`setting` 0, a model `output_head` refuses, or one chunk's worth)."""
-    if setting == 0 or positions <= 1 or splitting(model):
-        return None  # a sequence-parallel forward gathers whole logits
-        # (parallel/sequence_parallel.py)
+    """Positions per chunk for a forward over `positions` positions (in a
+    sequence-parallel pass, those of this rank's slice), or None for the unchunked path
+    (`setting` 0, a model `output_head` refuses, or one chunk's worth)."""
+    if setting == 0 or positions <= 1:
+        return None
     head = output_head(model)
     if head is None:
         return None

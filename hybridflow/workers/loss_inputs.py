@@ -31,6 +31,10 @@ With `logprob_chunk` (`actor.logprob_chunk`, `chunked_logprobs.py`) chunking a
 micro-batch, `log_probs` and `entropy` come from one chunked pass over the head's
 input, which never holds the micro-batch's logits, in the forward or the backward;
 `logits` then applies the head to every position (a loss that reads them holds them).
+In a sequence-parallel pass (`parallel/sequence_parallel.py`) `log_probs` and `entropy`
+come from the head applied to this rank's slice of the positions (chunked as the
+setting says, by the slice's positions), summed over the sp ranks into [B, R]; `logits`
+is then summed whole the same way (only a loss that reads it holds it).
 """
 from __future__ import annotations
 
@@ -39,11 +43,11 @@ from functools import cached_property
 import torch
 
 from hybridflow.core.batch import Batch
-from hybridflow.workers.chunked_logprobs import chunk_positions, chunked_token_stats, output_head
+from hybridflow.workers.chunked_logprobs import chunk_positions, output_head
 from hybridflow.workers.packing import PackedRows, packed_logits
-from hybridflow.workers.sequences import (entropy_from_logits, response_hidden,
-                                          response_logits, response_positions, response_values,
-                                          token_logprobs)
+from hybridflow.workers.sequences import (ResponseHidden, entropy_from_logits, head_path,
+                                          head_stats, response_hidden, response_logits,
+                                          response_positions, response_values, token_logprobs)
 from hybridflow.workers.parallel.vocab_parallel import whole
 
 __all__ = ["LossInputs", "PolicyOutputs", "ValueOutputs", "run_loss", "select_for_loss",
@@ -79,15 +83,25 @@ class PolicyOutputs(LossInputs):
         self.temperature = temperature
         self._rows = PackedRows(micro) if packed else None
         self._entropy: dict[bool, torch.Tensor] = {}
-        self._chunk = chunk_positions(logprob_chunk, model,
-                                      response_positions(micro, self._rows))
+        self._setting = logprob_chunk
+        # a sequence-parallel forward reduces its own slice's positions (head_path),
+        # chunked or not: from the head's input, as a chunked forward is
+        self._split = head_path(model)
+        self._chunk = None if self._split else chunk_positions(
+            logprob_chunk, model, response_positions(micro, self._rows))
+
+    @property
+    def _from_hidden(self) -> bool:
+        return self._split or self._chunk is not None
 
     @cached_property
     def _token_logits(self) -> torch.Tensor:
         """[B, R, V], or packed [K, V] (the response tokens' positions only)."""
-        if self._chunk is not None:  # a loss reading `logits` under chunking: all of them
-            logits = output_head(self.model)(self._hidden[0]).float()
+        if self._from_hidden:  # a loss reading `logits`: the head over every position
+            part = self._hidden
+            logits = output_head(self.model)(part.hidden).float()
             logits = logits / self.temperature if self.temperature != 1.0 else logits
+            logits = part.whole(logits)
             return logits if self._rows is not None else \
                 logits.view(*self.micro["responses"].shape, -1)
         if self._rows is None:
@@ -95,16 +109,15 @@ class PolicyOutputs(LossInputs):
         return packed_logits(self.model, self._rows, self.temperature)
 
     @cached_property
-    def _hidden(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The head's input [N, H] and the tokens [N] (chunked: the one forward)."""
+    def _hidden(self) -> ResponseHidden:
+        """The head's input and the tokens (this rank's slice under sp): the one forward."""
         return response_hidden(self.model, self.micro, self._rows)
 
     @cached_property
-    def _chunked(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probs and entropy (with gradient) from one chunked pass, [B, R] each."""
-        hidden, tokens = self._hidden
-        log_probs, entropy = chunked_token_stats(output_head(self.model), hidden, tokens,
-                                                 self._chunk, self.temperature, True)
+    def _stats(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs and entropy (with gradient) from the head's input, [B, R] each."""
+        log_probs, entropy = head_stats(self.model, self._hidden, self._setting,
+                                        self.temperature, True)
         if self._rows is None:
             shape = self.micro["responses"].shape
             return log_probs.view(shape), entropy.view(shape)
@@ -120,8 +133,8 @@ class PolicyOutputs(LossInputs):
 
     @cached_property
     def log_probs(self) -> torch.Tensor:
-        if self._chunk is not None:
-            return self._chunked[0]
+        if self._from_hidden:
+            return self._stats[0]
         tokens = self.micro["responses"] if self._rows is None else self._rows.tokens
         return self._unpacked(token_logprobs(self._token_logits, tokens))
 
@@ -129,8 +142,8 @@ class PolicyOutputs(LossInputs):
         """Per-token entropy; `grad=False` for a metric (no backward memory).
         The shared forward (`_token_logits`) is computed before grad is switched
         off, so a metric read first never strips the graph from `log_probs`."""
-        if self._chunk is not None:
-            entropy = self._chunked[1]
+        if self._from_hidden:
+            entropy = self._stats[1]
             return entropy if grad else entropy.detach()
         if grad not in self._entropy:
             logits = self._token_logits

@@ -19,8 +19,16 @@ token is not attended.
 entropy a chunk of positions at a time from the head's input (`chunked_logprobs.py`):
 0 never, N positions, None as many as keep a chunk's logits under 64 MiB; a forward
 with no more positions than one chunk computes them from whole logits, as before.
+
+In a sequence-parallel pass (`parallel/sequence_parallel.py`) a rank's forward holds
+`1/sp` of each row's positions: the head is applied to the positions of its slice
+that predict a response token (chunked or not), labelled from the whole row, and the
+ranks' [n] results are summed into the whole [N] (`ResponseHidden.whole`), so a rank
+holds its slice's logits only.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -30,11 +38,13 @@ from hybridflow.workers.micro_batches import micro_batches, scatter_rows
 from hybridflow.workers.chunked_logprobs import (chunk_positions, chunked_token_stats,
                                                 head_input, output_head)
 from hybridflow.workers.packing import PackedRows, packed_forward, packed_logits, packed_values
+from hybridflow.workers.parallel.sequence_parallel import LocalSlice, local_output, splitting
 # whole logits, or a tensor-parallel head's vocab-sharded ones (parallel/vocab_parallel.py)
 from hybridflow.workers.parallel.vocab_parallel import entropy_from_logits, token_logprobs
 
 __all__ = ["position_ids_from_mask", "response_mask_from_ids", "pad_right",
-           "response_logits", "response_hidden", "response_positions", "chunked_response",
+           "response_logits", "ResponseHidden", "response_hidden", "head_path", "head_stats",
+           "response_positions", "chunked_response",
            "token_logprobs", "entropy_from_logits", "forward_response", "response_logprobs",
            "response_values", "response_values_batched", "masked_mean",
            "training_mask_key", "training_mask"]
@@ -97,32 +107,101 @@ def response_positions(batch: Batch, rows: PackedRows | None) -> int:
     return len(rows.keep) if rows is not None else batch["responses"].numel()
 
 
-def response_hidden(model, batch: Batch, rows: PackedRows | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The head's input at the positions that predict response tokens, [N, H], and those
-    tokens [N] (N = B x R, or the packed K); the head itself runs on one position a row."""
-    with head_input(model) as seen:
+class ResponseHidden(NamedTuple):
+    """The head's input at the positions that predict response tokens this rank holds,
+    [n, H], and those tokens [n]; `whole` turns values of these positions, [n, ...], into
+    all N positions' (N = B x R in row order, or the packed K) on every rank."""
+    hidden: torch.Tensor
+    tokens: torch.Tensor
+    total: int
+    index: torch.Tensor | None = None  # places among the N (None: all N, in order)
+    split: LocalSlice | None = None
+
+    def whole(self, values: torch.Tensor | None) -> torch.Tensor | None:
+        if values is None or self.split is None:
+            return values
+        return self.split.combine(values, self.index, self.total)
+
+
+def head_path(model) -> bool:
+    """Whether a sequence-parallel forward of `model` reduces its own slice's positions
+    (its head can be applied alone: `chunked_logprobs.output_head`); else the logits are
+    gathered whole and reduced as one rank's."""
+    return splitting(model) and output_head(model) is not None
+
+
+def response_hidden(model, batch: Batch, rows: PackedRows | None = None) -> ResponseHidden:
+    """The head's input at the positions that predict response tokens and those tokens
+    (this rank's slice of them in a sequence-parallel pass); the head itself runs on one
+    position a row."""
+    with head_input(model) as seen, local_output(model) as split:
         if rows is None:
             width = batch["responses"].shape[1]
             _logits(model, batch, width + 1)
         else:
             packed_forward(model, rows)
     hidden = seen[-1]
+    if split:
+        return _slice_hidden(hidden, batch, rows, split[-1])
     if rows is None:  # [B, R + 1, H], or every position without logits_to_keep
         hidden = hidden[:, hidden.shape[1] - width - 1:-1]
-        return hidden.reshape(-1, hidden.shape[-1]), batch["responses"].reshape(-1)
+        tokens = batch["responses"].reshape(-1)
+        return ResponseHidden(hidden.reshape(-1, hidden.shape[-1]), tokens, len(tokens))
     if hidden.shape[1] != len(rows.keep):  # a model without logits_to_keep
         hidden = hidden[:, rows.keep]
-    return hidden[0], rows.tokens
+    return ResponseHidden(hidden[0], rows.tokens, len(rows.tokens))
 
 
-def chunked_response(model, batch: Batch, rows: PackedRows | None, chunk: int,
-                     temperature: float = 1.0, with_entropy: bool = False):
-    """`forward_response`'s log-probs and entropy, `chunk` positions of logits at a time:
+def _slice_hidden(hidden, batch: Batch, rows: PackedRows | None,
+                  split: LocalSlice) -> ResponseHidden:
+    """This rank's positions [start, start + width) of the whole row: those that predict
+    a response token, their tokens (read from the whole row: a slice's last position
+    predicts the next slice's first token) and their places among the N."""
+    end = split.start + hidden.shape[1]
+    if rows is not None:  # packed: the kept positions falling in this slice
+        mine = (rows.keep >= split.start) & (rows.keep < end)
+        index = mine.nonzero().squeeze(1)
+        return ResponseHidden(hidden[0, rows.keep[index] - split.start], rows.tokens[index],
+                              len(rows.tokens), index, split)
+    responses = batch["responses"]
+    width = responses.shape[1]
+    first = split.length - width - 1  # the column predicting the first response token
+    columns = torch.arange(max(first, split.start), min(first + width, end),
+                           device=hidden.device)
+    picked = hidden[:, columns - split.start]  # [B, c, H]
+    places = columns - first
+    index = (torch.arange(responses.shape[0], device=hidden.device).unsqueeze(1) * width
+             + places).reshape(-1)
+    return ResponseHidden(picked.reshape(-1, picked.shape[-1]), responses[:, places].reshape(-1),
+                          responses.numel(), index, split)
+
+
+def head_stats(model, part: ResponseHidden, setting: int | None, temperature: float = 1.0,
+                with_entropy: bool = False, entropy_grad: bool = True):
+    """Log-probs and entropy [N] from the head's input: a chunk of positions' logits at a
+    time where `setting` (`logprob_chunk`) chunks the positions this rank holds, else one
+    head call over them."""
+    head = output_head(model)
+    chunk = chunk_positions(setting, model, len(part.hidden))
+    if chunk is not None:
+        log_probs, entropy = chunked_token_stats(head, part.hidden, part.tokens, chunk,
+                                                 temperature, with_entropy)
+        if entropy is not None and not entropy_grad:
+            entropy = entropy.detach()
+    else:
+        logits = head(part.hidden).float()
+        logits = logits / temperature if temperature != 1.0 else logits
+        log_probs, entropy = _whole_response(logits, part.tokens, with_entropy, entropy_grad)
+    return part.whole(log_probs), part.whole(entropy)
+
+
+def chunked_response(model, batch: Batch, rows: PackedRows | None, setting: int | None,
+                     temperature: float = 1.0, with_entropy: bool = False,
+                     entropy_grad: bool = True):
+    """`forward_response`'s log-probs and entropy from the head's input (`head_stats`):
     [B, R] each, or packed [K]."""
-    hidden, tokens = response_hidden(model, batch, rows)
-    log_probs, entropy = chunked_token_stats(output_head(model), hidden, tokens, chunk,
-                                             temperature, with_entropy)
+    log_probs, entropy = head_stats(model, response_hidden(model, batch, rows), setting,
+                                    temperature, with_entropy, entropy_grad)
     if rows is None:
         shape = batch["responses"].shape
         log_probs = log_probs.view(shape)
@@ -137,12 +216,12 @@ def forward_response(model, batch: Batch, temperature: float = 1.0,
     """Per-token log-prob of `responses` [B, R] (float32), and the entropy if asked
     (detached unless `entropy_grad`: a metric costs no backward memory)."""
     rows = PackedRows(batch) if packed else None
-    chunk = chunk_positions(logprob_chunk, model, response_positions(batch, rows))
-    if chunk is not None:
-        log_probs, entropy = chunked_response(model, batch, rows, chunk, temperature,
-                                              with_entropy)
-        if entropy is not None and not entropy_grad:
-            entropy = entropy.detach()
+    split = head_path(model)  # sequence-parallel: each rank reduces its own positions
+    chunk = None if split else chunk_positions(logprob_chunk, model,
+                                               response_positions(batch, rows))
+    if chunk is not None or split:
+        log_probs, entropy = chunked_response(model, batch, rows, logprob_chunk, temperature,
+                                              with_entropy, entropy_grad)
     elif rows is None:
         log_probs, entropy = _whole_response(response_logits(model, batch, temperature),
                                              batch["responses"], with_entropy, entropy_grad)

@@ -149,13 +149,11 @@ def test_workers_chunked_equal_unchunked(packed, monkeypatch):
     """actor.logprob (with entropy), ref.logprob and actor.update at logprob_chunk=4
     against 0: equal log-probs, entropy metric, loss metrics and gradient norm; the
     chunked path ran in each (0: never)."""
-    import hybridflow.workers.loss_inputs as loss_inputs
     import hybridflow.workers.sequences as sequences
-    calls = []
-    for module in (sequences, loss_inputs):
-        real = module.chunked_token_stats
-        monkeypatch.setattr(module, "chunked_token_stats",
-                            lambda *a, _real=real, **k: calls.append(a[3]) or _real(*a, **k))
+    calls = []  # the training forward (loss_inputs) reduces through sequences.head_stats too
+    real = sequences.chunked_token_stats
+    monkeypatch.setattr(sequences, "chunked_token_stats",
+                        lambda *a, **k: calls.append(a[3]) or real(*a, **k))
     outs = []
     for chunk in (0, 4):
         cfg = make_cfg(actor={"logprob_chunk": chunk, "entropy_coeff": 0.01, "lr": 1e-6,

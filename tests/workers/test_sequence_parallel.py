@@ -1,12 +1,15 @@
 """Sequence parallelism (workers/parallel/sequence_parallel.py) on 2 gloo ranks at
 dp 1 x sp 2 against one rank (sp=1), on the tiny Llama (4 heads, 2 key/value heads),
-padded (ddp) and packed (fsdp2), each on a batch whose width is odd (padded to a
-multiple of sp): the log-prob pass, a training forward's log-probs and entropy (and
-its gradients summed over the sp ranks), and the weights after one update equal one
-rank's to 1e-5 (fp32); a checkpoint saved at sp=2 resumes at sp=1 (DCP: parameters
-and optimizer state replicate over sp), its next update equal to one rank's two."""
+padded (ddp), packed (fsdp2) and padded with chunked log-probs (a chunk of 4 of a
+slice's positions), each on a batch whose width is odd (padded to a multiple of sp):
+the log-prob pass, a training forward's log-probs and entropy (and its gradients summed
+over the sp ranks), and the weights after one update equal one rank's to 1e-5 (fp32);
+no rank gathers the logits along the sequence in those passes (each reduces its own
+slice's positions); a checkpoint saved at sp=2 resumes at sp=1 (DCP: parameters and
+optimizer state replicate over sp), its next update equal to one rank's two."""
 import os
 import socket
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -22,13 +25,14 @@ pytestmark = pytest.mark.slow  # two gloo ranks build and train four models (~30
 TRAIN = {"lr": 1e-3, "mini_batch_size": 8, "micro_batch_size": 4}
 
 
-def _cfg(packed: bool, strategy: str) -> dict:
-    cfg = make_cfg(actor={**TRAIN, "strategy": strategy})
+def _cfg(packed: bool, strategy: str, chunk: int | None = None) -> dict:
+    cfg = make_cfg(actor={**TRAIN, "strategy": strategy, "logprob_chunk": chunk})
     cfg["model"] = {**cfg["model"], "use_remove_padding": packed}
     return cfg
 
 
-CASES = {"padded_ddp": _cfg(False, "ddp"), "packed_fsdp2": _cfg(True, "fsdp2")}
+CASES = {"padded_ddp": _cfg(False, "ddp"), "packed_fsdp2": _cfg(True, "fsdp2"),
+         "chunked_padded_ddp": _cfg(False, "ddp", chunk=4)}
 
 
 def _free_port() -> int:
@@ -56,11 +60,29 @@ def _weights(module) -> dict:
     return state
 
 
-def _train_forward(actor, batch, packed: bool):
+@contextmanager
+def _counting(counts: dict):
+    """Count the logits' gathers along the sequence and the chunked reductions."""
+    import hybridflow.workers.parallel.sequence_parallel as sp_module
+    import hybridflow.workers.sequences as sequences
+    gather, chunked = sp_module.gather_sequence, sequences.chunked_token_stats
+
+    def counted(name, real):
+        return lambda *a, **k: counts.__setitem__(name, counts[name] + 1) or real(*a, **k)
+    sp_module.gather_sequence = counted("gathers", gather)
+    sequences.chunked_token_stats = counted("chunked", chunked)
+    try:
+        yield counts
+    finally:
+        sp_module.gather_sequence, sequences.chunked_token_stats = gather, chunked
+
+
+def _train_forward(actor, batch, packed: bool, chunk: int | None):
     module = actor.module
     module.zero_grad(set_to_none=True)
     with sequence_parallel(module, actor.ctx):
-        logp, ent = forward_response(module, batch, 0.7, with_entropy=True, packed=packed)
+        logp, ent = forward_response(module, batch, 0.7, with_entropy=True, packed=packed,
+                                     logprob_chunk=chunk)
     mask = batch["response_mask"].float()
     (((logp + 0.1 * ent) * mask).sum() / mask.sum()).backward()
     grads = {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
@@ -71,9 +93,11 @@ def _train_forward(actor, batch, packed: bool):
 
 def _run(cfg: dict, batch, ctx=None, checkpoint: str | None = None) -> dict:
     actor, packed = ActorWorker(cfg, ctx), cfg["model"]["use_remove_padding"]
-    out = {"pass": actor.logprob(batch)["old_log_probs"],
-           "train": _train_forward(actor, batch, packed)}
-    actor.update(batch)
+    with _counting({"gathers": 0, "chunked": 0}) as counts:
+        out = {"pass": actor.logprob(batch)["old_log_probs"],
+               "train": _train_forward(actor, batch, packed, cfg["actor"]["logprob_chunk"])}
+        actor.update(batch)
+    out["counts"] = counts
     out["weights"] = _weights(actor.module)
     if checkpoint:
         actor.save_checkpoint(checkpoint)
@@ -156,3 +180,15 @@ def test_sp2_checkpoint_resumes_at_sp1(results, name):
         _close(loaded[param], value, f"{name}: loaded {param}", atol=0)
     for param, value in single[name]["second"].items():
         _close(after[param], value, f"{name}: second update {param}")
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_sp2_passes_reduce_their_own_slice_never_gathering_logits(results, name):
+    _, single, ranks, _ = results
+    chunked = CASES[name]["actor"]["logprob_chunk"] is not None
+    for rank, out in enumerate(ranks):
+        assert out[name]["counts"]["gathers"] == 0, (name, rank, out[name]["counts"])
+        # the log-prob pass, the training forward and the update's micro-batches chunk
+        # their slice's positions (chunk 4 of about half a row's response positions)
+        assert (out[name]["counts"]["chunked"] > 0) == chunked, (name, out[name]["counts"])
+    assert (single[name]["counts"]["chunked"] > 0) == chunked

@@ -9,28 +9,38 @@ log-prob, value and training passes) every forward of the model is split:
 
     input_ids, attention_mask, position_ids [b, s]  --pad to a multiple of sp, slice-->
     [b, s/sp] on each rank (position ids stay global: RoPE sees the true positions)
-    --layers (attention over all s, ulysses.py)--> logits [b, s/sp, V]
-    --all-gather along the sequence--> [b, s, V], padding cut, `logits_to_keep` applied
+    --layers (attention over all s, ulysses.py)--> hidden [b, s/sp, H]
 
-so the callers (`sequences.py`, `packing.py`, `loss_inputs.py`, the trainer's dummy
-step) compute log-probs, entropy and values from the same logits as one rank: the label
-of a slice's last position is the next slice's first token because the shift happens
-after the gather. A packed row (`model.use_remove_padding`) is split the same way; its
-offsets stay global for the varlen attention. The gather's backward hands each rank its
-own positions' gradient: summed over the sp ranks (the data-parallel wrap spans dp x sp
-ranks, `training.py`) it is one rank's gradient. What sp does not divide: the gathered
-logits ([b, s, V] on every rank) and the chunked log-probs, which a sequence-parallel
-forward does not use (`splitting`).
+and then one of two ends:
+
+- inside `local_output(model)` (the log-prob and entropy passes, `sequences.py`,
+  `loss_inputs.py`): the output stays this rank's slice, and the forward records its
+  `LocalSlice` (which global positions it holds). The caller applies the head to the
+  slice's positions that predict a response token, each with its label from the whole
+  row every rank holds (so a slice's last position predicts the next slice's first
+  token), chunked or not (`chunked_logprobs.py`), and `LocalSlice.combine` sums the
+  ranks' [n] log-probs and entropy into the whole [N] on every rank: no rank ever holds
+  more than its slice's logits;
+- otherwise (values, a loss that reads whole logits, the trainer's dummy step):
+  logits [b, s/sp, V] --all-gather along the sequence--> [b, s, V], padding cut,
+  `logits_to_keep` applied, as one rank's forward returns them.
+
+A packed row (`model.use_remove_padding`) is split the same way; its offsets stay global
+for the varlen attention. Both ends' backward hand each rank its own positions'
+gradient: summed over the sp ranks (the data-parallel wrap spans dp x sp ranks,
+`training.py`) it is one rank's gradient.
 
 Generation never runs sequence-parallel: outside the context the hooks pass the call
 through and the attention is the model's own. State: per model, the installed
 `SequenceParallel` (its hooks, `model._hybridflow_sp`); per thread, the models whose
-forwards split now and each one's pending gather (`_LOCAL`).
+forwards split now, those whose output stays local, and each one's pending end
+(`_LOCAL`).
 """
 from __future__ import annotations
 
 import threading
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -38,15 +48,15 @@ import torch.distributed as dist
 from hybridflow.workers.parallel.ulysses import (INNER, SequenceSplit, inner_attention_name,
                                                  register_ulysses)
 
-__all__ = ["SequenceParallel", "sequence_parallel", "splitting", "gather_sequence",
-           "check_model"]
+__all__ = ["SequenceParallel", "LocalSlice", "sequence_parallel", "splitting",
+           "local_output", "gather_sequence", "check_model"]
 
 _LOCAL = threading.local()
 
 
 def _active() -> set:
     if not hasattr(_LOCAL, "models"):
-        _LOCAL.models, _LOCAL.pending = set(), {}
+        _LOCAL.models, _LOCAL.pending, _LOCAL.local = set(), {}, {}
     return _LOCAL.models
 
 
@@ -75,6 +85,56 @@ class _GatherSequence(torch.autograd.Function):
 def gather_sequence(x: torch.Tensor, group, sp: int, rank: int) -> torch.Tensor:
     """[b, s/sp, ...] on each rank of the sp group -> [b, s, ...] on every rank."""
     return _GatherSequence.apply(x, group, sp, rank)
+
+
+class _SumShards(torch.autograd.Function):
+    """All-reduce (sum) of values each rank filled at its own positions (zeros at the
+    others'); every rank then computes the same loss from the sum, so the backward hands
+    each rank the sum's gradient as it is: its own positions' part reaches its values."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        x = x.clone()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None
+
+
+@dataclass(frozen=True)
+class LocalSlice:
+    """The positions one rank's forward held: [start, start + width) of the row padded
+    to `padded`, whose first `length` positions are the caller's."""
+    group: object
+    sp: int
+    rank: int
+    start: int
+    width: int
+    length: int
+    padded: int
+
+    def combine(self, values: torch.Tensor, index: torch.Tensor, total: int) -> torch.Tensor:
+        """[n, ...] values of this rank's positions, at places `index` [n] among `total`
+        -> [total, ...] on every rank of the sp group (every place filled by one rank)."""
+        whole = values.new_zeros((total,) + tuple(values.shape[1:]))
+        return _SumShards.apply(whole.index_put((index,), values), self.group)
+
+
+@contextmanager
+def local_output(model):
+    """Within the block, a splitting forward of `model` returns this rank's slice of the
+    output (no gather); the yielded list receives each such forward's `LocalSlice`.
+    Outside a sequence-parallel pass (or at sp=1) the list stays empty."""
+    _active()
+    inner = getattr(model, "module", model)  # the hooks sit on a DDP wrapper's module
+    seen: list[LocalSlice] = []
+    _LOCAL.local[id(inner)] = seen
+    try:
+        yield seen
+    finally:
+        _LOCAL.local.pop(id(inner), None)
 
 
 def _pad(x: torch.Tensor | None, pad: int, value=0) -> torch.Tensor | None:
@@ -135,14 +195,20 @@ class SequenceParallel:
         keep = kwargs.pop("logits_to_keep", None)
         if keep is not None:
             kwargs["logits_to_keep"] = 0  # every local position: kept after the gather
-        _LOCAL.pending[id(model)] = (length, keep)
+        where = LocalSlice(self.group, self.sp, self.rank, part.start, width, length, padded)
+        _LOCAL.pending[id(model)] = (where, keep)
         return (), kwargs
 
     def _gather(self, model, args, output):
         pending = _LOCAL.pending.pop(id(model), None) if hasattr(_LOCAL, "pending") else None
         if pending is None:
             return None
-        length, keep = pending
+        where, keep = pending
+        local = _LOCAL.local.get(id(model))
+        if local is not None:  # the caller reduces this rank's positions itself
+            local.append(where)
+            return None
+        length = where.length
         logits = gather_sequence(output.logits, self.group, self.sp, self.rank)[:, :length]
         if isinstance(keep, int) and keep > 0:
             logits = logits[:, -keep:]
