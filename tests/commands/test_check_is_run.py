@@ -31,7 +31,8 @@ class _NoTrainer:
 @pytest.fixture
 def gpt2_dirs(tmp_path):
     """GPT-2 model directories (GPT-2's config names: n_embd, n_layer, n_head), one
-    with 4 heads and one with 3, and a directory whose config names no shapes."""
+    with 4 heads and one with 3, a directory whose config names no shapes, a Llama asking
+    for an attention sequence parallelism does not wrap and a sliding-window Qwen2."""
     from safetensors.torch import save_file
     import torch
     dirs = {}
@@ -41,6 +42,10 @@ def gpt2_dirs(tmp_path):
         "gpt2_3heads": {"model_type": "gpt2", "n_embd": 24, "n_layer": 2, "n_head": 3,
                         "vocab_size": 64, "n_positions": 128},
         "shapeless": {"model_type": "mystery", "vocab_size": 64, "n_positions": 128},
+        "llama_flex": {"model_type": "llama", "hidden_size": 32, "num_hidden_layers": 2,
+                       "num_attention_heads": 4, "num_key_value_heads": 2,
+                       "intermediate_size": 64, "vocab_size": 64,
+                       "attn_implementation": "flex_attention"},
         "qwen2_sliding": {"model_type": "qwen2", "hidden_size": 32, "num_hidden_layers": 2,
                           "num_attention_heads": 4, "num_key_value_heads": 2,
                           "intermediate_size": 64, "vocab_size": 64,
@@ -90,6 +95,14 @@ REFUSED = [
     ("sp sliding window", ("model.path={qwen2_sliding}", "model.tokenizer=char",
                            "placement.parallel.actor.sp=2", *RAY_TWO),
      ["placement.parallel.actor.sp=2", "sliding-window attention", "set sp=1"]),
+    ("sp attention", ("model.path={llama_flex}", "model.tokenizer=char",
+                      "placement.parallel.actor.sp=2", *RAY_TWO),
+     ["placement.parallel.actor.sp=2", "attn_implementation='flex_attention'", "set sp=1"]),
+    ("sp generate-only role", ("placement.parallel.rollout.sp=2", *RAY_TWO),
+     ["placement.parallel.rollout.sp=2", "role 'rollout' only generates",
+      "(actor, ref, critic)"]),
+    ("sp lora", ("placement.parallel.actor.sp=2", "actor.lora.rank=4", *RAY_TWO),
+     ["placement.parallel.actor.sp=2", "LoRA (actor.lora.rank)", "actor.lora.rank=0"]),
     ("sp with tp", ("placement.parallel.actor.sp=2", "placement.parallel.actor.tp=2",
                     "runtime.name=ray", "placement.pools.main.devices_per_node=4"),
      ["placement.parallel.actor.sp=2 with tp=2", "not yet supported"]),

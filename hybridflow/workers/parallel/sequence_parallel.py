@@ -261,5 +261,7 @@ def check_model(config: dict, layout, attn_implementation: str | None = "sdpa") 
                          "which sequence parallelism does not wrap; set sp=1")
     inner = attn_implementation or "sdpa"
     if inner not in INNER and inner_attention_name(inner) is None:
-        raise ValueError(f"{where}: model.attn_implementation={inner!r} cannot be wrapped "
-                         f"for sequence parallelism (role '{role}'); use one of {list(INNER)}")
+        raise ValueError(f"{where}: the model of role '{role}' asks for attn_implementation="
+                         f"{inner!r} (its config.json), which sequence parallelism cannot "
+                         f"wrap; use a model whose config names one of {list(INNER)} or "
+                         "none (sdpa), or set sp=1")
