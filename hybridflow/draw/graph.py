@@ -156,10 +156,22 @@ def _pool_label(plan: ExecutionPlan, pool: str) -> str:
         # the layout the role's workers build (a folded role's: its host's, or its own)
         layout = plan.placement.layout(role) if spec else None
         parts = [layout.describe()] if layout is not None and layout.sharded else []
-        if role in plan.placement.folded:
-            parts.insert(0, f"served by {plan.placement.folded[role]}")
+        host = plan.placement.folded.get(role)
+        if host is not None:
+            parts.insert(0, f"served by {host}")
+        if layout is not None and _generates_beside_sp(plan, role, host):
+            parts.append(f"generates at {layout.without_sp().describe()}")
         roles.append(f"{role} ({', '.join(parts)})" if parts else role)
     return " · ".join([f"pool {pool}", devices] + ([", ".join(roles)] if roles else []))
+
+
+def _generates_beside_sp(plan: ExecutionPlan, role: str, host: str | None) -> bool:
+    """Whether `role` generates on a module that runs sequence-parallel elsewhere (its
+    own, or its host's): generation never splits the sequence, so it runs at dp x tp."""
+    sharing = host if host is not None else role
+    if plan.placement.sp_size(sharing) <= 1:
+        return False
+    return any(n.kind is NodeKind.GENERATE and n.role == role for n in plan.nodes)
 
 
 def _host_box(box, host: str, nodes: list[PlanNode], folded: dict[str, str],

@@ -136,6 +136,21 @@ def test_svg_shows_every_node_and_every_edge_key(tmp_path, make_plan):
         assert f"role {role}" in texts
 
 
+def test_plan_draws_a_sequence_parallel_layout_and_generation_without_sp():
+    """dp x sp x tp of each sharded role; a role generating on a module that runs
+    sequence-parallel says the layout it generates at (generation never splits)."""
+    bindings = {k: v for k, v in BINDINGS.items() if k != "critic"}
+    placement = Placement({"main": PoolSpec("main", 1, 8)},
+                          {r: "main" for r in bindings},
+                          parallel={"actor": {"sp": 2}, "ref": {"sp": 4}})
+    plan = compile_graph(grpo_graph(), bindings, placement)
+    label = render._pool_label(plan, "main")
+    assert label == ("pool main · 8 devices · actor (dp 4 × sp 2, generates at dp 8), "
+                     "ref (dp 2 × sp 4), reward"), label
+    source = render.plan_to_dot(plan, show_plan=True).source
+    assert "actor (dp 4 × sp 2, generates at dp 8)" in source
+
+
 @needs_dot
 def test_plan_svg_draws_pools_with_devices_and_colocated_roles(tmp_path):
     plan = ppo_plan()
