@@ -9,6 +9,13 @@ Variants, one of each per round in a rotating order (bench/harness.py `alternate
 - `hf_generate`: the engine as it was, HF `generate` with the log-prob recorder
   (`HFEngine._hf_generate`, still the path of ranks that decode in lockstep);
 - `engine`: the engine's own decode loop (workers/rollout/hf_decode.py);
+- `stream` (with `--stream`): the same prompts through the engine's streaming calls
+  (`submit`, then `poll` until drained: workers/rollout/stream.py's continuous
+  batching, `--slots` decode slots, all rows by default), as `trainer.async_mode=
+  streaming` generates; its tokens/s against `engine`'s is the stream loop's cost.
+  `--batches K`: every variant generates the rows K times, the stream with all K
+  batches' requests queued at once (slots refilled as rows end, as a stream k batches
+  ahead runs), the others one batch after another;
 - `peak`: this process's fp32 matmul rate (core/device_peak.py `matmul_flops`), so
   each generate is compared with the peak measured beside it.
 Model FLOPs as the workers count them (workers/mfu.py): 2 N per real prompt token and
@@ -58,7 +65,8 @@ def build(model: str, data: str | None, prompts: int, n: int):
     module = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
     module.eval().requires_grad_(False)
     enc = tok(prompt_texts(tok, data, prompts), padding=True, return_tensors="pt")
-    rows = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
+    rows = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]},
+                 {"uid": [f"p{i}" for i in range(len(enc["input_ids"]))]})  # a stream's rows
 
     class HFGenerate(HFEngine):
         _own_loop = False  # the old path, selectable only here
@@ -78,23 +86,41 @@ def run(args) -> dict:
                          micro_batch_size=len(rows))
     params, prompt_tokens = matmul_params(new.module), int(rows["attention_mask"].sum())
     record = {"hf_generate": [], "engine": [], "peak": []}
+    stream_opts = RolloutConfig(n=args.n, max_new_tokens=args.new_tokens, temperature=1.0,
+                                micro_batch_size=args.slots or len(rows))
 
     def timed(name, engine):
         began, cpu = time.perf_counter(), time.process_time()
-        out = engine.generate(rows, opts)
+        outs = [streamed(engine)] if name == "stream" else \
+            [engine.generate(rows, opts) for _ in range(args.batches)]
         seconds = time.perf_counter() - began
-        generated = int(out["response_length"].sum())
+        generated = sum(int(out["response_length"].sum()) for out in outs)
         record[name].append({"s": seconds, "cpu_s": time.process_time() - cpu,
                              "generated": generated, "load": os.getloadavg()[0],
-                             "flops": 2 * params * (prompt_tokens + generated)})
+                             "flops": 2 * params * (args.batches * prompt_tokens + generated)})
+
+    def streamed(engine):
+        from hybridflow.core.batch import Batch
+        for _ in range(args.batches):
+            engine.submit(rows, stream_opts)
+        parts = []
+        while engine.stream_busy:
+            part = engine.poll(8)
+            if part is not None:
+                parts.append(part)
+        return Batch.concat(parts)
 
     variants = {"hf_generate": lambda: timed("hf_generate", old),
                 "engine": lambda: timed("engine", new),
                 "peak": lambda: record["peak"].append(matmul_flops())}
+    if args.stream:
+        record["stream"] = []
+        variants["stream"] = lambda: timed("stream", new)
     torch.manual_seed(0)
     for _ in range(args.warmup):
-        timed("engine", new)
-    record["engine"].clear()
+        for name in [n for n in ("engine", "stream") if n in variants]:
+            variants[name]()
+            record[name].clear()
     names = list(variants)
     for rep in range(args.reps):
         order = names[rep % len(names):] + names[:rep % len(names)]
@@ -107,10 +133,12 @@ def summarize(record: dict, args, params: int, prompt_tokens: int, rows: int) ->
     peak = median(record["peak"])
     out = {"settings": {"model": args.model, "rows": rows, "new_tokens": args.new_tokens,
                         "prompt_tokens": prompt_tokens, "matmul_params": params,
-                        "reps": args.reps, "threads": args.threads},
+                        "reps": args.reps, "threads": args.threads,
+                        "stream_slots": args.slots or rows if args.stream else None,
+                        "batches": args.batches},
            "peak_gflops": peak / 1e9, "peaks_gflops": [p / 1e9 for p in record["peak"]],
            "variants": {}}
-    for name in ("hf_generate", "engine"):
+    for name in [n for n in ("hf_generate", "engine", "stream") if n in record]:
         reps = record[name]
         seconds = median([r["s"] for r in reps])
         flops = median([r["flops"] for r in reps])
@@ -119,6 +147,13 @@ def summarize(record: dict, args, params: int, prompt_tokens: int, rows: int) ->
             "gflops": flops / seconds / 1e9, "x_bound": seconds / (flops / peak),
             "reps": reps}
     out["speedup"] = out["variants"]["hf_generate"]["s"] / out["variants"]["engine"]["s"]
+    if "stream" in record:  # per repetition: the ratio within a round, then the median
+        rounds = zip(record["stream"], record["engine"])
+        out["stream_vs_engine"] = median([(s["generated"] / s["s"]) / (e["generated"] / e["s"])
+                                          for s, e in rounds])
+        rounds = zip(record["stream"], record["engine"])  # per CPU second: load-proof
+        out["stream_vs_engine_cpu"] = median([(s["generated"] / s["cpu_s"])
+                                              / (e["generated"] / e["cpu_s"]) for s, e in rounds])
     return out
 
 
@@ -131,7 +166,11 @@ def report(res: dict) -> str:
             f"load {res['machine']['load_avg_1m_at_start']}")
     return "\n".join([head, table(["path", "s", "tokens/s", "GFLOP/s", "x bound"], rows),
                       f"engine over hf_generate: {res['speedup']:.2f}x faster; "
-                      f"target: x bound <= {TARGET}"])
+                      f"target: x bound <= {TARGET}"]
+                     + ([f"stream tokens/s over engine's (median of rounds): "
+                         f"{res['stream_vs_engine']:.2f} wall-clock, "
+                         f"{res['stream_vs_engine_cpu']:.2f} per CPU second"]
+                        if "stream_vs_engine" in res else []))
 
 
 def main(argv=None) -> int:
@@ -144,6 +183,13 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--stream", action="store_true",
+                        help="also the streaming loop (submit/poll) on the same prompts")
+    parser.add_argument("--batches", type=int, default=1,
+                        help="generate the rows this many times a variant (the stream: "
+                             "all queued at once)")
+    parser.add_argument("--slots", type=int, default=0,
+                        help="the stream's decode slots (default: every row)")
     parser.add_argument("--out", default=None, help="the JSON file (default: bench/results/)")
     args = parser.parse_args(argv)
     quiet_logs()

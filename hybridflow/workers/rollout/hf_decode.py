@@ -23,6 +23,7 @@ The stream loop (stream.py) samples and reads log-probs with the same functions.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 from contextlib import contextmanager
 
@@ -83,7 +84,12 @@ def flat_head(module):
 def cache_key(module) -> str:
     """The forward's KV cache argument (and output): `cache` since transformers 5.25,
     `past_key_values` before (still accepted there, with a FutureWarning)."""
-    params = inspect.signature(module.forward).parameters
+    return _cache_key_of(type(module))
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_key_of(cls) -> str:  # read once a class: the stream asks every decode step
+    params = inspect.signature(cls.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 
