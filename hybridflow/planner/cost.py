@@ -14,7 +14,14 @@ engine, as verl does:
   bf16 weights there (gathered from the host);
 - a generating role additionally runs its rollout (rollout.py) as dp = n / tp
   replicas of tp devices. Its layout (dp, tp) is this rollout layout; a role
-  that does not generate has layout (n, 1).
+  that does not generate has layout (n, 1);
+- sequence parallelism (`sp`, Ulysses; fsdp only, a generating role at tp=1): the
+  role's train and forward passes split each row over sp ranks of dp = n / sp groups,
+  each rank holding 1/sp of a micro-batch's tokens (activations and logits) and
+  exchanging q, k, v and the attention output by all-to-all in every layer; the
+  micro-batch budget is per rank, as verl's `ppo_max_token_len_per_gpu` is. A
+  micro-batch holds whole rows, so a rank's peak holds at least one row's tokens / sp:
+  what makes a long response need sp (`sp_options`).
 
 Time and memory follow docs/placement.md. The efficiency constants live with
 the device (efficiency.py); this module holds accounting facts only. Stateless
@@ -29,7 +36,8 @@ from hybridflow.core.kinds import NodeKind
 
 from .devices import Cluster
 from .formulas import (BF16_BYTES, FSDP_COLLECTIVES_FORWARD, FSDP_COLLECTIVES_TRAIN,
-                       HOST_STATE_BYTES, OPTIMIZER_TRAFFIC_BYTES, TP_ALLREDUCES_FORWARD,
+                       HOST_STATE_BYTES, OPTIMIZER_TRAFFIC_BYTES, SP_ALLTOALLS_FORWARD,
+                       TP_ALLREDUCES_FORWARD,
                        TRAIN_PASS_FLOPS, TRAIN_STATE_BYTES, Layout, activation_bytes,
                        allgather_seconds, allreduce_seconds, forward_flops_per_token, pass_ops)
 from .models import ModelSpec
@@ -65,6 +73,14 @@ def tp_options(cluster: Cluster, model: ModelSpec, devices: int, generates: bool
             sizes.append(tp)
         tp *= 2
     return sizes
+
+
+def sp_sizes(cluster: Cluster, model: ModelSpec, devices: int) -> list[int]:
+    """Sequence-parallel sizes above 1 a pool of `devices` allows for `model`, ascending:
+    dividing the pool and the model's heads and key/value heads (each rank attends with
+    whole heads), inside a node (the all-to-alls of every layer stay on its links)."""
+    return [sp for sp in range(2, min(devices, cluster.gpus_per_node) + 1)
+            if devices % sp == 0 and model.heads % sp == 0 and model.kv_heads % sp == 0]
 
 
 def usable_bytes(cluster: Cluster) -> float:
@@ -124,11 +140,30 @@ class CostModel:
             return weights_grads * model.params / (tp * pp) + optimizer * sharded
         return (weights_grads + optimizer) * sharded
 
-    def role_cost(self, role: str, devices: int, tp: int) -> RoleCost:
-        key = (role, devices, tp)
+    def role_cost(self, role: str, devices: int, tp: int, sp: int = 1) -> RoleCost:
+        key = (role, devices, tp, sp)
         if key not in self._roles:
-            self._roles[key] = self._role_cost(role, devices, Layout.of(devices, tp))
+            self._roles[key] = self._role_cost(role, devices, Layout.of(devices, tp, sp))
         return self._roles[key]
+
+    def sp_options(self, role: str, devices: int, tp: int) -> list[int]:
+        """Sequence-parallel sizes to weigh for `role`: 1, then (where the problem allows
+        sp, the backend is fsdp, the role runs passes and generates at tp=1) the sizes
+        `sp_sizes` allows, ascending, up to the first at which the role alone fits."""
+        model = self.problem.models[role]
+        kinds = {n.kind for n in self.problem.role_nodes(role)}
+        if not self.problem.sequence_parallel or self.backend.model_parallel or tp > 1 or \
+                not kinds & {NodeKind.TRAIN, NodeKind.INFERENCE} or model.lora_rank:
+            return [1]
+        options = [1]
+        for sp in sp_sizes(self.cluster, model, devices):
+            if self._fits_alone(self.role_cost(role, devices, tp, options[-1])):
+                break
+            options.append(sp)
+        return options
+
+    def _fits_alone(self, part: RoleCost) -> bool:
+        return part.static_bytes + part.transient_bytes <= self.usable
 
     def _role_cost(self, role: str, devices: int, layout: Layout) -> RoleCost:
         seconds, peak, peak_node = {}, 0.0, None
@@ -139,7 +174,7 @@ class CostModel:
                 seconds[node.name] = self.sync_seconds(role, devices)
                 continue
             train = node.kind == NodeKind.TRAIN
-            seconds[node.name], transient = self._pass(role, devices, train)
+            seconds[node.name], transient = self._pass(role, devices, train, layout.sp)
             if transient > peak:
                 peak, peak_node = transient, node.name
         return RoleCost(role, layout, self.static_bytes(role, devices), peak, peak_node, seconds)
@@ -150,28 +185,33 @@ class CostModel:
             return export_seconds(self, role, devices)
         return load_seconds(self, role)
 
-    def micro_batches(self, sequences: float) -> tuple[int, float]:
-        """(count, tokens each) for `sequences` on one rank, packed up to micro_batch_tokens."""
+    def micro_batches(self, sequences: float, sp: int = 1) -> tuple[int, float]:
+        """(count, tokens each) for `sequences` on one replica (an sp group of `sp` ranks),
+        packed up to micro_batch_tokens per rank."""
         tokens = sequences * self.workload.pass_seq_len
-        count = max(1, math.ceil(tokens / self.workload.micro_batch_tokens))
+        count = max(1, math.ceil(tokens / (self.workload.micro_batch_tokens * sp)))
         return count, tokens / count
 
-    def _pass(self, role: str, devices: int, train: bool) -> tuple[float, float]:
+    def _pass(self, role: str, devices: int, train: bool, sp: int = 1) -> tuple[float, float]:
         """Seconds and transient bytes of one inference or train node."""
         work = self.workload
         tp, pp = self.model_parallel(devices)
-        replicas = devices // (tp * pp)
+        replicas = devices // (tp * pp * sp)
         seqs_per_replica = work.sequences / replicas
         steps = work.ppo_epochs * work.mini_batches if train else 1
         per_mini = seqs_per_replica / (work.mini_batches if train else 1)
-        count, tokens = self.micro_batches(per_mini)
-        micro = self._micro_batch_seconds(role, devices, tokens, train)
+        count, tokens = self.micro_batches(per_mini, sp)
+        micro = self._micro_batch_seconds(role, devices, tokens / sp, train, sp)
         bubble = 1 + (pp - 1) / count  # pipeline fill and drain
         optimizer = self._optimizer_seconds(role, devices) if train else 0.0
         seconds = steps * (count * micro * bubble + optimizer) + self.eff.node_call_overhead_s
-        return seconds, activation_bytes(self.problem.models[role], tokens / tp, train)
+        held = tokens / sp
+        if work.pass_seq_len > work.micro_batch_tokens:  # a row no micro-batch can cut
+            held = max(held, work.pass_seq_len / sp)
+        return seconds, activation_bytes(self.problem.models[role], held / tp, train)
 
-    def _micro_batch_seconds(self, role: str, devices: int, tokens: float, train: bool) -> float:
+    def _micro_batch_seconds(self, role: str, devices: int, tokens: float, train: bool,
+                             sp: int = 1) -> float:
         model, eff = self.problem.models[role], self.eff
         tp, pp = self.model_parallel(devices)
         flops = forward_flops_per_token(model, self.workload.pass_seq_len) * tokens / (tp * pp)
@@ -190,7 +230,12 @@ class CostModel:
         if self.backend.offload == "all":  # every gather first pulls the shard from the host
             gathers += collectives * BF16_BYTES * model.params / devices / (
                 self.device.host_bandwidth)
-        return max(compute, gathers)  # FSDP prefetch overlaps gathers with compute
+        # Ulysses' all-to-alls sit between a layer's projections and its attention: on
+        # the critical path, not overlapped (`tokens`: this rank's)
+        exchange = (2 if train else 1) * SP_ALLTOALLS_FORWARD * model.layers * allgather_seconds(
+            tokens * model.hidden * BF16_BYTES, sp,
+            self.device.intra_node_bandwidth * eff.link_efficiency, eff.intra_node_latency_s)
+        return max(compute, gathers) + exchange  # FSDP prefetch overlaps gathers with compute
 
     def _optimizer_seconds(self, role: str, devices: int) -> float:
         """One optimizer step: Adam over the local states, plus the gradient all-reduce

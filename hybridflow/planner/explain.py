@@ -103,10 +103,17 @@ def paragraph(result: Ranking) -> str:
     else:
         where = "split the roles into " + "; ".join(
             f"{'+'.join(p.roles)} on {p.devices}" for p in best.pools) + f" {device} devices"
-    layouts = ", ".join(f"{r} dp={lay.dp} tp={lay.tp}"
+    layouts = ", ".join(f"{r} dp={lay.dp} tp={lay.tp}" + (f" sp={lay.sp}" if lay.sp > 1 else "")
                         for p in best.pools for r, lay in p.layouts.items())
     text = [(f"Best plan: {where} ({layouts}); predicted step {best.step_seconds:.1f} s, "
              f"critical path {' -> '.join(best.critical_path)}.")]
+    split = [f"{r} at sp={lay.sp}" for p in best.pools for r, lay in p.layouts.items()
+             if lay.sp > 1]
+    if split:
+        text.append(f"Sequence parallelism: {', '.join(split)} splits each row of "
+                    f"{result.workload.pass_seq_len:.0f} tokens over that many ranks, since "
+                    "one row's activations do not fit a device at a smaller sp (generation "
+                    "runs without sp).")
     gen = [f"{r} decodes {b} sequences at once per replica"
            for p in best.pools for r, b in p.decode_batch.items()]
     if gen:

@@ -18,6 +18,9 @@ HOST_STATE_BYTES = 12  # fp32 master and Adam moments, on the host when offloade
 OPTIMIZER_TRAFFIC_BYTES = 32  # Adam reads and writes every state once a step
 TRAIN_PASS_FLOPS = 4  # forward + backward (2x) + recomputed forward (checkpointing)
 TP_ALLREDUCES_FORWARD = 2  # per layer: after attention and after the MLP
+# per layer under sequence parallelism (Ulysses): q, k, v to heads, the output back;
+# one all-to-all moves what an all-gather of the same bytes does ((sp-1)/sp of them)
+SP_ALLTOALLS_FORWARD = 4
 FSDP_COLLECTIVES_TRAIN = 3  # per micro-batch: gather fwd, gather bwd, reduce-scatter
 FSDP_COLLECTIVES_FORWARD = 1  # per micro-batch: gather fwd
 ACTIVATION_BYTES_TRAIN = 34  # per token per hidden unit of one layer (Korthikanti et al.)
@@ -31,12 +34,18 @@ OPS_PER_PASS = 20  # embedding, final norm, head, log-softmax and gathers
 class Layout:
     dp: int
     tp: int
+    sp: int = 1  # sequence-parallel ranks splitting a row in the role's passes (not generation)
 
     @classmethod
-    def of(cls, devices: int, tp: int) -> "Layout":
-        """The layout of `devices` ranks at tensor-parallel size `tp`, derived by the
-        role layout (`core/layout.RoleLayout`), as the workers will build it."""
-        return cls(RoleLayout(devices, tp).dp, tp)
+    def of(cls, devices: int, tp: int, sp: int = 1) -> "Layout":
+        """The layout of `devices` ranks at tensor-parallel size `tp` and sequence-parallel
+        size `sp`, derived by the role layout (`core/layout.RoleLayout`), as the workers
+        will build it."""
+        return cls(RoleLayout(devices, tp, sp).dp, tp, sp)
+
+    def parallel_config(self) -> dict:
+        """`placement.parallel.<role>` of this layout (sp only where it is on)."""
+        return {"dp": self.dp, "tp": self.tp, **({"sp": self.sp} if self.sp > 1 else {})}
 
 
 def forward_flops_per_token(model: ModelSpec, context: float) -> float:

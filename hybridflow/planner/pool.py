@@ -161,7 +161,8 @@ def _role_choices(cost: CostModel, role: str, devices: int) -> list[RoleCost]:
     tps = tp_options(cost.cluster, model, devices, generates)
     if generates and cost.problem.rollout_tp in tps:  # a fixed rollout tp, where the pool allows
         tps = [cost.problem.rollout_tp]
-    options = [cost.role_cost(role, devices, tp) for tp in tps]
+    options = [cost.role_cost(role, devices, tp, sp) for tp in tps
+               for sp in cost.sp_options(role, devices, tp)]
     if generates:
         return options
 
@@ -170,7 +171,7 @@ def _role_choices(cost: CostModel, role: str, devices: int) -> list[RoleCost]:
                 and all(a.node_seconds[k] <= b.node_seconds[k] for k in b.node_seconds))
 
     kept: list[RoleCost] = []
-    for option in options:  # earlier (smaller tp) wins ties
+    for option in options:  # earlier (smaller tp, then sp) wins ties
         if not any(beats(k, option) for k in kept):
             kept = [k for k in kept if not beats(option, k)] + [option]
     return kept

@@ -205,6 +205,9 @@ class Problem:
     # generating roles placed apart from the role whose weights they sample with
     # (role -> host): they hold their own copy, synced after each update (pipeline.py)
     own_weights: dict[str, str] = field(default_factory=dict, hash=False)
+    # whether the run can split a role's rows over sp ranks (cost.sp_options weighs it
+    # only where a row does not fit at sp=1)
+    sequence_parallel: bool = True
 
     def role_nodes(self, role: str) -> list[NodeInfo]:
         return [n for n in self.nodes if n.role == role]
@@ -242,7 +245,8 @@ def read_nodes(graph) -> tuple[NodeInfo, ...]:
 
 def build_problem(graph, cluster: Cluster, models: dict[str, ModelSpec],
                   workload: Workload, backend: TrainingBackend | None = None,
-                  rollout_tp: int = 0, pipeline: Pipeline | None = None) -> Problem:
+                  rollout_tp: int = 0, pipeline: Pipeline | None = None,
+                  sequence_parallel: bool = True) -> Problem:
     nodes = read_nodes(graph)
     if pipeline is not None:
         check_pipeline(nodes, pipeline)
@@ -264,7 +268,8 @@ def build_problem(graph, cluster: Cluster, models: dict[str, ModelSpec],
     if not placed:
         raise PlanningError("no role has a model size, so there is nothing to place on devices")
     return Problem(nodes, cluster, dict(models), workload, tuple(placed), tuple(driver),
-                   backend or TrainingBackend(), rollout_tp, pipeline)
+                   backend or TrainingBackend(), rollout_tp, pipeline,
+                   sequence_parallel=sequence_parallel)
 
 
 def check_pipeline(nodes: tuple[NodeInfo, ...], pipeline: Pipeline) -> None:

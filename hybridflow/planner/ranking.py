@@ -10,7 +10,7 @@ of a run's config:
 
     {"pools": {"<pool>": {"nodes": int, "devices_per_node": int}},
      "roles": {"<role>": "<pool>"},
-     "parallel": {"<role>": {"dp": int, "tp": int}}}
+     "parallel": {"<role>": {"dp": int, "tp": int, "sp": int (only above 1)}}}
 
 Roles that need no device (rule functions) are absent from "roles": they run
 on the driver.
@@ -42,14 +42,16 @@ class PoolPlan:
     decode_batch: dict[str, int]
 
     def describe(self) -> str:
-        layouts = " ".join(f"{r} {self.layouts[r].dp}x{self.layouts[r].tp}" for r in self.roles)
+        layouts = " ".join(f"{r} {self.layouts[r].dp}x{self.layouts[r].tp}"
+                           + (f" sp{self.layouts[r].sp}" if self.layouts[r].sp > 1 else "")
+                           for r in self.roles)
         return f"{'+'.join(self.roles)}[{self.devices}: {layouts}]"
 
     def to_json(self) -> dict:
         return {
             "name": self.name, "roles": list(self.roles), "devices": self.devices,
             "nodes": self.nodes, "devices_per_node": self.devices_per_node,
-            "parallel": {r: {"dp": lay.dp, "tp": lay.tp} for r, lay in self.layouts.items()},
+            "parallel": {r: lay.parallel_config() for r, lay in self.layouts.items()},
             "memory": self.memory.to_json(), "busy_seconds": round(self.busy_seconds, 3),
             "decode_batch": dict(self.decode_batch),
         }
@@ -94,7 +96,7 @@ class Candidate:
             "pools": {p.name: {"nodes": p.nodes, "devices_per_node": p.devices_per_node}
                       for p in self.pools},
             "roles": {r: p.name for p in self.pools for r in p.roles},
-            "parallel": {r: {"dp": lay.dp, "tp": lay.tp}
+            "parallel": {r: lay.parallel_config()
                          for p in self.pools for r, lay in p.layouts.items()},
         }
 

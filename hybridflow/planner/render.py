@@ -68,11 +68,13 @@ def _pool_cluster(dot: graphviz.Digraph, result: Ranking, candidate: Candidate, 
             layout = pool.layouts[role]
             batch = pool.decode_batch.get(role)
             extra = f", decode batch {batch}" if batch else ""
-            if batch:  # a generating role: its layout is the rollout's
-                where = (f"rollout dp={layout.dp} x tp={layout.tp}, {training} over "
-                         f"{pool.devices} devices")
+            split = f", sp={layout.sp}" if layout.sp > 1 else ""
+            if batch:  # a generating role: its layout is the rollout's (never split by sp)
+                where = (f"rollout dp={pool.devices // layout.tp} x tp={layout.tp}, {training}"
+                         f"{split} over {pool.devices} devices")
             else:
-                where = f"dp={layout.dp} tp={layout.tp} ({training} over {pool.devices} devices)"
+                where = (f"dp={layout.dp} tp={layout.tp}{split} ({training} over "
+                         f"{pool.devices} devices)")
             role_label = f"{role}: {where}\n{mem.static[role] / GIB:.1f} GiB resident{extra}"
             with sub.subgraph(name=f"cluster_role_{role}") as box:
                 box.attr(label=role_label, style="rounded,filled", fillcolor="white",

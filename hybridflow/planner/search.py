@@ -1,4 +1,4 @@
-"""Search placements: groupings x device allocations x per-role (dp, tp).
+"""Search placements: groupings x device allocations x per-role (dp, tp, sp).
 
 State of one search: a CostModel (memoised role costs), a cache of each
 pool's Pareto layouts keyed by (roles, devices), and for every grouping the
@@ -250,8 +250,9 @@ def streaming_candidate(problem: Problem, plans: tuple[PoolPlan, ...], pool_of_r
 def plan_placement(graph, cluster: Cluster, models: dict[str, ModelSpec], workload: Workload,
                    top_k: int = 5, backend: TrainingBackend | None = None,
                    groupings=None, rollout_tp: int = 0,
-                   pipeline: Pipeline | None = None) -> PlannerResult:
-    """Choose colocation, pool sizes and per-role (dp, tp) for `graph` on `cluster`.
+                   pipeline: Pipeline | None = None,
+                   sequence_parallel: bool = True) -> PlannerResult:
+    """Choose colocation, pool sizes and per-role (dp, tp, sp) for `graph` on `cluster`.
 
     `groupings` (tuples of role tuples) restricts the search to those
     colocations, e.g. a published system's own; `rollout_tp` fixes the rollout's
@@ -260,12 +261,15 @@ def plan_placement(graph, cluster: Cluster, models: dict[str, ModelSpec], worklo
     streaming one: streaming.py), and the plans with each movable
     generate node on a pool of its own, weights synced, compete too (pipeline.py);
     `groupings` then place it apart where they name its role (e.g. "rollout").
+    `sequence_parallel=False` keeps every role at sp=1 (a run that cannot split rows);
+    else a role whose row does not fit at sp=1 may be planned at the sp it needs.
     Raises PlanningError for bad inputs and NoFeasiblePlacement when nothing fits.
     """
     from .explain import reason_lost  # explain imports result, which this module feeds
 
     began = time.perf_counter()
-    problem = build_problem(graph, cluster, models, workload, backend, rollout_tp, pipeline)
+    problem = build_problem(graph, cluster, models, workload, backend, rollout_tp, pipeline,
+                            sequence_parallel)
     searches = searches_for(problem, apart_problem(problem), top_k, groupings)
     for search in searches:
         search.run()
@@ -330,5 +334,11 @@ def no_fit_message(problem: Problem, rejected: list[Shortfall]) -> str:
     label = problem.cluster.spec.label
     lines = [f"no placement fits on {problem.cluster.describe()}:"]
     lines += [f"  - {s.reason(label)}" for s in rejected[:6]]
-    lines.append("use more or larger devices, smaller models, or a shorter sequence/micro-batch")
+    if problem.sequence_parallel:
+        lines.append("use more or larger devices, smaller models, or a shorter "
+                     "sequence/micro-batch")
+    else:  # the run could not split rows: say that it might where it can
+        lines.append("use more or larger devices, smaller models, a shorter sequence/micro-batch, "
+                     "or a run that can split rows over sp ranks (sequence parallelism: "
+                     "--runtime ray, no LoRA, an sdpa/eager attention)")
     return "\n".join(lines)

@@ -11,7 +11,10 @@ reward) run beside the others and cost the planner nothing. With
 The planner offers a generating role tensor parallelism only where the run can build
 it, read from what is declared, not from names: the engine of `rollout.backend`
 registered `tensor_parallel=True`, and the runtime runs each rank as a process
-(`RuntimeName.process_per_rank`); otherwise it plans generation at tp=1.
+(`RuntimeName.process_per_rank`); otherwise it plans generation at tp=1. It may split
+a role's rows over sp ranks (sequence parallelism, where a row does not fit a device
+at sp=1) only where the run can: a process per rank, no LoRA, and a model whose
+attention the workers wrap (`can_split_rows`).
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from hybridflow.plan.compiler import ExecutionPlan
 from hybridflow.program.config import ConfigError
 
 __all__ = ["AUTO_OVERRIDE", "expand_auto", "plan_auto_placement", "run_models",
-           "generation_tp", "generation_layouts"]
+           "generation_tp", "generation_layouts", "can_split_rows"]
 
 AUTO_OVERRIDE = "placement=auto"
 
@@ -80,10 +83,30 @@ def plan_auto_placement(cfg: DictConfig, plan: ExecutionPlan) -> tuple[dict, str
                      ppo_epochs=cfg.actor.ppo_epochs,
                      mini_batches=max(1, -(-cfg.data.batch_size * cfg.rollout.n
                                           // cfg.actor.mini_batch_size))),
-            rollout_tp=generation_tp(cfg), pipeline=pipeline)
+            rollout_tp=generation_tp(cfg), pipeline=pipeline,
+            sequence_parallel=can_split_rows(cfg))
     except (PlanningError, ValueError) as err:
         raise ConfigError(f"placement=auto: {err}") from None
     return generation_layouts(result.best.to_placement_config(), compiled), result.explain()
+
+
+def can_split_rows(cfg: DictConfig) -> bool:
+    """Whether the run could run a role sequence-parallel: what pre-flight refuses at
+    sp > 1 apart from the size (program/parallel_checks._check_sequence_parallel)."""
+    if not RuntimeName.of(cfg.runtime.name).process_per_rank:
+        return False
+    if int(OmegaConf.select(cfg, "actor.lora.rank") or 0):
+        return False
+    from hybridflow.core.layout import RoleLayout
+    from hybridflow.core.model_config import standard_shapes
+    from hybridflow.workers.parallel.sequence_parallel import check_model
+    config = standard_shapes(_hf_config(cfg))
+    inner = config.get("attn_implementation") or config.get("_attn_implementation")
+    try:  # the size-independent refusals: sliding windows, an attention it cannot wrap
+        check_model(config, RoleLayout(1, role="actor"), inner or "sdpa")
+    except ValueError:
+        return False
+    return True
 
 
 def generation_tp(cfg: DictConfig) -> int:

@@ -107,3 +107,68 @@ def test_generation_tp_reads_the_engine_and_the_runtime():
     from hybridflow.program.config import build_config
     assert generation_tp(build_config(overrides=["runtime.name=ray"])) == 0  # hf: tp ok
     assert generation_tp(build_config(overrides=["runtime.name=local"])) == 1  # one process
+
+
+def _qwen05_dir(tmp_path) -> str:
+    """A model directory with Qwen2-0.5B's config (14 heads, 2 KV heads, a 152k
+    vocabulary): shapes only, for the planner and check."""
+    import json
+    from safetensors.torch import save_file
+    import torch
+    path = tmp_path / "qwen2_05b"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24,
+        "num_attention_heads": 14, "num_key_value_heads": 2, "intermediate_size": 4864,
+        "vocab_size": 151936, "tie_word_embeddings": True, "max_position_embeddings": 40960,
+        "use_sliding_window": False}))
+    save_file({"w": torch.zeros(1)}, str(path / "model.safetensors"))
+    return str(path)
+
+
+def _long_rows(model_dir: str, runtime: str) -> list[str]:
+    # one row of 256 + 32,768 tokens does not fit an A100-40G's update at sp=1
+    return ["placement=auto", f"runtime.name={runtime}", "placement.cluster.devices_per_node=2",
+            "placement.cluster.device=a100-40g", f"model.path={model_dir}",
+            "model.tokenizer=char", "rollout.max_new_tokens=32768", "data.batch_size=4",
+            "rollout.n=2", "actor.mini_batch_size=8"]
+
+
+def test_auto_placement_plans_sp_for_a_row_one_device_cannot_hold_and_check_passes(
+        tmp_path, capsys):
+    """What the planner plans runs: the planned layout (the actor at sp=2, generating at
+    dp 2) is the run's config, and `check` (pre-flight included) accepts it."""
+    from hybridflow.cli import main
+    overrides = _long_rows(_qwen05_dir(tmp_path), "ray")
+    loaded = prepare(GRPO, overrides, preflight=False)
+    placement = loaded.plan.placement
+    assert placement.sp_size("actor") == 2 and placement.layout("actor").dp == 1
+    assert placement.layout("actor", generating=True).dp == 2
+    assert loaded.cfg.placement.parallel["actor"].sp == 2  # the saved config replays it
+    assert "Sequence parallelism: actor at sp=2" in capsys.readouterr().out
+    assert main(["check", GRPO, *overrides]) == 0
+    out = capsys.readouterr().out
+    assert "layout: actor on pool" in out and "dp 1 x sp 2 x tp 1" in out, out
+    assert out.rstrip().endswith("ok")
+
+
+def test_auto_placement_splits_no_row_where_the_run_cannot(tmp_path):
+    """The local runtime (one process) cannot run sp: the planner keeps sp=1 and says
+    the long row fits nowhere, naming the pass."""
+    import pytest
+    from hybridflow.program.config import ConfigError
+    with pytest.raises(ConfigError, match=r"(?s)placement=auto: no placement fits.*peak "
+                       r"actor.update.*split rows over sp ranks"):
+        prepare(GRPO, _long_rows(_qwen05_dir(tmp_path), "local"), preflight=False)
+
+
+def test_can_split_rows_reads_the_runtime_lora_and_the_model():
+    from hybridflow.program.auto_placement import can_split_rows
+    from hybridflow.program.config import build_config
+    assert can_split_rows(build_config(overrides=["runtime.name=ray"]))
+    assert not can_split_rows(build_config(overrides=["runtime.name=local"]))
+    assert not can_split_rows(build_config(overrides=["runtime.name=ray", "actor.lora.rank=4"]))
+    sliding = build_config(overrides=["runtime.name=ray", "model.path=null",
+                                      "model.hf_config.sliding_window=16",
+                                      "model.hf_config.use_sliding_window=true"])
+    assert not can_split_rows(sliding)
