@@ -166,8 +166,8 @@ def _slice_hidden(hidden, batch: Batch, rows: PackedRows | None,
     responses = batch["responses"]
     width = responses.shape[1]
     first = split.length - width - 1  # the column predicting the first response token
-    columns = torch.arange(max(first, split.start), min(first + width, end),
-                           device=hidden.device)
+    low = max(first, split.start)  # none where the slice ends before the response
+    columns = torch.arange(low, max(low, min(first + width, end)), device=hidden.device)
     picked = hidden[:, columns - split.start]  # [B, c, H]
     places = columns - first
     index = (torch.arange(responses.shape[0], device=hidden.device).unsqueeze(1) * width

@@ -1,7 +1,9 @@
 """Sequence parallelism (workers/parallel/sequence_parallel.py) on 2 gloo ranks at
 dp 1 x sp 2 against one rank (sp=1), on the tiny Llama (4 heads, 2 key/value heads),
-padded (ddp), packed (fsdp2) and padded with chunked log-probs (a chunk of 4 of a
-slice's positions), each on a batch whose width is odd (padded to a multiple of sp):
+padded (ddp), packed (fsdp2), padded with chunked log-probs (a chunk of 4 of a
+slice's positions) and padded with a prompt longer than half the row (rank 0's slice
+predicts no response token: its log-probs are the other rank's, its gradient reaches
+the head through an empty slice), each on a batch whose width is odd (padded to sp):
 the log-prob pass, a training forward's log-probs and entropy (and its gradients summed
 over the sp ranks), and the weights after one update equal one rank's to 1e-5 (fp32);
 no rank gathers the logits along the sequence in those passes (each reduces its own
@@ -32,7 +34,9 @@ def _cfg(packed: bool, strategy: str, chunk: int | None = None) -> dict:
 
 
 CASES = {"padded_ddp": _cfg(False, "ddp"), "packed_fsdp2": _cfg(True, "fsdp2"),
-         "chunked_padded_ddp": _cfg(False, "ddp", chunk=4)}
+         "chunked_padded_ddp": _cfg(False, "ddp", chunk=4),
+         "long_prompt_ddp": _cfg(False, "ddp")}
+LONG_PROMPT_PAD = 8  # left padding columns: the response's predictors all past mid-row
 
 
 def _free_port() -> int:
@@ -52,6 +56,22 @@ def _odd_width(batch):
         if torch.is_tensor(value) and value.dim() >= 2 and value.shape[1] in (width, resp):
             out[key] = value[:, :-1].contiguous()
     return out
+
+
+def _long_prompt(batch):
+    """The batch with LONG_PROMPT_PAD more left-padding columns (attended by no one)."""
+    out = batch.select(*batch.keys())
+    width = batch["input_ids"].shape[1]
+    for key, fill in (("input_ids", 0), ("attention_mask", 0), ("position_ids", 0)):
+        value = batch[key]
+        assert value.shape[1] == width, key
+        out[key] = torch.cat([value.new_full((len(batch), LONG_PROMPT_PAD), fill), value], 1)
+    return out
+
+
+def _batch(name: str, cfg: dict):
+    batch = _odd_width(rollout_for_update(ActorWorker(cfg), n=2))
+    return _long_prompt(batch) if name.startswith("long_prompt") else batch
 
 
 def _weights(module) -> dict:
@@ -122,8 +142,7 @@ def _rank_main(rank: int, world: int, port: int, batches: dict, out_dir: str):
 def results(tmp_path_factory):
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("sequence_parallel")
-    batches = {name: _odd_width(rollout_for_update(ActorWorker(cfg), n=2))
-               for name, cfg in CASES.items()}
+    batches = {name: _batch(name, cfg) for name, cfg in CASES.items()}
     single = {name: _run(cfg, batches[name]) for name, cfg in CASES.items()}
     mp.spawn(_rank_main, args=(2, _free_port(), batches, str(out)), nprocs=2, join=True)
     ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
@@ -145,7 +164,10 @@ def _close(a, b, what: str, atol: float = 1e-5):
 @pytest.mark.parametrize("name", list(CASES))
 def test_sp2_log_probs_entropy_and_gradients_equal_one_rank(results, name):
     batches, single, ranks, _ = results
-    assert batches[name]["input_ids"].shape[1] % 2 == 1  # the split pads the row
+    width, response = batches[name]["input_ids"].shape[1], batches[name]["responses"].shape[1]
+    assert width % 2 == 1  # the split pads the row
+    if name.startswith("long_prompt"):  # rank 0's slice [0, (width + 1) / 2) predicts none
+        assert width - response - 1 >= (width + 1) // 2
     want = single[name]
     for rank, out in enumerate(ranks):
         got = out[name]
