@@ -171,14 +171,22 @@ def test_what_check_accepts_run_takes_to_its_workers(argv, gpt2_dirs, tmp_path, 
     assert "hybridflow run: could not start: Launched: launched" in run_lines, run_lines
 
 
-def test_check_takes_runs_arguments(capsys):
+def test_check_takes_runs_arguments(capsys, tmp_path):
     """The same command line: `check` takes --runtime, --address and --resume, and says
-    what it cannot check without the workers."""
+    what it cannot check without the workers; a --resume that finds no run is refused
+    with `run`'s words (a usable resume: tests/e2e/test_resume_unusable_checkpoint.py)."""
     code = main(["check", GRPO, "--runtime", "ray", "--address", "10.0.0.1:6379",
-                 "--resume", "trainer.steps=3"])
+                 "trainer.steps=3"])
     out = capsys.readouterr().out
     assert code == 0
-    assert "note: --resume" in out and "note: --address 10.0.0.1:6379" in out
+    assert "note: --address 10.0.0.1:6379" in out
+    argv = [GRPO, "--resume", f"trainer.runs_dir={tmp_path}", "trainer.steps=3"]
+    said = {}
+    for command in ("check", "run"):
+        assert main([command, *argv]) == 1
+        said[command] = capsys.readouterr().err.strip().removeprefix(f"hybridflow {command}: ")
+    assert said["check"] == said["run"] and "no earlier run" in said["check"], said
+    assert os.listdir(tmp_path) == []
 
 
 @pytest.mark.parametrize("tp", [2, 3])
