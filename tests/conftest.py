@@ -51,7 +51,8 @@ def ray_session():
     cloudpickle.register_pickle_by_value(runtime_fakes)
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=8, num_gpus=4, include_dashboard=False)
+    # address="local": a Ray of its own, never one a file in the temp folder names
+    ray.init(address="local", num_cpus=8, num_gpus=4, include_dashboard=False)
     yield
     ray.shutdown()
 

@@ -153,8 +153,13 @@ def group_hashes(column) -> np.ndarray:
 def sp_size(cfg, role: str) -> int:
     """`placement.parallel.<role>.sp` of the run's config (1 where unset); the compiler
     checked it (core/layout.py), and the rollout role never has one."""
-    parallel = (cfg.get("placement") or {}).get("parallel") or {}
-    return int((parallel.get(role) or {}).get("sp", 1))
+    if isinstance(cfg, dict):  # a plain mapping (tests, the local runtime's dict form)
+        parallel = (cfg.get("placement") or {}).get("parallel") or {}
+        return int((parallel.get(role) or {}).get("sp", 1))
+    layout = cfg.placement.parallel.get(role)  # the typed RunConfig: no mapping reads
+    if layout is None:
+        return 1
+    return int(layout.get("sp", 1) if isinstance(layout, dict) else layout.sp)
 
 
 def seed_process(seed: int) -> None:

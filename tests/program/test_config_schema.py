@@ -256,4 +256,4 @@ def test_a_parallel_layout_may_leave_dp_unset():
                                   "placement.parallel.actor.tp=2"])
     g = Graph("g")
     g.call("actor.generate", g.source())
-    assert placement_from_config(cfg, g).parallel == {"actor": {"tp": 2}}
+    assert placement_from_config(cfg, g).parallel == {"actor": {"tp": 2, "sp": 1}}

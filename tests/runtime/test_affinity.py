@@ -89,5 +89,5 @@ def test_a_pinned_pool_runs_each_worker_on_its_slice(ray_session):
     with pytest.raises(RuntimeError) as err:
         RayRuntime(plan, {"runtime": {"call_timeout_s": 60}})
     assert str(err.value).startswith(
-        "pool 'p': pinning to cores failed on rank 0: placement.pools.p.cores=[4096]: "
+        "pool 'p': pinning to cores failed on rank 0: ValueError: placement.pools.p.cores=[4096]: "
         "core(s) [4096] are not among the cores this worker may use on its node")

@@ -6,12 +6,15 @@ RAY_ADDRESS too), never joining it. Each drives a real `hybridflow run` (or driv
 in a subprocess and watches its process tree with psutil."""
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import psutil
@@ -24,9 +27,19 @@ RUN = ["-m", "hybridflow", "run", os.path.join(REPO, "graphs", "grpo.py"), "--ru
        "trainer.run_name=run"]
 
 
+def _short_dir() -> str:
+    """A short folder (Ray's socket paths must stay under 107 bytes), removed at exit."""
+    path = tempfile.mkdtemp(prefix="hfr-")
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
 def _env(tmp_path) -> dict:
+    # a Ray temp folder of the test's own: a Ray killed here leaves its
+    # ray_current_cluster file behind, which a later ray.init() of this test process
+    # would take for a cluster to join
     env = {**os.environ, "HYBRIDFLOW_RAY_RECORDS": str(tmp_path / "records"),
-           "PYTHONPATH": REPO}
+           "PYTHONPATH": REPO, "RAY_TMPDIR": _short_dir()}
     env.pop("RAY_ADDRESS", None)
     return env
 
