@@ -6,6 +6,16 @@ The model: a 2-layer Qwen2 with SmolLM2-135M's vocabulary (49,152) and a hidden 
 of 256, random weights (no download), float32: small enough to train a 4K-token row
 on two CPU cores, with a vocabulary whose logits dominate the pass as they do for a
 real model at long lengths. The batch: one row of 64 prompt and R response tokens.
+The chunked variant goes through `workers/head_logprobs.py`'s autograd Function (the
+head here is a plain linear layer): one head matmul recomputed per chunk.
+
+Ordinary micro-batches (`--micro`, also in the full run): seconds of one update on 8
+rows of 64 prompt + 150 response tokens (1,200 response positions, more than the
+341-position chunk of 2**24 logits), `actor.logprob_chunk` at its default against 0,
+alternated, with the median of the per-round ratios (robust to the shared machine's
+load drifting between rounds); on the 2-layer model above and on SmolLM2-135M's own
+shapes (30 layers, hidden 576; random weights), where the head is a small share of the
+update.
 
 Memory: each (pass, length, variant) runs in a fresh process, which builds the
 worker, runs the pass once (AdamW allocates its moments at the first step), then
@@ -17,6 +27,7 @@ variants in one process, alternated (`bench.harness.alternate`), torch threads s
 
     python bench/chunked_logprobs.py            # R = 1024 and 4096 -> results JSON
     python bench/chunked_logprobs.py --quick    # R = 1024 only, fewer repeats
+    python bench/chunked_logprobs.py --micro    # the micro-batch records only
 """
 from __future__ import annotations
 
@@ -40,31 +51,42 @@ HF_CONFIG = {"model_type": "qwen2", "hidden_size": 256, "intermediate_size": 768
              "max_position_embeddings": 8192, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
              "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
 VARIANTS = {"whole": 0, "chunked": None}  # actor.logprob_chunk: 0 never, None the default
+# SmolLM2-135M's shapes (bench/parallel.py's), random weights
+SMOLLM2 = {"model_type": "llama", "hidden_size": 576, "intermediate_size": 1536,
+           "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+           "vocab_size": VOCAB, "tie_word_embeddings": True,
+           "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 100000.0,
+           "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
+MICRO_ROWS, MICRO_RESPONSE = 8, 150
+# actor.logprob_chunk of the micro-batch runs: the default, never
+MICRO_VARIANTS = {"default": None, "whole": 0}
 
 
-def run_config(response: int, chunk: int | None) -> dict:
-    return {"model": {"hf_config": dict(HF_CONFIG), "device": "cpu"},
-            "actor": {"micro_batch_size": 1, "mini_batch_size": 1, "lr": 1e-6,
+def run_config(response: int, chunk: int | None, rows: int = 1,
+               hf_config: dict | None = None) -> dict:
+    return {"model": {"hf_config": dict(hf_config or HF_CONFIG), "device": "cpu"},
+            "actor": {"micro_batch_size": rows, "mini_batch_size": rows, "lr": 1e-6,
                       "logprob_chunk": chunk},
-            "rollout": {"max_new_tokens": response, "log_prob_micro_batch_size": 1, "n": 1},
-            "data": {"max_prompt_length": PROMPT, "batch_size": 1}}
+            "rollout": {"max_new_tokens": response, "log_prob_micro_batch_size": rows,
+                        "n": 1},
+            "data": {"max_prompt_length": PROMPT, "batch_size": rows}}
 
 
-def long_row(response: int):
-    """One row of PROMPT + response tokens with what actor.update reads."""
+def long_row(response: int, rows: int = 1):
+    """`rows` rows of PROMPT + response tokens with what actor.update reads."""
     import torch
 
     from hybridflow.core.batch import Batch
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, VOCAB, (1, PROMPT + response), generator=gen)
+    ids = torch.randint(3, VOCAB, (rows, PROMPT + response), generator=gen)
     mask = torch.ones_like(ids)
     return Batch({"input_ids": ids, "attention_mask": mask,
-                  "position_ids": torch.arange(PROMPT + response)[None],
+                  "position_ids": torch.arange(PROMPT + response).expand(rows, -1),
                   "responses": ids[:, PROMPT:], "response_mask": mask[:, PROMPT:],
-                  "old_log_probs": torch.zeros(1, response),
-                  "ref_log_prob": torch.zeros(1, response),
-                  "advantages": torch.randn(1, response, generator=gen)},
-                 {"uid": ["u0"]})
+                  "old_log_probs": torch.zeros(rows, response),
+                  "ref_log_prob": torch.zeros(rows, response),
+                  "advantages": torch.randn(rows, response, generator=gen)},
+                 {"uid": [f"u{i}" for i in range(rows)]})
 
 
 def _call(worker, kind: str, batch):
@@ -112,9 +134,42 @@ def seconds(kind: str, response: int, reps: int) -> dict[str, float]:
     return {name: median(values) for name, values in times.items()}
 
 
+def micro_seconds(name: str, hf_config: dict, reps: int) -> dict:
+    """Alternated seconds of one update on a MICRO_ROWS x MICRO_RESPONSE micro-batch
+    under each of MICRO_VARIANTS, with the positions per chunk each resolved to."""
+    from hybridflow.workers.actor import ActorWorker
+    from hybridflow.workers.chunked_logprobs import chunk_positions
+    batch = long_row(MICRO_RESPONSE, MICRO_ROWS)
+    workers = {v: ActorWorker(run_config(MICRO_RESPONSE, chunk, MICRO_ROWS, hf_config))
+               for v, chunk in MICRO_VARIANTS.items()}
+    chunks = {v: chunk_positions(MICRO_VARIANTS[v], w.module, batch["responses"].numel())
+              for v, w in workers.items()}
+    times = alternate({v: _call(w, "update", batch) for v, w in workers.items()}, reps,
+                      warmup=1)
+    secs = {v: median(t) for v, t in times.items()}
+    paired = [d / w for d, w in zip(times["default"], times["whole"])]
+    return {"model": name, "rows": MICRO_ROWS, "response": MICRO_RESPONSE, "chunk": chunks,
+            "seconds": secs, "all_seconds": times, "round_ratios": paired,
+            "ratio": median(paired)}
+
+
+def micro_records(reps: int) -> list[dict]:
+    records = []
+    for name, hf_config in (("2-layer", HF_CONFIG), ("SmolLM2-135M", SMOLLM2)):
+        record = micro_seconds(name, hf_config, reps)
+        print(f"micro {name}: {json.dumps(record)}", flush=True)
+        records.append(record)
+    print(table(["model", "chunk (default)", "s default", "s whole",
+                 "ratio (median of rounds)"],
+                [[r["model"], r["chunk"]["default"], r["seconds"]["default"],
+                  r["seconds"]["whole"], r["ratio"]] for r in records]))
+    return records
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--micro", action="store_true", help="the micro-batch records only")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--child", nargs=3, metavar=("KIND", "RESPONSE", "VARIANT"))
     args = parser.parse_args()
@@ -125,6 +180,8 @@ def main() -> None:
     quiet_logs()
     threads = set_threads(args.threads)
     lengths, reps = ((1024,), 2) if args.quick else ((1024, 4096), 3)
+    if args.micro:
+        lengths, reps = (), 5
     rows, records = [], []
     for kind in ("update", "logprob"):
         for response in lengths:
@@ -138,11 +195,12 @@ def main() -> None:
                         + [mem[v]["predicted_transient_mib"] for v in VARIANTS]
                         + [secs["whole"], secs["chunked"], record["time_ratio"]])
             print(f"{kind} R={response}: {json.dumps(record)}", flush=True)
+    micro = micro_records(reps=3 if args.quick else 5)
     print(table(["pass", "R", "peak MiB whole", "chunked", "RSS MiB whole", "chunked",
                  "predicted whole", "chunked", "s whole", "s chunked", "time ratio"], rows))
-    path = write_results("chunked_logprobs", {
+    path = write_results("chunked_logprobs_micro" if args.micro else "chunked_logprobs", {
         "machine": machine(), "torch_threads": threads, "model": HF_CONFIG, "prompt": PROMPT,
-        "reps": reps, "records": records})
+        "reps": reps, "records": records, "micro": micro})
     print(f"wrote {path}")
 
 
