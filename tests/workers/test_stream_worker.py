@@ -98,9 +98,16 @@ def test_a_take_does_not_wait_for_a_decode_step(worker):
     worker.engine.gate.clear()  # the next decode step holds the engine's lock
     worker.stream_submit(prompts("c"))
     assert worker.engine.in_step.wait(5)
-    began = time.perf_counter()
-    rows = worker.stream_take(["a"])
-    assert time.perf_counter() - began < 1.0 and list(rows["uid"]) == ["a", "a"]
+    # the gate stays shut until after the take: a take that waited for the decode step
+    # would not return at all (the join's bound only keeps a regression from hanging)
+    taken: dict = {}
+    taker = threading.Thread(target=lambda: taken.update(rows=worker.stream_take(["a"])),
+                             daemon=True)
+    taker.start()
+    taker.join(60)
+    assert not worker.engine.gate.is_set() and not taker.is_alive()
+    rows = taken["rows"]
+    assert list(rows["uid"]) == ["a", "a"]
     assert worker.stream_keep(None, [], ["b"]) == 0  # a keep neither
     worker.engine.gate.set()
     assert set(_whole(worker, 1)) == {"c"}
