@@ -12,13 +12,13 @@ varied by 0.17 GiB between runs on the real model. Real vLLM (the CPU build, in
 .ci/vllm.sh's environment); skipped without it."""
 import json
 import os
-import socket
 
 import pytest
 
 pytest.importorskip("vllm")
 
 from tests.support.vllm_memory import engine_cfg, run_rank
+from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -28,15 +28,9 @@ TOLERANCE = 0.20
 KV_GIB = 0.25
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _measured(tmp_path, model_dir: str, world: int) -> list[dict]:
     import torch.multiprocessing as mp
-    mp.spawn(run_rank, args=(world, _free_port(), model_dir, KV_GIB, str(tmp_path)),
+    mp.spawn(run_rank, args=(world, free_port(), model_dir, KV_GIB, str(tmp_path)),
              nprocs=world, join=True)
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
 

@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,6 +18,8 @@ import time
 
 import psutil
 import pytest
+
+from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]  # Ray starts (~10-30 s each)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -146,12 +147,6 @@ def test_one_sigterm_during_ray_init_stops_the_run_and_all_of_ray(tmp_path):
     assert _status(tmp_path)["state"] == "interrupted"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 OWN_RAY = """
 import ray
 from hybridflow.runtime.ray.session import start_local_ray
@@ -164,7 +159,7 @@ ray.shutdown()
 def test_without_address_a_run_starts_its_own_ray_beside_another(tmp_path):
     """Another job's Ray, started with `ray start --head` and named by RAY_ADDRESS (what
     `ray.init()` without an address would join)."""
-    port = _free_port()
+    port = free_port()
     ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
     head = subprocess.Popen([ray_cli, "start", "--head", "--block", f"--port={port}",
                              "--node-ip-address=127.0.0.1", "--num-cpus=1",

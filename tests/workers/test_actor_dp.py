@@ -1,7 +1,6 @@
 """Data parallelism: one update on 2 gloo ranks equals the update on 1 rank with the
 same global batch (global loss normalisers, DDP gradient averaging, uneven shards)."""
 import os
-import socket
 
 import pytest
 import torch
@@ -9,6 +8,7 @@ import torch.multiprocessing as mp
 
 from tests.support.workers import (leave_process_group, make_cfg, ragged_responses,
                                    rollout_for_update)
+from tests.support.ports import free_port
 from hybridflow.workers import ActorWorker, WorkerContext
 
 pytestmark = pytest.mark.slow  # two gloo ranks train a model (~15 s)
@@ -31,12 +31,6 @@ CONFIGS = {
                                       "max_tokens_per_micro_batch": 30}), 8),
 }
 RAGGED = {"token_budget": [6, 1, 2, 6, 3, 1, 5, 2], "packed_budget": [6, 1, 2, 6, 3, 1, 5, 2]}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank_main(rank: int, world: int, port: int, batches: dict, out_dir: str):
@@ -64,7 +58,7 @@ def test_two_ranks_update_like_one_rank_on_the_global_batch(tmp_path):
         batches[name] = data
         metrics = actor.update(data).meta["metrics"]
         single[name] = (actor.module.state_dict(), metrics)
-    mp.spawn(_rank_main, args=(2, _free_port(), batches, str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_rank_main, args=(2, free_port(), batches, str(tmp_path)), nprocs=2, join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
     for name in CONFIGS:
         weights, metrics = single[name]

@@ -3,13 +3,13 @@ ranks equals the update on 1 rank with the same global batch, a sharded checkpoi
 resumes to the same weights an uninterrupted run reaches, and LoRA trains its
 adapters under FSDP2 like on one rank, and the exported (merged) model is the same."""
 import os
-import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
 from tests.support.workers import leave_process_group, make_cfg, rollout_for_update
+from tests.support.ports import free_port
 from hybridflow.workers import ActorWorker, WorkerContext
 
 pytestmark = pytest.mark.slow  # two gloo ranks train three times (~30 s)
@@ -21,12 +21,6 @@ CONFIGS = {
     "lora": make_cfg(actor={**BASE, "strategy": "fsdp2", "lr": 5e-2,
                             "lora": {"rank": 4, "alpha": 8}}),
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _full_weights(actor) -> dict:
@@ -73,7 +67,7 @@ def fsdp_results(tmp_path_factory):
         metrics = actor.update(batch).meta["metrics"]
         single[name] = (_full_weights(actor), metrics)
         actor.export(str(out / f"single_{name}"))
-    mp.spawn(_rank_main, args=(2, _free_port(), batch, str(out)), nprocs=2, join=True)
+    mp.spawn(_rank_main, args=(2, free_port(), batch, str(out)), nprocs=2, join=True)
     return single, torch.load(out / "rank0.pt", weights_only=False), out
 
 

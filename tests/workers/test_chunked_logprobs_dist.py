@@ -5,13 +5,13 @@ is applied to each chunk outside the root module's forward: the chunked log-prob
 and gradients equal the same rank's unchunked ones to 1e-6 (fp32), in a training forward
 and a log-prob pass, and one unsharded rank's to 1e-5 (the tensor-parallel tests' bound)."""
 import os
-import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
 from tests.support.workers import QWEN2, leave_process_group, make_cfg, rollout_for_update
+from tests.support.ports import free_port
 from hybridflow.workers import ActorWorker, WorkerContext
 from hybridflow.workers.sequences import forward_response, response_logprobs
 from hybridflow.workers.parallel.vocab_parallel import is_vocab_sharded
@@ -30,12 +30,6 @@ def _cfg(packed: bool) -> dict:
 
 # name -> (config, tp of the two ranks' context)
 CASES = {"tp2": (_cfg(False), 2), "tp2_packed": (_cfg(True), 2), "fsdp2_dp2": (_cfg(False), 1)}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _whole(t: torch.Tensor) -> torch.Tensor:
@@ -84,7 +78,7 @@ def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("chunked")
     batches = {name: rollout_for_update(ActorWorker(cfg), n=2) for name, (cfg, _) in CASES.items()}
     single = {name: _run(cfg, batches[name]) for name, (cfg, _) in CASES.items()}
-    mp.spawn(_rank_main, args=(2, _free_port(), batches, str(out)), nprocs=2, join=True)
+    mp.spawn(_rank_main, args=(2, free_port(), batches, str(out)), nprocs=2, join=True)
     ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
     return single, ranks
 

@@ -7,13 +7,13 @@ is built through the worker's code in three gloo ranks (one tp group) and one fo
 gives one unsharded rank's log-probs. Needs $HYBRIDFLOW_SMOLLM2_DIR (.ci/model.sh);
 marked `vllm` so that the vLLM suite runs it too (it needs no vLLM)."""
 import os
-import socket
 
 import pytest
 import torch
 
 from hybridflow.cli import main
 from tests.support.recorded_runs import graph_path
+from tests.support.ports import free_port
 
 MODEL = os.environ.get("HYBRIDFLOW_SMOLLM2_DIR", "")
 pytestmark = [pytest.mark.slow, pytest.mark.vllm,
@@ -29,12 +29,6 @@ def _cfg() -> dict:
     cfg = make_cfg(actor={"strategy": "fsdp2", "mini_batch_size": 4, "micro_batch_size": 2})
     cfg["model"] = {"path": MODEL, "tokenizer": "auto", "device": "cpu", "dtype": "float32"}
     return cfg
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _rank(rank: int, world: int, port: int, batch, out_dir: str) -> None:
@@ -68,7 +62,7 @@ def test_the_actor_builds_at_tp3_and_one_forward_is_one_ranks(tmp_path):
     batch = rollout_for_update(actor, prompts=["1+2=", "7*8="], n=1)
     single = actor.logprob(batch)["old_log_probs"]
     del actor
-    mp.spawn(_rank, args=(TP, _free_port(), batch, str(tmp_path)), nprocs=TP, join=True)
+    mp.spawn(_rank, args=(TP, free_port(), batch, str(tmp_path)), nprocs=TP, join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(TP)]
     mask = batch["response_mask"].bool()
     assert mask.sum() > 0

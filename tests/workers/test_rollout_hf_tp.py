@@ -4,13 +4,13 @@ directory), loads each rank's part of new full weights (what the weight sync sen
 and then generates what one unsharded engine with the same weights generates: greedy
 tokens equal, their log-probs within 1e-5, sampled tokens equal over the group."""
 import os
-import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
 from tests.support.workers import leave_process_group, make_cfg, prompt_batch
+from tests.support.ports import free_port
 from hybridflow.workers import WorkerContext
 from hybridflow.workers.models import model_bytes
 from hybridflow.workers.rollout.worker import RolloutWorker
@@ -21,12 +21,6 @@ pytestmark = pytest.mark.slow  # two gloo ranks generate (~20 s)
 TOY = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "graphs", "assets",
                                    "toy_base"))
 CFG = make_cfg(model={"path": TOY, "hf_config": {}}, rollout={"max_new_tokens": 6})
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _new_weights() -> dict:
@@ -64,7 +58,7 @@ def test_an_own_pool_hf_rollout_at_tp2_holds_a_shard_and_generates_as_one(tmp_pa
     torch.set_num_threads(1)
     weights = _new_weights()
     single = _run(weights)
-    mp.spawn(_rank_main, args=(2, _free_port(), weights, str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_rank_main, args=(2, free_port(), weights, str(tmp_path)), nprocs=2, join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
     for out in ranks:
         assert not out["shares"]

@@ -10,7 +10,6 @@ no rank gathers the logits along the sequence in those passes (each reduces its 
 slice's positions); a checkpoint saved at sp=2 resumes at sp=1 (DCP: parameters and
 optimizer state replicate over sp), its next update equal to one rank's two."""
 import os
-import socket
 from contextlib import contextmanager
 
 import pytest
@@ -18,6 +17,7 @@ import torch
 import torch.multiprocessing as mp
 
 from tests.support.workers import leave_process_group, make_cfg, rollout_for_update
+from tests.support.ports import free_port
 from hybridflow.workers import ActorWorker, WorkerContext
 from hybridflow.workers.parallel.sequence_parallel import sequence_parallel
 from hybridflow.workers.sequences import forward_response
@@ -37,12 +37,6 @@ CASES = {"padded_ddp": _cfg(False, "ddp"), "packed_fsdp2": _cfg(True, "fsdp2"),
          "chunked_padded_ddp": _cfg(False, "ddp", chunk=4),
          "long_prompt_ddp": _cfg(False, "ddp")}
 LONG_PROMPT_PAD = 8  # left padding columns: the response's predictors all past mid-row
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _odd_width(batch):
@@ -144,7 +138,7 @@ def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("sequence_parallel")
     batches = {name: _batch(name, cfg) for name, cfg in CASES.items()}
     single = {name: _run(cfg, batches[name]) for name, cfg in CASES.items()}
-    mp.spawn(_rank_main, args=(2, _free_port(), batches, str(out)), nprocs=2, join=True)
+    mp.spawn(_rank_main, args=(2, free_port(), batches, str(out)), nprocs=2, join=True)
     ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
     resumed = {}
     for name, cfg in CASES.items():  # sp=1, one rank, from the sp=2 checkpoint

@@ -5,25 +5,19 @@ uninterrupted run's. An old checkpoint (model.safetensors + optim_rank*.pt) stil
 loads at its world size and is refused, with what to do, at another."""
 import os
 import shutil
-import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
 from tests.support.workers import TINY, leave_process_group, make_cfg, rollout_for_update
+from tests.support.ports import free_port
 from hybridflow.workers import ActorWorker, WorkerContext
 from hybridflow.workers.parallel.sharded_checkpoint import DCP_DIR, is_sharded_checkpoint
 
 CFG = make_cfg(actor={"lr": 1e-2, "ppo_epochs": 1, "mini_batch_size": 8,
                       "micro_batch_size": 2, "strategy": "fsdp2"})
 LOSSES = ("actor/pg_loss", "actor/grad_norm")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _weights(actor) -> dict:
@@ -66,7 +60,7 @@ def test_a_checkpoint_resumes_across_data_parallel_layouts(tmp_path):
     assert is_sharded_checkpoint(str(tmp_path / "saved_at_1"))
     one_second = _losses(one.update(batch))
     one_weights = _weights(one)
-    mp.spawn(_rank_main, args=(2, _free_port(), batch, str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_rank_main, args=(2, free_port(), batch, str(tmp_path)), nprocs=2, join=True)
     two = torch.load(tmp_path / "rank0.pt", weights_only=False)
     shards = sorted(os.listdir(tmp_path / "saved_at_2" / DCP_DIR))
     assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]  # per rank, no gather

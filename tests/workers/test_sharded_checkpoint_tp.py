@@ -11,13 +11,13 @@ losses agree to 1e-6 (the second one reads weights that the restored moments and
 learning rate moved), as do the weights after them and the AdamW moments right after
 the load. An old-format checkpoint is refused at tp=2 with both layouts."""
 import os
-import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
 from tests.support.workers import TINY, leave_process_group, make_cfg, rollout_for_update
+from tests.support.ports import free_port
 from hybridflow.workers import ActorWorker, WorkerContext
 
 pytestmark = pytest.mark.slow  # 2 and 4 gloo ranks train six actors (~60 CPU s)
@@ -28,12 +28,6 @@ CFG = make_cfg(actor={"lr": 1e-2, "ppo_epochs": 1, "mini_batch_size": 8,
 LOSSES = ("actor/pg_loss", "actor/grad_norm")
 K = 2  # updates after the save: the first reads the restored weights, the second
 #        the step the restored moments and schedule made
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _whole(t: torch.Tensor) -> torch.Tensor:
@@ -102,7 +96,7 @@ def runs(tmp_path_factory):
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("ckpt_tp")
     batch = rollout_for_update(ActorWorker(CFG), n=2)
-    mp.spawn(_rank_main, args=(2, _free_port(), batch, str(out)), nprocs=2, join=True)
+    mp.spawn(_rank_main, args=(2, free_port(), batch, str(out)), nprocs=2, join=True)
     runs = torch.load(out / "rank0.pt", weights_only=False)
     runs["tp2->1"] = _resume_and_continue(ActorWorker(CFG), batch, str(out / "tp2"))
     return runs
@@ -124,7 +118,7 @@ def runs_2d(tmp_path_factory):
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("ckpt_2d")
     batch = rollout_for_update(ActorWorker(CFG), n=2)
-    mp.spawn(_rank_main_2d, args=(4, _free_port(), batch, str(out)), nprocs=4, join=True)
+    mp.spawn(_rank_main_2d, args=(4, free_port(), batch, str(out)), nprocs=4, join=True)
     saved = torch.load(out / "rank0.pt", weights_only=False)
     return saved, _resume_and_continue(ActorWorker(CFG), batch, str(out / "dp2xtp2"))
 

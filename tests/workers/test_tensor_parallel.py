@@ -7,7 +7,6 @@ are sharded (a tied weight once); and the
 hf engine generates on the sharded actor in lockstep (greedy tokens equal, sampled
 tokens equal over the group)."""
 import os
-import socket
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ import torch.multiprocessing as mp
 
 from tests.support.workers import QWEN2, TINY, leave_process_group, make_cfg, prompt_batch
 from tests.support.workers import ADAM_STEP_ATOL, rollout_for_update
+from tests.support.ports import free_port
 from hybridflow.workers import ActorWorker, CriticWorker, ReferenceWorker, WorkerContext
 from hybridflow.workers.sequences import forward_response, response_logits
 from hybridflow.workers.parallel.vocab_parallel import is_vocab_sharded
@@ -42,12 +42,6 @@ CASES = {
     "tied_llama": _cfg({"hf_config": {**TINY, "tie_word_embeddings": True}}),
     "packed_qwen2": _cfg({"hf_config": dict(QWEN2), "use_remove_padding": True}),
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _whole(t: torch.Tensor) -> torch.Tensor:
@@ -116,7 +110,7 @@ def tp_results(tmp_path_factory):
     out = tmp_path_factory.mktemp("tp")
     batches = {name: rollout_for_update(ActorWorker(cfg), n=2) for name, cfg in CASES.items()}
     single = {name: _run(cfg, batches[name]) for name, cfg in CASES.items()}
-    mp.spawn(_rank_main, args=(2, _free_port(), batches, str(out)), nprocs=2, join=True)
+    mp.spawn(_rank_main, args=(2, free_port(), batches, str(out)), nprocs=2, join=True)
     ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
     return single, ranks
 

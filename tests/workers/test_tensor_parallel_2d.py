@@ -3,7 +3,6 @@ parallelism over "tp"). Each tp group holds half of the global batch, as dispatc
 it; the actor's log-probs, one update's weights and metrics, and greedy generation equal
 one unsharded rank's on the whole batch (fp32, 1e-5)."""
 import os
-import socket
 
 import pytest
 import torch
@@ -11,6 +10,7 @@ import torch.multiprocessing as mp
 
 from tests.support.workers import leave_process_group, make_cfg, prompt_batch
 from tests.support.workers import ADAM_STEP_ATOL, rollout_for_update
+from tests.support.ports import free_port
 from hybridflow.workers import ActorWorker, WorkerContext
 
 pytestmark = pytest.mark.slow  # four gloo ranks on two cores (~60 s)
@@ -22,12 +22,6 @@ CFG = make_cfg(actor={"lr": 1e-3, "ppo_epochs": 1, "entropy_coeff": 0.01,
                       "strategy": "fsdp2"})
 CFG["model"] = {**CFG["model"], "path": os.path.abspath(TOY), "hf_config": {}}
 PROMPTS = ["1+2=", "7*8=", "10+20=", "99-1="]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run(batch, ctx=None) -> dict:
@@ -58,7 +52,7 @@ def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("tp2d")
     batch = rollout_for_update(ActorWorker(CFG), n=2)
     single = _run(batch)
-    mp.spawn(_rank_main, args=(4, _free_port(), batch, str(out)), nprocs=4, join=True)
+    mp.spawn(_rank_main, args=(4, free_port(), batch, str(out)), nprocs=4, join=True)
     return batch, single, [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(4)]
 
 

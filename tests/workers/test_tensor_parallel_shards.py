@@ -10,7 +10,6 @@ raises a rank's memory high-water mark by well under what building the whole mod
 does (VmHWM, reset by /proc/self/clear_refs, in fresh processes)."""
 import json
 import os
-import socket
 
 import pytest
 import torch
@@ -18,6 +17,7 @@ import torch.multiprocessing as mp
 
 from tests.support.workers import QWEN2, TINY, leave_process_group, make_cfg
 from tests.support.workers import rollout_for_update
+from tests.support.ports import free_port
 from hybridflow.workers import ActorWorker, CriticWorker, ReferenceWorker, WorkerContext
 from hybridflow.workers.models import ModelLoadError
 from hybridflow.workers.sequences import forward_response
@@ -34,12 +34,6 @@ BIG = {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 3,
        "num_attention_heads": 8, "num_key_value_heads": 4, "model_type": "llama",
        "max_position_embeddings": 128, "tie_word_embeddings": False, "vocab_size": 8192}
 MIB = 2**20
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _cfg(folder: str) -> dict:
@@ -118,7 +112,7 @@ def built(tmp_path_factory):
                for name in MODELS}
     single = {name: _run(str(root / name), batches[name]) for name in MODELS}
     single["bf16"] = _bf16_update(str(root / "tied_llama"), batches["tied_llama"])
-    mp.spawn(_rank_main, args=(2, _free_port(), str(root), batches), nprocs=2, join=True)
+    mp.spawn(_rank_main, args=(2, free_port(), str(root), batches), nprocs=2, join=True)
     ranks = [torch.load(root / f"rank{r}.pt", weights_only=False) for r in range(2)]
     return root, single, ranks
 
@@ -224,7 +218,7 @@ def test_a_tp2_shard_build_peaks_well_under_the_whole_model_build(tmp_path):
                 if f.endswith(".safetensors"))
     peaks = {}
     for world in (1, 2):
-        mp.spawn(_peak_rank, args=(world, _free_port(), folder, str(tmp_path)), nprocs=world,
+        mp.spawn(_peak_rank, args=(world, free_port(), folder, str(tmp_path)), nprocs=world,
                  join=True)
         peaks[world] = [torch.load(tmp_path / f"peak{world}_{r}.pt") for r in range(world)]
     one = peaks[1][0]

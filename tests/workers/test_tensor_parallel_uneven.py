@@ -2,7 +2,6 @@
 Qwen2's 151,936 over 3 ranks), with a tied head and 3 heads (SmolLM2's tp is 3): the
 sharded actor's log-probs, entropy and one update equal one rank's (fp32, 1e-5)."""
 import os
-import socket
 
 import pytest
 import torch
@@ -10,6 +9,7 @@ import torch.multiprocessing as mp
 
 from tests.support.workers import ADAM_STEP_ATOL, TINY, leave_process_group, make_cfg
 from tests.support.workers import rollout_for_update
+from tests.support.ports import free_port
 from hybridflow.workers import ActorWorker, WorkerContext
 from hybridflow.workers.sequences import forward_response
 
@@ -20,12 +20,6 @@ CFG = make_cfg(actor={"lr": 1e-3, "ppo_epochs": 1, "entropy_coeff": 0.01,
                model={"hf_config": {**TINY, "hidden_size": 48, "intermediate_size": 96,
                                     "num_attention_heads": 3, "num_key_value_heads": 3,
                                     "tie_word_embeddings": True}})
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run(batch, ctx=None) -> dict:
@@ -52,7 +46,7 @@ def test_tp3_over_an_uneven_vocabulary_equals_one_rank(tmp_path):
     torch.set_num_threads(1)
     batch = rollout_for_update(ActorWorker(CFG), n=2)
     single = _run(batch)
-    mp.spawn(_rank_main, args=(3, _free_port(), batch, str(tmp_path)), nprocs=3, join=True)
+    mp.spawn(_rank_main, args=(3, free_port(), batch, str(tmp_path)), nprocs=3, join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(3)]
     assert [out["rows"] for out in ranks] == [27, 27, 26]
     for out in ranks:

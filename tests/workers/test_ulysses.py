@@ -5,24 +5,18 @@ outputs and the gradients of q, k, v at each rank's positions equal one process'
 whole-sequence attention to 1e-5 (fp32): sdpa and eager with left padding, and packed
 rows through the varlen sdpa (offsets global, a run crossing the ranks' boundary)."""
 import os
-import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
 from tests.support.workers import TINY, leave_process_group
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.slow  # spawns two gloo ranks
 
 B, H, KV, S, D = 2, 4, 2, 10, 8
 CASES = ("sdpa", "eager", "sdpa_varlen")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _module(inner: str):
@@ -90,7 +84,7 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str):
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("ulysses")
-    mp.spawn(_rank_main, args=(2, _free_port(), str(out)), nprocs=2, join=True)
+    mp.spawn(_rank_main, args=(2, free_port(), str(out)), nprocs=2, join=True)
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
 

@@ -3,7 +3,6 @@ gloo ranks in two processes) against the same engine at tp=1, on real vLLM (the 
 build, in .ci/vllm.sh's environment; skipped without vLLM). The toy model: 4 attention
 heads, 2 key/value heads, head size 32."""
 import os
-import socket
 
 import pytest
 import torch
@@ -12,14 +11,9 @@ pytest.importorskip("vllm")
 
 from tests.support.vllm_real import trainer_log_probs
 from tests.support.vllm_tp import PROMPTS, WIDTH, new_weights, run_rank, scenario, toy_cfg
+from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +21,7 @@ def tp2(tmp_path_factory):
     """Both ranks' results of the scenario at tp=2."""
     import torch.multiprocessing as mp
     out = str(tmp_path_factory.mktemp("tp2"))
-    mp.spawn(run_rank, args=(2, _free_port(), out), nprocs=2, join=True)
+    mp.spawn(run_rank, args=(2, free_port(), out), nprocs=2, join=True)
     return [torch.load(os.path.join(out, f"rank{r}.pt"), weights_only=False)
             for r in range(2)]
 
@@ -106,8 +100,6 @@ def test_the_ranks_of_a_group_sample_and_stream_in_lockstep(tp2, part):
         versions = first["token_versions"][first["response_mask"].bool()]
         assert set(versions.tolist()) == {1, 2}, "the update did not land mid-stream"
         assert first["responses"].shape == (len(PROMPTS), WIDTH)
-
-
 
 
 def test_ranks_of_a_group_given_different_rows_refuse_before_vllm_runs(tp2):

@@ -5,7 +5,6 @@ round-trips, and a sync's transient memory per rank is about two buckets, not th
 model: measured as the RSS high-water mark (VmHWM, reset through /proc/self/clear_refs)
 on two FSDP2 ranks, colocated (gather -> engine) and split (gather -> store -> engine)."""
 import os
-import socket
 import subprocess
 import sys
 
@@ -16,6 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from bench.weight_sync import FolderStore  # a store that keeps no bucket in memory
 from tests.support.workers import TINY
+from tests.support.ports import free_port
 from hybridflow.workers.parallel.gather import gathered_buckets, weight_plan
 from hybridflow.workers.rollout.hf import HFEngine
 from hybridflow.workers.rollout.weights import export_policy, load_export, refresh_engine
@@ -167,19 +167,13 @@ def _rank_main(rank: int, port: int, out_dir: str):
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow  # two gloo ranks, a 71 MB model four times each (~20 s)
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc")
 def test_a_sync_holds_about_two_buckets_per_rank_not_the_model(tmp_path, monkeypatch):
     # the ranks' malloc hands every freed buffer over 64 KiB back to the OS, so the
     # high-water mark counts what the sync holds, not what glibc keeps cached
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
-    mp.spawn(_rank_main, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_rank_main, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
     for rank in (0, 1):
         result = torch.load(tmp_path / f"rank{rank}.pt")
         model_bytes = result["model_bytes"]
