@@ -13,6 +13,9 @@ this rank; the peak is this process's measured matmul rate in the phase's comput
 dtype (core/device_peak.py: measured once, cached), so on a CPU the ratio is against
 what this machine reaches, not a datasheet. A rank with no rows reports nothing.
 
+An engine that holds no torch module of ours (vLLM: its own layers, not `nn.Linear`)
+says its count itself, as `matmul_params` (`engine_matmul_params`).
+
 State: `_PARAMS`, the matmul parameter count per module (weakly keyed), filled on
 first use.
 """
@@ -28,7 +31,8 @@ from hybridflow.core.device_peak import device_peak
 from hybridflow.core.dtensor import local_shard
 from hybridflow.core.metric_names import MFU
 
-__all__ = ["matmul_params", "real_tokens", "phase_mfu", "FORWARD", "TRAIN", "MFU"]
+__all__ = ["matmul_params", "engine_matmul_params", "real_tokens", "phase_mfu", "params_mfu",
+           "FORWARD", "TRAIN", "MFU"]
 
 FORWARD, TRAIN = 2, 6  # model FLOPs per parameter per token
 _PARAMS: "weakref.WeakKeyDictionary[torch.nn.Module, int]" = weakref.WeakKeyDictionary()
@@ -50,6 +54,15 @@ def matmul_params(module) -> int:
     return _PARAMS[module]
 
 
+def engine_matmul_params(engine) -> int:
+    """A rollout engine's matmul weights on this rank: its module's where it generates
+    with one (the HF engine), else the count it keeps (vLLM's `matmul_params`), else 0."""
+    module = getattr(engine, "module", None)
+    if module is not None:
+        return matmul_params(module)
+    return int(getattr(engine, "matmul_params", 0) or 0)
+
+
 def real_tokens(batch: Batch, key: str = "attention_mask") -> int:
     """Tokens the model attends to in `batch` (padding excluded); 0 without the key."""
     return int(batch[key].sum()) if len(batch) and key in batch else 0
@@ -59,8 +72,15 @@ def phase_mfu(module, device, dtype, flops_per_param_token: float, tokens: int,
               began: float) -> dict[str, float]:
     """{MFU: achieved / peak} of a phase that began at `began` (time.perf_counter) and
     ran `tokens` tokens through `module`; {} when it did no work."""
+    return params_mfu(matmul_params(module), device, dtype, flops_per_param_token, tokens,
+                      began)
+
+
+def params_mfu(params: int, device, dtype, flops_per_param_token: float, tokens: int,
+               began: float) -> dict[str, float]:
+    """`phase_mfu` for a model of `params` matmul weights (an engine's own count)."""
     seconds = time.perf_counter() - began
-    flops = flops_per_param_token * matmul_params(module) * tokens
+    flops = flops_per_param_token * params * tokens
     if flops <= 0 or seconds <= 0:
         return {}
     return {MFU: flops / seconds / device_peak(device, dtype)}

@@ -9,7 +9,8 @@ from hybridflow.core import device_peak as peaks
 from hybridflow.core.batch import Batch
 from hybridflow.core.metric_names import MFU, node_scoped
 from hybridflow.workers import ActorWorker
-from hybridflow.workers.mfu import FORWARD, matmul_params, phase_mfu, real_tokens
+from hybridflow.workers.mfu import FORWARD, engine_matmul_params, matmul_params, phase_mfu, \
+    real_tokens
 from tests.support.workers import PROMPTS, make_cfg, prompt_batch, rollout_for_update
 
 
@@ -17,6 +18,15 @@ def test_matmul_params_count_linear_weights_not_the_embedding_lookup():
     model = torch.nn.Sequential(torch.nn.Embedding(100, 8), torch.nn.Linear(8, 16),
                                 torch.nn.Linear(16, 100, bias=False))
     assert matmul_params(model) == 8 * 16 + 16 * 100
+
+
+def test_an_engine_is_counted_by_its_module_else_by_its_own_count():
+    class Engine:
+        module, matmul_params = None, 0
+    hf, vllm, none = Engine(), Engine(), Engine()
+    hf.module = torch.nn.Linear(8, 16)
+    vllm.matmul_params = 1234  # vLLM's layers are not nn.Linear: it counts them itself
+    assert [engine_matmul_params(e) for e in (hf, vllm, none, object())] == [128, 1234, 0, 0]
 
 
 def test_real_tokens_skip_the_padding():
@@ -53,3 +63,24 @@ def test_each_actor_phase_reports_a_rate_below_the_peak():
         assert 0 < out.meta["metrics"][MFU] < 1.5, out.meta["metrics"]
     empty = actor.logprob(generated.take(list(range(0))))
     assert MFU not in empty.meta.get("metrics", {})
+
+
+def test_a_rollout_on_its_own_pool_reports_its_rate():
+    from hybridflow.workers import RolloutWorker
+    rollout = RolloutWorker(make_cfg())  # no actor beside it: its own engine and weights
+    out = rollout.generate(prompt_batch(rollout.engine.tokenizer, PROMPTS), n=2)
+    assert 0 < out.meta["metrics"][MFU] < 1.5, out.meta["metrics"]
+
+
+@pytest.mark.vllm
+@pytest.mark.slow  # builds a vLLM engine (~15 s on 2 cores)
+def test_the_vllm_engine_counts_the_weights_the_hf_model_multiplies():
+    pytest.importorskip("vllm")
+    from hybridflow.workers import RolloutWorker
+    from tests.support.vllm_real import vllm_cfg
+    cfg = vllm_cfg()
+    actor, rollout = ActorWorker(cfg), RolloutWorker(cfg)
+    assert rollout.engine.matmul_params == matmul_params(actor.module) > 0
+    out = rollout.generate(prompt_batch(actor.tokenizer, PROMPTS), n=2)
+    assert 0 < out.meta["metrics"][MFU] < 1.5, out.meta["metrics"]
+    rollout.engine.close()

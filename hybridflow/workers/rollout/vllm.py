@@ -162,6 +162,9 @@ def make_vllm_engine(spec: EngineSpec, llm_class=None, sampling_params=None,
         initial = build_causal_lm(spec.model_cfg, spec.tokenizer, "cpu", spec.ctx.seed)
         engine.load_weights(policy_weights(initial).items())
         engine.finish_weight_update(0)
+    if not fake:  # counted awake, before a colocated engine's first sleep
+        with state.entered():
+            engine.matmul_params = sum(llm.apply_model(count_matmul_params)[:1])
     if engine.sleep_mode:
         engine.sleep()
     return engine
@@ -169,6 +172,20 @@ def make_vllm_engine(spec: EngineSpec, llm_class=None, sampling_params=None,
 
 make_vllm_engine.tensor_parallel = True  # tp groups of ranks, SPMD (vllm_group.py)
 make_vllm_engine.pins_cores = True  # on the CPU each rank of a group has cores of its own
+
+
+def count_matmul_params(model) -> int:
+    """Runs inside vLLM: the weights of its linear layers and output head on this rank
+    (a tp shard), what `perf/mfu` counts 2 FLOPs a token for (workers/mfu.py). Read
+    from the layers' sizes: the CPU build repacks a weight and leaves it empty, and
+    the head's rows padded past the vocabulary are not the model's FLOPs."""
+    from vllm.model_executor.layers.linear import LinearBase
+    total = sum(layer.input_size_per_partition * layer.output_size_per_partition
+                for layer in model.modules() if isinstance(layer, LinearBase))
+    head = getattr(model, "lm_head", None)
+    if head is not None and not isinstance(head, LinearBase):
+        total += head.embedding_dim * head.num_org_embeddings_per_partition
+    return total
 
 
 def load_into_model(model, weights: list) -> int:
@@ -229,6 +246,7 @@ class VLLMEngine:
     """A `StreamingEngine` (registered with streams=True; vllm_stream.py); `tp`: the
     ranks of the tp group that build it together."""
     shares_module = False  # vLLM holds its own copy of the weights
+    matmul_params = 0  # its linear weights on this rank (perf/mfu), counted at build
 
     def __init__(self, llm, sampling_params, tokenizer, device, sleep_mode: bool,
                  reload=None, state: VLLMProcessState | None = None,

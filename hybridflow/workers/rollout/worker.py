@@ -21,11 +21,15 @@ calls' lock and thread (stream_worker.py).
 """
 from __future__ import annotations
 
+import time
+
 from hybridflow.core.batch import Batch
 from hybridflow.graph.dispatch import BROADCAST, DP, method
 from hybridflow.graph.streams import Streams
 from hybridflow.workers.base import Worker, metrics_batch
 from hybridflow.workers.config import ModelConfig, RolloutConfig, read_section
+from hybridflow.workers.mfu import FORWARD, engine_matmul_params, params_mfu, real_tokens
+from hybridflow.workers.models import resolve_dtype
 from hybridflow.workers.rollout.engine import EngineSpec, make_engine
 from hybridflow.workers.rollout.generation import GENERATE_WRITES, generate_rows, \
     sampling_options
@@ -112,7 +116,12 @@ class RolloutWorker(StreamCalls, Worker):
                                 top_k=top_k, max_new_tokens=max_new_tokens,
                                 do_sample=do_sample)
         with self.stream_lock:  # not inside a streaming loop's decode step (validation)
-            return generate_rows(self.engine, batch, opts)
+            began = time.perf_counter()
+            out = generate_rows(self.engine, batch, opts)
+        out.meta["metrics"].update(params_mfu(  # perf/mfu, as actor.generate reports it
+            engine_matmul_params(self.engine), self.device,
+            resolve_dtype(self.model_cfg.dtype), FORWARD, real_tokens(out), began))
+        return out
 
     @method(dispatch=BROADCAST, reads=WEIGHT_KEYS, writes=(), kind="inference")
     def load_weights(self, batch: Batch) -> Batch:
