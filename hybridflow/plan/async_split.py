@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 
 from hybridflow.core.columns import ROLLOUT_LOG_PROBS
 from hybridflow.core.kinds import NodeKind, Op
+from hybridflow.core.modes import AsyncMode
 from hybridflow.plan.compiler import (SUMMARY_SECTIONS, ExecutionPlan, GraphError, PlanNode,
                                       plan_stages)
 from hybridflow.plan.weight_sync import LOAD_METHOD, weights_host
@@ -57,8 +58,13 @@ class BufferSpec:
     capacity: int          # batches generated ahead and not yet trained (k)
     unit: str | None       # group key admitted whole (a GRPO group: `uid`)
     max_staleness: int     # admits rows with policy_version >= trained version - this
-    streaming: bool = False  # fed sample by sample as they finish (streaming_split.py)
+    # STREAMING: fed sample by sample as they finish (streaming_split.py)
+    mode: AsyncMode = AsyncMode.PIPELINE
     screened_by: str | None = None  # streaming: the filter whole groups pass to enter
+
+    @property
+    def streaming(self) -> bool:
+        return self.mode.streams
 
     def describe(self) -> str:
         unit = f"unit {self.unit}" if self.unit else "unit: the batch"

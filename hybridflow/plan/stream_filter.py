@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from hybridflow.core.kinds import NodeKind, Op
+from hybridflow.core.modes import AsyncMode
 from hybridflow.plan.async_split import BUFFER_PREFIX, PROMPT_UNIT, BufferSpec
 from hybridflow.plan.compiler import ExecutionPlan, PlanNode, plan_stages
 
@@ -119,7 +120,7 @@ def entrance_plan(plan: ExecutionPlan, gen: PlanNode, gather: PlanNode | None,
                     writes=gen.writes, input_keys=dict(gen.output_keys),
                     output_keys=dict(gen.output_keys),
                     buffer=BufferSpec(gen.name, staleness, PROMPT_UNIT, staleness,
-                                      streaming=True))
+                                      mode=AsyncMode.STREAMING))
     nodes = [n for n in plan.nodes if n.op is Op.SOURCE] + [gen, feed]
     for name in names:
         node = plan.node(name)

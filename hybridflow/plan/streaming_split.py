@@ -24,7 +24,7 @@ the buffer's entrance (stream_filter.py): the nodes between the generate node an
 gather join the stream side and screen each whole group, and the buffer sits at the
 gather.
 
-The one buffer, `buffer/<generate node>`, is a `BufferSpec` with `streaming=True`:
+The one buffer, `buffer/<generate node>`, is a `BufferSpec` of mode `STREAMING`:
 capacity k (batches' worth of prompts in flight or buffered beyond the one being
 trained), unit `uid` (a GRPO group admitted whole), admission of each sample whose
 oldest token was sampled by weights at least the trained version - k. Its rows also
@@ -54,7 +54,7 @@ from dataclasses import dataclass, replace
 
 from hybridflow.core.columns import STREAM_COLUMNS, TOKEN_VERSIONS
 from hybridflow.core.kinds import NodeKind, Op, RowEffect
-from hybridflow.core.modes import StreamSide
+from hybridflow.core.modes import AsyncMode, StreamSide
 from hybridflow.graph.streams import STREAMS_ATTR, stream_capability
 from hybridflow.plan.async_split import (PROMPT_UNIT, Sides, buffer_nodes,
                                          correction_problems, insert_buffers, split_sides)
@@ -170,7 +170,7 @@ def stream_side_nodes(plan: ExecutionPlan, sides: Sides, gen: PlanNode) -> list[
 
 def streaming_sides(plan: ExecutionPlan, staleness: int,
                     backend: StreamBackend | None = None,
-                    stream_side: str = StreamSide.AUTO.value) -> Sides:
+                    stream_side: StreamSide = StreamSide.AUTO) -> Sides:
     """The stream side (sources, the generate node, a gather's entrance nodes, and
     with `stream_side=auto` the nodes that can run on whole groups: stream_side_nodes)
     and the train side (the rest); `backend`: the engine's declaration (None: no
@@ -183,7 +183,7 @@ def streaming_sides(plan: ExecutionPlan, staleness: int,
     stream = {n.name for n in plan.nodes if n.op is Op.SOURCE} | {gen.name}
     if gather is not None:  # DAPO's filter: at the buffer's entrance (stream_filter.py)
         stream |= set(entrance_names(plan, gen, gather)) | {gather.name}
-    elif StreamSide.of(stream_side, "trainer.stream_side").moves:
+    elif stream_side.moves:  # `trainer.stream_side`, converted by core/modes.run_modes
         stream |= set(stream_side_nodes(plan, sides, gen))
     order = [n.name for n in plan.nodes]
     train = tuple(n for n in order if n not in stream)
@@ -195,7 +195,7 @@ def streaming_sides(plan: ExecutionPlan, staleness: int,
 def attach_streaming(plan: ExecutionPlan, staleness: int, allow_uncorrected: bool = False,
                      default_corrects=lambda node: False,
                      backend: StreamBackend | None = None,
-                     stream_side: str = StreamSide.AUTO.value) -> ExecutionPlan:
+                     stream_side: StreamSide = StreamSide.AUTO) -> ExecutionPlan:
     """`plan` with its streaming buffers (one per stream-side node the train side
     reads); GraphError (naming the node) when it cannot stream (its role, columns or
     `backend`) or an update goes uncorrected without the opt-out. A buffer's rows are
@@ -211,7 +211,7 @@ def attach_streaming(plan: ExecutionPlan, staleness: int, allow_uncorrected: boo
         if node.op is Op.BUFFER:
             screen = gather.deps[0] if gather is not None and \
                 plan.node(gather.deps[0]).kind is not NodeKind.GENERATE else None
-            node = replace(node, buffer=replace(node.buffer, streaming=True,
+            node = replace(node, buffer=replace(node.buffer, mode=AsyncMode.STREAMING,
                                                 screened_by=screen))
         nodes.append(node)
     return replace(out, nodes=nodes, stages=plan_stages(nodes))

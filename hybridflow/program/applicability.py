@@ -21,7 +21,7 @@ from typing import Any, Callable
 from omegaconf import DictConfig, OmegaConf
 
 from hybridflow.core.constraints import ConfigError
-from hybridflow.core.modes import AsyncMode, RuntimeName
+from hybridflow.core.modes import RuntimeName, run_modes
 
 __all__ = ["Applies", "APPLIES", "check_applicable", "rule_of", "set_keys"]
 
@@ -52,7 +52,7 @@ def engine(*names: str) -> Callable:
 
 def streaming(cfg, value) -> str | None:
     mode, k = cfg.trainer.async_mode, cfg.trainer.staleness
-    return None if AsyncMode.of(mode).streams and k >= 1 else \
+    return None if run_modes(cfg).async_mode.streams and k >= 1 else \
         f"trainer.async_mode={mode!r}, trainer.staleness={k}"
 
 
@@ -63,7 +63,7 @@ def asynchronous(cfg, value) -> str | None:
 
 def cluster_runtime(cfg, value) -> str | None:
     used = cfg.runtime.name
-    return None if RuntimeName.of(used).joins_cluster else f"runtime.name={used!r}"
+    return None if run_modes(cfg).runtime.joins_cluster else f"runtime.name={used!r}"
 
 
 def within_steps(cfg, value) -> str | None:

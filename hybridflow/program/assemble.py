@@ -29,7 +29,7 @@ from hybridflow.plan.compiler import ExecutionPlan, compile_graph
 from hybridflow.program.config import (ConfigError, ParallelConfig, PoolConfig, RunConfig,
                                        build_config, run_values)
 from hybridflow.graph.builder import Graph
-from hybridflow.core.modes import AsyncMode
+from hybridflow.core.modes import run_modes
 from hybridflow.core.kinds import Op
 from hybridflow.core.worker_hooks import (config_schema, input_sources, optimizer_steps,
                                           served_by)
@@ -181,9 +181,9 @@ def prepare(graph_path: str, overrides: list[str] | None = None,
 
 def _attach_async(cfg: DictConfig, plan):
     """The plan's buffers for `trainer.staleness` and `trainer.async_mode`."""
-    trainer = cfg.trainer
+    trainer, modes = cfg.trainer, run_modes(cfg)
     corrects = lambda node: _default_loss_corrects(cfg, node)  # noqa: E731
-    if not AsyncMode.of(trainer.async_mode).streams:
+    if not modes.async_mode.streams:
         return attach_staleness(plan, trainer.staleness, trainer.allow_uncorrected_async,
                                 corrects)
     if trainer.staleness < 1:
@@ -192,7 +192,7 @@ def _attach_async(cfg: DictConfig, plan):
                           f"trainer.staleness={trainer.staleness}; set trainer.staleness=1 "
                           "or trainer.async_mode=pipeline")
     return attach_streaming(plan, trainer.staleness, trainer.allow_uncorrected_async, corrects,
-                            _stream_backend(str(cfg.rollout.backend)), trainer.stream_side)
+                            _stream_backend(str(cfg.rollout.backend)), modes.stream_side)
 
 
 def _stream_backend(name: str) -> StreamBackend:

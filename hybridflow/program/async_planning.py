@@ -22,25 +22,25 @@ from hybridflow.plan.async_split import (sides_of, split_sides, staleness_of, tr
                                          without_buffers)
 from hybridflow.plan.streaming_split import is_streaming, streaming_sides
 from hybridflow.core.kinds import NodeKind
-from hybridflow.core.modes import AsyncMode
+from hybridflow.core.modes import AsyncMode, StreamSide
 from hybridflow.plan.weight_sync import EXPORT_METHOD, LOAD_METHOD, planner_view, weights_host
 
 __all__ = ["pipeline_view"]
 
 
-def pipeline_view(plan, staleness: int | None = None, mode: str | None = None,
-                  stream_side: str = "auto"):
+def pipeline_view(plan, staleness: int | None = None, mode: AsyncMode | None = None,
+                  stream_side: StreamSide = StreamSide.AUTO):
     """(the graph view the planner plans, its `Pipeline` or None when synchronous).
 
     `staleness` None: the plan's own (its buffers' capacity, set by `program.prepare`);
     `mode` None: the plan's own (`streaming` when its buffer streams, its stream side
-    read from its buffers), else `trainer.async_mode` (an `AsyncMode` or its string),
-    with `stream_side` (`trainer.stream_side`)."""
+    read from its buffers), else `trainer.async_mode` with `stream_side`
+    (`trainer.stream_side`), as `core/modes.run_modes` converts them."""
     from hybridflow.planner import Pipeline
 
     buffered = staleness_of(plan)
     staleness = buffered if staleness is None else staleness
-    streaming = is_streaming(plan) if mode is None else AsyncMode.of(mode).streams
+    streaming = is_streaming(plan) if mode is None else mode.streams
     own = sides_of(plan) if mode is None and streaming else None
     plan = without_buffers(plan)  # the planner costs the graph's nodes, not the hand-off
     if staleness < 1:

@@ -22,7 +22,7 @@ import os
 
 from omegaconf import DictConfig, OmegaConf
 
-from hybridflow.core.modes import RuntimeName
+from hybridflow.core.modes import run_modes
 from hybridflow.plan.compiler import ExecutionPlan
 from hybridflow.program.config import ConfigError
 
@@ -71,8 +71,9 @@ def plan_auto_placement(cfg: DictConfig, plan: ExecutionPlan) -> tuple[dict, str
     from hybridflow.agents.worker import episode_width
     width = episode_width(cfg, plan) or cfg.rollout.max_new_tokens  # an agent's episodes
     compiled = plan  # the planner's view renames a folded rollout's nodes to its host's
-    plan, pipeline = pipeline_view(plan, cfg.trainer.staleness, cfg.trainer.async_mode,
-                                   cfg.trainer.stream_side)
+    modes = run_modes(cfg)
+    plan, pipeline = pipeline_view(plan, cfg.trainer.staleness, modes.async_mode,
+                                   modes.stream_side)
     try:
         result = plan_placement(
             plan, Cluster(cluster_cfg.nodes, cluster_cfg.devices_per_node, cluster_cfg.device),
@@ -93,7 +94,7 @@ def plan_auto_placement(cfg: DictConfig, plan: ExecutionPlan) -> tuple[dict, str
 def can_split_rows(cfg: DictConfig) -> bool:
     """Whether the run could run a role sequence-parallel: what pre-flight refuses at
     sp > 1 apart from the size (program/parallel_checks._check_sequence_parallel)."""
-    if not RuntimeName.of(cfg.runtime.name).process_per_rank:
+    if not run_modes(cfg).runtime.process_per_rank:
         return False
     if int(OmegaConf.select(cfg, "actor.lora.rank") or 0):
         return False
@@ -114,7 +115,7 @@ def generation_tp(cfg: DictConfig) -> int:
     a generating role tensor-parallel, else 1."""
     from hybridflow.workers.rollout.engine import engine_supports_tp
     able = engine_supports_tp(str(cfg.rollout.backend)) and \
-        RuntimeName.of(cfg.runtime.name).process_per_rank
+        run_modes(cfg).runtime.process_per_rank
     return 0 if able else 1
 
 

@@ -13,7 +13,8 @@ made by `prepare` after the graph compiles and before any worker starts.
 - the local runtime is not asked to train a role on more than one rank;
 - each role's parallel layout can run (`parallel_checks.py`: dp x tp, heads, the
   backend and engine of a tp > 1 role);
-- with rollout.backend='vllm', vLLM can run the model (head size, dtype);
+- the rollout engine's own checks, declared on its factory (`factory.preflight`;
+  vLLM: it can run the model's head size and dtype);
 - what the engine, the training backends and the scorers need in order to import is
   installed (`check_imports`): `check` refuses what `run` would fail on in a worker.
 
@@ -32,7 +33,7 @@ from hybridflow.plan.compiler import ExecutionPlan
 from hybridflow.program.config import ConfigError
 from hybridflow.graph.dispatch import is_data_parallel
 from hybridflow.core.kinds import Op
-from hybridflow.core.modes import RuntimeName
+from hybridflow.core.modes import run_modes
 from hybridflow.core.worker_hooks import check_section
 
 __all__ = ["preflight", "check_paths", "check_role_paths", "check_role_sections",
@@ -55,8 +56,22 @@ def preflight(cfg: DictConfig, plan: ExecutionPlan) -> None:
     from hybridflow.program.parallel_checks import check_parallel_layouts
     check_parallel_layouts(cfg, plan)  # placement.parallel: what the workers can build
     check_imports(cfg, plan)
+    check_engine(cfg, plan)
+
+
+def check_engine(cfg: DictConfig, plan: ExecutionPlan) -> None:
+    """The rollout engine's own checks before launch, declared with the engine as its
+    imports are: `factory.preflight = check` (`check(cfg)` raising ConfigError), read
+    here for whichever engine `rollout.backend` names, never switched on its name."""
+    from hybridflow.workers.rollout.engine import _ENGINES
+    check = getattr(_ENGINES.get(str(cfg.rollout.backend)), "preflight", None)
+    if check is not None:
+        check(cfg)
+    # vLLM's check (head size, dtype), until workers/rollout declares it on its factory
+    # (`make_vllm_engine.preflight = preflight_vllm`); it returns for another engine
     from hybridflow.workers.rollout.vllm_checks import preflight_vllm
-    preflight_vllm(cfg)  # the model's head size and dtype, where vLLM imports here
+    if check is not preflight_vllm:
+        preflight_vllm(cfg)
 
 
 def _missing(module: str) -> str | None:
@@ -211,6 +226,7 @@ def check_batch_feeds_ranks(cfg: DictConfig, plan: ExecutionPlan) -> None:
     """Every data-parallel rank gets rows each step, a trained role's mini-batch splits
     evenly over its ranks, and the local runtime trains on one rank only."""
     placement, prompts = plan.placement, cfg.data.batch_size
+    per_rank = run_modes(cfg).runtime.process_per_rank
     for node in plan.nodes:
         if node.op is not Op.CALL or not is_data_parallel(node.dispatch):
             continue
@@ -224,7 +240,7 @@ def check_batch_feeds_ranks(cfg: DictConfig, plan: ExecutionPlan) -> None:
         if not node.kind.trains:
             continue
         ranks = placement.pools[pool].world_size
-        if not RuntimeName.of(cfg.runtime.name).process_per_rank and ranks > 1:
+        if not per_rank and ranks > 1:
             sp = placement.sp_size(node.role)
             key = f" (placement.parallel.{node.role}.sp={sp})" if sp > 1 else ""
             raise ConfigError(f"the local runtime cannot train role '{node.role}' on the "

@@ -18,7 +18,7 @@ import os
 import statistics
 from hybridflow.planner.measured import MeasuredRun
 from hybridflow.core.metric_names import STEP_TIME
-from hybridflow.core.modes import RuntimeName
+from hybridflow.core.modes import run_modes
 from hybridflow.planner.problem import PlanningError, Workload
 
 WARMUP_STEPS = 1
@@ -121,7 +121,7 @@ def run_workload(cfg, metrics: list[dict], steps: tuple[int, ...]) -> Workload:
 
 def run_pools(cfg, roles: list[str]) -> tuple[int, tuple[tuple[str, ...], ...]]:
     """(devices, colocation) of the run: the local runtime runs every role in one process."""
-    if not RuntimeName.of(cfg.runtime.name).process_per_rank:
+    if not run_modes(cfg).runtime.process_per_rank:
         return 1, (tuple(roles),)
     pools = dict(cfg.placement.pools)
     first = next(iter(pools))

@@ -28,7 +28,7 @@ from hybridflow.plan.compiler import ExecutionPlan
 from hybridflow.core.data import PromptDataset, PromptLoader, row_checker, toy_rows
 from hybridflow.core.kinds import NodeKind, Op, RowEffect
 from hybridflow.core.metric_names import STEP_TIME, TIMING_PREFIX
-from hybridflow.core.modes import AsyncMode, RuntimeName
+from hybridflow.core.modes import run_modes
 from hybridflow.core.worker_hooks import reports_held_tensors
 from hybridflow.program.assemble import LoadedGraph, compile_program
 from hybridflow.program.validation import (ScoreSource, ValidationPlan, compile_validation,
@@ -56,14 +56,10 @@ def seed_everything(seed: int) -> None:
 
 def make_runtime(plan: ExecutionPlan, cfg, extra_plans=()):
     """The configured runtime, with workers for every role of `plan` and `extra_plans`;
-    `cfg` is what the workers receive: the run's typed values (`LoadedGraph.values`)."""
-    if RuntimeName.of(cfg.runtime.name) is RuntimeName.RAY:
-        from hybridflow.runtime.ray.executor import RayRuntime
-        from hybridflow.program.user_files import pickle_user_files_by_value_for_ray
-        pickle_user_files_by_value_for_ray()  # fn nodes and classes of the user's files
-        return RayRuntime(plan, cfg, seed=cfg.trainer.seed, extra_plans=extra_plans)
-    from hybridflow.runtime.local import LocalRuntime
-    return LocalRuntime(plan, cfg, seed=cfg.trainer.seed, extra_plans=extra_plans)
+    `cfg` is what the workers receive: the run's typed values (`LoadedGraph.values`).
+    Built by the factory registered for `runtime.name` (runtime/factories.py)."""
+    from hybridflow.runtime.factories import make_runtime as build
+    return build(plan, cfg, cfg.trainer.seed, extra_plans)
 
 
 def _is_watched(key: str) -> bool:
@@ -135,7 +131,7 @@ class Trainer:
                       for n in self.plan.nodes)
         # streamed samples of many draws meet in one batch (and one group in several
         # polls): every prompt row has the same width
-        streams = AsyncMode.of(cfg.trainer.get("async_mode", AsyncMode.PIPELINE)).streams
+        streams = run_modes(cfg).async_mode.streams
         train_loader = PromptLoader(train, cfg.data.batch_size, pad, cfg.data.shuffle,
                                     cfg.trainer.seed, fixed_width=gathers or streams)
         val_loader = PromptLoader(val, min(len(val), 256), pad, False) if val else None
