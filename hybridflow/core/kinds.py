@@ -68,6 +68,9 @@ class NodeKind(_Named):
     TRAIN = "train"
     FUNCTION = "function"
     BUFFER = "buffer"      # the async hand-off: no work, outputs held across steps
+    # weights handed from a trained role to a rollout placed apart: the planner's own
+    # export/load nodes (planner/pipeline.py); no graph node has this kind
+    SYNC = "sync"
 
     @property
     def row_effect(self) -> RowEffect:
@@ -78,8 +81,20 @@ class NodeKind(_Named):
         """Changes weights: a role with such a node needs its ranks in sync."""
         return self is NodeKind.TRAIN
 
+    @property
+    def generates(self) -> bool:
+        """Samples responses with the role's weights: the rollout's work (an engine's
+        memory, a stream, the planner's generation cost)."""
+        return self is NodeKind.GENERATE
+
+    @property
+    def moves_weights(self) -> bool:
+        """Hands weights between roles: no forward pass, no activations."""
+        return self is NodeKind.SYNC
+
 
 _ROW_EFFECTS = {NodeKind.SOURCE: RowEffect.CHANGES, NodeKind.GENERATE: RowEffect.REPEATS,
                 NodeKind.INFERENCE: RowEffect.KEEPS, NodeKind.TRAIN: RowEffect.KEEPS,
-                NodeKind.FUNCTION: RowEffect.KEEPS, NodeKind.BUFFER: RowEffect.KEEPS}
+                NodeKind.FUNCTION: RowEffect.KEEPS, NodeKind.BUFFER: RowEffect.KEEPS,
+                NodeKind.SYNC: RowEffect.KEEPS}
 METHOD_KINDS = (NodeKind.GENERATE, NodeKind.INFERENCE, NodeKind.TRAIN)

@@ -35,12 +35,11 @@ from hybridflow.memory.hosts import PoolMemory, pools_memory
 from hybridflow.memory.model_size import ModelSize, model_size, tensor_parallel_slice
 from hybridflow.memory.passes import (MicroBatch, batch_bytes, generate_pass,
                                       inference_pass, train_pass, training_state)
+from hybridflow.memory.role_hooks import (RoleSizing, models_binding, register_role_memory,
+                                          role_memory_hook, sized_roles)
 
 __all__ = ["RoleMemory", "PoolMemory", "role_model_size", "actor_pass_memory",
-           "critic_pass_memory",
-           "roles_memory", "pools_memory"]
-
-MODELED_ROLES = ("actor", "rollout", "ref", "critic", "reward")
+           "critic_pass_memory", "roles_memory", "pools_memory", "register_role_memory"]
 
 
 @dataclass
@@ -108,7 +107,7 @@ def actor_pass_memory(cfg, kind: str, rows: int, cuda: bool = False) -> dict[str
     size = role_model_size(cfg, lora=s["actor"].lora, trained=True)
     kind = actor_pass_kind(kind)
     out = {"weights": size.weight_bytes}
-    if kind == NodeKind.TRAIN:  # AdamW allocates its moments at the first step
+    if kind.trains:  # AdamW allocates its moments at the first step
         out["optimizer"] = training_state(size)["optimizer"]
     out.update(_actor_pass(size, s, kind, rows, prompt,
                            {"cuda": cuda, "shards": 1, "ddp_buckets": False}))
@@ -150,19 +149,19 @@ def _logit_chunk(setting, size: ModelSize, tp: int = 1) -> int | None:
     return logprob_chunk_positions(setting, size.arch.vocab * tp)
 
 
-def _actor_pass(size: ModelSize, s, kind: str, rows: int, prompt: int, state: dict,
+def _actor_pass(size: ModelSize, s, kind: NodeKind, rows: int, prompt: int, state: dict,
                 node=None, tp: int = 1, sp: int = 1) -> dict[str, int]:
     response = s["rollout"].max_new_tokens
     temperature = s["rollout"].temperature
     method = node.method if node is not None else ""
     given = (node.kwargs.get("micro_batch_size") if node is not None else None)
-    if kind == NodeKind.GENERATE:
+    if kind.generates:
         micro = min(rows, s["rollout"].micro_batch_size)
         records = _engine(s).records_log_probs  # one more [rows, vocab] per step
         return {**generate_pass(size, micro, prompt, response, records),
                 "batch": batch_bytes(rows, prompt, response)}
     chunk = _logit_chunk(s["actor"].logprob_chunk, size, tp)
-    if kind == NodeKind.TRAIN:
+    if kind.trains:
         budget = None if method == "sft" else s["actor"].max_tokens_per_micro_batch
         micro = MicroBatch(micro_rows(rows, given or s["actor"].micro_batch_size, budget,
                                       prompt + response), prompt,
@@ -203,15 +202,16 @@ def _data_parallel(plan, role: str) -> int:
 
 def _generate_n(s, calls: dict[str, list]) -> int:
     for node in calls.get("actor", []):
-        if node.kind == NodeKind.GENERATE and node.kwargs.get("n") is not None:
+        if node.kind.generates and node.kwargs.get("n") is not None:
             return int(node.kwargs["n"])
     return s["rollout"].n
 
 
 def roles_memory(cfg, plan, capacity: float | None = None, cuda: bool = False,
                  ) -> list[RoleMemory]:
-    """Each role of the plan on one device of its pool (roles this module does not
-    know, e.g. a user's worker class, come back with a note and no bytes)."""
+    """Each role of the plan on one device of its pool, sized by the hook registered
+    for it (memory/role_hooks.py); a role without one, or bound to a class its hook
+    does not size (e.g. a user's worker class), comes back with a note and no bytes."""
     s = _agent_widths(_sections(cfg), cfg, plan)
     calls = _calls(plan)
     n = _generate_n(s, calls)
@@ -224,13 +224,15 @@ def roles_memory(cfg, plan, capacity: float | None = None, cuda: bool = False,
         if role in plan.placement.folded:
             memory.notes.append(f"served by {plan.placement.folded[role]}'s worker in "
                                 "the same process: no weights of its own")
-        if role not in MODELED_ROLES or not _default_binding(plan, role):
+        if not models_binding(role, plan.bindings.get(role)):
             memory.notes.append("not modeled (a worker class of its own)")
         else:
+            layout = plan.placement.layout(role)
+            job = RoleSizing(cfg, s, calls[role], rows, prompt, capacity,
+                             folded=role in plan.placement.folded,
+                             state=_layout(s, role, dp, cuda), tp=layout.tp, sp=layout.sp)
             try:
-                _fill(memory, cfg, s, calls[role], rows, prompt, capacity,
-                      folded=role in plan.placement.folded, state=_layout(s, role, dp, cuda),
-                      tp=plan.placement.layout(role).tp, sp=plan.placement.layout(role).sp)
+                role_memory_hook(role)(memory, job)
             except (OSError, ValueError) as err:  # e.g. a model path of another machine
                 memory.notes.append(f"not counted: {err}")
         out.append(memory)
@@ -248,11 +250,6 @@ def _agent_widths(s: dict, cfg, plan) -> dict:
     if width is None:
         return s
     return {**s, "rollout": replace(s["rollout"], max_new_tokens=width)}
-
-
-def _default_binding(plan, role: str) -> bool:
-    from hybridflow.workers import DEFAULT_ROLES
-    return plan.bindings.get(role) is DEFAULT_ROLES.get(role)
 
 
 def _layout(s, role: str, dp: int, cuda: bool) -> dict:
@@ -279,77 +276,76 @@ def _resident(size: ModelSize, state: dict, trained: bool = True) -> dict[str, i
     return out
 
 
-def _fill(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int,
-          capacity: float | None, folded: bool, state: dict, tp: int = 1,
-          sp: int = 1) -> None:
-    role, response = memory.role, s["rollout"].max_new_tokens
-    if role == "actor":
-        size = role_model_size(cfg, lora=s["actor"].lora, trained=True, tp=tp)
-        memory.resident = _resident(size, state)
-        for node in nodes:
-            name = f"actor.{node.method}"
-            if node.kind == NodeKind.GENERATE and _engine(s).reserves_device:
-                _engine_bytes(memory, name, cfg, s, capacity, state["cuda"], True, tp)
-            else:
-                memory.passes[name] = _actor_pass(size, s, node.kind, rows, prompt, state,
-                                                  node, tp, sp)
-        return
-    if role == "rollout":
-        _fill_rollout(memory, cfg, s, nodes, rows, prompt, capacity, folded, state, tp)
-        return
-    if role == "ref":
-        size = role_model_size(cfg, path=s["ref"].path, lora=s["actor"].lora if folded
-                               else None, trained=folded, tp=tp)
-        if not folded:
-            memory.resident = {"weights": size.weight_bytes}
-        micro = MicroBatch(micro_rows(rows, s["ref"].micro_batch_size,
-                                      s["ref"].max_tokens_per_micro_batch, prompt + response),
-                           prompt, response, logit_chunk=_logit_chunk(s["ref"].logprob_chunk,
-                                                                      size, tp), sp=sp)
-        for node in nodes:
-            memory.passes[f"ref.{node.method}"] = {
-                **inference_pass(size, micro, temperature=s["rollout"].temperature),
-                "batch": batch_bytes(rows, prompt, response)}
-        return
-    if role == "critic":
-        size = role_model_size(cfg, head="value", path=s["critic"].path, trained=True,
-                               tp=tp)
-        memory.resident = _resident(size, state)
-        micro = MicroBatch(micro_rows(rows, s["critic"].micro_batch_size,
-                                      s["critic"].max_tokens_per_micro_batch, prompt + response),
-                           prompt, response, sp=sp)
-        for node in nodes:
-            parts = train_pass(size, micro, vocab_head=False,
-                               checkpointing=s["model"].gradient_checkpointing, **state) \
-                if node.kind == NodeKind.TRAIN else inference_pass(size, micro, vocab_head=False)
-            memory.passes[f"critic.{node.method}"] = {
-                **parts, "batch": (2 if node.kind == NodeKind.TRAIN else 1)
-                * batch_bytes(rows, prompt, response)}
-        return
-    _fill_reward(memory, cfg, s, nodes, rows, prompt)
+def _size_actor(memory: RoleMemory, job: RoleSizing) -> None:
+    s, state, tp = job.sections, job.state, job.tp
+    size = role_model_size(job.cfg, lora=s["actor"].lora, trained=True, tp=tp)
+    memory.resident = _resident(size, state)
+    for node in job.nodes:
+        name = f"actor.{node.method}"
+        if node.kind.generates and _engine(s).reserves_device:
+            _engine_bytes(memory, name, job.cfg, s, job.capacity, state["cuda"], True, tp)
+        else:
+            memory.passes[name] = _actor_pass(size, s, node.kind, job.rows, job.prompt,
+                                              state, node, tp, job.sp)
 
 
-def _fill_rollout(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int,
-                  capacity: float | None, folded: bool, state: dict, tp: int = 1) -> None:
+def _size_ref(memory: RoleMemory, job: RoleSizing) -> None:
+    s, folded, tp, rows, prompt = job.sections, job.folded, job.tp, job.rows, job.prompt
+    response = s["rollout"].max_new_tokens
+    size = role_model_size(job.cfg, path=s["ref"].path, lora=s["actor"].lora if folded
+                           else None, trained=folded, tp=tp)
+    if not folded:
+        memory.resident = {"weights": size.weight_bytes}
+    micro = MicroBatch(micro_rows(rows, s["ref"].micro_batch_size,
+                                  s["ref"].max_tokens_per_micro_batch, prompt + response),
+                       prompt, response, logit_chunk=_logit_chunk(s["ref"].logprob_chunk,
+                                                                  size, tp), sp=job.sp)
+    for node in job.nodes:
+        memory.passes[f"ref.{node.method}"] = {
+            **inference_pass(size, micro, temperature=s["rollout"].temperature),
+            "batch": batch_bytes(rows, prompt, response)}
+
+
+def _size_critic(memory: RoleMemory, job: RoleSizing) -> None:
+    s, state, rows, prompt = job.sections, job.state, job.rows, job.prompt
+    response = s["rollout"].max_new_tokens
+    size = role_model_size(job.cfg, head="value", path=s["critic"].path, trained=True,
+                           tp=job.tp)
+    memory.resident = _resident(size, state)
+    micro = MicroBatch(micro_rows(rows, s["critic"].micro_batch_size,
+                                  s["critic"].max_tokens_per_micro_batch, prompt + response),
+                       prompt, response, sp=job.sp)
+    for node in job.nodes:
+        trains = node.kind.trains
+        parts = train_pass(size, micro, vocab_head=False,
+                           checkpointing=s["model"].gradient_checkpointing, **state) \
+            if trains else inference_pass(size, micro, vocab_head=False)
+        memory.passes[f"critic.{node.method}"] = {
+            **parts, "batch": (2 if trains else 1) * batch_bytes(rows, prompt, response)}
+
+
+def _size_rollout(memory: RoleMemory, job: RoleSizing) -> None:
     """Colocated with the actor it generates with the actor's engine and module
     (adapters included); on a pool of its own it holds an engine with its own copy
     of the initial weights (no adapters)."""
+    cfg, s, folded, state, tp = job.cfg, job.sections, job.folded, job.state, job.tp
     size = role_model_size(cfg, lora=s["actor"].lora if folded else None, trained=folded,
                            tp=tp)
     if not folded and not _engine(s).reserves_device:
         memory.resident = {"weights": size.weight_bytes}
-    for node in nodes:
+    for node in job.nodes:
         name = f"rollout.{node.method}"
-        if node.kind != NodeKind.GENERATE:
+        if not node.kind.generates:
             continue  # load_weights: buckets of the actor's export, small
         if _engine(s).reserves_device:
-            _engine_bytes(memory, name, cfg, s, capacity, state["cuda"], folded, tp)
+            _engine_bytes(memory, name, cfg, s, job.capacity, state["cuda"], folded, tp)
         else:
-            memory.passes[name] = _actor_pass(size, s, NodeKind.GENERATE, rows, prompt,
-                                              {**state, "shards": 1})
+            memory.passes[name] = _actor_pass(size, s, NodeKind.GENERATE, job.rows,
+                                              job.prompt, {**state, "shards": 1})
 
 
-def _fill_reward(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int) -> None:
+def _size_reward(memory: RoleMemory, job: RoleSizing) -> None:
+    s, rows, prompt = job.sections, job.rows, job.prompt
     path = s["reward"].model_path
     if not path:
         memory.notes.append("rule-based scores: no model")
@@ -359,11 +355,11 @@ def _fill_reward(memory: RoleMemory, cfg, s, nodes, rows: int, prompt: int) -> N
         memory.notes.append(f"reward.model_path {path!r} is not a directory here: "
                             "its model is not counted")
         return
-    size = role_model_size(cfg, head="reward", path=path)
+    size = role_model_size(job.cfg, head="reward", path=path)
     memory.resident = {"weights": size.weight_bytes}
     response = s["rollout"].max_new_tokens
     micro = MicroBatch(min(rows, s["reward"].micro_batch_size), prompt, response)
-    for node in nodes:
+    for node in job.nodes:
         memory.passes[f"reward.{node.method}"] = {
             **inference_pass(size, micro, vocab_head=False),
             "batch": batch_bytes(rows, prompt, response)}
@@ -385,3 +381,9 @@ def _engine_bytes(memory: RoleMemory, name: str, cfg, s, capacity: float | None,
     else:  # resident: one engine, however many calls generate with it
         memory.resident.update(parts)
         memory.passes[name] = {}
+
+
+for _role, _hook in (("actor", _size_actor), ("rollout", _size_rollout), ("ref", _size_ref),
+                     ("critic", _size_critic), ("reward", _size_reward)):
+    if _role not in sized_roles():  # a hook registered before this import stays
+        register_role_memory(_role, _hook)

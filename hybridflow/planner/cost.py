@@ -41,7 +41,7 @@ from .formulas import (BF16_BYTES, FSDP_COLLECTIVES_FORWARD, FSDP_COLLECTIVES_TR
                        TRAIN_PASS_FLOPS, TRAIN_STATE_BYTES, Layout, activation_bytes,
                        allgather_seconds, allreduce_seconds, forward_flops_per_token, pass_ops)
 from .models import ModelSpec
-from .problem import SYNC_KIND, Problem, Workload
+from .problem import Problem, Workload
 from .rollout import (batch_cap, export_seconds, generate_fixed_bytes, kv_bytes_per_sequence,
                       load_seconds, rollout_cost)
 
@@ -168,12 +168,12 @@ class CostModel:
     def _role_cost(self, role: str, devices: int, layout: Layout) -> RoleCost:
         seconds, peak, peak_node = {}, 0.0, None
         for node in self.problem.role_nodes(role):
-            if node.kind == NodeKind.GENERATE:
+            if node.kind.generates:
                 continue
-            if node.kind == SYNC_KIND:  # weight sync of a rollout apart: no pass, no activations
+            if node.kind.moves_weights:  # weight sync of a rollout apart: no pass, no activations
                 seconds[node.name] = self.sync_seconds(role, devices)
                 continue
-            train = node.kind == NodeKind.TRAIN
+            train = node.kind.trains
             seconds[node.name], transient = self._pass(role, devices, train, layout.sp)
             if transient > peak:
                 peak, peak_node = transient, node.name

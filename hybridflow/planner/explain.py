@@ -1,7 +1,6 @@
 """Words and JSON for a planner result: a ranked table, one paragraph, node times."""
 from __future__ import annotations
 
-from hybridflow.core.kinds import NodeKind
 
 from .devices import GIB
 from .pipeline import seconds_text
@@ -148,7 +147,7 @@ def pipeline_sentences(result: Ranking) -> list[str]:
     text = [f"Async: a step takes {terms.describe()}, + {seconds_text(fixed)} s fixed = "
             f"{seconds_text(best.step_seconds)} s; the same plan synchronous would take "
             f"{seconds_text(terms.synchronous)} s."]
-    generate = [n.name for n in result.nodes if n.kind == NodeKind.GENERATE]
+    generate = [n.name for n in result.nodes if n.kind.generates]
     apart, shared = result.rollout_apart, result.rollout_shared
     if apart is None or shared is None:
         return text + [_no_comparison(apart)]
@@ -206,7 +205,7 @@ def _streaming_balance(terms) -> str:
 def _split_devices(candidate: Candidate, result: Ranking) -> tuple[int, int]:
     """(devices of the pools that generate, devices of the others)."""
     generate = {n.name for n in candidate.graph_nodes or result.nodes
-                if n.kind == NodeKind.GENERATE}
+                if n.kind.generates}
     pools = {candidate.timings[n].pool for n in generate if n in candidate.timings}
     gen = sum(p.devices for p in candidate.pools if p.name in pools)
     return gen, sum(p.devices for p in candidate.pools) - gen

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from hybridflow.core.kinds import NodeKind
 from hybridflow.core.modes import AsyncMode
 
 from .problem import SYNC_KIND, NodeInfo, Problem
@@ -95,8 +94,8 @@ class PipelinedSchedule:
         self.nodes, self.pools = nodes, pools
         ahead = [i for i, n in enumerate(nodes) if n.name in rollout_side]
         behind = [i for i, n in enumerate(nodes)
-                  if n.name not in rollout_side and n.kind != SYNC_KIND]
-        self.sync = [i for i, n in enumerate(nodes) if n.kind == SYNC_KIND]
+                  if n.name not in rollout_side and not n.kind.moves_weights]
+        self.sync = [i for i, n in enumerate(nodes) if n.kind.moves_weights]
         train_nodes = tuple(replace(nodes[i], deps=tuple(d for d in nodes[i].deps
                                                          if d not in rollout_side))
                             for i in behind)
@@ -110,7 +109,7 @@ class PipelinedSchedule:
                           for index, schedule in self.sides)
         busy = [0.0] * self.pools
         for i, pool in enumerate(self.pool):
-            if pool >= 0 and self.nodes[i].kind != SYNC_KIND:
+            if pool >= 0 and not self.nodes[i].kind.moves_weights:
                 busy[pool] += seconds[i]
         return rollout, train, busy, sum(seconds[i] for i in self.sync)
 
@@ -144,7 +143,7 @@ class PipelinedSchedule:
         if busy and max(busy) >= max(rollout, train):
             pool = busy.index(max(busy))
             path = [n.name for i, n in enumerate(self.nodes)
-                    if self.pool[i] == pool and n.kind != SYNC_KIND]
+                    if self.pool[i] == pool and not n.kind.moves_weights]
         else:
             path = paths[0] if rollout >= train else paths[1]
         ordered = {n.name: out[n.name] for n in self.nodes}
@@ -172,7 +171,7 @@ def apart_problem(problem: Problem) -> Problem | None:
     if not own:
         return None
     for role, host in own.items():
-        updates = tuple(n.name for n in nodes if n.role == host and n.kind == NodeKind.TRAIN)
+        updates = tuple(n.name for n in nodes if n.role == host and n.kind.trains)
         export = NodeInfo(_unique(EXPORT_NODE, nodes), SYNC_KIND, host, updates)
         nodes.append(export)
         nodes.append(NodeInfo(_unique(SYNC_NODE, nodes), SYNC_KIND, role, (export.name,)))

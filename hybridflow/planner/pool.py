@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from hybridflow.core.kinds import NodeKind
 
 from .cost import CostModel, Layout, RoleCost, tp_options
 from .devices import GIB
@@ -92,7 +91,7 @@ def _combine(cost: CostModel, roles, devices, parts: tuple[RoleCost, ...]) -> Po
     for part in parts:
         seconds.update(part.node_seconds)
         for node in cost.problem.role_nodes(part.role):
-            if node.kind != NodeKind.GENERATE:
+            if not node.kind.generates:
                 continue
             gen = cost.generate_cost(part.role, devices, part.layout.tp, cost.usable - resident)
             if gen is None:

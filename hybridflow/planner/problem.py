@@ -16,9 +16,10 @@ from hybridflow.core.modes import AsyncMode
 from .devices import Cluster
 from .models import ModelSpec
 
-NODE_KINDS = tuple(k for k in NodeKind if k is not NodeKind.BUFFER)  # (the planner drops buffers)
+# a graph's kinds: the planner drops buffers and makes the weight-sync nodes itself
+NODE_KINDS = tuple(k for k in NodeKind if k not in (NodeKind.BUFFER, NodeKind.SYNC))
 DEVICE_KINDS = METHOD_KINDS  # kinds a role runs on its pool
-SYNC_KIND = "sync"  # planner-made weight-sync nodes of a rollout placed apart (pipeline.py)
+SYNC_KIND = NodeKind.SYNC  # planner-made weight-sync nodes of a rollout placed apart (pipeline.py)
 
 
 class PlanningError(ValueError):
@@ -145,12 +146,20 @@ class TrainingBackend:
 
 @dataclass(frozen=True)
 class NodeInfo:
-    """The planner's copy of one graph node."""
+    """The planner's copy of one graph node; a kind given as its string converts."""
 
     name: str
-    kind: str
+    kind: NodeKind
     role: str | None
     deps: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        try:
+            kind = NodeKind(self.kind)
+        except ValueError:
+            raise PlanningError(f"node {self.name!r} has kind {self.kind!r}; expected one "
+                                f"of {', '.join(NODE_KINDS)}") from None
+        object.__setattr__(self, "kind", kind)
 
 
 @dataclass(frozen=True)
@@ -213,10 +222,10 @@ class Problem:
         return [n for n in self.nodes if n.role == role]
 
     def trains(self, role: str) -> bool:
-        return any(n.kind == NodeKind.TRAIN for n in self.role_nodes(role))
+        return any(n.kind.trains for n in self.role_nodes(role))
 
     def generates(self, role: str) -> bool:
-        return any(n.kind == NodeKind.GENERATE for n in self.role_nodes(role))
+        return any(n.kind.generates for n in self.role_nodes(role))
 
 
 def read_nodes(graph) -> tuple[NodeInfo, ...]:
@@ -229,10 +238,10 @@ def read_nodes(graph) -> tuple[NodeInfo, ...]:
     for node in nodes:
         info = NodeInfo(node.name, node.kind, node.role, tuple(node.deps))
         if info.kind not in NODE_KINDS:
-            raise PlanningError(f"node {info.name!r} has kind {info.kind!r}; "
-                                f"expected one of {NODE_KINDS}")
+            raise PlanningError(f"node {info.name!r} has kind {str(info.kind)!r}; "
+                                f"expected one of {', '.join(NODE_KINDS)}")
         if info.kind in DEVICE_KINDS and not info.role:
-            raise PlanningError(f"node {info.name!r} of kind {info.kind!r} has no role")
+            raise PlanningError(f"node {info.name!r} of kind {str(info.kind)!r} has no role")
         missing = [d for d in info.deps if d not in seen]
         if missing:
             raise PlanningError(f"node {info.name!r} depends on {missing}, "
@@ -261,8 +270,8 @@ def build_problem(graph, cluster: Cluster, models: dict[str, ModelSpec],
         if role in models:
             placed.append(role)
         elif kinds & {NodeKind.TRAIN, NodeKind.GENERATE}:
-            raise PlanningError(f"role {role!r} runs {sorted(kinds)} and needs a model size "
-                                f"(e.g. --model {role}=7b)")
+            raise PlanningError(f"role {role!r} runs {sorted(map(str, kinds))} and needs a "
+                                f"model size (e.g. --model {role}=7b)")
         else:
             driver.append(role)  # a rule function, e.g. a rule-based reward
     if not placed:
@@ -279,7 +288,7 @@ def check_pipeline(nodes: tuple[NodeInfo, ...], pipeline: Pipeline) -> None:
         raise PlanningError(f"the pipeline names nodes the graph does not have: {unknown}")
     for name, role in pipeline.movable.items():
         node = by_name[name]
-        if node.kind != NodeKind.GENERATE or name not in pipeline.rollout_side:
+        if not node.kind.generates or name not in pipeline.rollout_side:
             raise PlanningError(f"node {name!r} ({node.kind}) cannot run apart as role "
                                 f"{role!r}: only a rollout-side generate node can")
         if role in {n.role for n in nodes}:

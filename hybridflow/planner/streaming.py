@@ -34,7 +34,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hybridflow.core.kinds import NodeKind
 from hybridflow.core.modes import AsyncMode
 
 from .pipeline import PipelinedSchedule, seconds_text
@@ -144,8 +143,8 @@ class StreamingSchedule(PipelinedSchedule):
                  rollout_side: frozenset[str], fixed: float):
         super().__init__(nodes, pool_of_role, pools, rollout_side)
         self.fixed = fixed
-        trained = {n.role for n in nodes if n.kind == NodeKind.TRAIN}
-        self.inline = any(n.kind == NodeKind.GENERATE and n.role in trained
+        trained = {n.role for n in nodes if n.kind.trains}
+        self.inline = any(n.kind.generates and n.role in trained
                           for n in nodes if n.name in rollout_side)
 
     def streaming_terms(self, seconds: list[float]) -> tuple[float, float, list[float], float]:
@@ -209,7 +208,7 @@ def streaming_step(schedule: StreamingSchedule, seconds: list[float], pool_names
     """The timings, critical path and terms of one plan's streaming step."""
     timings, path, (rollout, train, busy, push) = schedule.timings(seconds, pool_names)
     generating = tuple(dict.fromkeys(timings[n.name].pool for n in schedule.nodes
-                                     if n.kind == NodeKind.GENERATE and timings[n.name].pool))
+                                     if n.kind.generates and timings[n.name].pool))
     terms = StreamingStep(staleness, rollout, train, dict(zip(pool_names, busy)), push,
                           synchronous, dict(own_weights), schedule.fixed, schedule.inline,
                           samples, generating)
