@@ -5,9 +5,11 @@ worker; a worker keeps it. `init_distributed` joins torch.distributed's default 
 The role's layout is `layout` (`core/layout.RoleLayout`): a pool of `world_size` ranks
 runs dp groups of `tp` ranks, rank r's coordinates are `layout.coords(r)` (what
 `graph/dispatch.py` sends rows by: a tp group's ranks get the same rows).
-`device_mesh()` is that layout as a 2-D torch DeviceMesh ("dp", "tp") over the default
-group; `sequence_group()` this rank's sp group (`placement.parallel.<role>.sp`).
-State: `_MESHES`, (device type, dp, tp, default group) -> the mesh, built once
+`device_mesh()` is that layout as a 2-D torch DeviceMesh over the default group:
+("dp", "tp"), or ("dp_sp", "tp") for a sequence-parallel role (dp and sp flattened: the
+ranks its parameters replicate over, `RoleLayout.replica_dim`); `sequence_group()` this
+rank's sp group (`placement.parallel.<role>.sp`).
+State: `_MESHES`, (device type, dp, sp, tp, default group) -> the mesh, built once
 per process (a mesh's sub-groups are created collectively, so roles of one pool with
 the same layout share one; roles with another tp get their own mesh over the same world).
 """
@@ -101,9 +103,10 @@ class WorkerContext:
         return next(group for ranks, group in _MESHES[key].items() if self.rank in ranks)
 
     def device_mesh(self):
-        """The role's (dp, tp) DeviceMesh over the default process group, or None when
-        the role is not tensor-parallel. Every rank of the pool must call it (the
-        mesh's groups are created collectively), in the same order of roles."""
+        """The role's (dp, tp) DeviceMesh over the default process group (("dp_sp", "tp")
+        at sp > 1), or None when the role is not tensor-parallel. Every rank of the pool
+        must call it (the mesh's groups are created collectively), in the same order of
+        roles."""
         if self.tp <= 1:
             return None
         layout = self.layout
@@ -113,9 +116,9 @@ class WorkerContext:
                                f"{self.world_size} ranks (the local runtime cannot run it: "
                                "use runtime.name=ray)")
         device = (self.device or ("cuda" if torch.cuda.is_available() else "cpu")).split(":")[0]
-        key = (device, layout.dp, layout.tp, id(dist.group.WORLD))  # re-joined: anew
+        key = (device, layout.dp, layout.sp, layout.tp, id(dist.group.WORLD))  # re-joined: anew
         if key not in _MESHES:
             from torch.distributed.device_mesh import init_device_mesh
-            _MESHES[key] = init_device_mesh(device, (layout.dp, layout.tp),
-                                            mesh_dim_names=("dp", "tp"))
+            _MESHES[key] = init_device_mesh(device, layout.mesh_shape,
+                                            mesh_dim_names=(layout.replica_dim, "tp"))
         return _MESHES[key]

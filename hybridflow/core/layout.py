@@ -11,6 +11,12 @@ rank r = (dp_rank * sp + sp_rank) * tp + tp_rank, so a tp group is tp consecutiv
 and the ranks that work on one dp slot's rows together (a "row group": sp x tp ranks)
 are consecutive too. Adding a dimension is this object, its plan and its checks.
 
+The torch DeviceMesh of a tensor-parallel role (`core/context.WorkerContext.device_mesh`)
+is 2-D, `mesh_shape` = (dp x sp, tp) named (`replica_dim`, "tp"): dp and sp flattened
+into one outer dim ("dp", or "dp_sp" at sp > 1) in the same rank order, because the
+parameters replicate over both, so the data-parallel wrap (FSDP2) shards and reduces
+gradients over it; the sp groups (`sp_groups`) are its columns within one dp slot.
+
 Sequence parallelism (`placement.parallel.<role>.sp`, workers/parallel/sequence_parallel.py):
 the sp ranks of a row group receive the same rows and split each row's positions; the
 model's parameters replicate over them, so gradients reduce over dp x sp (`sp_groups`:
@@ -158,6 +164,17 @@ class RoleLayout:
             else self
 
     @property
+    def replica_dim(self) -> str:
+        """The name of the mesh dim the parameters replicate over (gradients reduce over):
+        dp, flattened with sp ("dp_sp") where the role is sequence-parallel."""
+        return "dp_sp" if self.sp > 1 else "dp"
+
+    @property
+    def mesh_shape(self) -> tuple[int, int]:
+        """(dp x sp, tp): the role's DeviceMesh, its dims (`replica_dim`, "tp")."""
+        return (self.dp * self.sp, self.tp)
+
+    @property
     def dp_groups(self) -> tuple[tuple[int, ...], ...]:
         """The ranks of each dp group (the same shard on every dp slot: gradients
         reduce over it), one per (sp, tp) coordinate."""
@@ -172,7 +189,9 @@ class RoleLayout:
     # ----------------------------------------------------------------- checks
     def check_heads(self, heads: int | None, kv_heads: int | None = None) -> None:
         """Each rank holds whole attention heads: tp divides the model's heads and
-        key/value heads; the message lists the sizes the model allows."""
+        key/value heads; the message lists the sizes the model allows. (At sp > 1 the
+        Ulysses exchange splits a rank's heads/tp heads again: sp x tp must divide them,
+        `workers/parallel/sequence_parallel.check_model`.)"""
         kv = kv_heads or heads
         for name, count in (("num_attention_heads", heads), ("num_key_value_heads", kv)):
             if isinstance(count, int) and count % self.tp:

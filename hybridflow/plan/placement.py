@@ -104,8 +104,8 @@ class Placement:
         return layout.without_sp() if generating else layout
 
     def layout_lines(self, roles) -> list[str]:
-        """The layout each tensor-parallel role's workers build, for summaries: its
-        dp x tp and the ranks of each tp group (a dp call splits over the groups)."""
+        """The layout each sharded role's workers build, for summaries: its dp x sp x tp
+        and the ranks of each tp and sp group (a dp call splits over the row groups)."""
         lines = []
         for role in roles:
             pool = self.pools.get(self.roles.get(role, ""))
@@ -116,9 +116,10 @@ class Placement:
             if pool is None or not layout.sharded:
                 continue
             shape = f"dp {layout.dp} x sp {layout.sp} x tp {layout.tp}"
-            groups = [list(g) for g in (layout.sp_groups if layout.sp > 1 else layout.tp_groups)]
-            kind = "sp" if layout.sp > 1 else "tp"
-            line = f"  layout: {role} on pool {pool.name}: {shape}, {kind} groups {groups}"
+            groups = ", ".join(f"{kind} groups {[list(g) for g in ranks]}" for kind, ranks in
+                               (("tp", layout.tp_groups), ("sp", layout.sp_groups))
+                               if getattr(layout, kind) > 1)
+            line = f"  layout: {role} on pool {pool.name}: {shape}, {groups}"
             if layout.sp > 1:  # generate calls run on the layout without sp
                 line += f"; generation ignores sp (dp {layout.without_sp().dp})"
             lines.append(line)

@@ -16,6 +16,9 @@ groups of tp ranks (rank r: dp r // tp, tp r % tp). With tp > 1:
 - the runtime runs each rank as a process (`RuntimeName.process_per_rank`: `ray`); the
   local runtime simulates ranks in one process, where no collective can run;
 - a tensor-parallel actor trains no LoRA adapters (no plan shards them);
+- with sp > 1 (`placement.parallel.<role>.sp`, alone or with tp): a process-per-rank
+  runtime, a role that trains or computes log-probs/values, and heads and key/value
+  heads that sp x tp divides (`_check_sequence_parallel`);
 - `trainer.async_mode=streaming` through an engine that cannot stream on a model
   sharded over ranks (the `hf` engine declares `streams_sharded = False`): its model
   is tensor-parallel, or an FSDP actor sharded over dp > 1 ranks serves it.
@@ -104,8 +107,10 @@ def check_parallel_layouts(cfg: DictConfig, plan: ExecutionPlan) -> None:
 
 def _check_sequence_parallel(cfg: DictConfig, plan: ExecutionPlan, role: str) -> None:
     """placement.parallel.<role>.sp > 1 (workers/parallel/sequence_parallel.py): Ray only,
-    a role that trains or computes log-probs/values, tp=1 for now, no LoRA, a model whose
-    attention it wraps with heads that sp x tp divides."""
+    a role that trains or computes log-probs/values, a model whose attention it wraps with
+    heads that sp x tp divides (each rank's heads / tp split again over sp). With tp it
+    composes (the tp checks below apply as at sp=1; LoRA stays refused at tp > 1 there);
+    LoRA at tp=1 composes (adapters replicate over sp like the weights)."""
     layout = plan.placement.layout(role)
     where = f"placement.parallel.{role}.sp={layout.sp}"
     if not RuntimeName.of(cfg.runtime.name).process_per_rank:
@@ -117,12 +122,6 @@ def _check_sequence_parallel(cfg: DictConfig, plan: ExecutionPlan, role: str) ->
         raise ConfigError(f"{where}: role '{role}' only generates, and generation never "
                           "runs sequence-parallel; set sp on the roles that train or "
                           "compute log-probs (actor, ref, critic)")
-    if layout.tp > 1:
-        raise ConfigError(f"{where} with tp={layout.tp}: sequence parallelism with tensor "
-                          "parallelism is not yet supported; use sp or tp for this role")
-    if role == "actor" and int(OmegaConf.select(cfg, "actor.lora.rank") or 0):
-        raise ConfigError(f"{where}: sequence parallelism with LoRA (actor.lora.rank) is "
-                          "not yet supported; set sp=1 or actor.lora.rank=0")
     config = role_model_config(cfg, role)
     if config:
         from hybridflow.workers.parallel.sequence_parallel import check_model

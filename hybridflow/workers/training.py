@@ -28,11 +28,15 @@ backend with `tensor_parallel = True`): the role's ranks form dp groups of tp ra
 replicated loss, so the data-parallel size is world / tp: counts and metrics are
 all-reduced over the "dp" sub-mesh, each rank backpropagates `dp * loss`, and the
 gradients are averaged over dp only (never over the tp ranks, which hold different
-shards). AdamW then runs per tensor (`foreach=False`: DTensors on two meshes and
-plain tensors do not mix in one foreach call). Mixed precision: a module built in
-bf16/fp16 (`model.dtype`) gets float32 master weights for its trainable parameters
-(so AdamW updates and keeps its state in float32) and computes its forward in the
-low dtype (`autocast()`); frozen parameters (LoRA's base) stay in the low dtype.
+shards). Sequence parallelism (`ctx.sp > 1`, alone or with tp): the sp ranks of a dp
+slot hold the same rows and the same parameters, each backpropagating its own positions'
+part of the loss, so gradients average over dp x sp (the mesh's "dp_sp" dim under tp)
+and each rank backpropagates `dp * sp * loss`; counts and metrics, summed over dp x sp,
+are divided by sp. AdamW then runs per tensor (`foreach=False`: DTensors on two meshes
+and plain tensors do not mix in one foreach call). Mixed precision: a module built in
+bf16/fp16 (`model.dtype`) gets float32 master weights for its trainable parameters (so
+AdamW updates and keeps its state in float32) and computes its forward in the low dtype
+(`autocast()`); frozen parameters (LoRA's base) stay in the low dtype.
 State: the module, its wrapper, optimizer, lr scheduler and backend.
 """
 from __future__ import annotations
@@ -104,7 +108,10 @@ class Trainer:
         self.dp = ctx.layout.dp if mesh is not None or self.sp > 1 else self.world
         # ranks the gradient averages over: the parameters replicate over dp x sp
         self.grad_ranks = self.dp * self.sp
-        self.group = mesh["dp"].get_group() if mesh is not None and self.dp > 1 else None
+        # under tp, the mesh's outer dim: the ranks holding the same shard ("dp", or
+        # "dp_sp" at sp > 1, `RoleLayout.replica_dim`); without tp every rank
+        self.group = mesh[ctx.layout.replica_dim].get_group() \
+            if mesh is not None and self.grad_ranks > 1 else None
         self.backend = make_backend(opt.strategy, self.grad_ranks, device,
                                     master_weights(module), mesh=mesh)
         self.model = self.backend.wrap(module)

@@ -1,6 +1,6 @@
 """A role's layout in one object (core/layout.py): its sizes, each rank's coordinates
 and groups, and the checks with messages naming role, key and numbers; the placement
-derives it, parses `sp` and refuses sp > 1 until sequence parallelism lands."""
+derives it, parses `sp`, and lays out the mesh ((dp x sp, tp), tp innermost)."""
 from __future__ import annotations
 
 import pytest
@@ -95,6 +95,18 @@ def test_sp_2_splits_rows_and_generation_ignores_it():
 
 def test_sp_groups_under_tp_are_strided_by_tp():
     assert RoleLayout(8, 2, 2).sp_groups == ((0, 2), (1, 3), (4, 6), (5, 7))
+
+
+def test_the_mesh_flattens_dp_and_sp_the_ranks_parameters_replicate_over():
+    layout = RoleLayout(8, tp=2, sp=2)
+    assert (layout.mesh_shape, layout.replica_dim) == ((4, 2), "dp_sp")
+    # the (dp x sp, tp) grid in rank order: its rows are the tp groups, and each sp
+    # group lies in one column (the ranks holding one shard, a gradient's group)
+    grid = [list(range(r * 2, r * 2 + 2)) for r in range(4)]
+    assert [tuple(row) for row in grid] == list(layout.tp_groups)
+    columns = [{row[t] for row in grid} for t in range(2)]
+    assert all(any(set(sp) <= column for column in columns) for sp in layout.sp_groups)
+    assert (RoleLayout(4, tp=2).mesh_shape, RoleLayout(4, tp=2).replica_dim) == ((2, 2), "dp")
 
 
 @pytest.mark.parametrize("sp", [0, -1])

@@ -88,6 +88,17 @@ def test_check_prints_a_sequence_parallel_roles_groups_and_that_generation_ignor
             "generation ignores sp (dp 2)") in out
 
 
+def test_a_role_at_sp_x_tp_prints_its_tp_and_its_sp_groups():
+    placement = Placement.from_config({"pools": {"main": {"devices_per_node": 8}},
+                                       "roles": {"actor": "main"},
+                                       "parallel": {"actor": {"tp": 2, "sp": 2}}})
+    # tp innermost: a tp group is consecutive ranks, an sp group strides over tp
+    assert placement.layout_lines(["actor"]) == [
+        "  layout: actor on pool main: dp 2 x sp 2 x tp 2, tp groups [[0, 1], [2, 3], "
+        "[4, 5], [6, 7]], sp groups [[0, 2], [1, 3], [4, 6], [5, 7]]; generation ignores sp "
+        "(dp 4)"]
+
+
 def test_a_folded_role_runs_on_its_hosts_layout():
     placement = Placement.from_config({"pools": {"main": {"devices_per_node": 4}},
                                        "roles": {"actor": "main", "rollout": "main"},

@@ -49,6 +49,20 @@ def rollout_for_update(actor, prompts=PROMPTS, n=2, seed=0) -> Batch:
     return out
 
 
+def odd_width(batch: Batch) -> Batch:
+    """`batch` with one column fewer where its row width is even, so that a
+    sequence-parallel split over 2 ranks has to pad the row."""
+    width, resp = batch["input_ids"].shape[1], batch["responses"].shape[1]
+    if width % 2:
+        return batch
+    out = batch.select(*batch.keys())
+    for key in batch.keys():
+        value = batch[key]
+        if torch.is_tensor(value) and value.dim() >= 2 and value.shape[1] in (width, resp):
+            out[key] = value[:, :-1].contiguous()
+    return out
+
+
 def ragged_responses(batch: Batch, lengths, pad_id: int) -> Batch:
     """`batch` with each row's response cut to `lengths` (padded and masked after), as
     sampling makes them: long-tailed, not all `max_new_tokens`."""

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tests.support.workers import leave_process_group, make_cfg, rollout_for_update
+from tests.support.workers import leave_process_group, make_cfg, odd_width, rollout_for_update
 from tests.support.ports import free_port
 from hybridflow.workers import ActorWorker, WorkerContext
 from hybridflow.workers.parallel.sequence_parallel import sequence_parallel
@@ -39,19 +39,6 @@ CASES = {"padded_ddp": _cfg(False, "ddp"), "packed_fsdp2": _cfg(True, "fsdp2"),
 LONG_PROMPT_PAD = 8  # left padding columns: the response's predictors all past mid-row
 
 
-def _odd_width(batch):
-    """The batch with one column fewer where its row width is even."""
-    width, resp = batch["input_ids"].shape[1], batch["responses"].shape[1]
-    if width % 2:
-        return batch
-    out = batch.select(*batch.keys())
-    for key in batch.keys():
-        value = batch[key]
-        if torch.is_tensor(value) and value.dim() >= 2 and value.shape[1] in (width, resp):
-            out[key] = value[:, :-1].contiguous()
-    return out
-
-
 def _long_prompt(batch):
     """The batch with LONG_PROMPT_PAD more left-padding columns (attended by no one)."""
     out = batch.select(*batch.keys())
@@ -64,7 +51,7 @@ def _long_prompt(batch):
 
 
 def _batch(name: str, cfg: dict):
-    batch = _odd_width(rollout_for_update(ActorWorker(cfg), n=2))
+    batch = odd_width(rollout_for_update(ActorWorker(cfg), n=2))
     return _long_prompt(batch) if name.startswith("long_prompt") else batch
 
 

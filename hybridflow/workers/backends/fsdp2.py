@@ -13,7 +13,8 @@ mesh, after `wrap`.
 Tensor parallelism (`tensor_parallel = True`): given a role's (dp, tp) mesh, `wrap`
 first shards the module over "tp" (`parallel/tensor_parallel.py`), then, when dp > 1, shards
 it with FSDP over "dp" (a 2-D layout: dp-shard x tp; gradients are averaged over dp
-only). With dp = 1 the tensor-parallel module trains as it is (the tp-only path).
+only; at sp > 1 the outer dim is "dp_sp", dp and sp flattened, `core/layout.py`).
+With dp = 1 the tensor-parallel module trains as it is (the tp-only path).
 """
 from __future__ import annotations
 
@@ -60,8 +61,9 @@ class FSDP2Backend(TrainingBackend):
             return module
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        self.mesh = self.role_mesh["dp"] if self.role_mesh is not None else \
-            init_device_mesh(self.device.type, (self.world,))
+        # a role mesh's outer dim: "dp", or "dp_sp" (dp and sp flattened) at sp > 1
+        self.mesh = self.role_mesh[self.role_mesh.mesh_dim_names[0]] \
+            if self.role_mesh is not None else init_device_mesh(self.device.type, (self.world,))
         policy = MixedPrecisionPolicy(param_dtype=self.compute_dtype,
                                       reduce_dtype=torch.float32)
         for layer in decoder_layers(module):

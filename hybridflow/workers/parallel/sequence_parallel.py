@@ -26,9 +26,18 @@ and then one of two ends:
   `logits_to_keep` applied, as one rank's forward returns them.
 
 A packed row (`model.use_remove_padding`) is split the same way; its offsets stay global
-for the varlen attention. Both ends' backward hand each rank its own positions'
-gradient: summed over the sp ranks (the data-parallel wrap spans dp x sp ranks,
-`training.py`) it is one rank's gradient.
+for the varlen attention.
+
+With tensor parallelism (sp x tp, `core/layout.py`: tp innermost, an sp group is the
+ranks of one dp slot with the same tp coordinate) the layers are the DTensor plan's:
+each rank's q, k, v hold heads / tp heads, which the all-to-all splits again over sp
+(sp x tp divides the heads, `check_model`); the vocabulary-sharded head's log-probs
+reduce over tp first (`vocab_parallel.py`), then `LocalSlice.combine` over sp; gathered
+logits gather their vocabulary shard along the sequence and stay a DTensor.
+
+Both ends' backward hand each rank its own positions' gradient: summed over the sp
+ranks (the data-parallel wrap spans dp x sp ranks, `training.py`; under tp the mesh's
+"dp_sp" dim) it is one rank's gradient.
 
 Generation never runs sequence-parallel: outside the context the hooks pass the call
 through and the attention is the model's own. State: per model, the installed
@@ -208,14 +217,29 @@ class SequenceParallel:
         if local is not None:  # the caller reduces this rank's positions itself
             local.append(where)
             return None
-        length = where.length
-        logits = gather_sequence(output.logits, self.group, self.sp, self.rank)[:, :length]
-        if isinstance(keep, int) and keep > 0:
-            logits = logits[:, -keep:]
-        elif torch.is_tensor(keep):
-            logits = logits[:, keep]
-        output.logits = logits
+        output.logits = _whole_sequence(output.logits, where, keep)
         return output
+
+
+def _whole_sequence(logits, where: LocalSlice, keep):
+    """A slice's logits [b, s/sp, V] gathered along the sequence over the sp group, cut
+    to the caller's length and `logits_to_keep`. A tensor-parallel head's logits (a
+    DTensor sharded on the vocabulary over tp) gather their local shard, the vocabulary
+    shard staying put, and come back a DTensor of the same placements."""
+    from hybridflow.core.dtensor import is_sharded, local_shard
+    local = local_shard(logits)  # differentiable: the DTensor's gradient reaches it
+    whole = gather_sequence(local, where.group, where.sp, where.rank)[:, :where.length]
+    if isinstance(keep, int) and keep > 0:
+        whole = whole[:, -keep:]
+    elif torch.is_tensor(keep):
+        whole = whole[:, keep]
+    if not is_sharded(logits):
+        return whole
+    from torch.distributed.tensor import DTensor
+    shape = whole.shape[:-1] + logits.shape[-1:]  # the vocabulary may split unevenly
+    whole = whole.contiguous()
+    return DTensor.from_local(whole, logits.device_mesh, logits.placements, run_check=False,
+                              shape=shape, stride=torch.empty(shape, device="meta").stride())
 
 
 def sequence_parallel(model: torch.nn.Module, ctx):
