@@ -122,7 +122,7 @@ def split_sides(plan: ExecutionPlan, staleness: int) -> Sides:
     trained, rollout, problems = trained_roles(plan), set(), []
     for node in plan.nodes:
         ahead = all(d in rollout for d in node.deps)
-        if node.kind is NodeKind.GENERATE and not ahead:
+        if node.kind.generates and not ahead:
             blocker = next(d for d in node.deps if d not in rollout)
             problems.append(f"{node.where()}: trainer.staleness={staleness} generates ahead "
                             f"of training, but this generate node reads '{blocker}', which "
@@ -134,9 +134,9 @@ def split_sides(plan: ExecutionPlan, staleness: int) -> Sides:
                             f"{staleness}); gather before any node reading trained weights")
         elif ahead and not _keeps_state(node) and (
                 node.op is not Op.CALL or node.role not in trained
-                or node.kind is NodeKind.GENERATE):  # e.g. `actor.generate`
+                or node.kind.generates):  # e.g. `actor.generate`
             rollout.add(node.name)
-    if not any(plan.node(n).kind is NodeKind.GENERATE for n in rollout) and not problems:
+    if not any(plan.node(n).kind.generates for n in rollout) and not problems:
         problems.append(f"trainer.staleness={staleness} runs the rollout ahead of training, "
                         f"but graph '{plan.graph_name}' has no generate node; set "
                         f"trainer.staleness=0")
@@ -156,7 +156,7 @@ def correction_problems(plan: ExecutionPlan, sides: Sides,
     `default_corrects(node)` says the default loss the worker builds from config
     (a call without `loss=`) does not correct either."""
     hosts = {_generator_host(plan, plan.node(n)) for n in sides.rollout
-             if plan.node(n).kind is NodeKind.GENERATE}
+             if plan.node(n).kind.generates}
     rollout, k, problems = set(sides.rollout), sides.staleness, []
     for name in sides.train:
         node = plan.node(name)
@@ -226,7 +226,7 @@ def _samplers(plan: ExecutionPlan, ahead: list[PlanNode]) -> tuple[tuple, set, s
     the generation shares, generating roles with weights of their own)."""
     shared, own = set(), set()
     for node in ahead:
-        if node.kind is not NodeKind.GENERATE:
+        if not node.kind.generates:
             continue
         host = _generator_host(plan, node)
         if node.role == host or plan.placement.folded.get(node.role) == host:
@@ -280,7 +280,7 @@ def check_buffers(plan: ExecutionPlan) -> list[str]:
             continue
         producer = plan.node(spec.producer)
         if producer.op is Op.CALL and producer.role in trained \
-                and producer.kind is not NodeKind.GENERATE:
+                and not producer.kind.generates:
             problems.append(f"{node.where()}: it buffers '{producer.name}', which reads "
                             f"the current weights of trained role '{producer.role}'; "
                             f"only rollout-side outputs can wait for training")

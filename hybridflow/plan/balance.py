@@ -123,7 +123,7 @@ def insert_token_balance(plan):
     """`plan` with a balance node after each generate node read by more than one
     data-parallel rank (the same plan when there is none)."""
     nodes, taken = list(plan.nodes), {n.name for n in plan.nodes}
-    for generate in [n for n in plan.nodes if n.kind is NodeKind.GENERATE]:
+    for generate in [n for n in plan.nodes if n.kind.generates]:
         parts = _parts(plan, generate)
         if parts < 2:
             continue

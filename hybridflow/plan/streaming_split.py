@@ -114,7 +114,7 @@ def _role_problems(plan: ExecutionPlan, gen: PlanNode,
 def _problems(plan: ExecutionPlan, sides: Sides,
               backend: StreamBackend | None) -> tuple[list[str], list]:
     k, problems = sides.staleness, []
-    gens = [plan.node(n) for n in sides.rollout if plan.node(n).kind is NodeKind.GENERATE]
+    gens = [plan.node(n) for n in sides.rollout if plan.node(n).kind.generates]
     if len(gens) != 1:
         problems.append(f"trainer.async_mode=streaming streams one generate node, but graph "
                         f"'{plan.graph_name}' has {len(gens)} ({[g.name for g in gens]}); "
@@ -210,7 +210,7 @@ def attach_streaming(plan: ExecutionPlan, staleness: int, allow_uncorrected: boo
     for node in out.nodes:
         if node.op is Op.BUFFER:
             screen = gather.deps[0] if gather is not None and \
-                plan.node(gather.deps[0]).kind is not NodeKind.GENERATE else None
+                not plan.node(gather.deps[0]).kind.generates else None
             node = replace(node, buffer=replace(node.buffer, mode=AsyncMode.STREAMING,
                                                 screened_by=screen))
         nodes.append(node)
@@ -222,7 +222,7 @@ def stream_buffer(plan: ExecutionPlan):
     the gather's rows; else the first), or None."""
     buffers = stream_buffers(plan)
     samples = [b for b in buffers if plan.node(b.buffer.producer).op is Op.GATHER
-               or plan.node(b.buffer.producer).kind is NodeKind.GENERATE]
+               or plan.node(b.buffer.producer).kind.generates]
     return (samples or buffers or [None])[0]
 
 

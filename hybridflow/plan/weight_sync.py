@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from hybridflow.graph.dispatch import worker_methods
-from hybridflow.core.kinds import NodeKind, Op
+from hybridflow.core.kinds import Op
 from hybridflow.core.worker_hooks import host_role
 
 __all__ = ["insert_weight_sync", "resync_plan", "sync_pairs", "weights_host", "planner_view",
@@ -46,7 +46,7 @@ def sync_pairs(plan) -> list[tuple[str, str]]:
     """(role, host) for each role of `plan` that holds its own copy of a host role's
     weights (placed on another pool) while the plan trains the host."""
     roles, pairs = plan.placement.roles, []
-    trained = {n.role for n in plan.nodes if n.kind == NodeKind.TRAIN}
+    trained = {n.role for n in plan.nodes if n.kind.trains}
     for role in plan.roles:
         host = weights_host(plan.bindings[role])
         if host is not None and host in trained and roles.get(role) != roles.get(host):
@@ -87,7 +87,7 @@ def insert_weight_sync(plan):
                 f"role '{host}' (pool '{plan.placement.roles[host]}'), so it needs the "
                 f"weights of '{host}' after each update, but {plan.bindings[host].__name__} "
                 f"has no @method {EXPORT_METHOD}; place both roles on one pool")
-        trains = [n.name for n in nodes if n.role == host and n.kind == NodeKind.TRAIN]
+        trains = [n.name for n in nodes if n.role == host and n.kind.trains]
         where = (f"inserted by hybridflow/plan/weight_sync.py: '{role}' holds its own weights "
                  f"on pool '{plan.placement.roles[role]}'")
         export = _call_node(template, _unique(EXPORT_NODE, taken), host, EXPORT_METHOD,

@@ -21,7 +21,6 @@ from dataclasses import replace
 from hybridflow.plan.async_split import (sides_of, split_sides, staleness_of, trained_roles,
                                          without_buffers)
 from hybridflow.plan.streaming_split import is_streaming, streaming_sides
-from hybridflow.core.kinds import NodeKind
 from hybridflow.core.modes import AsyncMode, StreamSide
 from hybridflow.plan.weight_sync import EXPORT_METHOD, LOAD_METHOD, planner_view, weights_host
 
@@ -77,7 +76,7 @@ def _rollouts_folded(plan):
         if node.name in dropped:
             continue
         if node.role in hosts:
-            if node.kind is NodeKind.GENERATE:
+            if node.kind.generates:
                 movable[node.name] = node.role
             node = replace(node, role=hosts[node.role])
         elif node.role in fixed:

@@ -125,9 +125,8 @@ def generation_layouts(section: dict, plan: ExecutionPlan) -> dict:
     tp moves to the rollout role, which runs in the host's processes, and the host
     trains data-parallel over every rank -- two layouts in the same processes, the
     layout the workers build and `check` prints."""
-    from hybridflow.core.kinds import NodeKind
     parallel = section.get("parallel", {})
-    generating = {n.role for n in plan.nodes if n.kind is NodeKind.GENERATE}
+    generating = {n.role for n in plan.nodes if n.kind.generates}
     for role, host in plan.placement.folded.items():
         layout = parallel.get(host)
         if role in generating and layout and layout.get("tp", 1) > 1 and role not in parallel:

@@ -96,10 +96,9 @@ def _require(key: str, name: str, modules, others: list[str]) -> None:
 def check_imports(cfg: DictConfig, plan: ExecutionPlan) -> None:
     """The rollout engine, each trained role's backend and the scorers import: checked
     in this process before any worker starts (workers run the same environment)."""
-    from hybridflow.core.kinds import NodeKind
     from hybridflow.workers.backends import BACKENDS
     from hybridflow.workers.rollout.engine import _ENGINES
-    if any(n.kind is NodeKind.GENERATE for n in plan.nodes):
+    if any(n.kind.generates for n in plan.nodes):
         name = str(cfg.rollout.backend)
         # what building it imports: its factory's `requires` (built-in ones too)
         needs = tuple(getattr(_ENGINES.get(name), "requires", ()))
