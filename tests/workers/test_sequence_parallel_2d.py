@@ -5,8 +5,9 @@ DTensor plan over tp, Ulysses exchanging each rank's heads/tp heads over sp; pad
 packed) on a model with 8 heads and 4 key/value heads. Each row group gets its dp
 slot's rows, as dispatch sends them, on a batch whose width is odd (padded to sp). The
 log-prob pass, a training forward's log-probs and entropy, and the weights, losses and
-gradient norm after one update equal one rank's to 1e-5; each rank's inner attention
-sees heads / (sp x tp) query and key/value heads over the whole row."""
+gradient norm after one update equal one rank's to 1e-5, and so do whole logits gathered
+along the sequence (under tp a DTensor still sharded on the vocabulary); each rank's
+inner attention sees heads / (sp x tp) query and key/value heads over the whole row."""
 import os
 from contextlib import contextmanager
 
@@ -17,6 +18,7 @@ import torch.multiprocessing as mp
 from tests.support.workers import TINY, leave_process_group, make_cfg, odd_width
 from tests.support.workers import rollout_for_update
 from tests.support.ports import free_port
+from hybridflow.core.dtensor import whole_tensor
 from hybridflow.workers import ActorWorker, WorkerContext
 from hybridflow.workers.parallel import ulysses
 from hybridflow.workers.parallel.sequence_parallel import sequence_parallel
@@ -44,6 +46,7 @@ CASES = {
     "sp2_tp2_padded_fsdp2": ((2, 2), _cfg("fsdp2", False, HEADS_8)),
     "sp2_tp2_packed_fsdp2": ((2, 2), _cfg("fsdp2", True, HEADS_8)),
 }
+INPUTS = ("input_ids", "attention_mask", "position_ids")
 METRICS = ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm")
 
 
@@ -79,6 +82,9 @@ def _run(cfg: dict, batch, ctx=None) -> dict:
         out = {"pass": actor.logprob(batch)["old_log_probs"], "attended": seen}
     with sequence_parallel(module, actor.ctx), torch.no_grad():
         out["train"] = forward_response(module, batch, 0.7, with_entropy=True, packed=packed)
+        if not packed:  # whole logits, gathered along the sequence (under tp: a DTensor)
+            logits = module(**{k: batch[k] for k in INPUTS}).logits
+            out["logits"] = (type(logits).__name__, whole_tensor(logits))
     out["update"] = actor.update(batch).meta["metrics"]
     out["weights"] = {n: _full(p) for n, p in module.named_parameters()}
     out["fsdp"] = actor.trainer.fsdp
@@ -134,6 +140,17 @@ def test_log_probs_and_entropy_equal_one_rank(results, name):
         _close(got["pass"], want["pass"][rows], f"{name} rank {rank}: log-prob pass")
         for i, what in enumerate(("log-probs", "entropy")):
             _close(got["train"][i], want["train"][i][rows], f"{name} rank {rank}: {what}")
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if "padded" in n])
+def test_whole_logits_gathered_along_the_sequence_equal_one_rank(results, name):
+    batches, single, ranks = results
+    (_, tp), _ = CASES[name]
+    for rank, out in enumerate(ranks):
+        kind, logits = out[name]["logits"]
+        assert kind == ("DTensor" if tp > 1 else "Tensor"), (name, kind)  # vocab-sharded
+        rows = _rows(name, rank, len(batches[name]))
+        _close(logits, single[name]["logits"][1][rows], f"{name} rank {rank}: logits")
 
 
 @pytest.mark.parametrize("name", list(CASES))
