@@ -23,13 +23,15 @@ RuntimeFactory = Callable[..., Any]  # (plan, cfg, seed, extra_plans) -> an Exec
 _FACTORIES: dict[RuntimeName, RuntimeFactory] = {}
 
 
-def register_runtime(name: RuntimeName | str, factory: RuntimeFactory,
+def register_runtime(name: RuntimeName, factory: RuntimeFactory,
                      replace: bool = False) -> None:
-    """Make `runtime.name=<name>` build its executor with `factory`; `name` must be a
-    `RuntimeName` (the config's schema lists them)."""
-    name = RuntimeName.of(name, "register_runtime's name")
+    """Make `runtime.name=<name>` build its executor with `factory`; `name` is a
+    `RuntimeName` member (the config's schema lists them)."""
+    if not isinstance(name, RuntimeName):
+        raise TypeError(f"register_runtime: the name must be a RuntimeName member "
+                        f"({', '.join(RuntimeName.names())}), not {name!r}")
     if name in _FACTORIES and not replace:
-        raise ValueError(f"runtime {name!r} already has a factory; pass replace=True to "
+        raise ValueError(f"runtime '{name}' already has a factory; pass replace=True to "
                          "override it")
     _FACTORIES[name] = factory
 
@@ -40,7 +42,7 @@ def runtime_factory(name: RuntimeName) -> RuntimeFactory:
         return _FACTORIES[name]
     except KeyError:
         known = ", ".join(sorted(str(n) for n in _FACTORIES)) or "none"
-        raise ValueError(f"runtime.name={name!r} has no runtime factory (registered: "
+        raise ValueError(f"runtime.name='{name}' has no runtime factory (registered: "
                          f"{known}); register one with hybridflow.runtime.factories."
                          f"register_runtime(name, factory)") from None
 

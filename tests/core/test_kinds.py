@@ -61,3 +61,14 @@ def test_no_module_compares_a_node_kind_or_op_with_a_string():
              for n, line in enumerate(path.read_text().splitlines(), 1)
              if compare.search(line.split("#")[0])]
     assert not found, f"compare with NodeKind / Op members instead: {found}"
+
+
+def test_kinds_declare_what_they_do_and_the_planner_types_its_nodes():
+    from hybridflow.planner.problem import NodeInfo, PlanningError
+    assert [k for k in NodeKind if k.generates] == [NodeKind.GENERATE]
+    assert [k for k in NodeKind if k.trains] == [NodeKind.TRAIN]
+    assert [k for k in NodeKind if k.moves_weights] == [NodeKind.SYNC]
+    assert NodeInfo("load", "sync", "rollout", ("export",)).kind is NodeKind.SYNC
+    with pytest.raises(PlanningError, match="node 'x' has kind 'call'; expected one of "
+                       "source, generate, inference, train, function"):
+        NodeInfo("x", "call", None, ())

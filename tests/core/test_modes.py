@@ -59,3 +59,25 @@ def test_no_engine_module_compares_a_mode_or_runtime_with_its_string():
              for n, line in enumerate(path.read_text().splitlines(), 1)
              if compare.search(line.split("#")[0])]
     assert not found, f"compare with AsyncMode / RuntimeName members instead: {found}"
+
+
+def test_run_modes_converts_the_config_once_from_any_of_its_forms():
+    """`run_modes` reads a checked config, its typed values or a plain dict; an absent
+    key takes the schema's default; a bad value names the key."""
+    from hybridflow.core.modes import RunModes, StreamSide, run_modes
+    from hybridflow.program.config import run_values
+    cfg = build_config(overrides=["trainer.async_mode=streaming", "runtime.name=ray",
+                                  "trainer.stream_side=generate_only"])
+    want = RunModes(AsyncMode.STREAMING, StreamSide.GENERATE_ONLY, RuntimeName.RAY)
+    assert run_modes(cfg) == want == run_modes(run_values(cfg))
+    assert run_modes({"runtime": {"name": "ray"}}) == RunModes(runtime=RuntimeName.RAY)
+    assert run_modes({}) == RunModes() and run_modes(build_config()) == RunModes()
+    with pytest.raises(ValueError, match="runtime.name must be one of local, ray, not 'rey'"):
+        run_modes({"runtime": {"name": "rey"}})
+
+
+def test_a_buffer_carries_its_mode():
+    from hybridflow.plan.async_split import BufferSpec
+    spec = BufferSpec("actor.generate", 1, "uid", 1)
+    assert spec.mode is AsyncMode.PIPELINE and not spec.streaming
+    assert BufferSpec("actor.generate", 1, "uid", 1, AsyncMode.STREAMING).streaming
