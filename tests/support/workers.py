@@ -63,6 +63,18 @@ def odd_width(batch: Batch) -> Batch:
     return out
 
 
+def long_prompt(batch: Batch, pad: int = 8) -> Batch:
+    """`batch` with `pad` more left-padding columns (attended by no one): at sp=2 the
+    first rank's slice of the row then predicts no response token."""
+    out = batch.select(*batch.keys())
+    width = batch["input_ids"].shape[1]
+    for key in ("input_ids", "attention_mask", "position_ids"):
+        value = batch[key]
+        assert value.shape[1] == width, key
+        out[key] = torch.cat([value.new_zeros((len(batch), pad)), value], 1)
+    return out
+
+
 def ragged_responses(batch: Batch, lengths, pad_id: int) -> Batch:
     """`batch` with each row's response cut to `lengths` (padded and masked after), as
     sampling makes them: long-tailed, not all `max_new_tokens`."""

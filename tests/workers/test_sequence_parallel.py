@@ -16,7 +16,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tests.support.workers import leave_process_group, make_cfg, odd_width, rollout_for_update
+from tests.support.workers import leave_process_group, long_prompt, make_cfg, odd_width
+from tests.support.workers import rollout_for_update
 from tests.support.ports import free_port
 from hybridflow.workers import ActorWorker, WorkerContext
 from hybridflow.workers.parallel.sequence_parallel import sequence_parallel
@@ -36,23 +37,11 @@ def _cfg(packed: bool, strategy: str, chunk: int | None = None) -> dict:
 CASES = {"padded_ddp": _cfg(False, "ddp"), "packed_fsdp2": _cfg(True, "fsdp2"),
          "chunked_padded_ddp": _cfg(False, "ddp", chunk=4),
          "long_prompt_ddp": _cfg(False, "ddp")}
-LONG_PROMPT_PAD = 8  # left padding columns: the response's predictors all past mid-row
-
-
-def _long_prompt(batch):
-    """The batch with LONG_PROMPT_PAD more left-padding columns (attended by no one)."""
-    out = batch.select(*batch.keys())
-    width = batch["input_ids"].shape[1]
-    for key, fill in (("input_ids", 0), ("attention_mask", 0), ("position_ids", 0)):
-        value = batch[key]
-        assert value.shape[1] == width, key
-        out[key] = torch.cat([value.new_full((len(batch), LONG_PROMPT_PAD), fill), value], 1)
-    return out
 
 
 def _batch(name: str, cfg: dict):
     batch = odd_width(rollout_for_update(ActorWorker(cfg), n=2))
-    return _long_prompt(batch) if name.startswith("long_prompt") else batch
+    return long_prompt(batch) if name.startswith("long_prompt") else batch
 
 
 def _weights(module) -> dict:

@@ -7,7 +7,10 @@ slot's rows, as dispatch sends them, on a batch whose width is odd (padded to sp
 log-prob pass, a training forward's log-probs and entropy, and the weights, losses and
 gradient norm after one update equal one rank's to 1e-5, and so do whole logits gathered
 along the sequence (under tp a DTensor still sharded on the vocabulary); each rank's
-inner attention sees heads / (sp x tp) query and key/value heads over the whole row."""
+inner attention sees heads / (sp x tp) query and key/value heads over the whole row; a
+checkpoint saved on the 4 ranks resumes on one (sp=1, tp=1: DCP reshards, the
+parameters and AdamW moments replicate over sp) and its next update equals one rank's
+second. A long prompt leaves rank 0's slice no response position under tp."""
 import os
 from contextlib import contextmanager
 
@@ -15,7 +18,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tests.support.workers import TINY, leave_process_group, make_cfg, odd_width
+from tests.support.workers import TINY, leave_process_group, long_prompt, make_cfg, odd_width
 from tests.support.workers import rollout_for_update
 from tests.support.ports import free_port
 from hybridflow.core.dtensor import whole_tensor
@@ -45,6 +48,9 @@ CASES = {
     "dp2_sp2_lora_ddp": ((2, 1), _cfg("ddp", False, lora={"rank": 4, "alpha": 8})),
     "sp2_tp2_padded_fsdp2": ((2, 2), _cfg("fsdp2", False, HEADS_8)),
     "sp2_tp2_packed_fsdp2": ((2, 2), _cfg("fsdp2", True, HEADS_8)),
+    # 8 more left-padding columns: rank 0's half of the row predicts no response token,
+    # so its vocabulary-sharded head reduces no position
+    "sp2_tp2_long_prompt_fsdp2": ((2, 2), _cfg("fsdp2", False, HEADS_8)),
 }
 INPUTS = ("input_ids", "attention_mask", "position_ids")
 METRICS = ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm")
@@ -73,7 +79,7 @@ def _attended(seen: list):
         ulysses._inner_function = real
 
 
-def _run(cfg: dict, batch, ctx=None) -> dict:
+def _run(cfg: dict, batch, ctx=None, checkpoint: str | None = None) -> dict:
     actor = ActorWorker(cfg, ctx)
     if ctx is not None:  # this row group's rows, as dispatch sends them
         batch = batch.split(ctx.dp)[ctx.dp_rank]
@@ -88,6 +94,11 @@ def _run(cfg: dict, batch, ctx=None) -> dict:
     out["update"] = actor.update(batch).meta["metrics"]
     out["weights"] = {n: _full(p) for n, p in module.named_parameters()}
     out["fsdp"] = actor.trainer.fsdp
+    if checkpoint:
+        actor.save_checkpoint(checkpoint)
+    else:  # one rank: a second update, what a run resumed from the 4 ranks must reach
+        actor.update(batch)
+        out["second"] = {n: _full(p) for n, p in module.named_parameters()}
     return out
 
 
@@ -98,7 +109,7 @@ def _rank_main(rank: int, world: int, port: int, batches: dict, out_dir: str):
     for name, ((sp, tp), cfg) in CASES.items():
         ctx = WorkerContext(rank=rank, world_size=world, local_rank=rank, device="cpu",
                             sp=sp, tp=tp)
-        results[name] = _run(cfg, batches[name], ctx)
+        results[name] = _run(cfg, batches[name], ctx, os.path.join(out_dir, f"ckpt_{name}"))
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     leave_process_group(rank, out_dir)
 
@@ -109,9 +120,18 @@ def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("sequence_parallel_2d")
     batches = {name: odd_width(rollout_for_update(ActorWorker(cfg), n=2))
                for name, (_, cfg) in CASES.items()}
+    batches = {name: long_prompt(b) if "long_prompt" in name else b
+               for name, b in batches.items()}
     single = {name: _run(cfg, batches[name]) for name, (_, cfg) in CASES.items()}
     mp.spawn(_rank_main, args=(4, free_port(), batches, str(out)), nprocs=4, join=True)
     ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(4)]
+    for name, (_, cfg) in CASES.items():  # one rank, sp=1 tp=1, from the 4 ranks' save
+        actor = ActorWorker(cfg)
+        actor.load_checkpoint(str(out / f"ckpt_{name}"))
+        ranks[0][name]["resumed"] = {n: _full(p) for n, p in actor.module.named_parameters()}
+        actor.update(batches[name])
+        ranks[0][name]["resumed_update"] = {n: _full(p) for n, p in
+                                            actor.module.named_parameters()}
     return batches, single, ranks
 
 
@@ -132,7 +152,10 @@ def _close(a, b, what: str, atol: float = 1e-5):
 @pytest.mark.parametrize("name", list(CASES))
 def test_log_probs_and_entropy_equal_one_rank(results, name):
     batches, single, ranks = results
-    assert batches[name]["input_ids"].shape[1] % 2 == 1  # the split pads the row
+    width, response = batches[name]["input_ids"].shape[1], batches[name]["responses"].shape[1]
+    assert width % 2 == 1  # the split pads the row
+    if "long_prompt" in name:  # rank 0's slice [0, (width + 1) / 2) predicts none
+        assert width - response - 1 >= (width + 1) // 2
     want = single[name]
     for rank, out in enumerate(ranks):
         rows = _rows(name, rank, len(batches[name]))
@@ -185,6 +208,16 @@ def test_one_update_equals_one_rank(results, name):
                                                        abs=1e-6), (name, rank, key)
     if CASES[name][1]["actor"]["strategy"] == "fsdp2":
         assert all(out[name]["fsdp"] for out in ranks)  # FSDP2 shards over dp x sp
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_checkpoint_saved_on_the_4_ranks_resumes_on_one(results, name):
+    _, single, ranks = results
+    got = ranks[0][name]
+    for param, value in got["weights"].items():
+        _close(got["resumed"][param], value, f"{name}: loaded {param}", atol=0)
+    for param, value in single[name]["second"].items():
+        _close(got["resumed_update"][param], value, f"{name}: second update {param}")
 
 
 def test_lora_trains_only_its_adapters_under_sp(results):
