@@ -21,33 +21,35 @@ from dataclasses import replace
 from hybridflow.plan.async_split import (sides_of, split_sides, staleness_of, trained_roles,
                                          without_buffers)
 from hybridflow.plan.streaming_split import is_streaming, streaming_sides
-from hybridflow.core.modes import AsyncMode, StreamSide
+from hybridflow.core.modes import AsyncMode, StreamSide, run_modes
 from hybridflow.plan.weight_sync import EXPORT_METHOD, LOAD_METHOD, planner_view, weights_host
 
 __all__ = ["pipeline_view"]
 
 
-def pipeline_view(plan, staleness: int | None = None, mode: AsyncMode | None = None,
-                  stream_side: StreamSide = StreamSide.AUTO):
+def pipeline_view(plan, staleness: int | None = None, mode: AsyncMode | str | None = None,
+                  stream_side: StreamSide | str = StreamSide.AUTO):
     """(the graph view the planner plans, its `Pipeline` or None when synchronous).
 
     `staleness` None: the plan's own (its buffers' capacity, set by `program.prepare`);
     `mode` None: the plan's own (`streaming` when its buffer streams, its stream side
     read from its buffers), else `trainer.async_mode` with `stream_side`
-    (`trainer.stream_side`), as `core/modes.run_modes` converts them."""
+    (`trainer.stream_side`): members or the config's strings, which `run_modes`
+    converts."""
     from hybridflow.planner import Pipeline
 
     buffered = staleness_of(plan)
     staleness = buffered if staleness is None else staleness
-    streaming = is_streaming(plan) if mode is None else mode.streams
+    given = run_modes({"trainer": {"async_mode": mode, "stream_side": stream_side}})
+    streaming = is_streaming(plan) if mode is None else given.async_mode.streams
     own = sides_of(plan) if mode is None and streaming else None
     plan = without_buffers(plan)  # the planner costs the graph's nodes, not the hand-off
     if staleness < 1:
         return planner_view(plan), None
     # streaming: the source, the generate node and the nodes the compiler moves there
     # (plan/streaming_split.py)
-    sides = own or (streaming_sides(plan, staleness, stream_side=stream_side) if streaming
-                    else split_sides(plan, staleness))
+    sides = own or (streaming_sides(plan, staleness, stream_side=given.stream_side)
+                    if streaming else split_sides(plan, staleness))
     view, movable = _rollouts_folded(plan)
     names = {n.name for n in view.nodes}
     return view, Pipeline(staleness, frozenset(n for n in sides.rollout if n in names), movable,
