@@ -1,7 +1,9 @@
 """The agent role's streaming calls (`trainer.async_mode=streaming` over agent
-episodes), called by the run scheduler's stream source
-(runtime/run_long/stream_source.py) as it calls the rollout role's
-(workers/rollout/stream_worker.py).
+episodes: the `StreamingRole` protocol of graph/streams.py), called by the run
+scheduler's stream source (runtime/run_long/stream_source.py) as it calls the
+rollout role's (workers/rollout/stream_worker.py); take, keep, `stream_start` (none:
+polls are inline) and the reply's shape are every streaming role's
+(workers/rollout/stream_role.py).
 
 Episodes stream **whole**: `stream_submit(batch, **options)` queues the prompts the
 driver sent this rank (a group stays on one rank), n episodes each; `stream_poll()`
@@ -27,29 +29,28 @@ from __future__ import annotations
 
 from collections import deque
 
-
-from hybridflow.agents.batch_rollout import play_batch
-from hybridflow.agents.engine_generator import EngineGenerator
-from hybridflow.agents.runner import EpisodeRunner
 from hybridflow.core.batch import Batch
 from hybridflow.core.columns import TOKEN_VERSIONS, uniform_token_versions
 from hybridflow.workers.rollout.generation import sampling_options
+from hybridflow.workers.rollout.stream_role import StreamRoleCalls, poll_reply
 from hybridflow.workers.rollout.stream_store import StreamStore
-from hybridflow.workers.rollout.weights import refresh_engine
 
 __all__ = ["AgentStreamCalls", "TOKEN_VERSIONS"]
 
 
-
-class AgentStreamCalls:
-    """Mixed into AgentRolloutWorker: needs `rollout_cfg`, `agent_cfg`, `ctx`,
-    `tokenizer`, `format`, `env_factory`, `prompt_width` and `_host()`."""
+class AgentStreamCalls(StreamRoleCalls):
+    """Mixed into AgentRolloutWorker: needs `rollout_cfg`, `agent_cfg`,
+    `prompt_width`, `_host()` and `_episodes()` (what `agent.play` runs too)."""
 
     def _stream_state(self):
         if getattr(self, "_queue", None) is None:
             self._queue, self._opts, self._store = deque(), None, StreamStore()
             self._counts = {"episodes": 0, "polls": 0}
         return self._queue
+
+    def _held_store(self) -> StreamStore:
+        self._stream_state()
+        return self._store
 
     def stream_submit(self, batch: Batch, **options) -> dict:
         """Queue this rank's prompts, n episodes each; {uid: episodes queued}."""
@@ -60,9 +61,7 @@ class AgentStreamCalls:
             return {}
         rows = batch.repeat(self._opts.n, interleave=True)
         queue.extend(rows.take([i]) for i in range(len(rows)))
-        counts = {str(uid): self._opts.n for uid in batch["uid"]}
-        self._store.expect(counts)
-        return counts
+        return self._expect(batch, self._opts.n)
 
     def stream_poll(self, wait_s: float = 0.0, want: int = 1) -> dict:
         """{"groups": {uid: GroupStats tuple} of the groups this poll's episodes made
@@ -70,47 +69,20 @@ class AgentStreamCalls:
         counters}. Inline: `wait_s` and `want` are not needed (the poll plays)."""
         queue = self._stream_state()
         if not queue:
-            return {"groups": {}, "busy": False, "rows": 0, "counts": dict(self._counts)}
+            return poll_reply({}, False, 0, dict(self._counts))
         take = max(int(self.rollout_cfg.micro_batch_size), self._opts.n)
         chunk = Batch.concat([queue.popleft() for _ in range(min(take, len(queue)))])
         rows = self._play(chunk)
         self._store.add(rows)
         self._counts["episodes"] += len(rows)
         self._counts["polls"] += 1
-        return {"groups": self._store.report(), "busy": bool(queue), "rows": len(rows),
-                "counts": dict(self._counts)}
-
-    def stream_take(self, uids: list[str], leave: bool = False, producer: str | None = None
-                    ) -> Batch:
-        """`producer`'s rows of these whole groups (None: the episodes; they leave the
-        store unless `leave`)."""
-        self._stream_state()
-        return self._store.take(list(uids), leave, producer)
-
-    def stream_keep(self, kept: Batch | None, uids: list[str], dropped: list[str],
-                    producer: str | None = None, layout: list | None = None,
-                    drop_samples: bool = False) -> int:
-        """An entrance pass's verdict on groups held here (StreamStore.keep)."""
-        self._stream_state()
-        self._store.keep(kept, list(uids), list(dropped), producer, layout, drop_samples)
-        return self._store.held()
+        return poll_reply(self._store.report(), bool(queue), len(rows), dict(self._counts))
 
     def _play(self, chunk: Batch) -> Batch:
+        """The chunk's episodes (one each), laid out `prompt_width` wide, stamped with
+        the one version that played them."""
+        out = self._episodes(chunk, self._opts, 1, self.prompt_width)
         host = self._host()
-        engine = host.engine
-        bucket = max(1, int(self.rollout_cfg.weight_bucket_mb * 2**20))
-        refresh_engine(engine, host.module, host.policy_version, bucket)
-        pad = self.tokenizer.pad_token_id
-        runner = EpisodeRunner(self.env_factory, EngineGenerator(engine, self._opts, pad),
-                               self.format, self.agent_cfg.runner_options(),
-                               env_name=str(self.agent_cfg.env))
-        try:
-            out = play_batch(runner, chunk, pad, n=1, prompt_width=self.prompt_width,
-                             response_width=self.agent_cfg.max_response_tokens,
-                             policy_version=host.policy_version)
-        finally:
-            if not engine.shares_module:
-                engine.sleep()  # give training the memory, as agent.play does
         width = out["prompts"].shape[1]
         if width > self.prompt_width:
             raise RuntimeError(

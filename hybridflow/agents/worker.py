@@ -13,8 +13,8 @@ and generates with the actor's engine, refreshed to the actor's weights first as
 is not supported yet. Each call plays `n` episodes per prompt row through the
 `EpisodeRunner` and returns the rollout columns of `AGENT_ROLLOUT_WRITES` with the
 prompt's columns forwarded and the `agent/*` metrics. With
-`trainer.async_mode=streaming` it streams whole episodes instead (stream.py:
-`stream_submit` / `stream_poll` / `stream_abort`).
+`trainer.async_mode=streaming` it streams whole episodes instead (stream.py: the
+stream's protocol, graph/streams.py `StreamingRole`).
 
 `hybridflow check` (pre-flight) loads and builds the environment through
 `check_section`, so a missing or broken one is reported with the `agent.env` key
@@ -87,10 +87,17 @@ class AgentRolloutWorker(AgentStreamCalls, Worker):
              top_p: float | None = None, top_k: int | None = None,
              do_sample: bool | None = None) -> Batch:
         """n episodes per prompt row (rows repeated interleaved: aabb)."""
-        host = self._host()
         opts = sampling_options(self.rollout_cfg, n=n, temperature=temperature, top_p=top_p,
                                 top_k=top_k, do_sample=do_sample,
                                 max_new_tokens=self.agent_cfg.max_turn_tokens)
+        return self._episodes(batch, opts, opts.n)
+
+    def _episodes(self, batch: Batch, opts, n: int, prompt_width: int = 0) -> Batch:
+        """`n` episodes per row with the actor's engine, refreshed to its weights first
+        and put to sleep after (training gets the memory, as `actor.generate` does);
+        `prompt_width`: lay prompts out this wide (0: the widest). `play` and the
+        stream's polls (stream.py) both run episodes here."""
+        host = self._host()
         engine = host.engine
         bucket = max(1, int(self.rollout_cfg.weight_bucket_mb * 2**20))
         refresh_engine(engine, host.module, host.policy_version, bucket)
@@ -99,12 +106,12 @@ class AgentRolloutWorker(AgentStreamCalls, Worker):
                                self.format, self.agent_cfg.runner_options(),
                                env_name=str(self.agent_cfg.env))
         try:
-            return play_batch(runner, batch, pad, n=opts.n,
+            return play_batch(runner, batch, pad, n=n, prompt_width=prompt_width,
                               response_width=self.agent_cfg.max_response_tokens,
                               policy_version=host.policy_version)
         finally:
             if not engine.shares_module:
-                engine.sleep()  # give training the memory, as actor.generate does
+                engine.sleep()
 
 
 def episode_width(cfg, plan) -> int | None:

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from hybridflow.core.batch import Batch
 from hybridflow.plan.compiler import ExecutionPlan, PlanNode
 from hybridflow.core.kinds import Op
+from hybridflow.core.modes import RuntimeName
 from hybridflow.runtime.common import NodeIO, input_columns, upstream_nodes
 from hybridflow.runtime.worker_shell import ShardTask
 
@@ -50,6 +51,7 @@ class Executor(Protocol):
     to a synchronous Ray actor per rank (one thread: Ray runs a caller's tasks to an
     actor in submission order). Tasks to different workers have no order but their
     data dependencies."""
+    name: RuntimeName       # what it can do (`process_per_rank`: a stream loop may thread)
     plans: "PlanCache"
     broken: str | None
     call_timeout_s: float   # bounds user code the scheduler runs itself (driver functions)

@@ -37,7 +37,10 @@ the rows a streaming rollout finished, a Batch the driver puts).
 While some node waits for its inputs to be done the scheduler wakes on every
 arrival; once every node is submitted it waits for all metas at once.
 
-A runtime provides `executor.Executor`, and per plan an `executor.PlanCache`.
+A runtime provides `executor.Executor`, and per plan an `executor.PlanCache`. The
+node kinds in modules of their own (gather_rounds.py, stream_take.py) use a narrow
+public surface, never a private method: `submit_task`, `set_output`, `put_output`,
+`sub_pass`; they read `ex`, `plan`, `draw`, `outputs` and add to `result`.
 """
 from __future__ import annotations
 
@@ -50,7 +53,7 @@ from hybridflow.core.batch import Batch
 from hybridflow.plan.compiler import ExecutionPlan, PlanNode
 from hybridflow.core.deadline import call_with_deadline
 from hybridflow.core.failure_text import cause_line
-from hybridflow.graph.dispatch import DispatchMode, Layout, SlotLayout, merge_metrics
+from hybridflow.graph.dispatch import merge_metrics
 from hybridflow.core.kinds import Op
 from hybridflow.core.metric_names import node_scoped, timing_key
 from hybridflow.runtime.common import NodeFailure, NodeIO, StepResult, run_fn_node
@@ -212,7 +215,8 @@ class StepScheduler:
         if op is _GATHER:
             return submit_gather(self, node)
         if op is _FN:
-            home = self._home_of_first(node)
+            first = self.outputs.get(node.deps[0]) if node.deps else None
+            home = None if first is None else first.homes[0]
             if home is not None and (node.group_by or node.rows):
                 return self._submit_sharded_fn(node)
             if home is not None and not keeps_state(node):
@@ -228,8 +232,7 @@ class StepScheduler:
             self.outputs[node.name] = replace(feed, node=node.name)
             return True
         start = time.time()
-        self._put(node, self._io(node).finish(self.feeds[node.name]))
-        self._record_driver_node(node, start)
+        self.put_output(node, self._io(node).finish(self.feeds[node.name]), start)
         return True
 
     def _submit_buffer(self, node: PlanNode) -> bool:
@@ -244,8 +247,7 @@ class StepScheduler:
             rows = feed.select(*[k for k in feed.keys() if k in keys])
             rows.meta = {"metrics": feed.meta.get("metrics", {}),
                          "_writers": {k: keys[k] for k in rows.keys()}}
-            self._put(node, rows)
-            self._record_driver_node(node, start)
+            self.put_output(node, rows, start)
             return True
         if feed is None:
             produced = self.outputs.get(node.buffer.producer)
@@ -255,25 +257,12 @@ class StepScheduler:
         self.outputs[node.name] = replace(feed, node=node.name)
         return True
 
-    def _record_driver_node(self, node: PlanNode, start: float) -> None:
-        """A node the driver ran itself (a feed put, a function): one span, no rank."""
-        end = time.time()
-        self._record_node(node, self.outputs[node.name].metrics, [start], [end])
-        self.result.timeline.append({"node": node.name, "role": None, "pool": None,
-                                     "rank": None, "start": start, "end": end})
-
-    def _slot_layout(self, node: PlanNode) -> tuple[DispatchMode, Layout, SlotLayout | None]:
-        """The call's mode, group layout and slot layout (once per plan and runtime)."""
-        return slot_layout(self.ex, self.plan, self.analysis, node)
-
-    def home_slots(self, name: str) -> list:
-        """Where a batch put by the driver goes (once per plan): see `layouts.py`."""
-        return home_slots(self.ex, self.plan, self.analysis, name)
-
-    def _put(self, node: PlanNode, batch: Batch) -> None:
-        """A batch from the driver, split for its first consumer; the executor says
-        what crossing costs (small shards on Ray travel inside each task)."""
-        homes = self.home_slots(node.name)
+    def put_output(self, node: PlanNode, batch: Batch, start: float | None = None) -> None:
+        """`node`'s output is a batch the driver holds, split for its first consumer
+        (`layouts.home_slots`; the executor says what crossing costs: small shards on
+        Ray travel inside each task), its metrics on record; `start`: the driver ran
+        the node itself since then (one span on the timeline, no rank)."""
+        homes = home_slots(self.ex, self.plan, self.analysis, node.name)
         # one home takes the batch as it is (`NodeIO.finish` made it a new Batch)
         shards = batch.split(len(homes)) if len(homes) > 1 else [batch]
         homes = homes or [None]
@@ -287,11 +276,18 @@ class StepScheduler:
         if keys:
             self.result.driver_bytes += sum(self.ex.value_bytes(h) for g in groups
                                             for h in g.values())
+        metrics = batch.meta.get("metrics", {})
         self.outputs[node.name] = NodeOutput(
             node.name, refs, homes, node.name, on_driver=True, rows=[len(s) for s in shards],
             keys=batch.keys(), groups=groups,
-            nbytes=sum(self.ex.value_bytes(s) for s in shards),
-            metrics=batch.meta.get("metrics", {}))
+            nbytes=sum(self.ex.value_bytes(s) for s in shards), metrics=metrics)
+        if start is None:
+            self._record_node(node, metrics, [], [])
+            return
+        end = time.time()
+        self._record_node(node, metrics, [start], [end])
+        self.result.timeline.append({"node": node.name, "role": None, "pool": None,
+                                     "rank": None, "start": start, "end": end})
 
     def _submit_driver_fn(self, node: PlanNode) -> bool:
         if not all(self.outputs[d].done for d in node.deps):
@@ -310,15 +306,15 @@ class StepScheduler:
             out = io.finish(out)
         except Exception as err:  # re-raised with the node named
             raise NodeFailure(node, None, traceback.format_exc(), cause=cause_line(err)) from err
-        self._put(node, out)
-        self._record_driver_node(node, start)
+        self.put_output(node, out, start)
         return True
 
     # ---- calls: a slot layout says which rows each rank receives
     def _submit_call(self, node: PlanNode) -> bool:
-        mode, layout, slots = self._slot_layout(node)
+        # the call's mode, group layout and slot layout (once per plan and runtime)
+        mode, layout, slots = slot_layout(self.ex, self.plan, self.analysis, node)
         if slots.slots == 1:  # every rank that runs takes the whole input, at once
-            inputs, lineage = [self._whole_inputs(node)], node.name
+            inputs, lineage = [whole_inputs(self._suppliers(node))], node.name
         else:
             planned = slot_inputs(node, self._suppliers(node), slots.slots,
                                   self.analysis.keeps[node.name])
@@ -354,8 +350,8 @@ class StepScheduler:
         runs on the worker holding its first input's first shard: the other shards
         travel worker to worker, not through the driver."""
         pool, rank = home
-        ref = self._run(node, pool, rank, self._whole_inputs(node), 0)
-        self.outputs[node.name] = NodeOutput(node.name, [ref], [home], node.name)
+        ref = self._run(node, pool, rank, whole_inputs(self._suppliers(node)), 0)
+        self.set_output(node, [ref], [home])
         return True
 
     def _io(self, node: PlanNode) -> NodeIO:
@@ -364,15 +360,8 @@ class StepScheduler:
             self.analysis.io[node.name] = NodeIO(node)
         return self.analysis.io[node.name]
 
-    def _home_of_first(self, node: PlanNode):
-        out = self.outputs.get(node.deps[0]) if node.deps else None
-        return None if out is None else out.homes[0]
-
     def _suppliers(self, node: PlanNode) -> list[NodeOutput]:
         return [self.outputs[d] for d in self.analysis.suppliers[node.name]]
-
-    def _whole_inputs(self, node: PlanNode) -> dict:
-        return whole_inputs(self._suppliers(node))
 
     # ---- one worker task
     def _task(self, node: PlanNode, inputs: dict, args: TaskArgs, pool: str,
@@ -391,10 +380,17 @@ class StepScheduler:
     def _run(self, node: PlanNode, pool: str, rank: int, inputs: dict, slot):
         args = TaskArgs(self.ex)
         task = self._task(node, inputs, args, pool, rank)
-        return self._submit(node, "run", pool, rank, task, args, slot)
+        return self.submit_task(node, "run", pool, rank, args, slot, task=task)
 
-    def _submit(self, node, method, pool, rank, task, args: TaskArgs, slot, extra=()):
-        """A task that makes one shard; returns its handle."""
+    # ---- the public surface (gather_rounds.py, stream_take.py)
+    def submit_task(self, node: PlanNode, method: str, pool: str, rank: int,
+                    args: TaskArgs, slot, extra=(), task: ShardTask | None = None):
+        """A task of `node` that makes one shard (`slot` of its output; None: a helper)
+        by the worker shell's `method`, `extra` before its arguments; returns the
+        shard's handle. `task`: the description (default: no planned inputs)."""
+        if task is None:
+            task = ShardTask(self.ex.node_id(self.plan, node, pool, rank), {},
+                             group_keys=self.group_keys.get(node.name, ()))
         if args.values:
             self.result.driver_bytes += args.value_bytes()
         shard, meta = self.ex.submit(node, method, pool, rank, 2, task,
@@ -403,3 +399,10 @@ class StepScheduler:
         self.meta_of[shard] = meta
         return shard
 
+    def set_output(self, node: PlanNode, refs: list, homes: list) -> None:
+        """`node`'s output: one handle per slot, each slot's (pool, rank)."""
+        self.outputs[node.name] = NodeOutput(node.name, refs, homes, node.name)
+
+    def sub_pass(self, plan: ExecutionPlan, feeds: dict) -> StepResult:
+        """A pass of `plan` (part of this one) on `feeds`, on the same executor."""
+        return type(self)(self.ex, plan, feeds).run()

@@ -280,10 +280,11 @@ class FusedWorker:
 
     def stream_take(self, task: ShardTask | bytes, role: str, uids: list, leave: bool = False,
                     producer: str | None = None):
-        """A streaming buffer node's shard: `producer`'s rows (None: the samples) of the
-        whole groups `uids` that the role's stream holds here (workers/rollout/
-        stream_store.py), with the buffer's columns; the rows go from here to the train
-        side worker to worker."""
+        """A streaming buffer node's shard (the task `StreamCall.TAKE` names:
+        graph/streams.py): `producer`'s rows (None: the samples) of the whole groups
+        `uids` that the role's stream holds here (workers/rollout/stream_store.py),
+        with the buffer's columns; the rows go from here to the train side worker to
+        worker."""
         start = time.time()
         task = self._decode(task)
         with shipped():
@@ -296,9 +297,10 @@ class FusedWorker:
 
     def stream_keep(self, task: ShardTask | bytes, role: str, uids: list, dropped: list,
                     how: dict, *shards):
-        """An entrance pass's verdict, sent to the worker holding the groups: a node's
-        output shards (worker to worker) replace the kept groups' samples (a filter's)
-        or are held beside them (`how`: producer, layout, drop_samples: StreamStore.keep)."""
+        """An entrance pass's verdict (the task `StreamCall.KEEP` names), sent to the
+        worker holding the groups: a node's output shards (worker to worker) replace
+        the kept groups' samples (a filter's) or are held beside them (`how`:
+        producer, layout, drop_samples: StreamStore.keep)."""
         start = time.time()
         task = self._decode(task)
         with shipped():

@@ -4,13 +4,14 @@ anything else refused naming the class."""
 import pytest
 
 from hybridflow.graph.streams import Streams, stream_capability
+from hybridflow.workers.rollout.stream_worker import StreamCalls
 
 
 class Plain:
     pass
 
 
-class ByEngine:
+class ByEngine(StreamCalls):  # the stream's calls (graph/streams.py StreamingRole)
     STREAMS = Streams.ENGINE
 
 

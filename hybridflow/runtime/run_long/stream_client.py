@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from hybridflow.core.batch import Batch
 from hybridflow.core.failure_text import cause_line
+from hybridflow.graph.streams import StreamCall
 from hybridflow.plan.compiler import ExecutionPlan, PlanNode
 from hybridflow.runtime.common import NodeFailure
 from hybridflow.runtime.outputs import StreamTake
@@ -61,7 +62,7 @@ class StreamClient:
                 args[rank] = (rows,)
                 self.bytes += self.runtime.value_bytes(rows)
         counts: dict[str, int] = {}
-        for reply in self._call_each("stream_submit", args, **options):
+        for reply in self._call_each(StreamCall.SUBMIT, args, **options):
             if reply:
                 counts.update(reply)
         return counts
@@ -70,7 +71,7 @@ class StreamClient:
         """Every rank's reply (groups that became whole, busy, rows, counters); a
         background rank waits up to `wait_s` for its share of the `want` groups."""
         share = -(-max(1, want) // self.shares)  # ceil: groups each engine is asked for
-        return self._call_each("stream_poll", [(wait_s, share)] * self.world)
+        return self._call_each(StreamCall.POLL, [(wait_s, share)] * self.world)
 
     def take(self, uids: list[str], leave: bool = False,
              producer: str | None = None) -> StreamTake:
@@ -108,25 +109,24 @@ class StreamClient:
             task = ShardTask(self.runtime.node_id(plan, node, self.pool, rank), {})
             self.bytes += self.runtime.value_bytes([keep, drop, how])
             try:
-                _, meta = self.runtime.submit(node, "stream_keep", self.pool, rank, 2, task,
+                _, meta = self.runtime.submit(node, StreamCall.KEEP, self.pool, rank, 2, task,
                                               [self.role, keep, drop, how, *shards])
             except NodeFailure as err:
-                raise NodeFailure(self.gen, err.rank, f"{self.role}.stream_keep: "
-                                                      f"{err.detail}",
-                                  cause=f"{self.role}.stream_keep: {err.cause}") from None
+                raise self._named(StreamCall.KEEP, err) from None
             metas.append(meta)
         try:
             self.bytes += self.runtime.resolve(metas)[1]
         except Exception as err:  # noqa: BLE001 - named by the generate node
-            raise NodeFailure(self.gen, None, f"{self.role}.stream_keep: {err}",
-                              cause=f"{self.role}.stream_keep: {cause_line(err)}") from None
+            raise NodeFailure(self.gen, None, f"{self.role}.{StreamCall.KEEP}: {err}",
+                              cause=f"{self.role}.{StreamCall.KEEP}: {cause_line(err)}"
+                              ) from None
 
     def start(self) -> list:
-        return self._call_each("stream_start", [()] * self.world)
+        return self._call_each(StreamCall.START, [()] * self.world)
 
     def abort(self) -> list:
         self.home.clear()
-        return self._call_each("stream_abort", [()] * self.world)
+        return self._call_each(StreamCall.ABORT, [()] * self.world)
 
     def forget(self) -> None:
         """A resumed run: nothing is held anywhere (the workers were aborted or new)."""
@@ -137,14 +137,18 @@ class StreamClient:
         out, self.bytes = self.bytes, 0
         return out
 
-    def _call_each(self, method: str, args: list, **kwargs) -> list:
-        """A streaming call on the role's ranks. A failure (a worker process killed, the
-        engine loop's error) names the generate node those calls serve, with the role
-        and rank: the user's graph has no node `rollout.stream_poll`."""
+    def _call_each(self, call: str, args: list, **kwargs) -> list:
+        """A call of the stream's protocol on the role's ranks. A failure (a worker
+        process killed, the engine loop's error) names the generate node those calls
+        serve, with the role and rank: the user's graph has no node for the call."""
         try:
-            replies = self.runtime.call_each(self.role, method, args, **kwargs)
+            replies = self.runtime.call_each(self.role, call, args, **kwargs)
         except NodeFailure as err:
-            raise NodeFailure(self.gen, err.rank, f"{self.role}.{method}: {err.detail}",
-                              cause=f"{self.role}.{method}: {err.cause}") from None
+            raise self._named(call, err) from None
         self.bytes += sum(self.runtime.value_bytes(r) for r in replies if r is not None)
         return replies
+
+    def _named(self, call: str, err: NodeFailure) -> NodeFailure:
+        """A worker's failure in `call`, named by the generate node it serves."""
+        return NodeFailure(self.gen, err.rank, f"{self.role}.{call}: {err.detail}",
+                           cause=f"{self.role}.{call}: {err.cause}")

@@ -28,9 +28,10 @@ A step, "submit what is ready":
    it (stream_entrance.py): the kept ones enter the buffer, the dropped ones are
    counted (`<gather>/extra_rounds`) and their prompts consumed, so step 1 draws more
    in their place — then back to 1 (a step that saw more than `max_rounds` batches'
-   worth of groups dropped takes the kept groups it holds: DAPO's bound; holding none
-   once the groups in flight at the step's start and `max_rounds + 1` batches' worth
-   more were dropped, the run stops: progress.py);
+   worth of groups dropped takes the kept groups it holds: DAPO's bound, the gather's
+   `DrawBound` (runtime/draw_bound.py, as its rounds use it); holding none once the
+   groups in flight at the step's start and `max_rounds + 1` batches' worth more were
+   dropped, the run stops: progress.py);
 4. one pass of the plan with the stream side skipped and each buffer fed its
    producer's rows of the taken groups (a `StreamTake` each: the pass takes them from
    the rollout workers, worker to worker): the train side's nodes (log-probs, the
@@ -60,12 +61,13 @@ import time
 from hybridflow.core.batch import Batch
 from hybridflow.core.kinds import NodeKind, Op
 from hybridflow.core.metric_names import SAMPLED_VERSION
+from hybridflow.core.modes import RuntimeName
 from hybridflow.plan.async_split import sides_of
 from hybridflow.plan.compiler import ExecutionPlan
 from hybridflow.plan.stream_filter import groups_per_step
 from hybridflow.plan.streaming_split import stream_buffer, stream_buffers
+from hybridflow.runtime.draw_bound import DrawBound
 from hybridflow.runtime.run_long.draws import Draws
-from hybridflow.runtime.progress import no_rows_kept
 from hybridflow.runtime.run_long.stream_buffer import GroupBuffer
 from hybridflow.runtime.run_long.stream_client import StreamClient
 from hybridflow.runtime.run_long.stream_entrance import StreamEntrance
@@ -98,10 +100,11 @@ class StreamSource:
         self.buffers = {b.name: None if b.buffer.producer in samples else b.buffer.producer
                         for b in stream_buffers(plan)}
         self.entrance = None  # the entrance pass (stream_entrance.py), if any
+        self.draw_bound = None  # DAPO's, with an entrance filter: a round = a step's groups
         if self.gather is not None:
             self.size = groups_per_step(self.gen, self.gather)
-            self.max_rounds = int(self.gather.kwargs["max_rounds"])
             if spec.screened_by:
+                self.draw_bound = DrawBound.of(self.gather, self.size)
                 self.entrance = StreamEntrance(runtime, plan, self.gen, self.gather, self.k,
                                                spec.unit or "uid",
                                                stream_side=self.rollout_side)
@@ -112,8 +115,7 @@ class StreamSource:
         if self.entrance is not None:
             self.entrance.client = self.client
         if background is None:  # an engine loop of its own needs a process of its own
-            from hybridflow.runtime.local import LocalRuntime
-            background = not isinstance(runtime, LocalRuntime) and \
+            background = RuntimeName.of(runtime.name).process_per_rank and \
                 self.gen.role not in plan.placement.folded
         self.background, self.started = background, False
         self.record = StreamRecorder(self.gen.name, self.gen.role,
@@ -157,8 +159,7 @@ class StreamSource:
         self.filtered_at, self.ahead_dropped = self.filtered - self.ahead_dropped, 0
         self.screens = {"inside": 0, "apart": 0}  # groups screened in the step's pass, or not
         # the progress rule: at most this many groups dropped, none kept
-        self.bound = (self.max_rounds + 1) * self.size + len(self.prompts) \
-            if self.entrance and self.gather is not None else None
+        self.bound = self.draw_bound.limit(len(self.prompts)) if self.draw_bound else None
         self.last_filtered = []
 
     def ready(self, step: int, last_step: int, trained: int) -> list | None:
@@ -167,8 +168,8 @@ class StreamSource:
         self._top_up(step, last_step)
         self.last = step >= last_step  # no later step: nothing to screen beside it
         # DAPO's bound on the extra draws: past it, train the kept groups held
-        short = self.entrance is not None and self.gather is not None and \
-            self.filtered - self.filtered_at > self.max_rounds * self.size
+        short = self.draw_bound is not None and \
+            self.draw_bound.spent(self.filtered - self.filtered_at)
         taken, stale = self.ledger.take(self.size, trained, self.k, short=short)
         self._resubmit(stale)
         if not taken:
@@ -231,8 +232,8 @@ class StreamSource:
         none kept: the step cannot train."""
         if bound is None or self.ledger.held() or dropped < bound:
             return
-        raise no_rows_kept(step, self.entrance.out.where(), dropped, dropped, draws,
-                           self.max_rounds, "groups", self.entrance.out.name)
+        raise self.draw_bound.no_progress(step, self.entrance.out.where(), dropped, dropped,
+                                          draws, "groups", self.entrance.out.name)
 
     def _top_up(self, step: int, last_step: int) -> None:
         needed = (last_step - step + 1) * self.size  # groups the run still trains

@@ -33,6 +33,7 @@ from hybridflow.core.batch import Batch
 from hybridflow.workers.parallel.tensor_parallel import full_logits, is_tensor_parallel
 from hybridflow.workers.config import RolloutConfig
 from hybridflow.workers.rollout.engine import UNKNOWN_VERSION, EngineSpec
+from hybridflow.workers.rollout.engine_stream import EngineStream
 from hybridflow.workers.rollout.generation import assemble_rollout
 from hybridflow.workers.rollout.hf_decode import decode
 from hybridflow.workers.parallel.shard_build import local_slices
@@ -117,9 +118,10 @@ def sampled_log_probs(scores: tuple, tokens: torch.Tensor) -> torch.Tensor:
     return torch.nan_to_num(chosen, neginf=0.0)              # tokens after EOS: masked later
 
 
-class HFEngine:
-    """A `StreamingEngine` (registered with streams=True). `tp`: the ranks generating
-    together (a tensor-parallel module's group; 1 otherwise)."""
+class HFEngine(EngineStream):
+    """A `StreamingEngine` (registered with streams=True: its stream is a `StreamLoop`,
+    stream.py; poll, abort and the counters are engine_stream.py's). `tp`: the ranks
+    generating together (a tensor-parallel module's group; 1 otherwise)."""
 
     def __init__(self, module: torch.nn.Module, tokenizer, device, shares_module: bool,
                  synced_gpus: bool = False, version: int = UNKNOWN_VERSION, seed: int = 0,
@@ -144,38 +146,12 @@ class HFEngine:
                                "tensor-parallel actor (placement.parallel.actor.tp > 1) "
                                "decodes in lockstep over its tp group and cannot stream; use "
                                "trainer.async_mode=pipeline, or tp=1")
-        if self._stream is None:
-            from hybridflow.workers.rollout.stream import StreamLoop
-            self._stream = StreamLoop(self.module, self.tokenizer, self.device, opts, self.seed,
-                                      sampled_warpers(opts))
-        elif self._stream.opts != opts:
-            raise ValueError("a streaming rollout samples with one set of options; got "
-                             f"{opts} after {self._stream.opts}")
-        return self._stream.submit(prompts)
+        return self._stream_for(opts).submit(prompts)
 
-    def poll(self, max_steps: int) -> Batch | None:
-        """Up to `max_steps` decode steps with the weights held now (their
-        `policy_version`); the rows that finished, or None."""
-        stream = self._stream
-        if stream is None:
-            return None
-        for _ in range(max_steps):
-            if not stream.busy:
-                break
-            stream.step(self.policy_version, stream.opts.partial)
-        done = stream.take_finished()
-        return stream.assemble(done) if done else None
-
-    def abort(self) -> int:
-        """Drop the requests not finished (queued and in flight); how many."""
-        return self._stream.abort() if self._stream is not None else 0
-
-    @property
-    def stream_busy(self) -> bool:
-        return self._stream is not None and self._stream.busy
-
-    def stream_counts(self) -> dict:
-        return dict(self._stream.counts) if self._stream is not None else {}
+    def _open_stream(self, opts: RolloutConfig):
+        from hybridflow.workers.rollout.stream import StreamLoop
+        return StreamLoop(self.module, self.tokenizer, self.device, opts, self.seed,
+                          sampled_warpers(opts))
 
     # ---------------------------------------------------------------- weights
     @torch.no_grad()

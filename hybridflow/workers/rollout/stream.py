@@ -32,6 +32,9 @@ where the steps interleave with training in a fixed order, the same seed gives t
 tokens and versions. `rollout.hf_loop=generate` draws with `torch.multinomial` from the
 same generator, as the loop did before (the tokens a seed drew then).
 
+What a request holds, the finished list, the counters, a restart and the rows a
+poll hands back are every engine's stream's (engine_stream.RequestStream, its base).
+
 State: `queue` (waiting requests), `active` (those in slots), `cache` (theirs),
 `finished`, `version` (the last version a step sampled with), counters. Only its
 methods change it.
@@ -40,52 +43,27 @@ from __future__ import annotations
 
 from collections import deque
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 import torch
 
 from hybridflow.core.batch import Batch
-from hybridflow.core.columns import NO_TOKEN, POLICY_VERSION, TOKEN_VERSIONS
-from hybridflow.workers.rollout.generation import assemble_rollout
+from hybridflow.core.columns import NO_TOKEN
+from hybridflow.workers.rollout.engine_stream import (Request, RequestStream,
+                                                      assemble_requests, requests_from_rows)
 from hybridflow.workers.rollout.hf_decode import processed_log_probs, sample
 from hybridflow.workers.rollout.stream_cache import SlotCache, prefill
 
+# Request and the two helpers live in engine_stream.py (every engine's); named here too
 __all__ = ["StreamLoop", "Request", "NO_TOKEN", "requests_from_rows", "assemble_requests"]
 
 
 
-@dataclass
-class Request:
-    """One response to sample: its prompt (unpadded ids), the prompt's other columns
-    (one row), the width its prompt row had (padding included), and what was sampled
-    so far."""
-    rid: int
-    prompt: list[int]
-    row: Batch
-    width: int = 0
-    tokens: list[int] = field(default_factory=list)
-    logps: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    restarts: int = 0
-
-
-def requests_from_rows(rows: Batch, first_rid: int) -> list[Request]:
-    """One request per row (rows already repeated n times): the prompt without its
-    padding, the row's other columns; ids from `first_rid` on."""
-    ids, mask = rows["input_ids"], rows["attention_mask"].bool()
-    others = rows.select(*[k for k in rows.keys()
-                           if k not in ("input_ids", "attention_mask", "position_ids")])
-    return [Request(first_rid + i, ids[i][mask[i]].tolist(), others.take(i), ids.shape[1])
-            for i in range(len(rows))]
-
-
-class StreamLoop:
+class StreamLoop(RequestStream):
     def __init__(self, module, tokenizer, device, opts, seed: int, warpers=()):
-        self.module, self.device, self.opts = module, device, opts
+        super().__init__(opts, tokenizer)
+        self.module, self.device = module, device
         self.warpers = list(warpers)  # the engine's sampling warpers for `opts`
-        self.pad = tokenizer.pad_token_id
         eos = tokenizer.eos_token_id
-        self.eos_id = eos
         self.eos = set(eos if isinstance(eos, (list, tuple)) else [eos])
         self.slots = opts.micro_batch_size
         self.generator = torch.Generator(device=device)
@@ -93,17 +71,12 @@ class StreamLoop:
         self.queue: deque[Request] = deque()
         self.active: list[Request] = []
         self.cache = SlotCache()
-        self.finished: list[Request] = []
-        self.version: int | None = None
-        self.next_rid = 0
-        self.counts = {"aborted_tokens": 0, "restarts": 0, "mixed_rows": 0, "decode_steps": 0}
 
     # --------------------------------------------------------------- requests
     def submit(self, rows: Batch) -> int:
         """Queue one request per row (rows already repeated n times)."""
-        requests = requests_from_rows(rows, self.next_rid)
+        requests = self._requests(rows)
         self.queue.extend(requests)
-        self.next_rid += len(requests)
         return len(requests)
 
     @property
@@ -118,29 +91,24 @@ class StreamLoop:
         self.cache.clear()
         return dropped
 
-    def take_finished(self) -> list[Request]:
-        done, self.finished = self.finished, []
-        return done
-
     # ------------------------------------------------------------------ steps
     def weights_changed(self, version: int, partial: bool) -> None:
         """New weights landed (between two steps): abort and re-queue the sequences in
         flight unless partial rollouts let them continue."""
         if self.version is not None and version != self.version and not partial:
             for req in reversed(self.active):
-                self.counts["aborted_tokens"] += len(req.tokens)
-                self.counts["restarts"] += 1
-                req.tokens, req.logps, req.versions = [], [], []
-                req.restarts += 1
+                self._restart(req)
                 self.queue.appendleft(req)
             self.active = []
             self.cache.clear()
         self.version = version
 
     @torch.no_grad()
-    def step(self, version: int, partial: bool) -> None:
-        """One decode step of every active sequence with the weights of `version`."""
-        self.weights_changed(version, partial)
+    def step(self, version: int, partial: bool | None = None) -> None:
+        """One decode step of every active sequence with the weights of `version`
+        (`partial`: whether sequences in flight continue across new weights; None:
+        `rollout.partial`, the options')."""
+        self.weights_changed(version, self.opts.partial if partial is None else partial)
         while len(self.active) < self.slots and self.queue:
             self.active.append(self.queue.popleft())
         if not self.active:
@@ -151,10 +119,10 @@ class StreamLoop:
             req.tokens.append(tok)
             req.logps.append(logp)
             req.versions.append(version)
-            ended = tok in self.eos or len(req.tokens) >= self.opts.max_new_tokens
-            (self.finished if ended else still).append(req)
-            if ended and len(set(req.versions)) > 1:
-                self.counts["mixed_rows"] += 1
+            if tok in self.eos or len(req.tokens) >= self.opts.max_new_tokens:
+                self._finish(req)
+            else:
+                still.append(req)
         if len(still) < len(self.active):  # rows that ended leave the cache
             kept = set(map(id, still))
             self.cache.keep(torch.tensor([i for i, r in enumerate(self.active) if id(r) in kept],
@@ -201,10 +169,6 @@ class StreamLoop:
         chosen = torch.gather(logp, -1, tokens.unsqueeze(-1)).squeeze(-1)
         return tokens.cpu(), torch.nan_to_num(chosen, neginf=0.0).cpu()
 
-    # ----------------------------------------------------------------- output
-    def assemble(self, done: list[Request]) -> Batch:
-        return assemble_requests(done, self.pad, self.eos_id, self.opts.max_new_tokens)
-
 
 @contextmanager
 def _evaluating(module):
@@ -219,34 +183,3 @@ def _evaluating(module):
         yield
     finally:
         module.train(True)
-
-
-def assemble_requests(done: list[Request], pad: int, eos_id, width: int) -> Batch:
-    """Finished requests as the generate node's rows (the engine columns, the prompt's
-    columns, `policy_version` = the version of the oldest token) plus `token_versions`
-    [B, width] (NO_TOKEN on padding). Shared by every streaming engine.
-
-    Prompts are left-padded to the width they were submitted with (the loader's fixed
-    width in a streaming run), not to the widest prompt that happened to finish in
-    this poll: rows of different polls, and the samples of one group finished in
-    different polls, then concatenate."""
-    plen = max(max(len(r.prompt), r.width) for r in done)
-    # whole rows as lists, then one tensor each (a tensor a row was a tenth of the loop)
-    prompt_ids = torch.tensor([[pad] * (plen - len(r.prompt)) + r.prompt for r in done],
-                              dtype=torch.long)
-    prompt_mask = torch.tensor([[0] * (plen - len(r.prompt)) + [1] * len(r.prompt)
-                                for r in done], dtype=torch.long)
-    fill = [width - min(len(r.tokens), width) for r in done]
-    responses = torch.tensor([r.tokens[:width] + [pad] * f for r, f in zip(done, fill)],
-                             dtype=torch.long)
-    logps = torch.tensor([r.logps[:width] + [0.0] * f for r, f in zip(done, fill)],
-                         dtype=torch.float32)
-    versions = torch.tensor([r.versions[:width] + [NO_TOKEN] * f for r, f in zip(done, fill)],
-                            dtype=torch.long)
-    prompts = Batch({"input_ids": prompt_ids, "attention_mask": prompt_mask})
-    rollout = assemble_rollout(prompts, responses, pad, eos_id, logps)
-    out = Batch.concat([r.row for r in done]).update(rollout)
-    out[TOKEN_VERSIONS] = torch.where(rollout["response_mask"].bool(), versions,
-                                        torch.full_like(versions, NO_TOKEN))
-    out[POLICY_VERSION] = torch.tensor([min(r.versions) for r in done], dtype=torch.long)
-    return out

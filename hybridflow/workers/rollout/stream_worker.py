@@ -1,8 +1,9 @@
-"""The rollout role's streaming calls (`trainer.async_mode=streaming`), driven by the
-run scheduler's stream source (runtime/run_long/stream_source.py), not graph
-methods: no plan node runs them. Finished samples stay here
-(`stream_store.StreamStore`) until the train side pulls them: the driver sees
-per-group numbers, never rows.
+"""The rollout role's streaming calls (`trainer.async_mode=streaming`: the
+`StreamingRole` protocol of graph/streams.py), driven by the run scheduler's stream
+source (runtime/run_long/stream_source.py), not graph methods: no plan node runs
+them. Finished samples stay here (`stream_store.StreamStore`) until the train side
+pulls them: the driver sees per-group numbers, never rows. Take, keep and the
+reply's shape are every streaming role's (stream_role.py).
 
 - `stream_submit(batch, **options)`: the prompts the driver sent to this rank (its
   share: a prompt's n samples stay on one engine), repeated n times, queued in the
@@ -54,6 +55,7 @@ import time
 from hybridflow.core.batch import Batch
 from hybridflow.workers.rollout.engine import check_streaming
 from hybridflow.workers.rollout.generation import sampling_options
+from hybridflow.workers.rollout.stream_role import StreamRoleCalls, poll_reply
 from hybridflow.workers.rollout.stream_store import StreamStore
 from hybridflow.workers.rollout.weights import refresh_engine
 
@@ -63,7 +65,7 @@ __all__ = ["StreamCalls"]
 SPAN_GAP_S, MAX_SPANS = 0.002, 64
 
 
-class StreamCalls:
+class StreamCalls(StreamRoleCalls):
     """Mixed into RolloutWorker: needs `engine`, `rollout_cfg`, `ctx`, `_host()`."""
 
     @property
@@ -88,6 +90,14 @@ class StreamCalls:
         self.stream_lock  # noqa: B018 - creates both
         return self._store_lock
 
+    def _held_store(self) -> StreamStore:
+        self.stream_lock  # noqa: B018 - creates the store
+        return self._stream_store
+
+    def _held_lock(self) -> threading.Lock:
+        """A take or keep: the store's lock, not the engine's (never waits for a step)."""
+        return self.store_lock
+
     def _stream_engine(self):
         engine = self.engine
         check_streaming(engine, self.rollout_cfg.backend)
@@ -111,9 +121,7 @@ class StreamCalls:
                 self._stream_busy = bool(engine.stream_busy)
                 if not self._stream_reports():
                     return {}
-                counts = {str(uid): opts.n for uid in batch["uid"]}
-                self._stream_store.expect(counts)
-        return counts
+                return self._expect(batch, opts.n)
 
     def stream_start(self) -> bool:
         """Run the engine loop on a thread of its own until `stream_abort`."""
@@ -193,10 +201,7 @@ class StreamCalls:
                spans: list | None = None) -> dict:
         if not self._stream_reports():  # a replica of its group's first rank
             groups, counts, rows, spans = {}, {}, 0, None
-        reply = {"groups": groups, "busy": busy, "rows": rows, "counts": counts}
-        if spans is not None:
-            reply["spans"] = spans
-        return reply
+        return poll_reply(groups, busy, rows, counts, spans)
 
     def _timed_poll(self, engine, steps: int):
         """`engine.poll(steps)`, its seconds and the response tokens it finished
@@ -207,22 +212,6 @@ class StreamCalls:
         if out is not None and "response_mask" in out:
             self._stream_time["tokens"] += int(out["response_mask"].sum())
         return out
-
-    def stream_take(self, uids: list[str], leave: bool = False, producer: str | None = None
-                    ) -> Batch:
-        """`producer`'s rows of these whole groups (None: the samples; they leave the
-        store unless `leave`)."""
-        with self.store_lock:  # not the engine's: a take never waits for a decode step
-            return self._stream_store.take(list(uids), leave, producer)
-
-    def stream_keep(self, kept: Batch | None, uids: list[str], dropped: list[str],
-                    producer: str | None = None, layout: list | None = None,
-                    drop_samples: bool = False) -> int:
-        """An entrance pass's verdict on groups held here (StreamStore.keep)."""
-        with self.store_lock:
-            self._stream_store.keep(kept, list(uids), list(dropped), producer, layout,
-                                    drop_samples)
-            return self._stream_store.held()
 
     def _refresh(self, engine) -> None:
         """A colocated engine gets the actor's weights and version (inline mode)."""

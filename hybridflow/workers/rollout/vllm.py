@@ -45,6 +45,7 @@ import torch
 
 from hybridflow.core.batch import Batch
 from hybridflow.workers.rollout.engine import UNKNOWN_VERSION, EngineSpec
+from hybridflow.workers.rollout.engine_stream import EngineStream
 from hybridflow.workers.rollout.generation import assemble_rollout
 from hybridflow.workers.rollout.vllm_checks import check_vllm_model, vllm_dtype
 from hybridflow.workers.rollout.vllm_model import (causal_lm_architecture, max_model_len,
@@ -242,9 +243,10 @@ def log_probs_from_outputs(outputs, width: int) -> torch.Tensor:
     return out
 
 
-class VLLMEngine:
-    """A `StreamingEngine` (registered with streams=True; vllm_stream.py); `tp`: the
-    ranks of the tp group that build it together."""
+class VLLMEngine(EngineStream):
+    """A `StreamingEngine` (registered with streams=True: its stream is a `VLLMStream`,
+    vllm_stream.py; poll, abort and the counters are engine_stream.py's, inside the
+    process-state swap); `tp`: the ranks of the tp group that build it together."""
     shares_module = False  # vLLM holds its own copy of the weights
     matmul_params = 0  # its linear weights on this rank (perf/mfu), counted at build
 
@@ -263,21 +265,23 @@ class VLLMEngine:
     # ------------------------------------------------------------- streaming
     def submit(self, prompts: Batch, opts) -> int:
         """Add one request per row (rows repeated n times) to vLLM's engine."""
-        if self._stream is None:
-            from hybridflow.workers.rollout.vllm_stream import VLLMStream
-            self._stream = VLLMStream(self.llm.llm_engine, self.sampling_params,
-                                      self.delta_kind, opts, self.tokenizer, self.seed,
-                                      sampling_kwargs(opts, self.tokenizer.eos_token_id))
-        elif self._stream.opts != opts:
-            raise ValueError("a streaming rollout samples with one set of options; got "
-                             f"{opts} after {self._stream.opts}")
+        stream = self._stream_for(opts)
         with self.state.entered():
             self._awake()
-            return self._stream.submit(prompts)
+            return stream.submit(prompts)
+
+    def _open_stream(self, opts):
+        from hybridflow.workers.rollout.vllm_stream import VLLMStream
+        return VLLMStream(self.llm.llm_engine, self.sampling_params, self.delta_kind, opts,
+                          self.tokenizer, self.seed,
+                          sampling_kwargs(opts, self.tokenizer.eos_token_id))
+
+    def _entered(self):
+        return self.state.entered()
 
     def poll(self, max_steps: int) -> Batch | None:
         """Up to `max_steps` vLLM engine steps with the weights held now; the rows that
-        finished, or None."""
+        finished, or None. A tp group steps only when its ranks agree."""
         stream = self._stream
         counters = None if stream is None else (stream.next_rid, stream.attempts,
                                                 sorted(stream.live))
@@ -285,28 +289,7 @@ class VLLMEngine:
             with self.state.entered():
                 if not self._same_in_group("poll", counters):
                     return None  # no step now; the next poll steps them together
-        if stream is None:
-            return None
-        with self.state.entered():
-            for _ in range(max_steps):
-                if not stream.busy:
-                    break
-                stream.step(self.policy_version)
-        done = stream.take_finished()
-        return stream.assemble(done) if done else None
-
-    def abort(self) -> int:
-        if self._stream is None:
-            return 0
-        with self.state.entered():
-            return self._stream.abort()
-
-    @property
-    def stream_busy(self) -> bool:
-        return self._stream is not None and self._stream.busy
-
-    def stream_counts(self) -> dict:
-        return dict(self._stream.counts) if self._stream is not None else {}
+        return super().poll(max_steps)
 
     def _same_in_group(self, *what) -> bool:
         """Whether every rank of this engine's tp group is about to do the same: a digest

@@ -3,7 +3,9 @@ live in vLLM's own engine (`LLM.llm_engine`: `add_request`, `step`, `abort_reque
 across weight updates.
 
 A `VLLMStream` keeps, per request, what was sampled so far (the shared
-`stream.Request`: tokens, behaviour log-probs, the version of each token). Requests
+`engine_stream.Request`: tokens, behaviour log-probs, the version of each token; the
+finished list, counters, restarts and the rows a poll returns are its base's,
+`engine_stream.RequestStream`, as the `hf` engine's loop's). Requests
 are added to vLLM with `RequestOutputKind.DELTA`, so each `step()` returns only the
 tokens sampled in that step: each is stamped with the version of the weights held
 during that step.
@@ -32,25 +34,23 @@ engine calls them inside its process-state swap (vllm_process.py).
 from __future__ import annotations
 
 from hybridflow.core.batch import Batch
-from hybridflow.workers.rollout.stream import Request, assemble_requests, requests_from_rows
+from hybridflow.workers.rollout.engine_stream import Request, RequestStream
 
 __all__ = ["VLLMStream"]
 
 
-class VLLMStream:
+class VLLMStream(RequestStream):
+    COUNTS = (*RequestStream.COUNTS, "resumed")
+
     def __init__(self, llm_engine, make_params, delta_kind, opts, tokenizer, seed: int,
                  base_kwargs: dict):
         """`base_kwargs`: the SamplingParams kwargs of `opts` (vllm.sampling_kwargs);
         each request gets its own token budget, seed and DELTA outputs on top."""
+        super().__init__(opts, tokenizer)
         self.engine, self.make_params, self.delta_kind = llm_engine, make_params, delta_kind
-        self.opts, self.seed, self.base_kwargs = opts, int(seed), dict(base_kwargs)
-        self.pad, self.eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
+        self.seed, self.base_kwargs = int(seed), dict(base_kwargs)
         self.live: dict[str, Request] = {}
-        self.finished: list[Request] = []
-        self.version: int | None = None
-        self.next_rid, self.attempts = 0, 0
-        self.counts = {"aborted_tokens": 0, "restarts": 0, "mixed_rows": 0, "decode_steps": 0,
-                       "resumed": 0}
+        self.attempts = 0
 
     @property
     def busy(self) -> bool:
@@ -58,8 +58,7 @@ class VLLMStream:
 
     # --------------------------------------------------------------- requests
     def submit(self, rows: Batch) -> int:
-        requests = requests_from_rows(rows, self.next_rid)
-        self.next_rid += len(requests)
+        requests = self._requests(rows)
         for req in requests:
             self._add(req)
         return len(requests)
@@ -87,10 +86,6 @@ class VLLMStream:
         self.live.clear()
         return dropped
 
-    def take_finished(self) -> list[Request]:
-        done, self.finished = self.finished, []
-        return done
-
     # ---------------------------------------------------------------- weights
     def interrupt(self) -> list[Request]:
         """Take every live request out of vLLM (before new weights become final and the
@@ -106,10 +101,7 @@ class VLLMStream:
             if partial:
                 self.counts["resumed"] += 1
             else:
-                self.counts["aborted_tokens"] += len(req.tokens)
-                self.counts["restarts"] += 1
-                req.tokens, req.logps, req.versions = [], [], []
-                req.restarts += 1
+                self._restart(req)
             self._add(req)
 
     # ------------------------------------------------------------------ steps
@@ -129,10 +121,5 @@ class VLLMStream:
                 req.versions.append(version)
             if out.finished:
                 del self.live[out.request_id]
-                self.finished.append(req)
-                if len(set(req.versions)) > 1:
-                    self.counts["mixed_rows"] += 1
+                self._finish(req)
         self.counts["decode_steps"] += 1
-
-    def assemble(self, done: list[Request]) -> Batch:
-        return assemble_requests(done, self.pad, self.eos_id, self.opts.max_new_tokens)
