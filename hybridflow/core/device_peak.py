@@ -5,7 +5,11 @@ reported against (`perf/mfu/<node>`, workers/mfu.py), and what `hybridflow plan
 No table of vendor peaks: the peak is measured, a short matmul at a representative
 size in the dtype the phase computes in, best of a few repeats (about 0.1 s on a
 CPU at fp32). On a CPU whose bf16 is emulated the bf16 peak is measured as low as it
-is, so a bf16 phase's ratio stays honest.
+is, so a bf16 phase's ratio stays honest. On a CPU the best of two GEMM kernels is
+the peak: torch's `mm` and oneDNN's with its weight prepacked (what vLLM's CPU build
+and torch.compile call). They differ: on a 2-core AMD EPYC (Zen 5) at one thread,
+fp32 `mm` (MKL) reached ~107 GFLOP/s and oneDNN ~2x that (docs/benchmarks.md), and
+a peak of `mm` alone read vLLM's generation at 1.4x "the peak".
 
 State: `_PEAKS`, the measured FLOP/s by (device type, index, dtype, torch threads),
 filled once per process on first use; nothing else changes it.
@@ -43,9 +47,27 @@ def matmul_flops(size: int = PEAK_SIZE, repeats: int = 5, dtype=None, device=Non
     a = torch.randn(size, size, device=device, generator=gen).to(dtype)
     b = torch.randn(size, size, device=device, generator=gen).to(dtype)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    torch.mm(a, b)  # warm up (kernel selection, page faults)
-    seconds = _best_seconds(lambda: [torch.mm(a, b) for _ in range(per_repeat)], repeats, sync)
-    return 2 * size**3 * per_repeat / seconds
+    kernels = [torch.mm] + ([_onednn_mm(b, size)] if device.type == "cpu" else [])
+    best = float("inf")
+    for mm in filter(None, kernels):
+        mm(a, b)  # warm up (kernel selection, page faults)
+        best = min(best, _best_seconds(lambda mm=mm: [mm(a, b) for _ in range(per_repeat)],
+                                       repeats, sync))
+    return 2 * size**3 * per_repeat / best
+
+
+def _onednn_mm(b, rows: int):
+    """a @ b through oneDNN's linear with `b` prepacked, or None where this torch has
+    no oneDNN (or it refuses the dtype)."""
+    import torch
+    try:
+        weight = b.t().contiguous()  # linear's (out, in)
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+        linear = torch.ops.mkldnn._linear_pointwise
+        linear(b.new_zeros(rows, b.shape[0]), packed, None, "none", [], "")
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return None
+    return lambda a, _: linear(a, packed, None, "none", [], "")
 
 
 def device_peak(device=None, dtype=None) -> float:

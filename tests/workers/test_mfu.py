@@ -47,6 +47,16 @@ def test_the_peak_is_measured_once_per_device_dtype_and_threads(monkeypatch):
     assert len(calls) == 1
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_cpu_peak_also_times_onednn_which_computes_the_same_product(dtype):
+    a, b = torch.randn(64, 32).to(dtype), torch.randn(32, 48).to(dtype)
+    onednn = peaks._onednn_mm(b, 64)
+    if onednn is None:
+        pytest.skip("this torch has no oneDNN linear")
+    torch.testing.assert_close(onednn(a, b), a @ b)
+    assert peaks.matmul_flops(size=64, repeats=1, dtype=dtype) > 0
+
+
 def test_the_scheduler_names_the_rate_after_its_node():
     assert node_scoped("actor.update", {MFU: 0.5, "actor/pg_loss": 1.0}) == \
         {"perf/mfu/actor.update": 0.5, "actor/pg_loss": 1.0}
