@@ -13,10 +13,10 @@ output shards go worker to worker).
 
 Every byte these calls move through the driver (prompts sent, replies, uids) is
 counted in `bytes` (the runtime's `value_bytes`: 0 on the local runtime, where nothing
-crosses a process); the streaming scheduler adds them to `engine/driver_bytes`.
+crosses a process); the stream source (stream_source.py) adds them to `engine/driver_bytes`.
 
 State: `home` (uid -> the rank holding its group), `bytes` since the last `drain`.
-Only its methods change them; the streaming scheduler owns one.
+Only its methods change them; the stream source owns one.
 """
 from __future__ import annotations
 

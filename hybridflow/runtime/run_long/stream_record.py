@@ -25,7 +25,7 @@ recorded) and end at its last poll; the scheduler polls once more after the pass
 the generation during the pass is recorded with its step.
 
 State: the step's records, the time of the last poll, each rank's decode-step count
-at it. Only the streaming scheduler calls it.
+at it. Only the stream source (stream_source.py) calls it.
 """
 from __future__ import annotations
 
