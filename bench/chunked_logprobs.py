@@ -11,9 +11,10 @@ head here is a plain linear layer): one head matmul recomputed per chunk.
 
 Ordinary micro-batches (`--micro`, also in the full run): seconds of one update on 8
 rows of 64 prompt + 150 response tokens (1,200 response positions, more than the
-341-position chunk of 2**24 logits), `actor.logprob_chunk` at its default against 0,
-alternated, with the median of the per-round ratios (robust to the shared machine's
-load drifting between rounds); on the 2-layer model above and on SmolLM2-135M's own
+341-position chunk of 2**24 logits), `actor.logprob_chunk` at its default and at a
+2**26-logit chunk (1,365 positions: one chunk at 8 rows; `--micro-rows 16`: two)
+against 0, alternated, with the median of the per-round ratios (robust to the shared
+machine's load drifting between rounds); on the 2-layer model above and on SmolLM2-135M's own
 shapes (30 layers, hidden 576; random weights), where the head is a small share of the
 update.
 
@@ -58,8 +59,9 @@ SMOLLM2 = {"model_type": "llama", "hidden_size": 576, "intermediate_size": 1536,
            "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 100000.0,
            "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
 MICRO_ROWS, MICRO_RESPONSE = 8, 150
-# actor.logprob_chunk of the micro-batch runs: the default, never
-MICRO_VARIANTS = {"default": None, "whole": 0}
+# actor.logprob_chunk of the micro-batch runs: the default (2**24 logits a chunk), the
+# positions of a 2**26-logit chunk (the larger default weighed in docs/workers.md), never
+MICRO_VARIANTS = {"default": None, "2**26": (1 << 26) // VOCAB, "whole": 0}
 
 
 def run_config(response: int, chunk: int | None, rows: int = 1,
@@ -134,35 +136,37 @@ def seconds(kind: str, response: int, reps: int) -> dict[str, float]:
     return {name: median(values) for name, values in times.items()}
 
 
-def micro_seconds(name: str, hf_config: dict, reps: int) -> dict:
+def micro_seconds(name: str, hf_config: dict, reps: int, rows: int = MICRO_ROWS) -> dict:
     """Alternated seconds of one update on a MICRO_ROWS x MICRO_RESPONSE micro-batch
     under each of MICRO_VARIANTS, with the positions per chunk each resolved to."""
     from hybridflow.workers.actor import ActorWorker
     from hybridflow.workers.chunked_logprobs import chunk_positions
-    batch = long_row(MICRO_RESPONSE, MICRO_ROWS)
-    workers = {v: ActorWorker(run_config(MICRO_RESPONSE, chunk, MICRO_ROWS, hf_config))
+    batch = long_row(MICRO_RESPONSE, rows)
+    workers = {v: ActorWorker(run_config(MICRO_RESPONSE, chunk, rows, hf_config))
                for v, chunk in MICRO_VARIANTS.items()}
     chunks = {v: chunk_positions(MICRO_VARIANTS[v], w.module, batch["responses"].numel())
               for v, w in workers.items()}
     times = alternate({v: _call(w, "update", batch) for v, w in workers.items()}, reps,
                       warmup=1)
     secs = {v: median(t) for v, t in times.items()}
-    paired = [d / w for d, w in zip(times["default"], times["whole"])]
-    return {"model": name, "rows": MICRO_ROWS, "response": MICRO_RESPONSE, "chunk": chunks,
-            "seconds": secs, "all_seconds": times, "round_ratios": paired,
-            "ratio": median(paired)}
+    paired = {v: [d / w for d, w in zip(times[v], times["whole"])] for v in times}
+    return {"model": name, "rows": rows, "response": MICRO_RESPONSE, "chunk": chunks,
+            "seconds": secs, "all_seconds": times, "round_ratios": paired["default"],
+            "ratio": median(paired["default"]), "round_ratios_2**26": paired["2**26"],
+            "ratio_2**26": median(paired["2**26"])}
 
 
-def micro_records(reps: int) -> list[dict]:
+def micro_records(reps: int, rows: int = MICRO_ROWS) -> list[dict]:
     records = []
     for name, hf_config in (("2-layer", HF_CONFIG), ("SmolLM2-135M", SMOLLM2)):
-        record = micro_seconds(name, hf_config, reps)
+        record = micro_seconds(name, hf_config, reps, rows)
         print(f"micro {name}: {json.dumps(record)}", flush=True)
         records.append(record)
-    print(table(["model", "chunk (default)", "s default", "s whole",
-                 "ratio (median of rounds)"],
-                [[r["model"], r["chunk"]["default"], r["seconds"]["default"],
-                  r["seconds"]["whole"], r["ratio"]] for r in records]))
+    print(table(["model", "rows", "chunk (default)", "chunk 2**26", "s default", "s 2**26",
+                 "s whole", "default / whole (median of rounds)", "2**26 / whole"],
+                [[r["model"], r["rows"], r["chunk"]["default"], r["chunk"]["2**26"],
+                  r["seconds"]["default"], r["seconds"]["2**26"], r["seconds"]["whole"],
+                  r["ratio"], r["ratio_2**26"]] for r in records]))
     return records
 
 
@@ -170,6 +174,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--micro", action="store_true", help="the micro-batch records only")
+    parser.add_argument("--micro-rows", type=int, default=MICRO_ROWS,
+                        help=f"rows of {MICRO_RESPONSE} response tokens in the micro-batch")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--child", nargs=3, metavar=("KIND", "RESPONSE", "VARIANT"))
     args = parser.parse_args()
@@ -195,10 +201,13 @@ def main() -> None:
                         + [mem[v]["predicted_transient_mib"] for v in VARIANTS]
                         + [secs["whole"], secs["chunked"], record["time_ratio"]])
             print(f"{kind} R={response}: {json.dumps(record)}", flush=True)
-    micro = micro_records(reps=3 if args.quick else 5)
+    micro = micro_records(3 if args.quick else 5, args.micro_rows)
     print(table(["pass", "R", "peak MiB whole", "chunked", "RSS MiB whole", "chunked",
                  "predicted whole", "chunked", "s whole", "s chunked", "time ratio"], rows))
-    path = write_results("chunked_logprobs_micro" if args.micro else "chunked_logprobs", {
+    name = "chunked_logprobs_micro" if args.micro else "chunked_logprobs"
+    if args.micro_rows != MICRO_ROWS:
+        name += f"_{args.micro_rows}rows"
+    path = write_results(name, {
         "machine": machine(), "torch_threads": threads, "model": HF_CONFIG, "prompt": PROMPT,
         "reps": reps, "records": records, "micro": micro})
     print(f"wrote {path}")

@@ -64,13 +64,14 @@ class Phases:
         self.rollout["advantages"] = torch.randn(self.rollout["responses"].shape,
                                                  generator=torch.Generator().manual_seed(0))
         self.seconds: dict[str, list[float]] = {p: [] for p in PHASES}
+        self.cpu_seconds: dict[str, list[float]] = {p: [] for p in PHASES}
         self.flops: dict[str, list[float]] = {p: [] for p in PHASES}
         self.reported: dict[str, list[float]] = {p: [] for p in PHASES}
 
     def run(self, phase: str) -> None:
         from hybridflow.core.metric_names import MFU
         from hybridflow.workers.mfu import FORWARD, TRAIN, real_tokens
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), time.process_time()
         if phase == "generate":
             out = self.actor.generate(self.prompts, n=self.n)
             flops = FORWARD * self.params * real_tokens(out)
@@ -81,6 +82,7 @@ class Phases:
             out = self.actor.update(self.rollout)
             flops = TRAIN * self.params * real_tokens(self.rollout)
         self.seconds[phase].append(time.perf_counter() - began)
+        self.cpu_seconds[phase].append(time.process_time() - cpu)
         self.flops[phase].append(flops)
         self.reported[phase].append(out.meta.get("metrics", {}).get(MFU, float("nan")))
 
@@ -93,7 +95,7 @@ def measure_peak(dtype_name: str) -> float:
 
 def run(model: str = TOY, prompts: int = 8, n: int = 4, new_tokens: int = 16, reps: int = 3,
         threads: int = 2, out: str | None = None, quiet: bool = False) -> dict:
-    from hybridflow.workers.models import native_bf16
+    from hybridflow.workers.models import native_bf16, resolve_dtype
     quiet_logs()
     set_threads(threads)
     dtypes = ["float32"] + (["bfloat16"] if native_bf16() else [])
@@ -109,7 +111,9 @@ def run(model: str = TOY, prompts: int = 8, n: int = 4, new_tokens: int = 16, re
             else:
                 phases[dtype].run(what)
     payload = {"machine": machine(), "model": model, "prompts": prompts, "n": n,
-               "new_tokens": new_tokens, "reps": reps, "native_bf16": native_bf16(),
+               "new_tokens": new_tokens, "reps": reps, "threads": threads,
+               "native_bf16": native_bf16(),
+               "auto_dtype": str(resolve_dtype("auto")).removeprefix("torch."),
                "peak_flops": {d: median(v) for d, v in peaks.items()}, "rows": []}
     for dtype in dtypes:
         peak = payload["peak_flops"][dtype]
@@ -120,6 +124,11 @@ def run(model: str = TOY, prompts: int = 8, n: int = 4, new_tokens: int = 16, re
                 "dtype": dtype, "phase": phase, "seconds": seconds, "model_flops": flops,
                 "achieved_flops": flops / seconds, "mfu": flops / seconds / peak,
                 "worker_reported_mfu": median(phases[dtype].reported[phase]),
+                # the work done (CPU seconds of the process): readable on a loaded machine
+                # at one thread, where the wall clock is mostly waiting for a core
+                "cpu_seconds": median(phases[dtype].cpu_seconds[phase]),
+                "mfu_cpu_time": flops * threads / median(phases[dtype].cpu_seconds[phase])
+                / peak,
                 "over_compute_bound": seconds / (flops / peak)})
     payload["results"] = write_results("mfu", payload, out)
     if not quiet:
@@ -131,12 +140,13 @@ def report(payload: dict) -> str:
     peaks = payload["peak_flops"]
     head = (f"matmul peak (median of {payload['reps']}): fp32 "
             f"{peaks['float32'] / 1e9:.1f} GFLOP/s, bf16 {peaks['bfloat16'] / 1e9:.1f} GFLOP/s"
-            f" ({'native' if payload['native_bf16'] else 'emulated: phases at fp32 only'})")
-    rows = [[r["dtype"], r["phase"], r["seconds"], r["model_flops"] / 1e9,
-             r["achieved_flops"] / 1e9, r["mfu"], r["worker_reported_mfu"],
+            f" ({'native' if payload['native_bf16'] else 'emulated: phases at fp32 only'});"
+            f" model.dtype=auto picks {payload.get('auto_dtype', '?')} here")
+    rows = [[r["dtype"], r["phase"], r["seconds"], r["cpu_seconds"], r["model_flops"] / 1e9,
+             r["achieved_flops"] / 1e9, r["mfu"], r["mfu_cpu_time"], r["worker_reported_mfu"],
              r["over_compute_bound"]] for r in payload["rows"]]
-    return head + "\n" + table(["dtype", "phase", "s", "GFLOP", "GFLOP/s", "MFU",
-                                "perf/mfu (worker)", "x compute bound"], rows)
+    return head + "\n" + table(["dtype", "phase", "s", "CPU s", "GFLOP", "GFLOP/s", "MFU",
+                                "MFU (CPU s)", "perf/mfu (worker)", "x compute bound"], rows)
 
 
 def main() -> int:

@@ -211,13 +211,18 @@ def summarize(spec: dict, ranks: list[dict] | None, why: str | None) -> dict:
     if not ranks:
         return out
     phase = [r["actor.update"] for r in ranks]
-    peak = max(p["peak_rss_bytes"] for p in phase)
-    act = max(p["rise_bytes"] - r["gradient_bytes"] for p, r in zip(phase, ranks))
-    out.update(seconds=max(p["seconds"] for p in phase), peak_rss_bytes=peak,
-               process_bytes=max(r["base_rss_bytes"] for r in ranks),
-               activation_bytes=act, prediction_error=out["predicted_bytes"] / peak - 1,
+    out["process_bytes"] = max(r["base_rss_bytes"] for r in ranks)
+    return measured(out, max(p["peak_rss_bytes"] for p in phase),
+                    max(p["rise_bytes"] - r["gradient_bytes"] for p, r in zip(phase, ranks)),
+                    max(p["seconds"] for p in phase))
+
+
+def measured(out: dict, peak: int, activations: int, seconds: float) -> dict:
+    """`out` with a variant's measured figures and the predictions' errors."""
+    out.update(seconds=seconds, peak_rss_bytes=peak, activation_bytes=activations,
+               prediction_error=out["predicted_bytes"] / peak - 1,
                sharded_prediction_error=out["predicted_sharded_bytes"] / peak - 1,
-               logits_share=update.get("logits", 0) / peak)
+               logits_share=out["predicted"]["update"].get("logits", 0) / peak)
     return out
 
 
@@ -233,6 +238,9 @@ def main() -> None:
     parser.add_argument("--pad", type=int, default=0,
                         help="left-padding columns in the prompt (0: none, sdpa maskless)")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--longest", type=float, metavar="GIB", default=None,
+                        help="only the longest response per rank of GIB, predicted at "
+                             "each --sp, with and without checkpointing (nothing is run)")
     parser.add_argument("--report", metavar="JSON", nargs="+", default=None,
                         help="re-tabulate results files' ranks as one (nothing is run)")
     args = parser.parse_args()
@@ -245,6 +253,8 @@ def main() -> None:
         for sp in args.sp:
             if config[key] % sp:
                 parser.error(f"--sp {sp} does not divide the model's {key}={config[key]}")
+    if args.longest:
+        return print_longest(config, args.sp, args.longest * GIB)
     info = machine()
     ckpts = {"off": (False,), "on": (True,), "both": (False, True)}[args.checkpointing]
     records = []
@@ -265,6 +275,29 @@ def main() -> None:
     report(args, config, info, records)
 
 
+def longest(config: dict, sp: int, checkpointing: bool, capacity: float,
+            step: int = 256) -> int:
+    """The longest response (a multiple of `step`) of one row whose predicted peak per
+    rank, `sharded_bytes` (no process: a device's figure), fits `capacity` bytes."""
+    def fits(response: int) -> bool:
+        return sharded_bytes(predicted(config, response, sp, checkpointing), sp) <= capacity
+    lo, hi = 0, step
+    while fits(hi):
+        lo, hi = hi, 2 * hi
+    while hi - lo > step:
+        mid = (lo + hi) // 2 // step * step
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def print_longest(config: dict, sizes: list[int], capacity: float) -> None:
+    rows = [[sp, "on" if ckpt else "off", longest(config, sp, ckpt, capacity)]
+            for sp in sizes for ckpt in (False, True)]
+    print(f"the longest response of one {PROMPT}-token-prompt row per {capacity / GIB:g} GiB "
+          "rank (check --memory, resident state over dp x sp FSDP shards, chunked log-probs)")
+    print(table(["sp", "ckpt", "response tokens"], rows))
+
+
 def rereport(args) -> None:
     """One table and results file from the records of several (runs that could not
     share one invocation: different --pad or --layers are kept apart by the table's
@@ -275,9 +308,12 @@ def rereport(args) -> None:
             old = json.load(fh)
         config, info = config or old["hf_config"], info or old["machine"]
         pad = old["config"].get("pad", 0)
-        records += [{**summarize({**r, "config": config, "pad": r.get("pad", pad)},
-                                 r["ranks"], r["note"]), "load_1m": r["load_1m"]}
-                    for r in old["records"]]
+        for r in old["records"]:
+            again = summarize({**r, "config": config, "pad": r.get("pad", pad)},
+                              r["ranks"], r["note"])
+            if not r["ranks"] and "peak_rss_bytes" in r:  # kept without its ranks
+                measured(again, r["peak_rss_bytes"], r["activation_bytes"], r["seconds"])
+            records.append({**again, "load_1m": r["load_1m"]})
     args.pad = records[0]["pad"] if records else 0
     report(args, config, info, records)
 

@@ -54,16 +54,20 @@ def workloads(args) -> list[dict]:
 
 
 def prompt_rows(tokenizer, count: int, chat: bool):
-    from tests.support.workers import prompt_batch
-    texts = [f"{a}+{b}=" for a, b in zip(range(count), range(3, 3 + count))]
+    """`count` arithmetic prompts (chat-formatted when `chat`) with the columns a
+    rollout carries (uid, data_source, ground_truth). Built here, not with the tests'
+    helpers: importing tests/support sets torch to 1 thread."""
+    from hybridflow.core.batch import Batch
+    pairs = list(zip(range(count), range(3, 3 + count)))
+    texts = [f"{a}+{b}=" for a, b in pairs]
     if chat:
         texts = [tokenizer.apply_chat_template([{"role": "user", "content": f"What is {t}?"}],
                                                tokenize=False, add_generation_prompt=True)
                  for t in texts]
     enc = tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
-    batch = prompt_batch(tokenizer, ["1+1="] * count)  # the metadata columns
-    batch["input_ids"], batch["attention_mask"] = enc["input_ids"], enc["attention_mask"]
-    return batch
+    return Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]},
+                 {"uid": [f"u{i}" for i in range(count)], "data_source": ["toy_arith"] * count,
+                  "ground_truth": [str(a + b) for a, b in pairs]})
 
 
 def actor(path: str, backend: str, args, device="cpu", dtype="fp32", eager=True):

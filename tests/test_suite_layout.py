@@ -85,10 +85,11 @@ def test_the_test_folders_mirror_the_package():
 
 def test_only_the_suite_rules_live_at_the_top_of_tests():
     """The rules over the whole package: its layers, the files its text names, the one
-    owner of a role's layout, and the suite's own layout."""
+    owner of a role's layout, the one place the config's modes are converted, and the
+    suite's own layout."""
     top = sorted(os.path.basename(p) for p in glob.glob(os.path.join(TESTS, "test_*.py")))
-    assert top == ["test_layers.py", "test_layout_owner.py", "test_named_files.py",
-                   "test_suite_layout.py"], top
+    assert top == ["test_layers.py", "test_layout_owner.py", "test_mode_conversions.py",
+                   "test_named_files.py", "test_suite_layout.py"], top
 
 
 def test_no_conftest_marks_tests_slow_by_name():
