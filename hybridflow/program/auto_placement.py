@@ -93,10 +93,10 @@ def plan_auto_placement(cfg: DictConfig, plan: ExecutionPlan) -> tuple[dict, str
 
 def can_split_rows(cfg: DictConfig) -> bool:
     """Whether the run could run a role sequence-parallel: what pre-flight refuses at
-    sp > 1 apart from the size (program/parallel_checks._check_sequence_parallel)."""
+    sp > 1 apart from the size (program/parallel_checks._check_sequence_parallel).
+    LoRA is no refusal: its adapters replicate over sp like the weights, and the
+    planner trains at tp=1 (LoRA stays refused at tp > 1, which it never plans)."""
     if not run_modes(cfg).runtime.process_per_rank:
-        return False
-    if int(OmegaConf.select(cfg, "actor.lora.rank") or 0):
         return False
     from hybridflow.core.layout import RoleLayout
     from hybridflow.core.model_config import standard_shapes

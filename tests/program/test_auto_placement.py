@@ -162,13 +162,27 @@ def test_auto_placement_splits_no_row_where_the_run_cannot(tmp_path):
         prepare(GRPO, _long_rows(_qwen05_dir(tmp_path), "local"), preflight=False)
 
 
-def test_can_split_rows_reads_the_runtime_lora_and_the_model():
+def test_can_split_rows_reads_the_runtime_and_the_model():
     from hybridflow.program.auto_placement import can_split_rows
     from hybridflow.program.config import build_config
     assert can_split_rows(build_config(overrides=["runtime.name=ray"]))
     assert not can_split_rows(build_config(overrides=["runtime.name=local"]))
-    assert not can_split_rows(build_config(overrides=["runtime.name=ray", "actor.lora.rank=4"]))
+    # LoRA runs at sp (tp=1): no reason to keep its long rows whole
+    assert can_split_rows(build_config(overrides=["runtime.name=ray", "actor.lora.rank=4"]))
     sliding = build_config(overrides=["runtime.name=ray", "model.path=null",
                                       "model.hf_config.sliding_window=16",
                                       "model.hf_config.use_sliding_window=true"])
     assert not can_split_rows(sliding)
+
+
+def test_auto_placement_plans_sp_for_a_lora_run_and_check_passes(tmp_path, capsys):
+    """A LoRA run whose one row fits no device whole: the planner splits it over sp
+    ranks at tp=1 (LoRA's adapters replicate over sp), and `check` accepts the plan."""
+    from hybridflow.cli import main
+    overrides = _long_rows(_qwen05_dir(tmp_path), "ray") + ["actor.lora.rank=8"]
+    placement = prepare(GRPO, overrides, preflight=False).plan.placement
+    assert placement.sp_size("actor") == 2 and placement.tp_size("actor") == 1
+    capsys.readouterr()
+    assert main(["check", GRPO, *overrides]) == 0
+    out = capsys.readouterr().out
+    assert "dp 1 x sp 2 x tp 1" in out and out.rstrip().endswith("ok"), out
