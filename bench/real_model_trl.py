@@ -20,7 +20,9 @@ must stay 2.13.0+cpu). From the checkout, with the model made into
 One round = one engine step (`graphs/grpo.py --config graphs/configs/smollm2_arith.yaml`:
 generate, `actor.logprob`, reward, advantages, `actor.update`) and one TRL generation
 with its optimizer steps; each side's seconds exclude the other's. Matched: the
-model (fp32, from the same directory), the prompts (the data file's rows in order,
+model (from the same directory; fp32, or with `--dtype bf16` bf16 on both sides: the
+engine's `model.dtype=bf16` (bf16 weights, fp32 master weights, autocast), TRL's bf16
+model with `bf16=True`), the prompts (the data file's rows in order,
 chat template with the generation prompt; `data.shuffle=false`, TRL's
 `shuffle_dataset=False`), `n` responses per prompt, up to `max_new_tokens` each at
 temperature 1 (HF `generate` both sides), one PPO epoch, mini-batches of
@@ -56,7 +58,7 @@ from bench.harness import (machine, median, need_real_model, quiet_logs, set_thr
 from bench.scale_trl import alternate_with_trl, grpo_config, trl_available  # noqa: E402
 
 CONFIG = os.path.join(ROOT, "graphs", "configs", "smollm2_arith.yaml")
-TARGET_OVER_TRL = 1.5
+TARGET_OVER_TRL = 1.6  # issue 37
 
 __all__ = ["settings", "engine_overrides", "trl_rows", "run", "report", "main"]
 
@@ -74,7 +76,7 @@ def settings(args) -> dict:
     return {"model": args.model, "data": args.data, "prompts": args.prompts, "n": args.n,
             "max_new_tokens": args.max_new_tokens, "mini": mini, "micro": micro,
             "lr": float(shipped.actor.lr), "threads": args.threads, "engine": args.engine,
-            "trl_vllm": args.trl_vllm, "overrides": list(args.overrides)}
+            "trl_vllm": args.trl_vllm, "dtype": args.dtype, "overrides": list(args.overrides)}
 
 
 def engine_overrides(s: dict) -> list[str]:
@@ -87,7 +89,9 @@ def engine_overrides(s: dict) -> list[str]:
            f"actor.mini_batch_size={s['mini']}", f"actor.micro_batch_size={s['micro']}",
            "trainer.val_every=0", "trainer.progress=false", "trainer.log_val_generations=0",
            f"runtime.torch_threads={s['threads']}",
-           "model.dtype=float32"]  # TRL's side is fp32 (the shipped config says auto)
+           # both sides at one dtype (the shipped config says auto): fp32, or bf16 (the
+           # engine: bf16 weights, fp32 master weights in the trainer, autocast)
+           f"model.dtype={'bf16' if s.get('dtype') == 'bf16' else 'float32'}"]
     if s["engine"] == "vllm":
         out += ["rollout.backend=vllm"]
     return out + list(s.get("overrides", ()))
@@ -136,7 +140,9 @@ def trl_trainer(s: dict, steps: int, callback, counts: list[int]):
     from trl import GRPOTrainer
     tok = AutoTokenizer.from_pretrained(s["model"])
     tok.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(s["model"], dtype=torch.float32)
+    bf16 = s.get("dtype") == "bf16"  # TRL's usual bf16 run: a bf16 model, bf16=True
+    model = AutoModelForCausalLM.from_pretrained(
+        s["model"], dtype=torch.bfloat16 if bf16 else torch.float32)
     _count_generated(model, tok.eos_token_id, counts)
     rows = s["prompts"] * s["n"]
     vllm = {"use_vllm": True, "vllm_mode": "colocate", "vllm_enable_sleep_mode": False} \
@@ -146,7 +152,7 @@ def trl_trainer(s: dict, steps: int, callback, counts: list[int]):
         gradient_accumulation_steps=s["mini"] // s["micro"],
         steps_per_generation=rows // s["micro"], num_generations=s["n"],
         max_completion_length=s["max_new_tokens"], learning_rate=s["lr"], max_steps=steps,
-        shuffle_dataset=False, **vllm)
+        shuffle_dataset=False, bf16=bf16, **vllm)
     data = Dataset.from_list(trl_rows(os.path.join(s["data"], "train.jsonl")))
     return GRPOTrainer(model=model, reward_funcs=flexible_reward, args=args,
                        train_dataset=data, processing_class=tok, callbacks=[callback])
@@ -209,7 +215,8 @@ def report(p: dict) -> str:
     m, s, e, t = p["machine"], p["settings"], p["engine"], p["trl"]
     head = (f"machine: {m['cpu']}, {m['cores']} cores, torch threads {s['threads']}, load "
             f"{m['load_avg_1m_at_start']} -> {p['load_avg_1m_at_end']:.2f}\n"
-            f"{s['prompts']} prompts x {s['n']} responses <= {s['max_new_tokens']} tokens, "
+            f"{s.get('dtype', 'fp32')}, {s['prompts']} prompts x {s['n']} responses "
+            f"<= {s['max_new_tokens']} tokens, "
             f"mini-batch {s['mini']}, micro {s['micro']}, lr {s['lr']}; median of "
             f"{p['reps']} alternated rounds after {p['warmup']}")
     rows = [[e["name"], e["step_s"], 1 / e["step_s"], e["generated_tokens"]],
@@ -240,6 +247,8 @@ def main(argv=None) -> int:
     parser.add_argument("--engine", choices=("hf", "vllm"), default="hf")
     parser.add_argument("--trl-vllm", action="store_true",
                         help='TRL with use_vllm=True, vllm_mode="colocate"')
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                        help="both sides' compute dtype (bf16: where it is native)")
     parser.add_argument("--out", default=None)
     parser.add_argument("overrides", nargs="*", help="key=value for the engine's run, e.g. "
                         "rollout.enforce_eager=false (TRL's vLLM compiles: it sets no "

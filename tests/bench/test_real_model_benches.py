@@ -18,7 +18,7 @@ sys.path.insert(0, REPO)
 
 def _args(**kw):
     base = dict(model="/m", data="/d", prompts=8, n=4, max_new_tokens=48, mini=0, micro=0,
-                threads=2, engine="hf", trl_vllm=False, overrides=[])
+                threads=2, engine="hf", trl_vllm=False, dtype="fp32", overrides=[])
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -42,6 +42,8 @@ def test_trl_engine_overrides_match_the_trl_side():
                  "model.dtype=float32"):
         assert item in over
     assert "rollout.backend=vllm" not in over
+    bf16 = rt.engine_overrides(rt.settings(_args(dtype="bf16")))
+    assert "model.dtype=bf16" in bf16 and "model.dtype=float32" not in bf16
     vllm = rt.engine_overrides({**s, "engine": "vllm",
                                 "overrides": ["rollout.enforce_eager=false"]})
     assert vllm[-2:] == ["rollout.backend=vllm", "rollout.enforce_eager=false"]
