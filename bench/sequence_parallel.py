@@ -74,16 +74,19 @@ def hf_config(args) -> dict:
     return config
 
 
-def worker_cfg(config: dict, response: int, checkpointing: bool) -> dict:
+def worker_cfg(config: dict, response: int, checkpointing: bool,
+               packed: bool = False) -> dict:
     return {"model": {"hf_config": config, "device": "cpu",
-                      "gradient_checkpointing": checkpointing},
+                      "gradient_checkpointing": checkpointing,
+                      "use_remove_padding": packed},
             "actor": {"micro_batch_size": 1, "mini_batch_size": 1, "lr": 1e-6,
                       "strategy": "fsdp2"},
             "rollout": {"max_new_tokens": response, "log_prob_micro_batch_size": 1, "n": 1},
             "data": {"max_prompt_length": PROMPT, "batch_size": 1}}
 
 
-def predicted(config: dict, response: int, sp: int, checkpointing: bool) -> dict:
+def predicted(config: dict, response: int, sp: int, checkpointing: bool,
+              packed: bool = False) -> dict:
     """`hybridflow check --memory`'s actor figures for this variant (bytes per rank):
     the resident state and each part of `actor.update`."""
     from hybridflow.memory.report import plan_memory
@@ -92,6 +95,7 @@ def predicted(config: dict, response: int, sp: int, checkpointing: bool) -> dict
                  f"rollout.max_new_tokens={response}", f"data.max_prompt_length={PROMPT}",
                  "actor.mini_batch_size=1", "actor.micro_batch_size=1",
                  "actor.strategy=fsdp2", f"model.gradient_checkpointing={checkpointing}",
+                 f"model.use_remove_padding={packed}",
                  "runtime.name=ray", f"placement.pools.main.devices_per_node={sp}",
                  f"placement.parallel.actor.sp={sp}", f"placement.parallel.ref.sp={sp}"]
     overrides += [f"model.hf_config.{k}={v}" for k, v in config.items()]
@@ -127,7 +131,7 @@ def rank_main(rank: int, world: int, port: int, spec: dict, out_dir: str) -> Non
     ctx = WorkerContext(rank=rank, world_size=world, local_rank=rank, device="cpu",
                         sp=spec["sp"])
     actor = ActorWorker(worker_cfg(spec["config"], spec["response"],
-                                   spec["checkpointing"]), ctx)
+                                   spec["checkpointing"], spec.get("packed", False)), ctx)
     actor.update(long_row(WARM_RESPONSE))
     batch = padded_row(spec["response"], spec.get("pad", 0))
     gc.collect()
@@ -201,7 +205,8 @@ def summarize(spec: dict, ranks: list[dict] | None, why: str | None) -> dict:
     from hybridflow.memory.engines import PROCESS_BYTES
     pred, sp = spec["predicted"], spec["sp"]
     out = {k: spec[k] for k in ("response", "sp", "checkpointing")}
-    out.update(pad=spec.get("pad", 0), layers=spec["config"]["num_hidden_layers"],
+    out.update(pad=spec.get("pad", 0), packed=spec.get("packed", False),
+               layers=spec["config"]["num_hidden_layers"],
                predicted=pred, note=why, ranks=ranks)
     update = pred["update"]
     out["predicted_activation_bytes"] = update.get("activations", 0) + update.get("logits", 0)
@@ -237,6 +242,8 @@ def main() -> None:
     parser.add_argument("--kv-heads", type=int, default=0)
     parser.add_argument("--pad", type=int, default=0,
                         help="left-padding columns in the prompt (0: none, sdpa maskless)")
+    parser.add_argument("--packed", action="store_true",
+                        help="model.use_remove_padding=true (sdpa_varlen: no mask)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--longest", type=float, metavar="GIB", default=None,
                         help="only the longest response per rank of GIB, predicted at "
@@ -254,7 +261,7 @@ def main() -> None:
             if config[key] % sp:
                 parser.error(f"--sp {sp} does not divide the model's {key}={config[key]}")
     if args.longest:
-        return print_longest(config, args.sp, args.longest * GIB)
+        return print_longest(config, args.sp, args.longest * GIB, args.packed)
     info = machine()
     ckpts = {"off": (False,), "on": (True,), "both": (False, True)}[args.checkpointing]
     records = []
@@ -263,8 +270,10 @@ def main() -> None:
             order = args.sp if i % 2 == 0 else args.sp[::-1]  # who goes first rotates
             for sp in order:
                 spec = {"config": config, "response": response, "sp": sp,
-                        "checkpointing": checkpointing, "pad": args.pad}
-                spec["predicted"] = predicted(config, response, sp, checkpointing)
+                        "checkpointing": checkpointing, "pad": args.pad,
+                        "packed": args.packed}
+                spec["predicted"] = predicted(config, response, sp, checkpointing,
+                                              args.packed)
                 load = os.getloadavg()[0]
                 ranks, why = run_variant(spec)
                 record = summarize(spec, ranks, why)
@@ -276,11 +285,12 @@ def main() -> None:
 
 
 def longest(config: dict, sp: int, checkpointing: bool, capacity: float,
-            step: int = 256) -> int:
+            step: int = 256, packed: bool = False) -> int:
     """The longest response (a multiple of `step`) of one row whose predicted peak per
     rank, `sharded_bytes` (no process: a device's figure), fits `capacity` bytes."""
     def fits(response: int) -> bool:
-        return sharded_bytes(predicted(config, response, sp, checkpointing), sp) <= capacity
+        return sharded_bytes(predicted(config, response, sp, checkpointing, packed),
+                             sp) <= capacity
     lo, hi = 0, step
     while fits(hi):
         lo, hi = hi, 2 * hi
@@ -290,11 +300,13 @@ def longest(config: dict, sp: int, checkpointing: bool, capacity: float,
     return lo
 
 
-def print_longest(config: dict, sizes: list[int], capacity: float) -> None:
-    rows = [[sp, "on" if ckpt else "off", longest(config, sp, ckpt, capacity)]
+def print_longest(config: dict, sizes: list[int], capacity: float,
+                  packed: bool = False) -> None:
+    rows = [[sp, "on" if ckpt else "off", longest(config, sp, ckpt, capacity, packed=packed)]
             for sp in sizes for ckpt in (False, True)]
     print(f"the longest response of one {PROMPT}-token-prompt row per {capacity / GIB:g} GiB "
-          "rank (check --memory, resident state over dp x sp FSDP shards, chunked log-probs)")
+          "rank (check --memory, resident state over dp x sp FSDP shards, chunked log-probs"
+          f"{', packed' if packed else ''})")
     print(table(["sp", "ckpt", "response tokens"], rows))
 
 
@@ -320,7 +332,8 @@ def rereport(args) -> None:
 
 def _key(record: dict) -> tuple:
     """What a ratio holds fixed: all but sp."""
-    return (record["response"], record["checkpointing"], record["pad"], record["layers"])
+    return (record["response"], record["checkpointing"], record["pad"], record["layers"],
+            record.get("packed", False))
 
 
 def _baseline(records: list[dict], record: dict) -> dict | None:
@@ -355,7 +368,9 @@ def report(args, config: dict, info: dict, records: list[dict]) -> None:
     print(f"SmolLM2-135M shapes (hidden {config['hidden_size']}, "
           f"{config['num_attention_heads']} heads, {config['num_key_value_heads']} KV heads),"
           f" random init, fp32, fsdp2, chunked log-probs, 1 row of {PROMPT} + R tokens "
-          f"(pad: left-padding columns of the prompt), gloo, 1 torch thread per rank; "
+          f"(pad: left-padding columns of the prompt; "
+          f"{'packed' if getattr(args, 'packed', False) else 'not packed'}), gloo, "
+          f"1 torch thread per rank; "
           f"{info['cores']} cores, "
           f"load {info['load_avg_1m_at_start']} at start")
     print(table(["R", "layers", "pad", "sp", "ckpt", "peak RSS GiB/rank", "check --memory",

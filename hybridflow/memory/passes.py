@@ -9,7 +9,10 @@ sdpa attention; bench/memory.py checks them against measured peaks):
   silu(gate) and their product), `10.5 * hidden` (the two RMSNorms keep their input
   and output; q, k, v after the projections and after rotary; sdpa's output and its
   contiguous copy; the residual stream), and `width` more elements for the padding
-  mask sdpa keeps per layer (`[rows, 1, width, width]`). Measured with autograd's
+  mask sdpa keeps per layer (`[rows, 1, width, width]`) where there is one: packed
+  rows (`model.use_remove_padding`, sdpa_varlen) run maskless and keep none
+  (`MicroBatch.masked`; measured on SmolLM2's shapes at 4K tokens, a maskless row's
+  saved activations are 4i + 10.5h within 5 %, bench/sequence_parallel.py). Measured with autograd's
   saved-tensor hooks: 4i + 10.4h + width on every shape tried, independent of the
   number of KV heads. In bf16 the RMSNorms also keep float32 copies (+2.2h). With
   LoRA (adapters on q/k/v/o, the default) the frozen MLP projections and norm
@@ -78,6 +81,7 @@ class MicroBatch:
     full_logits: bool = False  # logits over every position (SFT), not only the response
     logit_chunk: int | None = None  # positions per chunk of log-probs (None: whole rows)
     sp: int = 1  # sequence-parallel ranks: each runs width / sp positions of every layer
+    masked: bool = True  # a padding mask per layer (False: packed rows, no mask)
 
     @property
     def local_width(self) -> int:
@@ -123,7 +127,8 @@ def saved_activations(size: ModelSize, micro: MicroBatch, checkpointing: bool = 
     arch = size.arch
     adapters_only = size.trainable < size.params
     hidden, inter = ACT_PER_TOKEN_LAYER[(adapters_only, size.dtype_bytes < FP32)]
-    per_token_layer = inter * arch.intermediate + hidden * arch.hidden + micro.width
+    per_token_layer = inter * arch.intermediate + hidden * arch.hidden + \
+        (micro.width if micro.masked else 0)
     tokens = micro.rows * micro.local_width  # under sp a rank's queries attend all width
     if checkpointing:  # keeps each layer's input; one layer is recomputed at a time
         return int(tokens * size.dtype_bytes * (arch.layers * arch.hidden + per_token_layer))

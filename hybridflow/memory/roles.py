@@ -149,6 +149,13 @@ def _logit_chunk(setting, size: ModelSize, tp: int = 1) -> int | None:
     return logprob_chunk_positions(setting, size.arch.vocab * tp)
 
 
+def _masked(model) -> bool:
+    """Whether a training forward's attention keeps a padding mask per layer: not for
+    packed rows under sdpa (`model.use_remove_padding`: sdpa_varlen, maskless)."""
+    attention = (model.hf_config or {}).get("attn_implementation")
+    return not model.use_remove_padding or attention == "eager"
+
+
 def _actor_pass(size: ModelSize, s, kind: NodeKind, rows: int, prompt: int, state: dict,
                 node=None, tp: int = 1, sp: int = 1) -> dict[str, int]:
     response = s["rollout"].max_new_tokens
@@ -165,7 +172,8 @@ def _actor_pass(size: ModelSize, s, kind: NodeKind, rows: int, prompt: int, stat
         budget = None if method == "sft" else s["actor"].max_tokens_per_micro_batch
         micro = MicroBatch(micro_rows(rows, given or s["actor"].micro_batch_size, budget,
                                       prompt + response), prompt,
-                           response, full_logits=method == "sft", logit_chunk=chunk, sp=sp)
+                           response, full_logits=method == "sft", logit_chunk=chunk, sp=sp,
+                           masked=_masked(s["model"]))
         return {**train_pass(size, micro, temperature=temperature,
                              checkpointing=s["model"].gradient_checkpointing, **state),
                 "batch": 2 * batch_bytes(rows, prompt, response)}  # + the mini-batch copy
@@ -314,7 +322,7 @@ def _size_critic(memory: RoleMemory, job: RoleSizing) -> None:
     memory.resident = _resident(size, state)
     micro = MicroBatch(micro_rows(rows, s["critic"].micro_batch_size,
                                   s["critic"].max_tokens_per_micro_batch, prompt + response),
-                       prompt, response, sp=job.sp)
+                       prompt, response, sp=job.sp, masked=_masked(s["model"]))
     for node in job.nodes:
         trains = node.kind.trains
         parts = train_pass(size, micro, vocab_head=False,

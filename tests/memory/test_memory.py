@@ -114,6 +114,20 @@ def test_saved_activations_by_hand():
     assert saved_activations(size, micro) == 20 * 2 * (512 + 672 + 10) * 4
     lora = _hand_size(trainable=10, params=1000)
     assert saved_activations(lora, micro) < saved_activations(size, micro)
+    # packed rows run maskless: no padding mask kept per layer
+    packed = MicroBatch(rows=2, prompt=6, response=4, masked=False)
+    assert saved_activations(size, packed) == 20 * 2 * (512 + 672) * 4
+
+
+def test_packed_rows_predict_no_padding_mask_in_the_update():
+    """`model.use_remove_padding` (sdpa_varlen, no mask) drops the per-layer mask term of
+    the update's activations, and only that: the log-prob pass is unchanged."""
+    common = ("trainer.keep_unneeded_passes=true",)
+    padded = _actor_memory(*common)
+    packed = _actor_memory(*common, "model.use_remove_padding=true")
+    assert packed.passes["actor.update"]["activations"] < \
+        padded.passes["actor.update"]["activations"]
+    assert packed.passes["actor.logprob"] == padded.passes["actor.logprob"]
 
 
 def test_a_pool_sums_resident_bytes_and_takes_the_largest_pass():
