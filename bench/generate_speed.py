@@ -89,10 +89,13 @@ def run(args) -> dict:
     stream_opts = RolloutConfig(n=args.n, max_new_tokens=args.new_tokens, temperature=1.0,
                                 micro_batch_size=args.slots or len(rows))
 
-    def timed(name, engine):
+    packed_opts = RolloutConfig(n=args.n, max_new_tokens=args.new_tokens, temperature=1.0,
+                                micro_batch_size=len(rows), prepacked_linear=True)
+
+    def timed(name, engine, how=opts):
         began, cpu = time.perf_counter(), time.process_time()
         outs = [streamed(engine)] if name == "stream" else \
-            [engine.generate(rows, opts) for _ in range(args.batches)]
+            [engine.generate(rows, how) for _ in range(args.batches)]
         seconds = time.perf_counter() - began
         generated = sum(int(out["response_length"].sum()) for out in outs)
         record[name].append({"s": seconds, "cpu_s": time.process_time() - cpu,
@@ -116,9 +119,12 @@ def run(args) -> dict:
     if args.stream:
         record["stream"] = []
         variants["stream"] = lambda: timed("stream", new)
+    if args.prepacked:  # the own loop with rollout.prepacked_linear (workers/rollout/prepacked.py)
+        record["prepacked"] = []
+        variants["prepacked"] = lambda: timed("prepacked", new, packed_opts)
     torch.manual_seed(0)
     for _ in range(args.warmup):
-        for name in [n for n in ("engine", "stream") if n in variants]:
+        for name in [n for n in ("engine", "stream", "prepacked") if n in variants]:
             variants[name]()
             record[name].clear()
     names = list(variants)
@@ -138,7 +144,7 @@ def summarize(record: dict, args, params: int, prompt_tokens: int, rows: int) ->
                         "batches": args.batches},
            "peak_gflops": peak / 1e9, "peaks_gflops": [p / 1e9 for p in record["peak"]],
            "variants": {}}
-    for name in [n for n in ("hf_generate", "engine", "stream") if n in record]:
+    for name in [n for n in ("hf_generate", "engine", "stream", "prepacked") if n in record]:
         reps = record[name]
         seconds = median([r["s"] for r in reps])
         flops = median([r["flops"] for r in reps])
@@ -154,6 +160,10 @@ def summarize(record: dict, args, params: int, prompt_tokens: int, rows: int) ->
         rounds = zip(record["stream"], record["engine"])  # per CPU second: load-proof
         out["stream_vs_engine_cpu"] = median([(s["generated"] / s["cpu_s"])
                                               / (e["generated"] / e["cpu_s"]) for s, e in rounds])
+    if "prepacked" in record:  # seconds per generated token, within a round
+        out["prepacked_speedup"] = median([(e["s"] / e["generated"]) / (p["s"] / p["generated"])
+                                           for p, e in zip(record["prepacked"],
+                                                           record["engine"])])
     return out
 
 
@@ -170,7 +180,10 @@ def report(res: dict) -> str:
                      + ([f"stream tokens/s over engine's (median of rounds): "
                          f"{res['stream_vs_engine']:.2f} wall-clock, "
                          f"{res['stream_vs_engine_cpu']:.2f} per CPU second"]
-                        if "stream_vs_engine" in res else []))
+                        if "stream_vs_engine" in res else [])
+                     + ([f"prepacked over engine (s per generated token, median of rounds): "
+                         f"{res['prepacked_speedup']:.2f}x faster"]
+                        if "prepacked_speedup" in res else []))
 
 
 def main(argv=None) -> int:
@@ -190,6 +203,8 @@ def main(argv=None) -> int:
                              "all queued at once)")
     parser.add_argument("--slots", type=int, default=0,
                         help="the stream's decode slots (default: every row)")
+    parser.add_argument("--prepacked", action="store_true",
+                        help="also the own loop with rollout.prepacked_linear (oneDNN)")
     parser.add_argument("--out", default=None, help="the JSON file (default: bench/results/)")
     args = parser.parse_args(argv)
     quiet_logs()

@@ -211,6 +211,10 @@ class RolloutConfig:
     # "generate" with HF `generate`, drawing the tokens a seed drew before that loop
     # (kept for one release, to reproduce earlier runs; docs/workers.md)
     hf_loop: str = checked("own", one_of("own", "generate", what="hf decode loop"))
+    # `hf` engine only, a CPU at fp32: generate runs its linear layers through oneDNN
+    # with the weights prepacked once a call (workers/rollout/prepacked.py; one more
+    # copy of the weights meanwhile; tokens differ from F.linear's in the last bits)
+    prepacked_linear: bool = False
     log_prob_micro_batch_size: int = checked(16, at_least(1))   # rows per forward in logprob
     log_prob_max_tokens_per_micro_batch: Optional[int] = checked(None, at_least(1))
     gpu_memory_utilization: float = checked(0.5, in_range(0, 1, open_low=True))  # vllm only

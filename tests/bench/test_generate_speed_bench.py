@@ -16,10 +16,11 @@ def test_generate_speed_bench_times_both_paths_against_the_peak(tmp_path):
     out = tmp_path / "generate_speed.json"
     assert generate_speed.main(["--prompts", "2", "--n", "2", "--new-tokens", "3",
                                 "--reps", "1", "--warmup", "0", "--threads", "1",
-                                "--out", str(out)]) == 0
+                                "--prepacked", "--out", str(out)]) == 0
     res = json.loads(out.read_text())
     assert res["peak_gflops"] > 0 and res["machine"]["torch_threads"] == 1
-    for name in ("hf_generate", "engine"):
+    assert res["prepacked_speedup"] > 0
+    for name in ("hf_generate", "engine", "prepacked"):
         variant = res["variants"][name]
         (rep,) = variant["reps"]
         assert 0 < rep["generated"] <= 2 * 2 * 3 and rep["flops"] > 0

@@ -300,3 +300,13 @@ def test_a_token_budget_sizes_the_predicted_activations():
     for node in ("actor.update", "actor.logprob"):
         assert budget.passes[node] == one_row.passes[node]
         assert sum(budget.passes[node].values()) < sum(rows.passes[node].values())
+
+
+def test_prepacked_linear_adds_a_copy_of_the_weights_to_generate():
+    """`rollout.prepacked_linear` (the hf engine, fp32): oneDNN's packed copy of the
+    weights lives through the generate call."""
+    plain = _role_memory("rollout")
+    packed = _role_memory("rollout", "rollout.prepacked_linear=true")
+    weights = _actor_memory().resident["weights"]  # the module it generates with
+    assert packed.passes["rollout.generate"]["prepacked weights"] == weights
+    assert "prepacked weights" not in plain.passes["rollout.generate"]

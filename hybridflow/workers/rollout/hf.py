@@ -36,6 +36,7 @@ from hybridflow.workers.rollout.engine import UNKNOWN_VERSION, EngineSpec
 from hybridflow.workers.rollout.engine_stream import EngineStream
 from hybridflow.workers.rollout.generation import assemble_rollout
 from hybridflow.workers.rollout.hf_decode import decode
+from hybridflow.workers.rollout.prepacked import prepacked_linears
 from hybridflow.workers.parallel.shard_build import local_slices
 from hybridflow.workers.sequences import pad_right, position_ids_from_mask
 
@@ -201,26 +202,35 @@ class HFEngine(EngineStream):
         config = self._generation_config(opts)
         outs, logps = [], []
         try:
-            for i in range(0, max(1, len(prompts)), opts.micro_batch_size):
-                micro = prompts.take(slice(i, i + opts.micro_batch_size))
-                ids, mask = micro["input_ids"], micro["attention_mask"]
-                if len(micro) == 0:  # synced FSDP rank with no rows: decode a dummy row
-                    ids, mask = torch.full((1, 1), pad), torch.ones(1, 1, dtype=torch.long)
-                if self._own_loop and opts.hf_loop == "own":
-                    new, logp = decode(self.module, ids.to(self.device), mask.to(self.device),
-                                       width, _eos_list(eos), pad, sampled_warpers(opts),
-                                       greedy=not opts.do_sample)
-                    new, logp = new.cpu(), logp.cpu()
-                else:
-                    new, logp = self._hf_generate(ids, mask, config, opts)
-                if len(micro):
-                    outs.append(pad_right(new, width, pad))
-                    logps.append(_pad_float(logp, width))
+            with prepacked_linears(self.module, enabled=opts.prepacked_linear):
+                outs, logps = self._micro_batches(prompts, opts, config, width)
         finally:
             self.module.train(was_training)
         responses = torch.cat(outs) if outs else torch.zeros(0, width, dtype=torch.long)
         log_probs = torch.cat(logps) if logps else None
         return assemble_rollout(prompts, responses, pad, eos, log_probs)
+
+    def _micro_batches(self, prompts: Batch, opts: RolloutConfig, config,
+                       width: int) -> tuple[list, list]:
+        """(new tokens, their log-probs) of each micro-batch, padded to `width`."""
+        pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
+        outs, logps = [], []
+        for i in range(0, max(1, len(prompts)), opts.micro_batch_size):
+            micro = prompts.take(slice(i, i + opts.micro_batch_size))
+            ids, mask = micro["input_ids"], micro["attention_mask"]
+            if len(micro) == 0:  # synced FSDP rank with no rows: decode a dummy row
+                ids, mask = torch.full((1, 1), pad), torch.ones(1, 1, dtype=torch.long)
+            if self._own_loop and opts.hf_loop == "own":
+                new, logp = decode(self.module, ids.to(self.device), mask.to(self.device),
+                                   width, _eos_list(eos), pad, sampled_warpers(opts),
+                                   greedy=not opts.do_sample)
+                new, logp = new.cpu(), logp.cpu()
+            else:
+                new, logp = self._hf_generate(ids, mask, config, opts)
+            if len(micro):
+                outs.append(pad_right(new, width, pad))
+                logps.append(_pad_float(logp, width))
+        return outs, logps
 
     @property
     def _own_loop(self) -> bool:

@@ -1,0 +1,80 @@
+"""workers/rollout/prepacked.py: linear layers through oneDNN's packed kernel for the
+`hf` engine's generate (`rollout.prepacked_linear`), their results against F.linear's,
+what is left alone, and what a generate call leaves behind."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridflow.workers.rollout.prepacked import can_prepack, prepacked_linears
+
+pytestmark = pytest.mark.skipif(not can_prepack(), reason="this torch has no oneDNN linear")
+
+
+def _mlp(dtype=torch.float32) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.GELU(),
+                               torch.nn.Linear(96, 32, bias=False)).to(dtype)
+
+
+def test_packed_layers_compute_what_f_linear_does_and_leave_nothing_behind():
+    model, x = _mlp(), torch.randn(3, 7, 64)
+    with torch.no_grad():
+        want = model(x)
+        with prepacked_linears(model) as packed:
+            got = model(x)
+            assert packed == 2 and all("forward" in vars(m) for m in model
+                                       if isinstance(m, torch.nn.Linear))
+        again = model(x)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(again, want)  # the class's forward is back
+    assert not any("forward" in vars(m) for m in model)
+
+
+def test_a_weight_update_after_the_pass_is_seen_and_grad_is_refused():
+    model, x = _mlp(), torch.randn(5, 64)
+    with prepacked_linears(model):
+        with pytest.raises(RuntimeError, match="no backward"):
+            model(x.requires_grad_())
+    with torch.no_grad():
+        model[0].weight.add_(1.0)  # new weights: the next pass packs them afresh
+        want = model(x)
+        with prepacked_linears(model):
+            assert torch.allclose(model(x), want, rtol=1e-5, atol=1e-4)
+
+
+def test_disabled_and_non_fp32_layers_are_left_alone():
+    model = _mlp()
+    with prepacked_linears(model, enabled=False) as packed:
+        assert packed == 0
+    bf16 = _mlp(torch.bfloat16)
+    with prepacked_linears(bf16) as packed:
+        assert packed == 0  # bf16 already runs through oneDNN
+
+
+def test_the_hf_engine_generates_the_same_greedy_tokens_prepacked(monkeypatch):
+    """The toy model's greedy rollouts and their log-probs, with and without
+    `rollout.prepacked_linear`, on the same prompts; every linear layer was packed."""
+    from contextlib import contextmanager
+
+    from hybridflow.workers import ActorWorker
+    from hybridflow.workers.rollout import hf, prepacked
+    packed_counts = []
+
+    @contextmanager
+    def counted(module, enabled=True):
+        with prepacked.prepacked_linears(module, enabled) as count:
+            packed_counts.append(count)
+            yield count
+    monkeypatch.setattr(hf, "prepacked_linears", counted)
+    from tests.support.workers import make_cfg, prompt_batch
+    plain_worker = ActorWorker(make_cfg(rollout={"max_new_tokens": 6}))
+    packed_worker = ActorWorker(make_cfg(rollout={"max_new_tokens": 6,
+                                                  "prepacked_linear": True}))
+    prompts = prompt_batch(plain_worker.tokenizer, ["1+2=", "3+4=", "12+30="])
+    plain = plain_worker.generate(prompts, n=1, do_sample=False)
+    packed = packed_worker.generate(prompts, n=1, do_sample=False)
+    linears = sum(isinstance(m, torch.nn.Linear) for m in packed_worker.module.modules())
+    assert packed_counts == [0, linears] and linears > 0
+    assert torch.equal(packed["responses"], plain["responses"])
+    assert torch.allclose(packed["rollout_log_probs"], plain["rollout_log_probs"], atol=1e-4)
