@@ -108,7 +108,9 @@ def _status(tmp_path) -> dict:
 def test_a_start_that_times_out_ends_with_nothing_left_running(tmp_path):
     code, err, tree = _drive(tmp_path, "runtime.start_timeout_s=1")
     assert code == 1, err
-    assert "Ray did not start within runtime.start_timeout_s=1s" in err
+    # the bound trips in ray.init, or (Ray up within the second) in the workers' start
+    assert "Ray did not start within runtime.start_timeout_s=1s" in err or \
+        "took more than 1s (runtime.start_timeout_s)" in err, err
     assert "Traceback" not in err and "\x1b" not in err
     assert tree.seen, "Ray started no process: nothing was tested"
     assert tree.still_running() == []
@@ -195,3 +197,4 @@ def test_without_address_a_run_starts_its_own_ray_beside_another(tmp_path):
                 pass
         head.wait(timeout=30)
         psutil.wait_procs(procs, timeout=15)
+

@@ -83,18 +83,35 @@ class _Expired(BaseException):
 
 @contextlib.contextmanager
 def _deadline(timeout_s: float):
+    """The timer's `_Expired` can land where Python cannot raise it (a fork's after-fork
+    hook in `subprocess`, a `__del__`): the interpreter then prints it as "Exception
+    ignored" and goes on, and `ray.init` with it. So the deadline is also recorded,
+    and a block that ends after it fails the same way; an `_Expired` that was ignored
+    is not printed (it is this module's own)."""
+    fired = []
+
     def expired(signum, frame):
+        fired.append(True)
         raise _Expired()
-    previous = signal.signal(signal.SIGALRM, expired)
+
+    def unraisable(info, default=sys.unraisablehook):
+        if not isinstance(info.exc_value, _Expired):
+            default(info)
+    message = (f"Ray did not start within runtime.start_timeout_s={timeout_s:g}s "
+               f"(ray.init); its processes were ended")
+    previous, hook = signal.signal(signal.SIGALRM, expired), sys.unraisablehook
+    sys.unraisablehook = unraisable
     signal.setitimer(signal.ITIMER_REAL, timeout_s)
     try:
         yield
     except _Expired:
-        raise RayStartError(f"Ray did not start within runtime.start_timeout_s="
-                            f"{timeout_s:g}s (ray.init); its processes were ended") from None
+        raise RayStartError(message) from None
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        sys.unraisablehook = hook
+    if fired:  # the timer fired and its exception was swallowed on the way
+        raise RayStartError(message)
 
 
 @contextlib.contextmanager
