@@ -77,6 +77,8 @@ def build(model: str, data: str | None, prompts: int, n: int):
 
 
 def run(args) -> dict:
+    import dataclasses
+
     import torch
     from hybridflow.core.device_peak import matmul_flops
     from hybridflow.workers.config import RolloutConfig
@@ -89,8 +91,7 @@ def run(args) -> dict:
     stream_opts = RolloutConfig(n=args.n, max_new_tokens=args.new_tokens, temperature=1.0,
                                 micro_batch_size=args.slots or len(rows))
 
-    packed_opts = RolloutConfig(n=args.n, max_new_tokens=args.new_tokens, temperature=1.0,
-                                micro_batch_size=len(rows), prepacked_linear=True)
+    packed_opts = dataclasses.replace(opts, prepacked_linear=True)
 
     def timed(name, engine, how=opts):
         began, cpu = time.perf_counter(), time.process_time()

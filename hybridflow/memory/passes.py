@@ -9,12 +9,12 @@ sdpa attention; bench/memory.py checks them against measured peaks):
   silu(gate) and their product), `10.5 * hidden` (the two RMSNorms keep their input
   and output; q, k, v after the projections and after rotary; sdpa's output and its
   contiguous copy; the residual stream), and `width` more elements for the padding
-  mask sdpa keeps per layer (`[rows, 1, width, width]`) where there is one: packed
-  rows (`model.use_remove_padding`, sdpa_varlen) run maskless and keep none
-  (`MicroBatch.masked`; measured on SmolLM2's shapes at 4K tokens, a maskless row's
-  saved activations are 4i + 10.5h within 5 %, bench/sequence_parallel.py). Measured with autograd's
-  saved-tensor hooks: 4i + 10.4h + width on every shape tried, independent of the
-  number of KV heads. In bf16 the RMSNorms also keep float32 copies (+2.2h). With
+  mask sdpa keeps per layer (`[rows, 1, width, width]`) where there is one (packed
+  rows, `model.use_remove_padding` with sdpa_varlen, run maskless and keep none:
+  `MicroBatch.masked`; a maskless 4K row of SmolLM2's shapes measured 4i + 10.5h
+  within 5 %, bench/sequence_parallel.py). Measured with autograd's saved-tensor
+  hooks: 4i + 10.4h + width on every shape tried, independent of the number of KV
+  heads. In bf16 the RMSNorms also keep float32 copies (+2.2h). With
   LoRA (adapters on q/k/v/o, the default) the frozen MLP projections and norm
   weights keep less (3i + 7.3h), and in bf16 peft's float32 adapter inputs add back
   (3i + 16.5h). `ACT_PER_TOKEN_LAYER` holds the four fits. The bf16 ones were
@@ -206,14 +206,16 @@ def inference_pass(size: ModelSize, micro: MicroBatch, vocab_head: bool = True,
 
 
 def generate_pass(size: ModelSize, rows: int, prompt: int, response: int,
-                  records_logprobs: bool = True) -> dict[str, int]:
+                  records_logprobs: bool = True, prepacked: bool = False) -> dict[str, int]:
     """Transient bytes of HF `generate` for `rows` sequences: the larger of the
     prefill (the prompt's KV cache and one layer's temporaries) and the last decoding
     step (the full KV cache, one layer of it again while it grows by concatenation,
     the sampling's float32 `[rows, vocab]` tensors: four, and a fifth when the engine
     records the chosen tokens' log-probs, `records_logprobs`: the `hf` engine keeps
     one step's log-softmax at a time). The recorded log-probs themselves are
-    `[rows, response]` float32, negligible beside these."""
+    `[rows, response]` float32, negligible beside these. `prepacked`
+    (`rollout.prepacked_linear`, workers/rollout/prepacked.py): a float32 model's
+    weights again, in oneDNN's layout, for the whole call."""
     cache = kv_cache_bytes(size, rows, prompt + response)
     vocab_tensors = 4 + (1 if records_logprobs else 0)
     phases = [
@@ -222,4 +224,7 @@ def generate_pass(size: ModelSize, rows: int, prompt: int, response: int,
         {"kv cache": cache + cache // (2 * size.arch.layers),
          "sampling": vocab_tensors * rows * size.arch.vocab * FP32},
     ]
-    return max(phases, key=lambda parts: sum(parts.values()))
+    peak = max(phases, key=lambda parts: sum(parts.values()))
+    if prepacked and size.dtype_bytes == FP32:
+        peak = {**peak, "prepacked weights": size.weight_bytes}
+    return peak

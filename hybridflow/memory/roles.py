@@ -149,14 +149,6 @@ def _logit_chunk(setting, size: ModelSize, tp: int = 1) -> int | None:
     return logprob_chunk_positions(setting, size.arch.vocab * tp)
 
 
-def _prepacked(s, size: ModelSize) -> int:
-    """`rollout.prepacked_linear`: a copy of the fp32 linear weights in oneDNN's layout
-    for the `hf` engine's generate on a CPU (workers/rollout/prepacked.py); else 0."""
-    on = bool(getattr(s["rollout"], "prepacked_linear", False)) and \
-        s["rollout"].backend == "hf" and size.dtype_bytes == 4
-    return size.weight_bytes if on else 0
-
-
 def _masked(model) -> bool:
     """Whether a training forward's attention keeps a padding mask per layer: not for
     packed rows under sdpa (`model.use_remove_padding`: sdpa_varlen, maskless)."""
@@ -173,9 +165,8 @@ def _actor_pass(size: ModelSize, s, kind: NodeKind, rows: int, prompt: int, stat
     if kind.generates:
         micro = min(rows, s["rollout"].micro_batch_size)
         records = _engine(s).records_log_probs  # one more [rows, vocab] per step
-        packs = _prepacked(s, size)
-        return {**generate_pass(size, micro, prompt, response, records),
-                **({"prepacked weights": packs} if packs else {}),
+        packed = s["rollout"].prepacked_linear and s["rollout"].backend == "hf"
+        return {**generate_pass(size, micro, prompt, response, records, packed),
                 "batch": batch_bytes(rows, prompt, response)}
     chunk = _logit_chunk(s["actor"].logprob_chunk, size, tp)
     if kind.trains:

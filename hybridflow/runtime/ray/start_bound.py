@@ -94,12 +94,14 @@ def _deadline(timeout_s: float):
         fired.append(True)
         raise _Expired()
 
-    def unraisable(info, default=sys.unraisablehook):
+    hook = sys.unraisablehook
+
+    def unraisable(info):
         if not isinstance(info.exc_value, _Expired):
-            default(info)
+            hook(info)
     message = (f"Ray did not start within runtime.start_timeout_s={timeout_s:g}s "
                f"(ray.init); its processes were ended")
-    previous, hook = signal.signal(signal.SIGALRM, expired), sys.unraisablehook
+    previous = signal.signal(signal.SIGALRM, expired)
     sys.unraisablehook = unraisable
     signal.setitimer(signal.ITIMER_REAL, timeout_s)
     try:

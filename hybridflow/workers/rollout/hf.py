@@ -200,7 +200,6 @@ class HFEngine(EngineStream):
         was_training = self.module.training
         self.module.eval()
         config = self._generation_config(opts)
-        outs, logps = [], []
         try:
             with prepacked_linears(self.module, enabled=opts.prepacked_linear):
                 outs, logps = self._micro_batches(prompts, opts, config, width)

@@ -15,7 +15,7 @@ float32 CPU tensors (no DTensor shard, no other dtype: bf16 already runs through
 oneDNN) and gives each an instance `forward` calling the packed kernel; on leaving it
 removes those, so the class's forward (and any later weight update) is back. The packs
 are one more copy of the linear weights while the pass runs (`check --memory` counts
-it in `generate`, memory/passes.generate_pass). No grad: the packed kernel has no
+it in `generate`: memory/passes.generate_pass's `prepacked`). No grad: the packed kernel has no
 backward, so it refuses to run under autograd.
 
 `rollout.prepacked_linear=true` turns it on for the `hf` engine's batched `generate`
@@ -58,7 +58,7 @@ def _packable(layer: torch.nn.Module) -> bool:
         (bias is None or (bias.device.type == "cpu" and bias.dtype == torch.float32))
 
 
-def _packed_forward(packed: torch.Tensor, bias: torch.Tensor | None, out_features: int):
+def _packed_forward(packed: torch.Tensor, bias: torch.Tensor | None):
     def forward(x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and x.requires_grad:
             raise RuntimeError("prepacked linear layers have no backward: use them "
@@ -82,7 +82,7 @@ def prepacked_linears(module: torch.nn.Module, enabled: bool = True,
                 packed = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(),
                                                                  rows_hint)
                 bias = layer.bias.detach() if layer.bias is not None else None
-                layer.forward = _packed_forward(packed, bias, layer.out_features)
+                layer.forward = _packed_forward(packed, bias)
                 patched.append(layer)
         yield len(patched)
     finally:
