@@ -27,6 +27,7 @@ are taken in the same run. Prints a table, writes bench/results/generate_speed.j
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -77,8 +78,6 @@ def build(model: str, data: str | None, prompts: int, n: int):
 
 
 def run(args) -> dict:
-    import dataclasses
-
     import torch
     from hybridflow.core.device_peak import matmul_flops
     from hybridflow.workers.config import RolloutConfig
@@ -88,8 +87,7 @@ def run(args) -> dict:
                          micro_batch_size=len(rows))
     params, prompt_tokens = matmul_params(new.module), int(rows["attention_mask"].sum())
     record = {"hf_generate": [], "engine": [], "peak": []}
-    stream_opts = RolloutConfig(n=args.n, max_new_tokens=args.new_tokens, temperature=1.0,
-                                micro_batch_size=args.slots or len(rows))
+    stream_opts = dataclasses.replace(opts, micro_batch_size=args.slots or len(rows))
 
     packed_opts = dataclasses.replace(opts, prepacked_linear=True)
 
