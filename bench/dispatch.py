@@ -83,7 +83,9 @@ def start_ray() -> None:
     from ray import cloudpickle
     cloudpickle.register_pickle_by_value(noop_workers)
     if not ray.is_initialized():
-        ray.init(num_cpus=8, num_gpus=4, include_dashboard=False)
+        from hybridflow.runtime.ray.session import workers_at_driver_priority
+        with workers_at_driver_priority():  # as a run's own Ray: workers at nice 0
+            ray.init(num_cpus=8, num_gpus=4, include_dashboard=False)
 
 
 def ray_runtime(threads: int):

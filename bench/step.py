@@ -65,8 +65,10 @@ class RayStep:
         from hybridflow.run.loop import Trainer
         from hybridflow.runtime.ray.executor import RayRuntime
         if not ray.is_initialized():
-            ray.init(num_cpus=8, num_gpus=4, include_dashboard=False,
-                     log_to_driver=False)
+            from hybridflow.runtime.ray.session import workers_at_driver_priority
+            with workers_at_driver_priority():  # as a run's own Ray: workers at nice 0
+                ray.init(num_cpus=8, num_gpus=4, include_dashboard=False,
+                         log_to_driver=False)
         loaded = prepare(GRPO, [*SAME_MATH, "runtime.name=ray", "trainer.val_every=0",
                                 f"runtime.torch_threads={threads}"])
         self.cfg = loaded.cfg

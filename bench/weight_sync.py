@@ -252,7 +252,9 @@ def _ray_runs(args, runs: dict) -> None:
     fresh process: what a run's first sync pays, imports and first-touched pages
     included) and "again" (the same processes: every later sync of a run)."""
     import ray
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    from hybridflow.runtime.ray.session import workers_at_driver_priority
+    with workers_at_driver_priority():  # as a run's own Ray: workers at nice 0
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     side = ray.remote(num_cpus=0)(RaySide)
     state = sum(p.numel() * p.element_size() for p in _model(args, 0).parameters())
     try:

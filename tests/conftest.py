@@ -51,8 +51,12 @@ def ray_session():
     cloudpickle.register_pickle_by_value(runtime_fakes)
     if ray.is_initialized():
         ray.shutdown()
-    # address="local": a Ray of its own, never one a file in the temp folder names
-    ray.init(address="local", num_cpus=8, num_gpus=4, include_dashboard=False)
+    from hybridflow.runtime.ray.session import workers_at_driver_priority
+    # address="local": a Ray of its own, never one a file in the temp folder names;
+    # its workers at nice 0, as a run's own Ray (session.py: at Ray's nice 15 they
+    # starved behind the other test process)
+    with workers_at_driver_priority():
+        ray.init(address="local", num_cpus=8, num_gpus=4, include_dashboard=False)
     yield
     ray.shutdown()
 

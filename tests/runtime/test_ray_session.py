@@ -1,7 +1,8 @@
 """The Ray session of a run (hybridflow/runtime/ray/pools.py connect, ray_session.py):
 an unreachable --address fails fast naming what was tried; a Ray the run starts
-listens on loopback only; processes a SIGKILLed driver left are ended by the next
-start. One Ray session for the module, started by `connect` itself."""
+listens on loopback only, its workers at the driver's priority; processes a
+SIGKILLed driver left are ended by the next start. One Ray session for the module,
+started by `connect` itself."""
 from __future__ import annotations
 
 import json
@@ -16,7 +17,8 @@ import pytest
 
 from hybridflow.plan.placement import Placement, PoolSpec
 from hybridflow.runtime.ray.pools import RayConnectError, RuntimeSettings, connect
-from hybridflow.runtime.ray.session import clean_leftovers
+from hybridflow.runtime.ray.session import (NICENESS_ENV, clean_leftovers,
+                                            workers_at_driver_priority)
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]  # Ray sessions (~30 s)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -46,12 +48,16 @@ def _listening(pids) -> list[tuple[str, str]]:
     return found
 
 
-def test_a_ray_the_run_starts_listens_on_loopback_only(tmp_path, monkeypatch):
+def test_a_ray_the_run_starts_listens_on_loopback_only_with_workers_at_nice_0(
+        tmp_path, monkeypatch):
     import ray
     monkeypatch.setattr("hybridflow.runtime.ray.session.RECORDS_DIR", str(tmp_path))
+    monkeypatch.delenv(NICENESS_ENV, raising=False)
     assert connect(RuntimeSettings(num_cpus=2), ONE_DEVICE)
     try:
-        ray.get(ray.remote(lambda: 1).remote())  # a worker process too
+        # a worker process too, at the driver's priority (Ray's default is nice 15)
+        assert ray.get(ray.remote(lambda: os.nice(0)).remote()) == os.nice(0)
+        assert NICENESS_ENV not in os.environ  # set only while Ray started
         me = psutil.Process()
         pids = [me.pid, *(p.pid for p in me.children(recursive=True))]
         sockets = _listening(pids)
@@ -61,6 +67,13 @@ def test_a_ray_the_run_starts_listens_on_loopback_only(tmp_path, monkeypatch):
         assert len(os.listdir(tmp_path)) == 1  # this driver's record
     finally:
         ray.shutdown()
+
+
+def test_a_worker_niceness_the_user_set_is_kept(monkeypatch):
+    monkeypatch.setenv(NICENESS_ENV, "7")
+    with workers_at_driver_priority():
+        assert os.environ[NICENESS_ENV] == "7"
+    assert os.environ[NICENESS_ENV] == "7"
 
 
 def _still_running(proc: dict) -> bool:

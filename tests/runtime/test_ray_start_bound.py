@@ -1,9 +1,10 @@
 """A Ray start (hybridflow/runtime/ray/start_bound.py, session.py) that fails ends the
 run and every process it started: a start timeout forced tiny, a raylet killed while
-the driver waits in `ray.init`, one SIGTERM during `ray.init`. And a run without
---address starts a Ray of its own while another is running on the machine (named by
-RAY_ADDRESS too), never joining it. Each drives a real `hybridflow run` (or driver)
-in a subprocess and watches its process tree with psutil."""
+the driver waits in `ray.init` (named, at once, not at the timeout), one SIGTERM
+during `ray.init`. And a run without --address starts a Ray of its own while another
+is running on the machine (named by RAY_ADDRESS too), never joining it. Each drives
+a real `hybridflow run` (or driver) in a subprocess and watches its process tree
+with psutil."""
 from __future__ import annotations
 
 import atexit
@@ -126,9 +127,12 @@ def test_a_raylet_killed_during_ray_init_ends_the_run_and_all_of_ray(tmp_path):
                 if child.name() == "raylet":
                     child.kill()
                     killed.append(child.pid)
-    code, err, tree = _drive(tmp_path, "runtime.start_timeout_s=30", on_child=kill_raylet)
+    # a start timeout far beyond the test's: the death itself must end the start
+    code, err, tree = _drive(tmp_path, "runtime.start_timeout_s=600", on_child=kill_raylet,
+                             limit_s=120)
     assert killed, "no raylet was seen"
     assert code != 0, err
+    assert f"Ray's raylet (pid {killed[0]}) died while ray.init waited" in err, err
     assert "Traceback" not in err
     assert tree.still_running() == []
     assert _status(tmp_path)["state"] in ("failed", "interrupted")

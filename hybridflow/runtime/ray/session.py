@@ -19,23 +19,35 @@ driver exits normally. What cannot be cleaned: leftovers of a run on another
 machine, and of a run that joined an existing cluster (`--address`): that cluster
 belongs to whoever started it.
 
+Priority. Ray starts its worker processes at nice 15 (`RAY_worker_niceness`): they
+get a core only when nothing at nice 0 wants it. The workers do all of a run's
+compute, while the driver (nice 0) mostly waits on them; on a machine with anything
+else running (another job, a second test process, the run's own driver polling)
+the workers starved: two actors took 52 s to start beside two busy processes on 2
+cores instead of 3 s (docs/benchmarks.md). So a Ray the run starts for itself runs
+its workers at nice 0, as the driver; `RAY_worker_niceness` set in the environment
+wins. A cluster joined with `--address` keeps its own setting.
+
 State: the record files under RECORDS_DIR (one per live or dead driver) and
 `os.environ` during `start_local_ray`.
 """
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import signal
 import tempfile
 import time
 
-__all__ = ["RECORDS_DIR", "start_local_ray", "clean_leftovers", "record_session"]
+__all__ = ["RECORDS_DIR", "start_local_ray", "clean_leftovers", "record_session",
+           "workers_at_driver_priority"]
 
 RECORDS_DIR = os.environ.get("HYBRIDFLOW_RAY_RECORDS",
                              os.path.join(tempfile.gettempdir(), "hybridflow-ray-sessions"))
 _CLUSTER_MODE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # Ray's switch, see module doc
+NICENESS_ENV = "RAY_worker_niceness"  # read by the raylet as it starts; see module doc
 
 
 def start_local_ray(listen_all: bool, start_timeout_s: float = 300.0, **init_kwargs) -> None:
@@ -50,13 +62,26 @@ def start_local_ray(listen_all: bool, start_timeout_s: float = 300.0, **init_kwa
         from hybridflow.core.printable import echo
         echo(f"hybridflow: ended {len(cleaned)} Ray process(es) left running by killed "
              f"earlier runs: {', '.join(cleaned)}")
-    with bounded_start(start_timeout_s):
+    with bounded_start(start_timeout_s), workers_at_driver_priority():
         if listen_all:
             import ray
             ray.init(address="local", **init_kwargs)
         else:
             _init_on_loopback(**init_kwargs)
     record_session()
+
+
+@contextlib.contextmanager
+def workers_at_driver_priority():
+    """While Ray starts: its workers at nice 0 unless `RAY_worker_niceness` is set."""
+    if NICENESS_ENV in os.environ:  # the user's choice
+        yield
+        return
+    os.environ[NICENESS_ENV] = "0"
+    try:
+        yield
+    finally:
+        os.environ.pop(NICENESS_ENV, None)
 
 
 def _init_on_loopback(**init_kwargs) -> None:

@@ -19,6 +19,10 @@ that did not end. And `ray.init` replaces the driver's SIGTERM handler with its 
   left `ray.init` within `grace_s` after a signal or the deadline, the watchdog ends
   the processes started during the block and, if the main thread still does not
   return, ends this process (`os._exit`) with one line;
+- the watchdog also watches Ray's core processes (GCS, raylet) that the block
+  started: one that dies fails the start at once, as the deadline would (a raylet
+  killed during `ray.init` left the driver waiting out the whole start timeout,
+  300 s by default);
 - when the block raises, every process started during it (this process's new
   descendants: Ray's) is ended, SIGTERM then SIGKILL, before the error goes on.
 
@@ -43,6 +47,7 @@ from hybridflow.core.printable import echo
 __all__ = ["RayStartError", "bounded_start", "end_started"]
 
 GRACE_S = 5.0  # after a signal or the deadline, how long the main thread may take
+CORE_PROCESSES = ("gcs_server", "raylet")  # a start cannot succeed without them
 
 
 class RayStartError(RuntimeError):
@@ -60,8 +65,9 @@ def bounded_start(timeout_s: float, grace_s: float = GRACE_S):
         return
     # exits in reverse: the timer is off before the watchdog stops, and the cleanup
     # of a failed start comes last
+    died: list[str] = []  # a core process the watchdog saw die: why the start failed
     with _ray_keeps_our_sigterm(), _ending_on_failure(me, before), \
-            _watchdog(me, before, timeout_s, grace_s), _deadline(timeout_s):
+            _watchdog(me, before, timeout_s, grace_s, died), _deadline(timeout_s, died):
         yield
 
 
@@ -82,7 +88,7 @@ class _Expired(BaseException):
 
 
 @contextlib.contextmanager
-def _deadline(timeout_s: float):
+def _deadline(timeout_s: float, died: list[str]):
     """The timer's `_Expired` can land where Python cannot raise it (a fork's after-fork
     hook in `subprocess`, a `__del__`): the interpreter then prints it as "Exception
     ignored" and goes on, and `ray.init` with it. So the deadline is also recorded,
@@ -99,21 +105,25 @@ def _deadline(timeout_s: float):
     def unraisable(info):
         if not isinstance(info.exc_value, _Expired):
             hook(info)
-    message = (f"Ray did not start within runtime.start_timeout_s={timeout_s:g}s "
-               f"(ray.init); its processes were ended")
+    def message() -> str:
+        if died:
+            return (f"Ray's {died[0]} died while ray.init waited for it (killed, or out "
+                    f"of memory?); its processes were ended")
+        return (f"Ray did not start within runtime.start_timeout_s={timeout_s:g}s "
+                f"(ray.init); its processes were ended")
     previous = signal.signal(signal.SIGALRM, expired)
     sys.unraisablehook = unraisable
     signal.setitimer(signal.ITIMER_REAL, timeout_s)
     try:
         yield
     except _Expired:
-        raise RayStartError(message) from None
+        raise RayStartError(message()) from None
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
         sys.unraisablehook = hook
     if fired:  # the timer fired and its exception was swallowed on the way
-        raise RayStartError(message)
+        raise RayStartError(message())
 
 
 @contextlib.contextmanager
@@ -134,14 +144,15 @@ def _ray_keeps_our_sigterm():
 
 
 @contextlib.contextmanager
-def _watchdog(me, before: set[int], timeout_s: float, grace_s: float):
+def _watchdog(me, before: set[int], timeout_s: float, grace_s: float, died: list[str]):
     reader, writer = socket.socketpair()
     for end in (reader, writer):
         end.setblocking(False)
     previous_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
     done = threading.Event()
     thread = threading.Thread(target=_watch, args=(reader, done, me, before,
-                                                   time.monotonic() + timeout_s, grace_s),
+                                                   time.monotonic() + timeout_s, grace_s,
+                                                   died),
                               name="ray-start-watchdog", daemon=True)
     thread.start()
     try:
@@ -155,10 +166,11 @@ def _watchdog(me, before: set[int], timeout_s: float, grace_s: float):
 
 
 def _watch(reader, done: threading.Event, me, before: set[int], deadline: float,
-           grace_s: float) -> None:
-    """Until the block ends: after the first signal or the deadline, give the main
-    thread `grace_s`; then end Ray's processes; then, if still stuck, the process."""
-    give_up, signum = deadline + grace_s, None
+           grace_s: float, died: list[str]) -> None:
+    """Until the block ends: after the first signal, the deadline or a core process's
+    death, give the main thread `grace_s`; then end Ray's processes; then, if still
+    stuck, the process."""
+    give_up, signum, core = deadline + grace_s, None, CoreProcesses(me, before)
     while not done.is_set():
         wait = max(0.0, min(0.2, give_up - time.monotonic()))
         ready, _, _ = select.select([reader], [], [], wait)
@@ -167,11 +179,52 @@ def _watch(reader, done: threading.Event, me, before: set[int], deadline: float,
             if data and signum is None:
                 signum = data[0]
                 give_up = min(give_up, time.monotonic() + grace_s)
+        if signum is None and not died and not done.is_set():
+            gone = core.gone()
+            if gone:  # fail the start now, as the deadline does (the timer's handler)
+                died.append(gone)
+                give_up = min(give_up, time.monotonic() + grace_s)
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGALRM)
         if time.monotonic() >= give_up and not done.is_set():
             end_started(me, before)  # the blocked wait usually fails now, and returns
             if not done.wait(grace_s):
                 _exit_stuck(signum)
             return
+
+
+class CoreProcesses:
+    """Ray's GCS and raylet among the processes started since `before`, as they
+    appear; `gone()` names the first one seen that is no longer running."""
+
+    def __init__(self, me, before: set[int]):
+        self.me, self.before, self.seen = me, before, {}
+
+    def gone(self) -> str | None:
+        import psutil
+        try:
+            for proc in self.me.children(recursive=True):
+                if proc.pid not in self.before and proc.pid not in self.seen:
+                    with contextlib.suppress(psutil.Error):
+                        if proc.name() in CORE_PROCESSES:
+                            self.seen[proc.pid] = proc
+        except psutil.Error:
+            return None
+        for pid, proc in self.seen.items():
+            try:
+                running = proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+            except psutil.Error:
+                running = False
+            if not running:
+                return f"{_last_name(proc)} (pid {pid})"
+        return None
+
+
+def _last_name(proc) -> str:
+    """The name of a process that is gone (psutil keeps the one it read)."""
+    try:
+        return proc.name()
+    except Exception:  # noqa: BLE001 - gone: psutil may not have cached it
+        return "core process"
 
 
 def _drain(reader) -> bytes:
