@@ -88,7 +88,7 @@ class _Expired(BaseException):
 
 
 @contextlib.contextmanager
-def _deadline(timeout_s: float, died: list[str]):
+def _deadline(timeout_s: float, died: list[str] | None = None):
     """The timer's `_Expired` can land where Python cannot raise it (a fork's after-fork
     hook in `subprocess`, a `__del__`): the interpreter then prints it as "Exception
     ignored" and goes on, and `ray.init` with it. So the deadline is also recorded,
@@ -106,7 +106,7 @@ def _deadline(timeout_s: float, died: list[str]):
         if not isinstance(info.exc_value, _Expired):
             hook(info)
     def message() -> str:
-        if died:
+        if died:  # the watchdog saw a core process die and fired the timer early
             return (f"Ray's {died[0]} died while ray.init waited for it (killed, or out "
                     f"of memory?); its processes were ended")
         return (f"Ray did not start within runtime.start_timeout_s={timeout_s:g}s "
