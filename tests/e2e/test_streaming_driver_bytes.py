@@ -12,7 +12,7 @@ import pytest
 from tests.support.async_runs import SPLIT, STREAM
 from tests.support.e2e import series, train
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_session")]
 
 RAY = ("runtime.name=ray", "runtime.torch_threads=1")
 

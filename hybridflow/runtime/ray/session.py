@@ -23,10 +23,10 @@ Priority. Ray starts its worker processes at nice 15 (`RAY_worker_niceness`): th
 get a core only when nothing at nice 0 wants it. The workers do all of a run's
 compute, while the driver (nice 0) mostly waits on them; on a machine with anything
 else running (another job, a second test process, the run's own driver polling)
-the workers starved: two actors took 52 s to start beside two busy processes on 2
-cores instead of 3 s (docs/benchmarks.md). So a Ray the run starts for itself runs
-its workers at nice 0, as the driver; `RAY_worker_niceness` set in the environment
-wins. A cluster joined with `--address` keeps its own setting.
+the workers starved: two actors took 55 s to start beside two busy processes on 2
+cores instead of 3 s (bench/ray_priority.py, docs/benchmarks.md). So a Ray the run
+starts for itself runs its workers at nice 0, as the driver; `RAY_worker_niceness`
+set in the environment wins. A cluster joined with `--address` keeps its own setting.
 
 State: the record files under RECORDS_DIR (one per live or dead driver) and
 `os.environ` during `start_local_ray`.
