@@ -242,6 +242,11 @@ class RefConfig:
     max_tokens_per_micro_batch: Optional[int] = checked(None, at_least(1))
     path: Optional[str] = None            # None: the initial policy (model section)
     logprob_chunk: Optional[int] = checked(None, at_least(0))  # as actor.logprob_chunk
+    # a CPU at fp32, the reference's own model: its linear layers run through oneDNN
+    # with the weights prepacked once a call (workers/rollout/prepacked.py, as
+    # rollout.prepacked_linear; one more copy of the weights during the call;
+    # log-probs differ from F.linear's in the last bits)
+    prepacked_linear: bool = False
 
 
 @dataclass

@@ -5,6 +5,10 @@ and `actor` (its LoRA rank) sections. Built with the same seed as the actor, so 
 model built from a config is bit-identical to the actor's initial weights without
 any copy between them.
 
+`ref.prepacked_linear` runs the linear layers of its own float32 model through
+oneDNN's prepacked kernel for each call (workers/rollout/prepacked.py): the weights
+never change, and on some CPUs MKL's `F.linear` runs far below oneDNN there.
+
 Folded: when the actor trains LoRA adapters and `ref.path` is unset, the initial
 policy *is* the actor with its adapters off. The reference then builds no model: it
 borrows the module of the colocated actor (`ctx.colocated[HOST_ROLE]`) under
@@ -25,6 +29,7 @@ from hybridflow.workers.mfu import FORWARD, phase_mfu, real_tokens
 from hybridflow.workers.models import build_causal_lm, resolve_dtype, role_tp_mesh
 from hybridflow.workers.sequences import response_logprobs
 from hybridflow.workers.parallel.sequence_parallel import sequence_parallel
+from hybridflow.workers.rollout.prepacked import prepacked_linears
 from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
 
 __all__ = ["ReferenceWorker"]
@@ -75,6 +80,11 @@ class ReferenceWorker(Worker):
         return nullcontext(self._own) if self.host is None else \
             self._host_worker().base_policy()
 
+    def _prepacks(self) -> bool:
+        """`ref.prepacked_linear` applies to the reference's own model only: a folded
+        reference computes with the actor's module, which trains."""
+        return self.ref_cfg.prepacked_linear and self.host is None
+
     @method(dispatch=DP, reads=("input_ids", "attention_mask", "position_ids", "responses"),
             writes=("ref_log_prob",), kind="inference")
     def logprob(self, batch: Batch, micro_batch_size: int | None = None,
@@ -83,7 +93,8 @@ class ReferenceWorker(Worker):
         """Log-prob of each response token under the frozen initial policy, [B, R]."""
         temp = self.temperature if temperature is None else temperature
         began = time.perf_counter()
-        with self._policy() as model, sequence_parallel(model, self.ctx):
+        with self._policy() as model, sequence_parallel(model, self.ctx), \
+                prepacked_linears(model, enabled=self._prepacks()):
             logp, _ = response_logprobs(model, batch,
                                         micro_batch_size or self.ref_cfg.micro_batch_size,
                                         self.device, temp, max_tokens=max_tokens_per_micro_batch

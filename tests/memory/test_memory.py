@@ -310,3 +310,11 @@ def test_prepacked_linear_adds_a_copy_of_the_weights_to_generate():
     weights = _actor_memory().resident["weights"]  # the module it generates with
     assert packed.passes["rollout.generate"]["prepacked weights"] == weights
     assert "prepacked weights" not in plain.passes["rollout.generate"]
+
+
+def test_ref_prepacked_linear_adds_a_copy_of_the_weights_to_its_log_prob_pass():
+    plain = _role_memory("ref")
+    packed = _role_memory("ref", "ref.prepacked_linear=true")
+    weights = packed.resident["weights"]  # the reference's own model
+    assert packed.passes["ref.logprob"]["prepacked weights"] == weights
+    assert "prepacked weights" not in plain.passes["ref.logprob"]

@@ -78,3 +78,33 @@ def test_the_hf_engine_generates_the_same_greedy_tokens_prepacked(monkeypatch):
     assert packed_counts == [0, linears] and linears > 0
     assert torch.equal(packed["responses"], plain["responses"])
     assert torch.allclose(packed["rollout_log_probs"], plain["rollout_log_probs"], atol=1e-4)
+
+
+def test_the_reference_scores_as_it_does_unpacked_with_ref_prepacked_linear(monkeypatch):
+    """`ref.prepacked_linear`: the reference's log-probs of one rollout with and without
+    the packed kernel, every linear layer of its own model packed for the call (and
+    none left packed after it)."""
+    from contextlib import contextmanager
+
+    from hybridflow.workers import ActorWorker, ReferenceWorker
+    from hybridflow.workers import reference
+    from hybridflow.workers.rollout import prepacked
+    from tests.support.workers import make_cfg, prompt_batch
+    counts = []
+
+    @contextmanager
+    def counted(module, enabled=True):
+        with prepacked.prepacked_linears(module, enabled) as count:
+            counts.append(count)
+            yield count
+    monkeypatch.setattr(reference, "prepacked_linears", counted)
+    actor = ActorWorker(make_cfg())
+    rollout = actor.generate(prompt_batch(actor.tokenizer, ["1+2=", "3+4=", "12+30="]), n=2)
+    plain = ReferenceWorker(make_cfg()).logprob(rollout)["ref_log_prob"]
+    packed_ref = ReferenceWorker(make_cfg(ref={"prepacked_linear": True}))
+    packed = packed_ref.logprob(rollout)["ref_log_prob"]
+    linears = sum(isinstance(m, torch.nn.Linear) for m in packed_ref.module.modules())
+    assert counts == [0, linears] and linears > 0
+    assert not any("forward" in vars(m) for m in packed_ref.module.modules()
+                   if isinstance(m, torch.nn.Linear))
+    assert torch.allclose(packed, plain, atol=1e-5), (packed - plain).abs().max()
