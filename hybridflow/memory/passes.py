@@ -194,15 +194,20 @@ def train_pass(size: ModelSize, micro: MicroBatch, vocab_head: bool = True,
 
 
 def inference_pass(size: ModelSize, micro: MicroBatch, vocab_head: bool = True,
-                   temperature: float = 1.0) -> dict[str, int]:
+                   temperature: float = 1.0, prepacked: bool = False) -> dict[str, int]:
     """Transient bytes of a forward without gradient (log-probs, values, scores):
-    the larger of one layer's temporaries and the logits, which never coexist."""
+    the larger of one layer's temporaries and the logits, which never coexist.
+    `prepacked` (`actor.prepacked_linear`, `ref.prepacked_linear`): a float32 model's
+    weights again, in oneDNN's layout, for the whole call."""
     layer = layer_transients(size, micro)
     logits = logits_bytes(size, micro, train=False, temperature=temperature) \
         if vocab_head else 0
     if logits and _autocast(size):  # the low-precision logits live beside their copies
         logits += micro.held_logit_positions * size.arch.vocab * size.dtype_bytes
-    return {"logits": logits} if logits >= layer else {"activations": layer}
+    peak = {"logits": logits} if logits >= layer else {"activations": layer}
+    if prepacked and size.dtype_bytes == FP32:
+        peak["prepacked weights"] = size.weight_bytes
+    return peak
 
 
 def generate_pass(size: ModelSize, rows: int, prompt: int, response: int,

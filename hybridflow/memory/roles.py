@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from hybridflow.core.kinds import NodeKind, Op
 from hybridflow.memory.hosts import PoolMemory, pools_memory
 from hybridflow.memory.model_size import ModelSize, model_size, tensor_parallel_slice
-from hybridflow.memory.passes import (FP32, MicroBatch, batch_bytes, generate_pass,
+from hybridflow.memory.passes import (MicroBatch, batch_bytes, generate_pass,
                                       inference_pass, train_pass, training_state)
 from hybridflow.memory.role_hooks import (RoleSizing, models_binding, register_role_memory,
                                           role_memory_hook, sized_roles)
@@ -183,7 +183,8 @@ def _actor_pass(size: ModelSize, s, kind: NodeKind, rows: int, prompt: int, stat
     micro = MicroBatch(micro_rows(rows, given or s["rollout"].log_prob_micro_batch_size, budget,
                                   prompt + response), prompt, response, logit_chunk=chunk,
                        sp=sp)
-    return {**inference_pass(size, micro, temperature=temperature),
+    return {**inference_pass(size, micro, temperature=temperature,
+                             prepacked=s["actor"].prepacked_linear),
             "batch": batch_bytes(rows, prompt, response)}
 
 
@@ -309,12 +310,11 @@ def _size_ref(memory: RoleMemory, job: RoleSizing) -> None:
                                   s["ref"].max_tokens_per_micro_batch, prompt + response),
                        prompt, response, logit_chunk=_logit_chunk(s["ref"].logprob_chunk,
                                                                   size, tp), sp=job.sp)
-    packed = s["ref"].prepacked_linear and not folded and size.dtype_bytes == FP32  # +1 copy
+    packed = s["ref"].prepacked_linear and not folded  # a folded ref packs nothing
     for node in job.nodes:
         memory.passes[f"ref.{node.method}"] = {
-            **inference_pass(size, micro, temperature=s["rollout"].temperature),
-            "batch": batch_bytes(rows, prompt, response),
-            **({"prepacked weights": size.weight_bytes} if packed else {})}
+            **inference_pass(size, micro, temperature=s["rollout"].temperature,
+                             prepacked=packed), "batch": batch_bytes(rows, prompt, response)}
 
 
 def _size_critic(memory: RoleMemory, job: RoleSizing) -> None:

@@ -23,6 +23,8 @@ import json
 import os
 import time
 
+import torch
+
 from hybridflow.core.batch import Batch
 from hybridflow.core.columns import ROLLOUT_LOG_PROBS
 from hybridflow.core.metric_names import TRAINED_VERSION
@@ -41,6 +43,7 @@ from hybridflow.workers.rollout.generation import (GENERATE_WRITES, generate_row
 from hybridflow.workers.rollout.weights import WEIGHT_KEYS, export_policy, refresh_engine
 from hybridflow.workers.sequences import masked_mean, response_logprobs, training_mask_key
 from hybridflow.workers.parallel.sequence_parallel import sequence_parallel
+from hybridflow.workers.rollout.prepacked import prepacked_linears
 from hybridflow.workers.tokenizer import load_tokenizer, tokenizer_spec
 from hybridflow.workers.training import Trainer
 
@@ -181,7 +184,8 @@ class ActorWorker(Worker):
         temp = self.rollout_cfg.temperature if temperature is None else temperature
         began = time.perf_counter()
         # the update's compute dtype: first ratios are 1; rows split over sp ranks
-        with self.trainer.autocast(), sequence_parallel(self.module, self.ctx):
+        with self.trainer.autocast(), sequence_parallel(self.module, self.ctx), \
+                prepacked_linears(self.module, enabled=self._prepacks()):
             logp, ent = response_logprobs(
                 self.module, batch, mbs, self.device, temp, with_entropy,
                 max_tokens_per_micro_batch or self.rollout_cfg.log_prob_max_tokens_per_micro_batch,
@@ -190,6 +194,12 @@ class ActorWorker(Worker):
         return metrics_batch(Batch({"old_log_probs": logp}),
                              {**_logprob_metrics(batch, logp, ent), **self._mfu(
                                  FORWARD, real_tokens(batch), began)})
+
+    def _prepacks(self) -> bool:
+        """`actor.prepacked_linear`, where the pass computes in its weights' fp32: under
+        bf16 autocast the packed kernel would bypass the cast (and bf16 already runs
+        through oneDNN)."""
+        return self.actor_cfg.prepacked_linear and not torch.is_autocast_enabled("cpu")
 
     # ----------------------------------------------------------------- update
     @classmethod

@@ -194,6 +194,10 @@ class ActorConfig:
     # time, never a micro-batch's whole logits (workers/chunked_logprobs.py); None: as
     # many as keep a chunk's float32 logits under 64 MiB; 0: never chunk
     logprob_chunk: Optional[int] = checked(None, at_least(0))
+    # a CPU at fp32: the `logprob` pass (old log-probs, no grad) runs the linear layers
+    # through oneDNN with the current weights prepacked once a call, as
+    # ref.prepacked_linear (workers/rollout/prepacked.py); the update is left alone
+    prepacked_linear: bool = False
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 

@@ -312,9 +312,14 @@ def test_prepacked_linear_adds_a_copy_of_the_weights_to_generate():
     assert "prepacked weights" not in plain.passes["rollout.generate"]
 
 
-def test_ref_prepacked_linear_adds_a_copy_of_the_weights_to_its_log_prob_pass():
+def test_ref_and_actor_prepacked_linear_add_a_copy_of_the_weights_to_log_prob_passes():
     plain = _role_memory("ref")
     packed = _role_memory("ref", "ref.prepacked_linear=true")
     weights = packed.resident["weights"]  # the reference's own model
     assert packed.passes["ref.logprob"]["prepacked weights"] == weights
     assert "prepacked weights" not in plain.passes["ref.logprob"]
+    keep = "trainer.keep_unneeded_passes=true"  # GRPO's one-step update drops actor.logprob
+    actor = _actor_memory(keep, "actor.prepacked_linear=true")
+    assert actor.passes["actor.logprob"]["prepacked weights"] == actor.resident["weights"]
+    assert "prepacked weights" not in actor.passes["actor.update"]
+    assert "prepacked weights" not in _actor_memory(keep).passes["actor.logprob"]

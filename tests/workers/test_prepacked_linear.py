@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hybridflow.core.batch import Batch
+
 from hybridflow.workers.rollout.prepacked import can_prepack, prepacked_linears
 
 pytestmark = pytest.mark.skipif(not can_prepack(), reason="this torch has no oneDNN linear")
@@ -108,3 +110,37 @@ def test_the_reference_scores_as_it_does_unpacked_with_ref_prepacked_linear(monk
     assert not any("forward" in vars(m) for m in packed_ref.module.modules()
                    if isinstance(m, torch.nn.Linear))
     assert torch.allclose(packed, plain, atol=1e-5), (packed - plain).abs().max()
+
+
+def test_the_actor_s_old_log_probs_are_as_unpacked_with_actor_prepacked_linear(
+        monkeypatch):
+    """`actor.prepacked_linear`: the actor's `logprob` pass (no grad) with the current
+    weights packed for the call equals the unpacked pass, every linear layer packed;
+    the update is unaffected (its forward has a backward: the packed kernel would
+    refuse)."""
+    from contextlib import contextmanager
+
+    from hybridflow.workers import ActorWorker, actor
+    from hybridflow.workers.rollout import prepacked
+    from tests.support.workers import make_cfg, prompt_batch
+    counts = []
+
+    @contextmanager
+    def counted(module, enabled=True):
+        with prepacked.prepacked_linears(module, enabled) as count:
+            counts.append(count)
+            yield count
+    monkeypatch.setattr(actor, "prepacked_linears", counted)
+    plain_actor = ActorWorker(make_cfg())
+    packed_actor = ActorWorker(make_cfg(actor={"prepacked_linear": True}))
+    rollout = plain_actor.generate(prompt_batch(plain_actor.tokenizer, ["1+2=", "12+30="]),
+                                   n=2)
+    plain = plain_actor.logprob(rollout)["old_log_probs"]
+    packed = packed_actor.logprob(rollout)["old_log_probs"]
+    linears = sum(isinstance(m, torch.nn.Linear) for m in packed_actor.module.modules())
+    assert counts == [0, linears] and linears > 0
+    assert torch.allclose(packed, plain, atol=1e-5), (packed - plain).abs().max()
+    assert not any("forward" in vars(m) for m in packed_actor.module.modules()
+                   if isinstance(m, torch.nn.Linear))  # nothing left packed
+    packed_actor.update(rollout.union(Batch({"old_log_probs": packed,
+                                             "advantages": torch.ones_like(packed)})))
