@@ -20,9 +20,11 @@ that did not end. And `ray.init` replaces the driver's SIGTERM handler with its 
   the processes started during the block and, if the main thread still does not
   return, ends this process (`os._exit`) with one line;
 - the watchdog also watches Ray's core processes (GCS, raylet) that the block
-  started: one that dies fails the start at once, as the deadline would (a raylet
-  killed during `ray.init` left the driver waiting out the whole start timeout,
-  300 s by default);
+  started: one that dies fails the start at once (a raylet killed during `ray.init`
+  left the driver waiting out the whole start timeout, 300 s by default): the timer
+  fires at once and the error names the process that died; a `ray.init` still
+  blocked `grace_s` later has Ray's other processes ended (its waits on them fail)
+  and, `DEATH_GRACE_S` after that, the process ends, as after a deadline;
 - when the block raises, every process started during it (this process's new
   descendants: Ray's) is ended, SIGTERM then SIGKILL, before the error goes on.
 
@@ -48,6 +50,10 @@ __all__ = ["RayStartError", "bounded_start", "end_started"]
 
 GRACE_S = 5.0  # after a signal or the deadline, how long the main thread may take
 CORE_PROCESSES = ("gcs_server", "raylet")  # a start cannot succeed without them
+# after a core process died and Ray's other processes were ended: how long ray.init
+# may take to see them gone and return (its GCS connection retries time out after
+# ~15 s; under load its waits sleep longer) before the process ends
+DEATH_GRACE_S = 30.0
 
 
 class RayStartError(RuntimeError):
@@ -118,6 +124,10 @@ def _deadline(timeout_s: float, died: list[str] | None = None):
         yield
     except _Expired:
         raise RayStartError(message()) from None
+    except Exception as err:
+        if died:  # Ray's own error once its processes were gone: say why they went
+            raise RayStartError(message()) from err
+        raise
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
@@ -176,6 +186,8 @@ def _watch(reader, done: threading.Event, me, before: set[int], deadline: float,
         ready, _, _ = select.select([reader], [], [], wait)
         if ready:
             data = _drain(reader)
+            if died:  # not the SIGALRM this thread sent the main thread below
+                data = bytes(b for b in data if b != signal.SIGALRM)
             if data and signum is None:
                 signum = data[0]
                 give_up = min(give_up, time.monotonic() + grace_s)
@@ -187,8 +199,8 @@ def _watch(reader, done: threading.Event, me, before: set[int], deadline: float,
                 signal.pthread_kill(threading.main_thread().ident, signal.SIGALRM)
         if time.monotonic() >= give_up and not done.is_set():
             end_started(me, before)  # the blocked wait usually fails now, and returns
-            if not done.wait(grace_s):
-                _exit_stuck(signum)
+            if not done.wait(DEATH_GRACE_S if died else grace_s):  # GCS timeouts: ~15 s
+                _exit_stuck(signum, died)
             return
 
 
@@ -234,8 +246,9 @@ def _drain(reader) -> bytes:
         return b""
 
 
-def _exit_stuck(signum: int | None) -> None:
-    why = (f"{signal.Signals(signum).name}" if signum and signum != signal.SIGALRM
+def _exit_stuck(signum: int | None, died: list[str]) -> None:
+    why = (f"Ray's {died[0]} died while ray.init waited for it" if died else
+           f"{signal.Signals(signum).name}" if signum and signum != signal.SIGALRM
            else "runtime.start_timeout_s passed")
     echo(f"hybridflow: Ray did not start ({why}) and ray.init did not return; its "
          f"processes were ended; ending this process", file=sys.stderr, flush=True)
