@@ -13,6 +13,27 @@ from hybridflow.workers.rollout.prepacked import can_prepack, prepacked_linears
 pytestmark = pytest.mark.skipif(not can_prepack(), reason="this torch has no oneDNN linear")
 
 
+def count_packs(monkeypatch, module) -> list[int]:
+    """How many layers each `prepacked_linears` call in `module` (a worker module that
+    imported it) packed, in call order."""
+    from contextlib import contextmanager
+
+    from hybridflow.workers.rollout import prepacked
+    counts = []
+
+    @contextmanager
+    def counted(model, enabled=True):
+        with prepacked.prepacked_linears(model, enabled) as count:
+            counts.append(count)
+            yield count
+    monkeypatch.setattr(module, "prepacked_linears", counted)
+    return counts
+
+
+def left_packed(model) -> bool:
+    return any("forward" in vars(m) for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
 def _mlp(dtype=torch.float32) -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.GELU(),
@@ -57,18 +78,9 @@ def test_disabled_and_non_fp32_layers_are_left_alone():
 def test_the_hf_engine_generates_the_same_greedy_tokens_prepacked(monkeypatch):
     """The toy model's greedy rollouts and their log-probs, with and without
     `rollout.prepacked_linear`, on the same prompts; every linear layer was packed."""
-    from contextlib import contextmanager
-
     from hybridflow.workers import ActorWorker
-    from hybridflow.workers.rollout import hf, prepacked
-    packed_counts = []
-
-    @contextmanager
-    def counted(module, enabled=True):
-        with prepacked.prepacked_linears(module, enabled) as count:
-            packed_counts.append(count)
-            yield count
-    monkeypatch.setattr(hf, "prepacked_linears", counted)
+    from hybridflow.workers.rollout import hf
+    packed_counts = count_packs(monkeypatch, hf)
     from tests.support.workers import make_cfg, prompt_batch
     plain_worker = ActorWorker(make_cfg(rollout={"max_new_tokens": 6}))
     packed_worker = ActorWorker(make_cfg(rollout={"max_new_tokens": 6,
@@ -86,20 +98,10 @@ def test_the_reference_scores_as_it_does_unpacked_with_ref_prepacked_linear(monk
     """`ref.prepacked_linear`: the reference's log-probs of one rollout with and without
     the packed kernel, every linear layer of its own model packed for the call (and
     none left packed after it)."""
-    from contextlib import contextmanager
-
     from hybridflow.workers import ActorWorker, ReferenceWorker
     from hybridflow.workers import reference
-    from hybridflow.workers.rollout import prepacked
     from tests.support.workers import make_cfg, prompt_batch
-    counts = []
-
-    @contextmanager
-    def counted(module, enabled=True):
-        with prepacked.prepacked_linears(module, enabled) as count:
-            counts.append(count)
-            yield count
-    monkeypatch.setattr(reference, "prepacked_linears", counted)
+    counts = count_packs(monkeypatch, reference)
     actor = ActorWorker(make_cfg())
     rollout = actor.generate(prompt_batch(actor.tokenizer, ["1+2=", "3+4=", "12+30="]), n=2)
     plain = ReferenceWorker(make_cfg()).logprob(rollout)["ref_log_prob"]
@@ -107,8 +109,7 @@ def test_the_reference_scores_as_it_does_unpacked_with_ref_prepacked_linear(monk
     packed = packed_ref.logprob(rollout)["ref_log_prob"]
     linears = sum(isinstance(m, torch.nn.Linear) for m in packed_ref.module.modules())
     assert counts == [0, linears] and linears > 0
-    assert not any("forward" in vars(m) for m in packed_ref.module.modules()
-                   if isinstance(m, torch.nn.Linear))
+    assert not left_packed(packed_ref.module)
     assert torch.allclose(packed, plain, atol=1e-5), (packed - plain).abs().max()
 
 
@@ -118,19 +119,9 @@ def test_the_actor_s_old_log_probs_are_as_unpacked_with_actor_prepacked_linear(
     weights packed for the call equals the unpacked pass, every linear layer packed;
     the update is unaffected (its forward has a backward: the packed kernel would
     refuse)."""
-    from contextlib import contextmanager
-
     from hybridflow.workers import ActorWorker, actor
-    from hybridflow.workers.rollout import prepacked
     from tests.support.workers import make_cfg, prompt_batch
-    counts = []
-
-    @contextmanager
-    def counted(module, enabled=True):
-        with prepacked.prepacked_linears(module, enabled) as count:
-            counts.append(count)
-            yield count
-    monkeypatch.setattr(actor, "prepacked_linears", counted)
+    counts = count_packs(monkeypatch, actor)
     plain_actor = ActorWorker(make_cfg())
     packed_actor = ActorWorker(make_cfg(actor={"prepacked_linear": True}))
     rollout = plain_actor.generate(prompt_batch(plain_actor.tokenizer, ["1+2=", "12+30="]),
@@ -140,7 +131,6 @@ def test_the_actor_s_old_log_probs_are_as_unpacked_with_actor_prepacked_linear(
     linears = sum(isinstance(m, torch.nn.Linear) for m in packed_actor.module.modules())
     assert counts == [0, linears] and linears > 0
     assert torch.allclose(packed, plain, atol=1e-5), (packed - plain).abs().max()
-    assert not any("forward" in vars(m) for m in packed_actor.module.modules()
-                   if isinstance(m, torch.nn.Linear))  # nothing left packed
+    assert not left_packed(packed_actor.module)
     packed_actor.update(rollout.union(Batch({"old_log_probs": packed,
                                              "advantages": torch.ones_like(packed)})))

@@ -214,11 +214,12 @@ class CoreProcesses:
     def gone(self) -> str | None:
         import psutil
         try:
-            for proc in self.me.children(recursive=True):
-                if proc.pid not in self.before and proc.pid not in self.seen:
-                    with contextlib.suppress(psutil.Error):
-                        if proc.name() in CORE_PROCESSES:
-                            self.seen[proc.pid] = proc
+            if len(self.seen) < len(CORE_PROCESSES):  # once both are seen, only watch
+                for proc in self.me.children(recursive=True):
+                    if proc.pid not in self.before and proc.pid not in self.seen:
+                        with contextlib.suppress(psutil.Error):
+                            if proc.name() in CORE_PROCESSES:
+                                self.seen[proc.pid] = proc
         except psutil.Error:
             return None
         for pid, proc in self.seen.items():
